@@ -1,0 +1,1 @@
+"""The per-node GPU health agent."""

@@ -1,0 +1,1 @@
+"""The central TauGrid controller."""

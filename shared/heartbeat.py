@@ -1,0 +1,101 @@
+"""The heartbeat wire schema: one node's report, agent -> controller (`POST /v1/heartbeats`).
+
+Field names are camelCase on the wire and snake_case in Python (aliases). The schema is
+versioned by `schemaVersion`; the controller refuses a version it does not know with a 422
+naming the field, so an agent newer than its controller is told plainly instead of being
+half-understood.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Annotated, Literal
+
+import pydantic
+from pydantic import alias_generators
+
+from shared import health
+
+SCHEMA_VERSION: Literal[1] = 1
+"""The only heartbeat schema version this build speaks."""
+
+MAX_GPUS_PER_NODE = 64
+MAX_REASONS_PER_GPU = 32
+
+K8sName = Annotated[
+    str,
+    pydantic.StringConstraints(
+        min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+    ),
+]
+ShortText = Annotated[str, pydantic.StringConstraints(max_length=1024)]
+
+
+class WireModel(pydantic.BaseModel):
+    """Frozen, strict-about-unknown-fields, camelCase on the wire."""
+
+    model_config = pydantic.ConfigDict(
+        frozen=True,
+        extra="forbid",
+        alias_generator=alias_generators.to_camel,
+        populate_by_name=True,
+    )
+
+
+class Reason(WireModel):
+    """One finding behind a verdict, with the evidence an on-call engineer needs."""
+
+    code: Annotated[str, pydantic.StringConstraints(pattern=r"^[A-Z][A-Za-z0-9]{0,62}$")]
+    """PascalCase reason, used verbatim as a NodeCondition reason (`XidFallenOffBus`)."""
+    verdict: health.Verdict
+    action: health.Action
+    message: ShortText = ""
+    xid: int | None = None
+    latched: bool = False
+    """True when the fault stays until `clears_when` is observed, whatever later probes show."""
+    clears_when: ShortText = ""
+    """Human-readable clearing condition of a latched fault (`new bootId`, `manual release`)."""
+    since: dt.datetime | None = None
+
+
+class GpuReadings(WireModel):
+    """The key readings a controller shows beside a verdict; absent means not supported."""
+
+    temperature_c: float | None = None
+    power_w: float | None = None
+    utilization_pct: float | None = None
+    memory_used_mib: float | None = None
+    ecc_uncorrected_volatile: int | None = None
+    ecc_corrected_volatile: int | None = None
+    remapped_rows_pending: bool | None = None
+    remapped_rows_failure: bool | None = None
+    pcie_replay_count: int | None = None
+    nvlinks_down: int | None = None
+
+
+class GpuReport(WireModel):
+    """One GPU's verdict as the agent decided it."""
+
+    index: Annotated[int, pydantic.Field(ge=0, lt=MAX_GPUS_PER_NODE)]
+    uuid: Annotated[str, pydantic.StringConstraints(min_length=1, max_length=96)]
+    name: ShortText = ""
+    pci_bus_id: ShortText = ""
+    verdict: health.Verdict
+    action: health.Action = health.Action.NONE
+    reasons: Annotated[list[Reason], pydantic.Field(max_length=MAX_REASONS_PER_GPU)] = []
+    readings: GpuReadings = GpuReadings()
+
+
+class Heartbeat(WireModel):
+    """One node's report. The controller keys fleet state on `node_name`."""
+
+    schema_version: Literal[1]
+    node_name: K8sName
+    boot_id: Annotated[str, pydantic.StringConstraints(min_length=1, max_length=64)]
+    agent_url: Annotated[str, pydantic.StringConstraints(max_length=512)] = ""
+    interval_s: Annotated[float, pydantic.Field(gt=0, le=3600)]
+    sequence: Annotated[int, pydantic.Field(ge=0)]
+    sent_at: dt.datetime
+    driver_version: ShortText = ""
+    dcgm_available: bool = False
+    gpus: Annotated[list[GpuReport], pydantic.Field(max_length=MAX_GPUS_PER_NODE)]
