@@ -1,0 +1,406 @@
+"""Build the local control plane from Go modules into a cache outside the repository.
+
+Every component is built in its own module (DESIGN.md section 8): Kubernetes, etcd, Kueue,
+KubeRay, KWOK and Helm each pin different Kubernetes library versions, and one shared module
+would let Go's minimal version selection break all of them.
+
+The cache lives at `$TAUGRID_CACHE` (default `~/.cache/taugrid`) under
+`cluster/<stamp>/`, where the stamp hashes the versions, the committed wrapper modules and
+the build flags. A component whose marker file holds its stamp is never rebuilt, so CI
+reuses what an earlier run built and a version bump rebuilds only what changed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+GO_DIR = pathlib.Path(__file__).resolve().parent / "go"
+
+K8S_VERSION = "v1.37.2"
+ETCD_VERSION = "v3.6.16"
+KUEUE_VERSION = "v0.17.0"
+KUBERAY_VERSION = "v1.5.0"
+KWOK_VERSION = "v0.8.0"
+HELM_VERSION = "v3.22.0"
+
+BUILD_FORMAT = "3"
+"""Bumped whenever the way we build or lay out the cache changes."""
+
+PROGRESS_EVERY_S = 30.0
+"""How often a long build step reports that it is still working, so CI never sits silent."""
+
+KUEUE_CERT_PATCH = (
+    'metricsCertPath := "/etc/kueue/metrics/certs"',
+    'metricsCertPath := os.Getenv("KUEUE_METRICS_CERT_DIR")',
+)
+"""Kueue hard-codes its metrics certificate directory; we point it at our own PKI instead."""
+
+
+class BuildError(Exception):
+    """A component could not be built; the message says which and why."""
+
+
+class PrerequisiteError(BuildError):
+    """A tool the build needs is missing; the message says what to install."""
+
+
+def cache_root() -> pathlib.Path:
+    """Return the TauGrid cache directory (outside any checkout)."""
+    env = os.environ.get("TAUGRID_CACHE")
+    return pathlib.Path(env) if env else pathlib.Path.home() / ".cache" / "taugrid"
+
+
+PREREQUISITES: dict[str, str] = {
+    "go": "Go 1.26 or newer (https://go.dev/doc/install; Debian: apt-get install golang-1.26)",
+    "gcc": "gcc (Debian: apt-get install gcc)",
+    "openssl": "the openssl command (Debian: apt-get install openssl)",
+}
+
+
+def check_prerequisites(tools: Sequence[str] = ("go", "gcc", "openssl")) -> None:
+    """Fail at once, naming what to install, when a needed tool is missing."""
+    missing = [t for t in tools if shutil.which(t) is None]
+    if missing:
+        lines = [f"  - {t}: install {PREREQUISITES[t]}" for t in missing]
+        msg = "missing prerequisites:\n" + "\n".join(lines)
+        raise PrerequisiteError(msg)
+    if "go" in tools:
+        out = subprocess.run(
+            ["go", "env", "GOVERSION"], capture_output=True, text=True, check=False
+        )
+        version = out.stdout.strip().removeprefix("go")
+        parts = version.split(".")
+        if len(parts) < 2 or not parts[1].isdigit() or (int(parts[0]), int(parts[1])) < (1, 26):
+            msg = f"Go {version or '?'} is too old: install Go 1.26 or newer"
+            raise PrerequisiteError(msg)
+
+
+@dataclasses.dataclass(frozen=True)
+class Component:
+    """One thing to build: a name, what it produces and the inputs its stamp covers."""
+
+    name: str
+    binaries: tuple[str, ...]
+    inputs: tuple[str, ...]
+    build: Callable[[Builder], None]
+
+
+def _file_digest(path: pathlib.Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _wrapper_inputs(name: str) -> tuple[str, ...]:
+    d = GO_DIR / name
+    return tuple(
+        f"{p.name}:{_file_digest(p)}"
+        for p in sorted(d.iterdir())
+        if p.suffix in {".mod", ".sum", ".go"}
+    )
+
+
+def _k8s_ldflags() -> str:
+    minor = K8S_VERSION.split(".")[1]
+    return " ".join(
+        [
+            "-s -w",
+            f"-X k8s.io/component-base/version.gitVersion={K8S_VERSION}",
+            "-X k8s.io/component-base/version.gitMajor=1",
+            f"-X k8s.io/component-base/version.gitMinor={minor}",
+            "-X k8s.io/component-base/version.gitTreeState=clean",
+            f"-X k8s.io/client-go/pkg/version.gitVersion={K8S_VERSION}",
+        ]
+    )
+
+
+class Builder:
+    """Runs the Go builds for one stamp directory, reporting progress as it goes."""
+
+    def __init__(self, root: pathlib.Path | None = None, out: Callable[[str], None] | None = None):
+        self.root = root or cache_root()
+        self._out = out or (lambda line: print(line, flush=True))
+        self.components = _components()
+        self.stamp = stamp_of(self.components)
+        self.dir = self.root / "cluster" / self.stamp
+        self.bin = self.dir / "bin"
+        self.assets = self.dir / "assets"
+        self._started = time.monotonic()
+
+    # ------------------------------------------------------------------ reporting
+    def say(self, msg: str) -> None:
+        """Print one progress line with the time since the build started."""
+        elapsed = time.monotonic() - self._started
+        self._out(f"[taugrid build {int(elapsed) // 60:02d}:{int(elapsed) % 60:02d}] {msg}")
+
+    def go_env(self) -> dict[str, str]:
+        """Return the environment for every go command: static, reproducible, local toolchain."""
+        env = dict(os.environ)
+        env.update({"CGO_ENABLED": "0", "GOFLAGS": "-buildvcs=false -modcacherw"})
+        env.setdefault("GOTOOLCHAIN", "local")
+        return env
+
+    def run(
+        self,
+        what: str,
+        argv: Sequence[str],
+        cwd: pathlib.Path | None = None,
+        extra_env: dict[str, str] | None = None,
+    ) -> str:
+        """Run a command, printing a heartbeat line while it works; return its stdout."""
+        self.say(f"{what}: {' '.join(argv[:3])} …")
+        started = time.monotonic()
+        proc = subprocess.Popen(
+            argv,
+            cwd=cwd,
+            env={**self.go_env(), **(extra_env or {})},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        done = threading.Event()
+
+        def beat() -> None:
+            while not done.wait(PROGRESS_EVERY_S):
+                self.say(f"{what}: still building ({time.monotonic() - started:.0f}s)")
+
+        ticker = threading.Thread(target=beat, daemon=True)
+        ticker.start()
+        try:
+            stdout, stderr = proc.communicate()
+        finally:
+            done.set()
+        if proc.returncode != 0:
+            tail = "\n".join(stderr.strip().splitlines()[-30:])
+            msg = f"{what} failed (exit {proc.returncode}):\n{tail}"
+            raise BuildError(msg)
+        self.say(f"{what}: done in {time.monotonic() - started:.0f}s")
+        return stdout
+
+    def module_dir(self, module: str) -> pathlib.Path:
+        """Download a module (if needed) and return its read-only directory in the module cache."""
+        out = self.run(f"download {module}", ["go", "mod", "download", "-json", module])
+        info = json.loads(out)
+        if "Error" in info:
+            msg = f"cannot download {module}: {info['Error']}"
+            raise BuildError(msg)
+        return pathlib.Path(info["Dir"])
+
+    def go_install(self, what: str, pkg: str) -> None:
+        """`go install pkg@version` into our bin directory (modules without replace lines)."""
+        argv = ["go", "install", "-trimpath", "-ldflags", "-s -w", pkg]
+        self.run(what, argv, extra_env={"GOBIN": str(self.bin)})
+
+    # ------------------------------------------------------------------ markers
+    def _marker(self, c: Component) -> pathlib.Path:
+        return self.bin / f".built-{c.name}"
+
+    def is_built(self, c: Component) -> bool:
+        """True when the component's marker holds its stamp and its binaries exist."""
+        m = self._marker(c)
+        return (
+            m.exists()
+            and m.read_text().strip() == component_stamp(c)
+            and all((self.bin / b).exists() for b in c.binaries)
+        )
+
+    def build_all(self, *, force: bool = False, only: Sequence[str] = ()) -> pathlib.Path:
+        """Build every component that is not built yet; return the stamp directory."""
+        check_prerequisites()
+        self.bin.mkdir(parents=True, exist_ok=True)
+        self.assets.mkdir(parents=True, exist_ok=True)
+        self.say(f"cache: {self.dir}")
+        for c in self.components:
+            if only and c.name not in only:
+                continue
+            if not force and self.is_built(c):
+                self.say(f"{c.name}: cached ({', '.join(c.binaries) or 'assets'})")
+                continue
+            self.say(f"{c.name}: building")
+            c.build(self)
+            self._marker(c).write_text(component_stamp(c) + "\n")
+        (self.dir / "VERSIONS").write_text(json.dumps(versions(), indent=2) + "\n")
+        current = self.root / "cluster" / "current"
+        tmp = current.with_suffix(".tmp")
+        tmp.unlink(missing_ok=True)
+        tmp.symlink_to(self.dir.name)
+        tmp.replace(current)
+        self.say(f"all components built; binaries in {self.bin}")
+        return self.dir
+
+
+def versions() -> dict[str, str]:
+    """Return the component versions this build pins."""
+    return {
+        "kubernetes": K8S_VERSION,
+        "etcd": ETCD_VERSION,
+        "kueue": KUEUE_VERSION,
+        "kuberay": KUBERAY_VERSION,
+        "kwok": KWOK_VERSION,
+        "helm": HELM_VERSION,
+        "format": BUILD_FORMAT,
+    }
+
+
+def component_stamp(c: Component) -> str:
+    """Hash what determines one component's output."""
+    h = hashlib.sha256()
+    for part in (BUILD_FORMAT, c.name, *c.binaries, *c.inputs):
+        h.update(part.encode())
+        h.update(b"\0")
+    return h.hexdigest()[:16]
+
+
+def stamp_of(components: Sequence[Component]) -> str:
+    """Hash every component's stamp into the cache directory name."""
+    h = hashlib.sha256()
+    for c in components:
+        h.update(component_stamp(c).encode())
+    return h.hexdigest()[:16]
+
+
+# ---------------------------------------------------------------------- components
+def _build_k8s(b: Builder) -> None:
+    cmds = ["kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl"]
+    b.run(
+        "kubernetes " + K8S_VERSION,
+        [
+            "go", "build", "-trimpath", "-ldflags", _k8s_ldflags(), "-o", str(b.bin) + "/",
+            *(f"k8s.io/kubernetes/cmd/{c}" for c in cmds),
+        ],
+        cwd=GO_DIR / "k8s",
+    )  # fmt: skip
+
+
+def _build_etcd(b: Builder) -> None:
+    b.run(
+        "etcd " + ETCD_VERSION,
+        ["go", "build", "-trimpath", "-ldflags", "-s -w", "-o", str(b.bin / "etcd"), "."],
+        cwd=GO_DIR / "etcd",
+    )
+
+
+def _build_kwok(b: Builder) -> None:
+    b.go_install("kwok " + KWOK_VERSION, f"sigs.k8s.io/kwok/cmd/kwok@{KWOK_VERSION}")
+    src = b.module_dir(f"sigs.k8s.io/kwok@{KWOK_VERSION}")
+    dest = b.assets / "kwok"
+    if dest.exists():
+        shutil.rmtree(dest)
+    shutil.copytree(src / "kustomize" / "stage", dest / "stage")
+    shutil.copytree(src / "kustomize" / "crd" / "bases", dest / "crd")
+    _make_writable(dest)
+
+
+def _build_kueue(b: Builder) -> None:
+    src = b.module_dir(f"sigs.k8s.io/kueue@{KUEUE_VERSION}")
+    work = b.dir / "src" / "kueue"
+    if work.exists():
+        _make_writable(work)
+        shutil.rmtree(work)
+    work.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(src, work)
+    _make_writable(work)
+    main = work / "cmd" / "kueue" / "main.go"
+    text = main.read_text()
+    old, new = KUEUE_CERT_PATCH
+    if old not in text:
+        msg = (
+            f"Kueue {KUEUE_VERSION}: metrics certificate path not found in {main}; update the patch"
+        )
+        raise BuildError(msg)
+    main.write_text(text.replace(old, new))
+    b.run(
+        "kueue " + KUEUE_VERSION,
+        [
+            "go",
+            "build",
+            "-trimpath",
+            "-ldflags",
+            "-s -w",
+            "-o",
+            str(b.bin / "kueue"),
+            "./cmd/kueue",
+        ],
+        cwd=work,
+    )
+    dest = b.assets / "kueue"
+    if dest.exists():
+        shutil.rmtree(dest)
+    shutil.copytree(src / "config" / "components" / "crd" / "bases", dest / "crd")
+    (dest / "webhook").mkdir(parents=True)
+    shutil.copy(src / "config" / "components" / "webhook" / "manifests.yaml", dest / "webhook")
+    _make_writable(dest)
+    shutil.rmtree(work)
+
+
+def _build_kuberay(b: Builder) -> None:
+    b.go_install(
+        "kuberay " + KUBERAY_VERSION,
+        f"github.com/ray-project/kuberay/ray-operator@{KUBERAY_VERSION}",
+    )
+    src = b.module_dir(f"github.com/ray-project/kuberay/ray-operator@{KUBERAY_VERSION}")
+    dest = b.assets / "kuberay"
+    if dest.exists():
+        shutil.rmtree(dest)
+    shutil.copytree(src / "config" / "crd" / "bases", dest / "crd")
+    _make_writable(dest)
+
+
+def _build_helm(b: Builder) -> None:
+    b.go_install("helm " + HELM_VERSION, f"helm.sh/helm/v3/cmd/helm@{HELM_VERSION}")
+
+
+def _make_writable(path: pathlib.Path) -> None:
+    for p in [path, *path.rglob("*")]:
+        if not p.is_symlink():
+            p.chmod(p.stat().st_mode | 0o200)
+
+
+def _components() -> list[Component]:
+    return [
+        Component(
+            "kubernetes",
+            ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl"),
+            (K8S_VERSION, _k8s_ldflags(), *_wrapper_inputs("k8s")),
+            _build_k8s,
+        ),
+        Component("etcd", ("etcd",), (ETCD_VERSION, *_wrapper_inputs("etcd")), _build_etcd),
+        Component("kwok", ("kwok",), (KWOK_VERSION,), _build_kwok),
+        Component("kueue", ("kueue",), (KUEUE_VERSION, *KUEUE_CERT_PATCH), _build_kueue),
+        Component("kuberay", ("ray-operator",), (KUBERAY_VERSION,), _build_kuberay),
+        Component("helm", ("helm",), (HELM_VERSION,), _build_helm),
+    ]
+
+
+def built_dir(root: pathlib.Path | None = None) -> pathlib.Path:
+    """Return the stamp directory for this checkout's versions, failing if it is not built."""
+    b = Builder(root)
+    missing = [c.name for c in b.components if not b.is_built(c)]
+    if missing:
+        msg = (
+            f"control plane not built for this checkout (missing: {', '.join(missing)}); "
+            "run `taugrid dev build` first"
+        )
+        raise BuildError(msg)
+    return b.dir
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of `taugrid dev build`."""
+    args = list(argv or [])
+    only = [a.removeprefix("--only=") for a in args if a.startswith("--only=")]
+    try:
+        Builder().build_all(force="--force" in args, only=",".join(only).split(",") if only else ())
+    except BuildError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0

@@ -1,0 +1,643 @@
+"""The local control plane: etcd, kube-apiserver, controller-manager, scheduler, KWOK, Kueue
+and the KubeRay operator, as host processes on 127.0.0.1 (DESIGN.md section 8).
+
+Everything is real except the kubelet and the silicon: KWOK plays the kubelet for fake GPU
+nodes (and serves container logs from files), so the API server, the scheduler, the Job
+controller, Kueue's webhooks and KubeRay all run their own code. State lives outside the
+repository, under `$TAUGRID_STATE` (default `~/.local/state/taugrid/dev`).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import dataclasses
+import json
+import os
+import pathlib
+import shutil
+import ssl
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import yaml
+
+from devcluster import build, pki, processes
+
+STAGES_DIR = pathlib.Path(__file__).resolve().parent / "stages"
+
+GPU_PRODUCT = "NVIDIA-H100-80GB-HBM3"
+"""The `nvidia.com/gpu.product` label of fake nodes, as GPU feature discovery writes it."""
+
+FLAVOR = "h100"
+CLUSTER_QUEUE = "taugrid-dev"
+LOCAL_QUEUE = "default"
+FAKE_NODE_ANNOTATION = "kwok.x-k8s.io/node"
+
+KCM_CONTROLLERS = (
+    "job-controller",
+    "garbage-collector-controller",
+    "namespace-controller",
+    "serviceaccount-controller",
+    "serviceaccount-token-controller",
+    "root-ca-certificate-publisher-controller",
+    "replicaset-controller",
+    "deployment-controller",
+    "daemonset-controller",
+    "statefulset-controller",
+    "disruption-controller",
+    "endpointslice-controller",
+    "ttl-after-finished-controller",
+    "pod-garbage-collector-controller",
+)
+"""The controllers DESIGN.md section 8 lists. node-lifecycle stays out: KWOK heartbeats nodes."""
+
+KUEUE_WEBHOOKS_KEPT = ("batch-v1-job", "ray-io-v1-rayjob", "ray-io-v1-raycluster", "kueue-x-k8s-io")
+
+START_ORDER = (
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kwok",
+    "kueue",
+    "kuberay",
+)
+
+
+class ClusterError(Exception):
+    """The dev cluster could not be started, reached or stopped; the message says why."""
+
+
+def state_root() -> pathlib.Path:
+    """Return the dev cluster's state directory (outside any checkout)."""
+    env = os.environ.get("TAUGRID_STATE")
+    return (
+        pathlib.Path(env) if env else pathlib.Path.home() / ".local" / "state" / "taugrid" / "dev"
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Ports:
+    """Loopback ports of every component; the defaults follow each project's own defaults."""
+
+    etcd_client: int = 2379
+    etcd_peer: int = 2380
+    apiserver: int = 6443
+    kcm: int = 10257
+    scheduler: int = 10259
+    kwok: int = 10250
+    kueue_webhook: int = 9443
+    kueue_health: int = 8081
+    kueue_visibility: int = 8082
+    kuberay_metrics: int = 18080
+    kuberay_health: int = 18082
+
+
+@dataclasses.dataclass(frozen=True)
+class Component:
+    """A running component: how to check it and where its log is."""
+
+    name: str
+    health_url: str
+
+
+class Cluster:
+    """One dev cluster rooted at a state directory."""
+
+    def __init__(self, state: pathlib.Path | None = None, ports: Ports | None = None) -> None:
+        self.state = state or state_root()
+        self.ports = ports or Ports()
+        self.pki = self.state / "pki"
+        self.kubeconfig = self.state / "kubeconfig"
+        self.table = processes.ProcessTable(self.state)
+        self.podlogs = self.state / "podlogs"
+
+    # ------------------------------------------------------------------ helpers
+    @property
+    def server(self) -> str:
+        """The API server URL."""
+        return f"https://127.0.0.1:{self.ports.apiserver}"
+
+    def components(self) -> list[Component]:
+        """Every component with the URL that tells whether it is healthy."""
+        p = self.ports
+        return [
+            Component("etcd", f"http://127.0.0.1:{p.etcd_client}/health"),
+            Component("kube-apiserver", f"{self.server}/readyz"),
+            Component("kube-controller-manager", f"https://127.0.0.1:{p.kcm}/healthz"),
+            Component("kube-scheduler", f"https://127.0.0.1:{p.scheduler}/healthz"),
+            Component("kwok", f"http://127.0.0.1:{p.kwok}/healthz"),
+            Component("kueue", f"http://127.0.0.1:{p.kueue_health}/readyz"),
+            Component("kuberay", f"http://127.0.0.1:{p.kuberay_health}/readyz"),
+        ]
+
+    def _ssl_context(self) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(cafile=str(self.pki / "ca.crt"))
+        ctx.load_cert_chain(str(self.pki / "admin.crt"), str(self.pki / "admin.key"))
+        return ctx
+
+    def probe(self, url: str, timeout_s: float = 2.0) -> tuple[bool, str]:
+        """GET a health URL; return (healthy, short detail)."""
+        ctx: ssl.SSLContext | None = None
+        if url.startswith("https://"):
+            ctx = self._ssl_context()
+            if not url.startswith(self.server):
+                # Component serving certificates are self-signed by each component.
+                ctx.check_hostname = False
+                ctx.verify_mode = ssl.CERT_NONE
+        try:
+            with urllib.request.urlopen(url, timeout=timeout_s, context=ctx) as resp:  # noqa: S310
+                body = resp.read(200).decode(errors="replace").strip()
+                return resp.status == 200, body or str(resp.status)
+        except urllib.error.HTTPError as err:
+            return False, f"HTTP {err.code}"
+        except (urllib.error.URLError, OSError) as err:
+            return False, str(getattr(err, "reason", err))
+
+    def wait_healthy(self, comp: Component, timeout_s: float = 120.0) -> None:
+        """Poll a component's health URL until it answers 200, or fail with its log tail."""
+        deadline = time.monotonic() + timeout_s
+        detail = ""
+        while time.monotonic() < deadline:
+            ok, detail = self.probe(comp.health_url)
+            if ok:
+                return
+            rec = self.table.get(comp.name)
+            if rec is not None and not processes.is_alive(rec):
+                break
+            time.sleep(0.25)
+        msg = (
+            f"{comp.name} did not become healthy ({detail}); log tail:\n{self.log_tail(comp.name)}"
+        )
+        raise ClusterError(msg)
+
+    def log_tail(self, name: str, lines: int = 25) -> str:
+        """Return the last lines of a component's log."""
+        log = self.table.logs / f"{name}.log"
+        if not log.exists():
+            return "(no log)"
+        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+
+    def kubectl(self, bin_dir: pathlib.Path, *args: str, stdin: str | None = None) -> str:
+        """Run the built kubectl against this cluster; raise with its stderr on failure."""
+        proc = subprocess.run(
+            [str(bin_dir / "kubectl"), f"--kubeconfig={self.kubeconfig}", *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if proc.returncode != 0:
+            msg = f"kubectl {' '.join(args[:3])} failed: {proc.stderr.strip()}"
+            raise ClusterError(msg)
+        return proc.stdout
+
+    def apply(self, bin_dir: pathlib.Path, docs: Sequence[dict[str, Any]]) -> None:
+        """Server-side apply objects (CRDs are too large for client-side apply)."""
+        text = yaml.safe_dump_all(list(docs), sort_keys=False)
+        self.kubectl(bin_dir, "apply", "--server-side", "--force-conflicts",
+                     "--field-manager=taugrid-dev", "-f", "-", stdin=text)  # fmt: skip
+
+    # ------------------------------------------------------------------ state
+    def running(self) -> list[processes.Record]:
+        """The recorded processes that are still alive."""
+        return [r for r in self.table.records() if processes.is_alive(r)]
+
+    def is_up(self) -> bool:
+        """True when every component is recorded, alive and the API server is ready."""
+        names = {r.name for r in self.running()}
+        return set(START_ORDER) <= names and self.probe(f"{self.server}/readyz")[0]
+
+    def status(self) -> list[tuple[str, str, str]]:
+        """Return (component, state, detail) for each component."""
+        recs = {r.name: r for r in self.table.records()}
+        out = []
+        for comp in self.components():
+            rec = recs.get(comp.name)
+            if rec is None:
+                out.append((comp.name, "stopped", ""))
+            elif not processes.is_alive(rec):
+                out.append((comp.name, "dead", f"pid {rec.pid} gone; log {rec.log}"))
+            else:
+                ok, detail = self.probe(comp.health_url)
+                state = "healthy" if ok else "unhealthy"
+                out.append((comp.name, state, f"pid {rec.pid} {comp.health_url} {detail[:60]}"))
+        return out
+
+    # ------------------------------------------------------------------ up
+    def write_kubeconfig(self) -> None:
+        """Write an admin kubeconfig with absolute paths."""
+        cfg = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "taugrid-dev", "cluster": {
+                "server": self.server, "certificate-authority": str(self.pki / "ca.crt")}}],
+            "users": [{"name": "admin", "user": {
+                "client-certificate": str(self.pki / "admin.crt"),
+                "client-key": str(self.pki / "admin.key")}}],
+            "contexts": [{"name": "taugrid-dev", "context": {
+                "cluster": "taugrid-dev", "user": "admin", "namespace": "default"}}],
+            "current-context": "taugrid-dev",
+        }  # fmt: skip
+        self.kubeconfig.write_text(yaml.safe_dump(cfg, sort_keys=False))
+
+    def up(
+        self,
+        nodes: int = 4,
+        out: Callable[[str], None] = print,
+        root: pathlib.Path | None = None,
+    ) -> None:
+        """Start the whole control plane in the documented order and bootstrap it."""
+        stale = self.table.clean_stale()
+        if stale:
+            out(f"cleaned stale PID records: {', '.join(sorted(stale))}")
+        if self.is_up():
+            msg = f"a dev cluster is already running from {self.state}; see `taugrid dev status`"
+            raise AlreadyRunningError(msg)
+        if self.running():
+            names = ", ".join(r.name for r in self.running())
+            msg = (
+                f"a dev cluster is partly running from {self.state} ({names}); "
+                "run `taugrid dev down` first"
+            )
+            raise ClusterError(msg)
+        built = build.built_dir(root)
+        bin_dir = built / "bin"
+        assets = built / "assets"
+        self.state.mkdir(parents=True, exist_ok=True)
+        pki.ensure(self.pki)
+        self.write_kubeconfig()
+        self.podlogs.mkdir(parents=True, exist_ok=True)
+        started = time.monotonic()
+        try:
+            self._start_etcd(bin_dir)
+            self._start_apiserver(bin_dir)
+            self._install_crds(bin_dir, assets)
+            self._start_kcm(bin_dir)
+            self._start_scheduler(bin_dir)
+            self._start_kwok(bin_dir, assets)
+            self.ensure_nodes(bin_dir, nodes)
+            self._start_kueue(bin_dir, assets)
+            self._start_kuberay(bin_dir)
+            self._bootstrap_queues(bin_dir, nodes)
+        except BaseException:
+            out("start failed; stopping what was started")
+            self.table.stop_all()
+            raise
+        out(f"dev cluster up in {time.monotonic() - started:.1f}s")
+
+    def _start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
+        self.table.start(name, argv, env={**os.environ, **(env or {})})
+        comp = next(c for c in self.components() if c.name == name)
+        self.wait_healthy(comp)
+
+    def _start_etcd(self, bin_dir: pathlib.Path) -> None:
+        p = self.ports
+        data = self.state / "etcd"
+        if data.exists():
+            shutil.rmtree(data)  # a dev cluster starts empty; nothing survives `down`
+        self._start("etcd", [
+            str(bin_dir / "etcd"), "--name=taugrid", f"--data-dir={data}",
+            f"--listen-client-urls=http://127.0.0.1:{p.etcd_client}",
+            f"--advertise-client-urls=http://127.0.0.1:{p.etcd_client}",
+            f"--listen-peer-urls=http://127.0.0.1:{p.etcd_peer}",
+            f"--initial-advertise-peer-urls=http://127.0.0.1:{p.etcd_peer}",
+            f"--initial-cluster=taugrid=http://127.0.0.1:{p.etcd_peer}",
+            "--unsafe-no-fsync=true", "--log-level=warn",
+        ])  # fmt: skip
+
+    def _start_apiserver(self, bin_dir: pathlib.Path) -> None:
+        k, p = self.pki, self.ports
+        self._start("kube-apiserver", [
+            str(bin_dir / "kube-apiserver"),
+            f"--etcd-servers=http://127.0.0.1:{p.etcd_client}",
+            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+            f"--secure-port={p.apiserver}", f"--cert-dir={self.state / 'apiserver'}",
+            f"--tls-cert-file={k / 'serving.crt'}", f"--tls-private-key-file={k / 'serving.key'}",
+            f"--client-ca-file={k / 'ca.crt'}",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-account-key-file={k / 'sa.pub'}",
+            f"--service-account-signing-key-file={k / 'sa.key'}",
+            "--api-audiences=https://kubernetes.default.svc.cluster.local,taugrid",
+            "--authorization-mode=RBAC", "--service-cluster-ip-range=10.96.0.0/16",
+            "--allow-privileged=true",
+            # KWOK plays the kubelet on 127.0.0.1 (logs, exec); reach it by that address.
+            "--kubelet-preferred-address-types=InternalIP",
+            f"--kubelet-certificate-authority={k / 'ca.crt'}",
+            f"--kubelet-client-certificate={k / 'admin.crt'}",
+            f"--kubelet-client-key={k / 'admin.key'}",
+            # Aggregated APIs (Kueue's visibility server) authenticate the front proxy.
+            f"--requestheader-client-ca-file={k / 'ca.crt'}",
+            "--requestheader-allowed-names=front-proxy-client",
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+            "--requestheader-group-headers=X-Remote-Group",
+            "--requestheader-username-headers=X-Remote-User",
+            f"--proxy-client-cert-file={k / 'front-proxy-client.crt'}",
+            f"--proxy-client-key-file={k / 'front-proxy-client.key'}",
+            "--enable-aggregator-routing=true",
+            "--profiling=false", "--v=1",
+        ])  # fmt: skip
+
+    def _kubeconfig_flags(self) -> list[str]:
+        kc = str(self.kubeconfig)
+        return [
+            f"--kubeconfig={kc}",
+            f"--authentication-kubeconfig={kc}",
+            f"--authorization-kubeconfig={kc}",
+        ]
+
+    def _start_kcm(self, bin_dir: pathlib.Path) -> None:
+        k = self.pki
+        self._start("kube-controller-manager", [
+            str(bin_dir / "kube-controller-manager"), *self._kubeconfig_flags(),
+            "--leader-elect=false", "--bind-address=127.0.0.1", f"--secure-port={self.ports.kcm}",
+            f"--cert-dir={self.state / 'kcm'}",
+            "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics",
+            f"--service-account-private-key-file={k / 'sa.key'}", f"--root-ca-file={k / 'ca.crt'}",
+            "--use-service-account-credentials=false",
+            f"--controllers={','.join(KCM_CONTROLLERS)}",
+            "--concurrent-job-syncs=20", "--kube-api-qps=200", "--kube-api-burst=400",
+        ])  # fmt: skip
+
+    def _start_scheduler(self, bin_dir: pathlib.Path) -> None:
+        self._start("kube-scheduler", [
+            str(bin_dir / "kube-scheduler"), *self._kubeconfig_flags(),
+            "--leader-elect=false", "--bind-address=127.0.0.1",
+            f"--secure-port={self.ports.scheduler}", f"--cert-dir={self.state / 'scheduler'}",
+            "--kube-api-qps=200", "--kube-api-burst=400",
+        ])  # fmt: skip
+
+    def _install_crds(self, bin_dir: pathlib.Path, assets: pathlib.Path) -> None:
+        docs: list[dict[str, Any]] = [
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kueue-system"}},
+        ]
+        files = [
+            *sorted((assets / "kueue" / "crd").glob("*.yaml")),
+            *sorted((assets / "kuberay" / "crd").glob("*.yaml")),
+            assets / "kwok" / "crd" / "kwok.x-k8s.io_logs.yaml",
+            assets / "kwok" / "crd" / "kwok.x-k8s.io_clusterlogs.yaml",
+            *self.extra_crds(),
+        ]
+        for f in files:
+            docs.extend(d for d in yaml.safe_load_all(f.read_text()) if d)
+        self.apply(bin_dir, docs)
+        self.kubectl(
+            bin_dir, "wait", "--for=condition=Established", "--timeout=60s", "crd", "--all"
+        )
+
+    def extra_crds(self) -> list[pathlib.Path]:
+        """Our own CRDs from deploy/, when the checkout has them."""
+        crds = pathlib.Path(__file__).resolve().parent.parent / "deploy" / "crds"
+        return sorted(crds.glob("*.yaml")) if crds.exists() else []
+
+    def _start_kwok(self, bin_dir: pathlib.Path, assets: pathlib.Path) -> None:
+        stage = assets / "kwok" / "stage"
+        docs = [
+            (
+                "apiVersion: config.kwok.x-k8s.io/v1alpha1\nkind: KwokConfiguration\n"
+                "options: {cidr: 10.244.0.0/16, nodeLeaseDurationSeconds: 40}\n"
+            ),
+            (stage / "node" / "fast" / "node-initialize.yaml").read_text(),
+            (
+                stage / "node" / "heartbeat-with-lease" / "node-heartbeat-with-lease.yaml"
+            ).read_text(),
+            (stage / "pod" / "fast" / "pod-ready.yaml").read_text(),
+            *(f.read_text() for f in sorted(STAGES_DIR.glob("*.yaml"))),
+        ]
+        cfg = self.state / "kwok.yaml"
+        cfg.write_text("\n---\n".join(d.strip() for d in docs) + "\n")
+        k, p = self.pki, self.ports
+        self._start("kwok", [
+            str(bin_dir / "kwok"), f"--kubeconfig={self.kubeconfig}", f"--config={cfg}",
+            f"--manage-nodes-with-annotation-selector={FAKE_NODE_ANNOTATION}=fake",
+            "--node-ip=127.0.0.1", f"--node-port={p.kwok}",
+            f"--server-address=127.0.0.1:{p.kwok}",
+            f"--tls-cert-file={k / 'serving.crt'}", f"--tls-private-key-file={k / 'serving.key'}",
+            "--enable-crds=Logs,ClusterLogs",
+        ])  # fmt: skip
+
+    def ensure_nodes(
+        self, bin_dir: pathlib.Path, count: int, prefix: str = "gpu-node-"
+    ) -> list[str]:
+        """Create `count` fake GPU nodes (idempotent) and wait until they are Ready."""
+        names = [f"{prefix}{i}" for i in range(count)]
+        self.apply(bin_dir, [fake_gpu_node(n) for n in names])
+        self.kubectl(bin_dir, "wait", "--for=condition=Ready", "--timeout=60s",
+                     *(f"node/{n}" for n in names))  # fmt: skip
+        return names
+
+    def _start_kueue(self, bin_dir: pathlib.Path, assets: pathlib.Path) -> None:
+        certs = self.state / "kueue-certs"
+        certs.mkdir(exist_ok=True)
+        shutil.copy(self.pki / "serving.crt", certs / "tls.crt")
+        shutil.copy(self.pki / "serving.key", certs / "tls.key")
+        p = self.ports
+        visibility = os.geteuid() == 0
+        if visibility:
+            # Kueue's visibility server writes its self-signed certificate to /visibility.
+            pathlib.Path("/visibility").mkdir(exist_ok=True)
+        cfg = {
+            "apiVersion": "config.kueue.x-k8s.io/v1beta2",
+            "kind": "Configuration",
+            "namespace": "kueue-system",
+            "health": {"healthProbeBindAddress": f"127.0.0.1:{p.kueue_health}"},
+            "metrics": {"bindAddress": "0"},
+            "webhook": {"host": "127.0.0.1", "port": p.kueue_webhook, "certDir": str(certs)},
+            "leaderElection": {"leaderElect": False},
+            "internalCertManagement": {"enable": False},
+            "manageJobsWithoutQueueName": False,
+            "waitForPodsReady": {"timeout": "5m", "blockAdmission": False},
+            "integrations": {"frameworks": ["batch/job", "ray.io/rayjob", "ray.io/raycluster"]},
+            "featureGates": {"VisibilityOnDemand": visibility},
+        }
+        cfg_path = self.state / "kueue.yaml"
+        cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+        self._start(
+            "kueue",
+            [str(bin_dir / "kueue"), f"--config={cfg_path}", "--zap-log-level=info"],
+            env={"KUEUE_METRICS_CERT_DIR": str(certs), "KUBECONFIG": str(self.kubeconfig)},
+        )
+        self._wait_port(p.kueue_webhook)
+        self.apply(bin_dir, kueue_webhooks(assets, self.pki / "ca.crt", p.kueue_webhook))
+
+    def _wait_port(self, port: int, timeout_s: float = 60.0) -> None:
+        import socket  # noqa: PLC0415  (only needed here)
+
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
+                return
+            time.sleep(0.2)
+        msg = f"nothing listens on 127.0.0.1:{port}"
+        raise ClusterError(msg)
+
+    def _start_kuberay(self, bin_dir: pathlib.Path) -> None:
+        p = self.ports
+        self._start(
+            "kuberay",
+            [
+                str(bin_dir / "ray-operator"),
+                f"--metrics-addr=127.0.0.1:{p.kuberay_metrics}",
+                f"--health-probe-bind-address=127.0.0.1:{p.kuberay_health}",
+                "--enable-leader-election=false",
+                "--log-stdout-encoder=console",
+            ],
+            env={"KUBECONFIG": str(self.kubeconfig)},
+        )
+
+    def _bootstrap_queues(self, bin_dir: pathlib.Path, nodes: int) -> None:
+        deadline = time.monotonic() + 60
+        while True:  # the webhooks answer a moment after Kueue's readiness probe
+            try:
+                self.apply(bin_dir, default_queues(nodes))
+                return
+            except ClusterError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+
+    # ------------------------------------------------------------------ down
+    def down(self) -> list[str]:
+        """Stop exactly the recorded processes; return their names."""
+        return self.table.stop_all()
+
+
+class AlreadyRunningError(ClusterError):
+    """`up` was asked for while a dev cluster runs from the same state directory."""
+
+
+def fake_gpu_node(name: str, gpus: int = 8) -> dict[str, Any]:
+    """A KWOK-managed node with 8 H100-like GPUs, labelled as GPU feature discovery would."""
+    resources = {"cpu": "96", "memory": "1Ti", "pods": "110", "nvidia.com/gpu": str(gpus)}
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "annotations": {FAKE_NODE_ANNOTATION: "fake", "node.alpha.kubernetes.io/ttl": "0"},
+            "labels": {
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+                "type": "kwok",
+                "nvidia.com/gpu.present": "true",
+                "nvidia.com/gpu.product": GPU_PRODUCT,
+                "nvidia.com/gpu.count": str(gpus),
+            },
+        },
+        "status": {"capacity": resources, "allocatable": resources},
+    }
+
+
+def default_queues(nodes: int, namespace: str = "default") -> list[dict[str, Any]]:
+    """The ResourceFlavor, ClusterQueue and LocalQueue of the dev cluster."""
+    return [
+        {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "ResourceFlavor",
+            "metadata": {"name": FLAVOR},
+            "spec": {"nodeLabels": {"nvidia.com/gpu.product": GPU_PRODUCT}},
+        },
+        {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "ClusterQueue",
+            "metadata": {"name": CLUSTER_QUEUE},
+            "spec": {
+                "namespaceSelector": {},
+                "queueingStrategy": "BestEffortFIFO",
+                "resourceGroups": [
+                    {
+                        "coveredResources": ["cpu", "memory", "nvidia.com/gpu"],
+                        "flavors": [
+                            {
+                                "name": FLAVOR,
+                                "resources": [
+                                    {"name": "cpu", "nominalQuota": str(96 * nodes)},
+                                    {"name": "memory", "nominalQuota": f"{nodes}Ti"},
+                                    {"name": "nvidia.com/gpu", "nominalQuota": str(8 * nodes)},
+                                ],
+                            }
+                        ],
+                    }
+                ],
+            },
+        },
+        {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "LocalQueue",
+            "metadata": {"name": LOCAL_QUEUE, "namespace": namespace},
+            "spec": {"clusterQueue": CLUSTER_QUEUE},
+        },
+    ]
+
+
+def kueue_webhooks(assets: pathlib.Path, ca_file: pathlib.Path, port: int) -> list[dict[str, Any]]:
+    """Kueue's webhook configurations, rewritten to call it on 127.0.0.1 with our CA."""
+    ca = base64.b64encode(ca_file.read_bytes()).decode()
+    out = []
+    for d in yaml.safe_load_all((assets / "kueue" / "webhook" / "manifests.yaml").read_text()):
+        if not d:
+            continue
+        d["metadata"] = {"name": "kueue-" + d["metadata"]["name"]}
+        hooks = []
+        for w in d.get("webhooks", []):
+            path = w["clientConfig"]["service"]["path"]
+            if any(k in path for k in KUEUE_WEBHOOKS_KEPT):
+                w["clientConfig"] = {"url": f"https://127.0.0.1:{port}{path}", "caBundle": ca}
+                hooks.append(w)
+        d["webhooks"] = hooks
+        if hooks:
+            out.append(d)
+    return out
+
+
+@contextlib.contextmanager
+def pod_log_file(
+    cluster: Cluster, namespace: str, pod: str, container: str
+) -> Iterator[pathlib.Path]:
+    """Yield the host file that KWOK serves as one container's log (creates the directory)."""
+    path = cluster.podlogs / namespace / pod / f"{container}.log"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.touch()
+    yield path
+
+
+def kwok_logs_object(
+    namespace: str, pod: str, container: str, path: pathlib.Path
+) -> dict[str, Any]:
+    """A KWOK `Logs` object telling its kubelet endpoint which file is this container's log."""
+    return {
+        "apiVersion": "kwok.x-k8s.io/v1alpha1",
+        "kind": "Logs",
+        "metadata": {"name": pod, "namespace": namespace},
+        "spec": {"logs": [{"containers": [container], "logsFile": str(path), "follow": True}]},
+    }
+
+
+def summary(cluster: Cluster) -> str:
+    """What runs where, for people and for the README."""
+    built = build.Builder()
+    lines = [
+        f"kubeconfig:   {cluster.kubeconfig}",
+        f"API server:   {cluster.server}",
+        f"state:        {cluster.state}  (logs in {cluster.table.logs})",
+        f"binaries:     {built.bin}",
+        "",
+        f"{'component':<24} {'pid':>8}  log",
+    ]
+    lines.extend(f"{rec.name:<24} {rec.pid:>8}  {rec.log}" for rec in cluster.running())
+    lines += [
+        "",
+        f"try: KUBECONFIG={cluster.kubeconfig} {built.bin / 'kubectl'} get nodes",
+    ]
+    return "\n".join(lines)
+
+
+def json_status(cluster: Cluster) -> str:
+    """The status as JSON for scripts."""
+    return json.dumps([{"component": c, "state": s, "detail": d} for c, s, d in cluster.status()])

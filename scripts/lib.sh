@@ -1,0 +1,30 @@
+# Shared by scripts/up and scripts/test: prerequisites and the Python environment.
+# shellcheck shell=bash
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+UV_VERSION=0.13.8
+
+need() {  # need TOOL "how to install it"
+  if ! command -v "$1" >/dev/null 2>&1; then
+    echo "error: $1 not found: install $2" >&2
+    exit 2
+  fi
+}
+
+check_prerequisites() {
+  need python3 "Python 3.11 or newer (Debian: apt-get install python3)"
+  python3 -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' || {
+    echo "error: Python $(python3 -V 2>&1) is too old: install Python 3.11 or newer" >&2; exit 2; }
+  need go "Go 1.26 or newer (https://go.dev/doc/install)"
+  need gcc "gcc (Debian: apt-get install gcc)"
+  need openssl "openssl (Debian: apt-get install openssl)"
+}
+
+python_env() {
+  # uv installs the locked dependency set (uv.lock) into .venv; CI never drifts.
+  if ! command -v uv >/dev/null 2>&1 || [ "$(uv --version | cut -d' ' -f2)" != "$UV_VERSION" ]; then
+    echo "[setup] installing uv $UV_VERSION"
+    python3 -m pip install --quiet --disable-pip-version-check "uv==$UV_VERSION"
+  fi
+  (cd "$ROOT" && uv sync --frozen --quiet)
+}

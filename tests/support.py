@@ -1,0 +1,75 @@
+"""Helpers shared by the test tiers: polling for outcomes and unique names."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from kubernetes_asyncio import client
+
+T = TypeVar("T")
+
+DEADLINE_S = 90.0
+"""Generous: tests poll for an outcome, they never assert on how fast it came."""
+
+
+class NotYetError(AssertionError):
+    """Raised by a probe to say "not there yet, ask again"."""
+
+
+async def eventually(
+    probe: Callable[[], Awaitable[T]],
+    *,
+    timeout_s: float = DEADLINE_S,
+    interval_s: float = 0.2,
+    what: str = "condition",
+) -> T:
+    """Call `probe` until it returns without raising AssertionError; return its value.
+
+    The last assertion's message is reported when the deadline passes, so a failing test
+    says what it was waiting for and what it saw instead.
+    """
+    deadline = time.monotonic() + timeout_s
+    last: AssertionError | None = None
+    while time.monotonic() < deadline:
+        try:
+            return await probe()
+        except AssertionError as err:
+            last = err
+        await asyncio.sleep(interval_s)
+    msg = f"timed out after {timeout_s:.0f}s waiting for {what}: {last}"
+    raise AssertionError(msg) from last
+
+
+def unique_name(prefix: str, max_len: int = 40) -> str:
+    """Return a DNS-1123 label: the prefix (cleaned, shortened) plus a random suffix."""
+    base = re.sub(r"[^a-z0-9-]+", "-", prefix.lower()).strip("-")
+    suffix = secrets.token_hex(3)
+    return f"{base[: max_len - len(suffix) - 1].rstrip('-')}-{suffix}"
+
+
+def not_found_is_not_yet(fn: Callable[[], Awaitable[T]]) -> Callable[[], Awaitable[T]]:
+    """Wrap an API read so that a 404 means "not there yet" for `eventually`."""
+
+    async def probe() -> T:
+        try:
+            return await fn()
+        except client.ApiException as err:
+            if err.status == 404:
+                msg = f"404 from {getattr(fn, '__name__', 'read')}"
+                raise NotYetError(msg) from err
+            raise
+
+    return probe
+
+
+def condition(obj: dict[str, Any], kind: str) -> dict[str, Any] | None:
+    """Return the status condition of the given type from a raw object, if present."""
+    for c in (obj.get("status") or {}).get("conditions") or []:
+        if c.get("type") == kind:
+            return dict(c)
+    return None

@@ -1,0 +1,76 @@
+"""The control-plane build: stamps decide what is rebuilt, prerequisites fail early."""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+
+import pytest
+
+from devcluster import build
+
+
+def _component(**changes: object) -> build.Component:
+    base = build.Component("demo", ("demo",), ("v1.0.0",), lambda b: None)
+    return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        pytest.param({"inputs": ("v1.0.1",)}, id="a version bump changes the stamp"),
+        pytest.param({"binaries": ("demo", "demo2")}, id="a new binary changes the stamp"),
+        pytest.param({"name": "other"}, id="another component has another stamp"),
+    ],
+)
+def test_the_component_stamp_covers_what_determines_its_output(change: dict[str, object]) -> None:
+    """Anything that changes a component's output changes its stamp, so it is rebuilt."""
+    assert build.component_stamp(_component()) != build.component_stamp(_component(**change))
+
+
+def test_the_stamp_is_stable_for_the_same_inputs() -> None:
+    """The same inputs give the same stamp, so CI reuses the cache."""
+    assert build.component_stamp(_component()) == build.component_stamp(_component())
+    assert (
+        build.Builder(pathlib.Path("/nonexistent")).stamp == build.Builder(pathlib.Path("/x")).stamp
+    )
+
+
+def test_a_component_is_built_only_when_its_marker_holds_its_stamp(tmp_path: pathlib.Path) -> None:
+    """A marker with another stamp, or a missing binary, means "build again"."""
+    b = build.Builder(tmp_path)
+    comp = b.components[1]
+    b.bin.mkdir(parents=True)
+    assert not b.is_built(comp)
+    for name in comp.binaries:
+        (b.bin / name).write_text("")
+    (b.bin / f".built-{comp.name}").write_text("stale-stamp\n")
+    assert not b.is_built(comp)
+    (b.bin / f".built-{comp.name}").write_text(build.component_stamp(comp) + "\n")
+    assert b.is_built(comp)
+    (b.bin / comp.binaries[0]).unlink()
+    assert not b.is_built(comp)
+
+
+@pytest.mark.parametrize("tool", ["go", "gcc"], ids=["missing go", "missing gcc"])
+def test_a_missing_prerequisite_fails_at_once_saying_what_to_install(
+    tool: str, monkeypatch: pytest.MonkeyPatch, tmp_path: pathlib.Path
+) -> None:
+    """Without go or gcc on PATH the check fails with a message naming what to install."""
+    import shutil
+
+    for other in {"go", "gcc", "openssl"} - {tool}:
+        found = shutil.which(other)
+        if found:
+            (tmp_path / other).symlink_to(found)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(build.PrerequisiteError) as err:
+        build.check_prerequisites()
+    assert f"{tool}: install" in str(err.value)
+
+
+def test_built_dir_refuses_an_unbuilt_cache_and_says_how_to_build(tmp_path: pathlib.Path) -> None:
+    """Starting a cluster from an empty cache names the command that builds it."""
+    with pytest.raises(build.BuildError) as err:
+        build.built_dir(tmp_path)
+    assert "taugrid dev build" in str(err.value)
