@@ -422,11 +422,15 @@ class Cluster:
         ])  # fmt: skip
 
     def ensure_nodes(
-        self, bin_dir: pathlib.Path, count: int, prefix: str = "gpu-node-"
+        self,
+        bin_dir: pathlib.Path,
+        count: int,
+        prefix: str = "gpu-node-",
+        labels: dict[str, str] | None = None,
     ) -> list[str]:
         """Create `count` fake GPU nodes (idempotent) and wait until they are Ready."""
         names = [f"{prefix}{i}" for i in range(count)]
-        self.apply(bin_dir, [fake_gpu_node(n) for n in names])
+        self.apply(bin_dir, [fake_gpu_node(n, labels=labels) for n in names])
         self.kubectl(bin_dir, "wait", "--for=condition=Ready", "--timeout=60s",
                      *(f"node/{n}" for n in names))  # fmt: skip
         return names
@@ -511,7 +515,9 @@ class AlreadyRunningError(ClusterError):
     """`up` was asked for while a dev cluster runs from the same state directory."""
 
 
-def fake_gpu_node(name: str, gpus: int = 8) -> dict[str, Any]:
+def fake_gpu_node(
+    name: str, gpus: int = 8, labels: dict[str, str] | None = None
+) -> dict[str, Any]:
     """A KWOK-managed node with 8 H100-like GPUs, labelled as GPU feature discovery would."""
     resources = {"cpu": "96", "memory": "1Ti", "pods": "110", "nvidia.com/gpu": str(gpus)}
     return {
@@ -528,6 +534,7 @@ def fake_gpu_node(name: str, gpus: int = 8) -> dict[str, Any]:
                 "nvidia.com/gpu.present": "true",
                 "nvidia.com/gpu.product": GPU_PRODUCT,
                 "nvidia.com/gpu.count": str(gpus),
+                **(labels or {}),
             },
         },
         "status": {"capacity": resources, "allocatable": resources},

@@ -1,0 +1,123 @@
+"""Micro-benchmark of the controller's pure core: `FleetState.ingest` and `policy.decide`.
+
+Run: `.venv/bin/python -m bench.fleet_ingest [nodes]` (default 5,000 nodes × 8 GPUs).
+Heartbeats are parsed before timing starts, so the figures are the fleet-state cost alone,
+to set beside the HTTP handler's JSON parse and validation in `bench/heartbeats`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import random
+import statistics
+import sys
+import time
+
+from controller import fleet, nodes, policy
+from shared import health, heartbeat
+
+T0 = dt.datetime(2025, 3, 1, tzinfo=dt.UTC)
+ROUNDS = 4
+PASSES = 5
+
+
+def _heartbeats(count: int, round_: int, rng: random.Random) -> list[heartbeat.Heartbeat]:
+    out = []
+    for n in range(count):
+        gpus = []
+        for index in range(8):
+            bad = rng.random() < 0.002
+            reasons = (
+                [
+                    heartbeat.Reason(
+                        code="XidFallenOffBus",
+                        verdict=health.Verdict.FAILED,
+                        action=health.Action.REBOOT_NODE,
+                        latched=True,
+                        since=T0,
+                    )
+                ]
+                if bad
+                else []
+            )
+            gpus.append(
+                heartbeat.GpuReport(
+                    index=index,
+                    uuid=f"GPU-{n:05d}-{index}",
+                    verdict=health.Verdict.FAILED if bad else health.Verdict.HEALTHY,
+                    action=health.Action.REBOOT_NODE if bad else health.Action.NONE,
+                    reasons=reasons,
+                    readings=heartbeat.GpuReadings(temperature_c=55.0, power_w=300.0),
+                )
+            )
+        out.append(
+            heartbeat.Heartbeat(
+                schema_version=1,
+                node_name=f"gpu-{n:05d}",
+                boot_id="boot-1",
+                interval_s=10.0,
+                sequence=round_ + 1,
+                sent_at=T0 + dt.timedelta(seconds=10 * round_),
+                gpus=gpus,
+            )
+        )
+    return out
+
+
+def main() -> None:
+    """Time ingest per heartbeat and decide per pass, and print per-op costs."""
+    count = int(sys.argv[1]) if len(sys.argv) > 1 else 5000
+    rng = random.Random(4)
+    built = time.perf_counter()
+    first = _heartbeats(count, 0, rng)
+    rounds = [first] + [
+        [
+            hb.model_copy(update={"sequence": r + 1, "sent_at": T0 + dt.timedelta(seconds=10 * r)})
+            for hb in first
+        ]
+        for r in range(1, ROUNDS)
+    ]
+    print(f"built {count * ROUNDS} heartbeats in {time.perf_counter() - built:.1f} s (untimed)")
+
+    state = fleet.FleetState(leader_since=T0 - dt.timedelta(hours=1))
+    per_round = []
+    for r, beats in enumerate(rounds):
+        now = T0 + dt.timedelta(seconds=10 * r)
+        start = time.perf_counter()
+        for hb in beats:
+            state.ingest(hb, now)
+        per_round.append((time.perf_counter() - start) / len(beats))
+    ingest = statistics.median(per_round)
+    print(
+        f"ingest: {ingest * 1e6:.1f} µs/heartbeat median over {ROUNDS} rounds "
+        f"({1 / ingest:,.0f}/s on one core)"
+    )
+
+    views = [
+        nodes.parse(
+            {
+                "metadata": {"name": f"gpu-{n:05d}", "resourceVersion": "1"},
+                "status": {"capacity": {nodes.GPU_RESOURCE: "8"}},
+            }
+        )
+        for n in range(count)
+    ]
+    settings = policy.Settings()
+    now = T0 + dt.timedelta(seconds=10 * (ROUNDS - 1) + 1)
+    timings = []
+    decision = None
+    for _ in range(PASSES):
+        start = time.perf_counter()
+        decision = policy.decide(state, views, settings, policy.BreakerState(), now)
+        timings.append(time.perf_counter() - start)
+    assert decision is not None
+    best = min(timings)
+    print(
+        f"decide: {statistics.median(timings) * 1e3:.1f} ms/pass median, {best * 1e3:.1f} ms best "
+        f"over {count} nodes ({best / count * 1e6:.2f} µs/node); "
+        f"{len(decision.actions)} actions"
+    )
+
+
+if __name__ == "__main__":
+    main()

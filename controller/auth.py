@@ -1,0 +1,244 @@
+"""Who is calling, and may they: TokenReview and SubjectAccessReview, cached.
+
+Identity comes from the API server (TokenReview); each call is authorised against the
+Kubernetes verb it corresponds to (SubjectAccessReview). Both answers are cached so that a
+busy endpoint (heartbeats from thousands of agents) does not become API-server load: a token
+is reviewed once and reused until shortly before it expires (at most `token_ttl_s`), an access
+answer is reused for `access_ttl_s`. Identical reviews in flight at the same moment are made
+once. Refusals are cached briefly too, so a flood of bad tokens costs one review each few
+seconds rather than one per request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import dataclasses
+import hashlib
+import json
+import time
+from collections.abc import Awaitable, Callable, Hashable
+from typing import Protocol, TypeVar, cast
+
+NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
+POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"
+NEGATIVE_TTL_S = 5.0
+EXPIRY_MARGIN_S = 30.0
+MAX_ENTRIES = 50_000
+
+T = TypeVar("T")
+
+
+class AuthError(Exception):
+    """Base of authentication and authorisation failures."""
+
+    status = 401
+
+
+class Unauthenticated(AuthError):  # noqa: N818  (an HTTP outcome, named as the status reads)
+    """No token, or a token the API server does not accept."""
+
+    status = 401
+
+
+class Forbidden(AuthError):  # noqa: N818
+    """A known identity without the permission the call needs."""
+
+    status = 403
+
+
+class ReviewUnavailable(AuthError):  # noqa: N818
+    """The API server could not be asked; the caller may retry."""
+
+    status = 503
+
+
+@dataclasses.dataclass(frozen=True)
+class Identity:
+    """An authenticated caller, as TokenReview described it."""
+
+    username: str
+    uid: str = ""
+    groups: tuple[str, ...] = ()
+    extra: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+    def extra_value(self, key: str) -> str | None:
+        """Return the single value of an extra field, None when absent or ambiguous."""
+        for k, values in self.extra:
+            if k == key and len(values) == 1:
+                return values[0]
+        return None
+
+    @property
+    def node_name(self) -> str | None:
+        """The node of the pod the token is bound to (pod-bound ServiceAccount tokens)."""
+        return self.extra_value(NODE_NAME_EXTRA)
+
+
+@dataclasses.dataclass(frozen=True)
+class Access:
+    """A Kubernetes verb on a resource: what a SubjectAccessReview asks."""
+
+    verb: str
+    resource: str
+    group: str = ""
+    namespace: str | None = None
+    subresource: str = ""
+    name: str = ""
+
+
+class Reviewer(Protocol):
+    """The API server's review endpoints (the seam tests and adapters implement)."""
+
+    async def review_token(self, token: str, audiences: tuple[str, ...]) -> Identity | None:
+        """Return the identity behind a token, None when the API server rejects it."""
+        ...
+
+    async def review_access(self, identity: Identity, access: Access) -> bool:
+        """Return whether the identity may perform the access."""
+        ...
+
+
+def token_expiry(token: str) -> float | None:
+    """Read `exp` from a JWT's payload without verifying it (only to bound caching)."""
+    parts = token.split(".")
+    if len(parts) != 3:
+        return None
+    try:
+        payload = json.loads(base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4)))
+    except (ValueError, UnicodeDecodeError):
+        return None
+    exp = payload.get("exp") if isinstance(payload, dict) else None
+    return float(exp) if isinstance(exp, int | float) else None
+
+
+class _TTLCache:
+    """A small expiring map with single-flight loading."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self._clock = clock
+        self._data: dict[Hashable, tuple[float, object]] = {}
+        self._inflight: dict[Hashable, asyncio.Future[object]] = {}
+        self.hits = 0
+        self.misses = 0
+
+    async def get(
+        self,
+        key: Hashable,
+        load: Callable[[], Awaitable[T]],
+        ttl: Callable[[T], float],
+    ) -> T:
+        now = self._clock()
+        hit = self._data.get(key)
+        if hit is not None and hit[0] > now:
+            self.hits += 1
+            return cast("T", hit[1])
+        pending = self._inflight.get(key)
+        if pending is not None:
+            self.hits += 1
+            return cast("T", await asyncio.shield(pending))
+        self.misses += 1
+        fut: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+        self._inflight[key] = fut
+        try:
+            value = await load()
+        except BaseException as err:
+            fut.set_exception(err)
+            fut.exception()  # mark retrieved: waiters re-raise it themselves
+            raise
+        finally:
+            self._inflight.pop(key, None)
+        fut.set_result(value)
+        if len(self._data) >= MAX_ENTRIES:
+            self._evict(now)
+        self._data[key] = (now + ttl(value), value)
+        return value
+
+    def _evict(self, now: float) -> None:
+        for k in [k for k, (exp, _) in self._data.items() if exp <= now]:
+            del self._data[k]
+        while len(self._data) >= MAX_ENTRIES:
+            self._data.pop(next(iter(self._data)))
+
+
+class Authenticator:
+    """Authenticate bearer tokens and authorise calls, with caches in front of the reviews."""
+
+    def __init__(
+        self,
+        reviewer: Reviewer,
+        *,
+        token_ttl_s: float = 300.0,
+        access_ttl_s: float = 60.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._reviewer = reviewer
+        self._token_ttl_s = token_ttl_s
+        self._access_ttl_s = access_ttl_s
+        self._clock = clock
+        self.tokens = _TTLCache(clock)
+        self.access = _TTLCache(clock)
+
+    async def authenticate(self, header: str | None, audiences: tuple[str, ...] = ()) -> Identity:
+        """Return the identity behind an `Authorization: Bearer` header, or raise."""
+        if not header or not header.startswith("Bearer "):
+            msg = "missing bearer token: send `Authorization: Bearer <token>`"
+            raise Unauthenticated(msg)
+        token = header.removeprefix("Bearer ").strip()
+        if not token:
+            msg = "empty bearer token"
+            raise Unauthenticated(msg)
+        key = (hashlib.sha256(token.encode()).hexdigest(), audiences)
+        expiry = token_expiry(token)
+
+        def ttl(identity: Identity | None) -> float:
+            if identity is None:
+                return NEGATIVE_TTL_S
+            limit = self._token_ttl_s
+            if expiry is not None:
+                limit = min(limit, expiry - EXPIRY_MARGIN_S - self._clock())
+            return max(limit, 0.0)
+
+        identity = await self.tokens.get(
+            key, lambda: self._reviewer.review_token(token, audiences), ttl
+        )
+        if identity is None:
+            msg = "token rejected by the API server (expired, revoked or wrong audience)"
+            raise Unauthenticated(msg)
+        return identity
+
+    async def authorize(self, identity: Identity, access: Access) -> None:
+        """Raise Forbidden unless Kubernetes RBAC allows the access."""
+        key = (identity, access)
+        allowed = await self.access.get(
+            key,
+            lambda: self._reviewer.review_access(identity, access),
+            lambda ok: self._access_ttl_s if ok else min(self._access_ttl_s, NEGATIVE_TTL_S),
+        )
+        if not allowed:
+            where = f" in namespace {access.namespace}" if access.namespace else ""
+            res = (
+                f"{access.resource}/{access.subresource}" if access.subresource else access.resource
+            )
+            group = f".{access.group}" if access.group else ""
+            msg = f"{identity.username} may not {access.verb} {res}{group}{where}"
+            raise Forbidden(msg)
+
+
+def agent_username(namespace: str, service_account: str) -> str:
+    """The TokenReview username of an agent's ServiceAccount token."""
+    return f"system:serviceaccount:{namespace}:{service_account}"
+
+
+def check_heartbeat_sender(identity: Identity, expected_user: str, node_name: str) -> None:
+    """Accept a heartbeat only from the agent ServiceAccount bound to a pod on that node."""
+    if identity.username != expected_user:
+        msg = f"{identity.username} is not the agent ServiceAccount ({expected_user})"
+        raise Forbidden(msg)
+    bound = identity.node_name
+    if bound is None:
+        msg = "the token is not bound to a pod on a node; use a projected ServiceAccount token"
+        raise Forbidden(msg)
+    if bound != node_name:
+        msg = f"a token bound to node {bound} may not report for node {node_name}"
+        raise Forbidden(msg)

@@ -1,0 +1,250 @@
+"""Minimal, idempotent Node patches for the policy's actions, as pure code.
+
+The actuator fetches (or holds from its watch) the raw Node, asks `patch_for(action, node, now)`
+and sends the result only when it is not None. Applying a patch and asking again returns None:
+that is what makes the actuator safe to run on every pass, after a failover, or twice.
+
+Two kinds of patch, because a Node's condition lives in the status subresource:
+- `SetCondition` gives a strategic merge patch of `status.conditions`, merged by `type`, so
+  the kubelet's own conditions are never touched. Its `lastTransitionTime` moves only when the
+  status changes (Kueue's `SetConditionAndUpdate` rule).
+- every other action gives a JSON merge patch of metadata and spec. `spec.taints` is a list
+  that both patch kinds replace whole, so the body carries `metadata.resourceVersion`: a taint
+  someone else added meanwhile makes the API server answer 409 (requeue), never lost.
+Taint, cordon and quarantine annotations go in one patch, so a reader never sees a cordon
+without the annotation that says it is ours.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import datetime as dt
+from collections.abc import Mapping, MutableSequence
+from typing import Any, Literal
+
+from controller import fleet, history, nodes, policy
+
+MERGE_PATCH = "application/merge-patch+json"
+STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
+
+_QUARANTINE_ANNOTATIONS = (
+    nodes.QUARANTINED_BY_ANNOTATION,
+    nodes.QUARANTINED_AT_ANNOTATION,
+    nodes.QUARANTINED_REASON_ANNOTATION,
+    nodes.QUARANTINE_ANNOTATION,
+    nodes.CORDONED_ANNOTATION,
+)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class NodePatch:
+    """One PATCH request for a Node."""
+
+    subresource: Literal["", "status"]
+    """"status" for the status subresource, "" for the Node itself."""
+    content_type: str
+    body: dict[str, Any]
+
+
+def set_condition(
+    conditions: MutableSequence[dict[str, Any]], desired: nodes.Condition, now: dt.datetime
+) -> bool:
+    """Set the `GPUHealthy` entry of a conditions list in place; return whether it changed.
+
+    `lastTransitionTime` becomes `now` only when the status changes (or the entry is new).
+    """
+    for entry in conditions:
+        if entry.get("type") != nodes.CONDITION_TYPE:
+            continue
+        changed = False
+        if entry.get("status") != desired.status.value:
+            entry["status"] = desired.status.value
+            entry["lastTransitionTime"] = fleet.iso(now)
+            changed = True
+        if entry.get("reason") != desired.reason:
+            entry["reason"] = desired.reason
+            changed = True
+        if entry.get("message") != desired.message:
+            entry["message"] = desired.message
+            changed = True
+        return changed
+    conditions.append(
+        {
+            "type": nodes.CONDITION_TYPE,
+            "status": desired.status.value,
+            "reason": desired.reason,
+            "message": desired.message,
+            "lastTransitionTime": fleet.iso(now),
+        }
+    )
+    return True
+
+
+def condition_patch(
+    node: Mapping[str, Any], desired: nodes.Condition, now: dt.datetime
+) -> NodePatch | None:
+    """Return the status patch that makes the node's `GPUHealthy` say `desired`, or None."""
+    status = node.get("status")
+    raw = status.get("conditions") if isinstance(status, Mapping) else None
+    ours = [
+        copy.deepcopy(dict(c))
+        for c in (raw if isinstance(raw, list) else [])
+        if isinstance(c, Mapping) and c.get("type") == nodes.CONDITION_TYPE
+    ][:1]
+    if not set_condition(ours, desired, now):
+        return None
+    return NodePatch("status", STRATEGIC_MERGE_PATCH, {"status": {"conditions": ours}})
+
+
+def patch_for(
+    action: policy.NodeAction, node: Mapping[str, Any], now: dt.datetime
+) -> NodePatch | None:
+    """Return the minimal patch that carries out `action` on `node`, or None when done."""
+    if isinstance(action, policy.SetCondition):
+        return condition_patch(node, action.condition, now)
+    view = nodes.parse(node)
+    marks = _Marks(node)
+    if isinstance(action, policy.Quarantine):
+        record = action.record
+        marks.taint(present=True)
+        if action.cordon and not view.unschedulable:
+            marks.cordon()
+        marks.annotate(
+            {
+                nodes.QUARANTINED_BY_ANNOTATION: record.by,
+                nodes.QUARANTINED_AT_ANNOTATION: fleet.iso(record.at),
+                nodes.QUARANTINED_REASON_ANNOTATION: record.reason,
+                nodes.QUARANTINE_ANNOTATION: record.to_annotation(),
+                nodes.RELEASED_FAULTS_ANNOTATION: None,
+            }
+        )
+        entry = history.Entry(now, action.kind.value, record.reason, record.by, action.message)
+    elif isinstance(action, policy.UpdateQuarantine):
+        if view.quarantine is None:
+            return None
+        marks.annotate({nodes.QUARANTINE_ANNOTATION: action.record.to_annotation()})
+        entry = history.Entry(
+            now,
+            action.kind.value,
+            action.record.reason,
+            nodes.CONTROLLER_IDENTITY,
+            f"clears with {action.record.clears_with.value}; "
+            f"evict after {fleet.iso(action.record.evict_after) or 'never'}",
+        )
+    elif isinstance(action, policy.RestoreTaint):
+        if view.quarantine is None:
+            return None
+        marks.taint(present=True)
+        entry = history.Entry(
+            now, action.kind.value, view.quarantine.reason, nodes.CONTROLLER_IDENTITY
+        )
+    elif isinstance(action, policy.EvictGpuPods):
+        current = view.quarantine
+        if current is None or current.evicted_at is not None:
+            return None
+        evicted = dataclasses.replace(current, evicted_at=now)
+        marks.annotate({nodes.QUARANTINE_ANNOTATION: evicted.to_annotation()})
+        entry = history.Entry(
+            now,
+            action.kind.value,
+            action.reason,
+            nodes.CONTROLLER_IDENTITY,
+            f"due since {fleet.iso(action.deadline)}",
+        )
+    elif isinstance(action, policy.Release):
+        _end_quarantine(marks, view, uncordon=action.uncordon)
+        entry = history.Entry(
+            now, action.kind.value, action.reason, nodes.CONTROLLER_IDENTITY, action.message
+        )
+    elif isinstance(action, policy.ManualRelease):
+        _end_quarantine(marks, view, uncordon=action.uncordon)
+        marks.annotate(
+            {nodes.RELEASED_FAULTS_ANNOTATION: nodes.render_released(action.released_faults)}
+        )
+        entry = history.Entry(now, action.kind.value, action.reason, action.by)
+    else:  # ForgetManualRelease
+        marks.annotate({nodes.RELEASED_FAULTS_ANNOTATION: None})
+        return marks.patch(view, None)
+    return marks.patch(view, entry)
+
+
+def _end_quarantine(marks: _Marks, view: nodes.NodeView, *, uncordon: bool) -> None:
+    marks.taint(present=False)
+    if uncordon and view.cordoned_by_us and view.unschedulable:
+        marks.uncordon()
+    marks.annotate(dict.fromkeys(_QUARANTINE_ANNOTATIONS))
+
+
+class _Marks:
+    """Collects the differences between a node's TauGrid marks and the wanted ones."""
+
+    def __init__(self, node: Mapping[str, Any]) -> None:
+        metadata = node.get("metadata")
+        annotations = metadata.get("annotations") if isinstance(metadata, Mapping) else None
+        spec = node.get("spec")
+        taints = spec.get("taints") if isinstance(spec, Mapping) else None
+        self._annotations: Mapping[str, Any] = (
+            annotations if isinstance(annotations, Mapping) else {}
+        )
+        self._taints: list[Any] = list(taints) if isinstance(taints, list) else []
+        self._new_taints: list[Any] | None = None
+        self._unschedulable: bool | None = None
+        self._annotation_changes: dict[str, str | None] = {}
+
+    def taint(self, *, present: bool) -> None:
+        ours = [t for t in self._taints if _is_ours(t)]
+        if present and not ours:
+            self._new_taints = [
+                *self._taints,
+                {"key": nodes.TAINT_KEY, "effect": nodes.TAINT_EFFECT},
+            ]
+        elif not present and ours:
+            self._new_taints = [t for t in self._taints if not _is_ours(t)]
+
+    def cordon(self) -> None:
+        self._unschedulable = True
+        self.annotate({nodes.CORDONED_ANNOTATION: "true"})
+
+    def uncordon(self) -> None:
+        self._unschedulable = False
+
+    def annotate(self, wanted: Mapping[str, str | None]) -> None:
+        for key, value in wanted.items():
+            if self._annotations.get(key) != value:
+                self._annotation_changes[key] = value
+            else:
+                self._annotation_changes.pop(key, None)
+
+    def patch(self, view: nodes.NodeView, entry: history.Entry | None) -> NodePatch | None:
+        if (
+            self._new_taints is None
+            and self._unschedulable is None
+            and not self._annotation_changes
+        ):
+            return None
+        annotations = dict(self._annotation_changes)
+        if entry is not None:
+            annotations[nodes.HISTORY_ANNOTATION] = history.render(
+                history.append(view.history, entry)
+            )
+        metadata: dict[str, Any] = {"annotations": annotations}
+        if view.resource_version:
+            metadata["resourceVersion"] = view.resource_version
+        body: dict[str, Any] = {"metadata": metadata}
+        spec: dict[str, Any] = {}
+        if self._new_taints is not None:
+            spec["taints"] = self._new_taints
+        if self._unschedulable is not None:
+            spec["unschedulable"] = self._unschedulable
+        if spec:
+            body["spec"] = spec
+        return NodePatch("", MERGE_PATCH, body)
+
+
+def _is_ours(taint: Any) -> bool:
+    return (
+        isinstance(taint, Mapping)
+        and taint.get("key") == nodes.TAINT_KEY
+        and taint.get("effect") == nodes.TAINT_EFFECT
+    )

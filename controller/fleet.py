@@ -1,0 +1,400 @@
+"""Fleet state: the last heartbeat of every node and what it says about the node, as pure code.
+
+The HTTP handler calls `FleetState.ingest` once per accepted heartbeat; the policy reads
+`FleetState.assess` for every node on each pass. Nothing here reads the clock: `now` is passed
+in, and the time a heartbeat was *received* (the controller's clock, never the agent's `sentAt`)
+is what staleness is measured against.
+
+Ingestion is the hot path (3,000+ heartbeats/s on one core): it replaces one record in a dict
+and summarises only the GPUs that are not healthy. Everything time-dependent (staleness, the
+leader's warm-up) is derived at `assess` time, so an idle fleet costs nothing between passes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import enum
+from collections.abc import Iterator
+from typing import NamedTuple
+
+from shared import health, heartbeat
+
+DEFAULT_STALE_MULTIPLIER = 3.0
+"""staleAfter = this × the agent's own `intervalS` (DESIGN.md section 6)."""
+
+MAX_MESSAGE_CHARS = 1024
+"""Condition messages are bounded so a node with 8 broken GPUs still gets a readable line."""
+
+REASON_HEARTBEAT_STALE = "HeartbeatStale"
+REASON_HEARTBEAT_MISSING = "HeartbeatMissing"
+REASON_GPUS_HEALTHY = "GpusHealthy"
+REASON_NO_GPUS = "NoGpusReported"
+
+
+class FaultKey(NamedTuple):
+    """Identity of one fault occurrence: which GPU, which finding, since when.
+
+    `since` is the agent's ISO timestamp of the finding ("" when the agent gave none). A stale
+    heartbeat is keyed with an empty GPU UUID, code `HeartbeatStale` and the staleness onset,
+    so each silence is a distinct occurrence.
+    """
+
+    gpu_uuid: str
+    code: str
+    since: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Fault:
+    """One finding on one GPU that makes the node not healthy."""
+
+    gpu_uuid: str
+    gpu_index: int
+    code: str
+    verdict: health.Verdict
+    action: health.Action
+    latched: bool
+    since: dt.datetime | None
+    message: str
+
+    @property
+    def key(self) -> FaultKey:
+        """Return the identity used to tell a new fault from one already handled."""
+        return FaultKey(self.gpu_uuid, self.code, iso(self.since))
+
+
+class NodeState(enum.StrEnum):
+    """What the controller concludes about a node as a whole."""
+
+    HEALTHY = "Healthy"
+    DEGRADED = "Degraded"
+    FAILED = "Failed"
+    UNKNOWN = "Unknown"
+    """The agent reported a GPU it could not judge; not a reason to quarantine."""
+    STALE = "Stale"
+    """Heartbeats stopped for longer than staleAfter."""
+    MISSING = "Missing"
+    """No heartbeat reached this leader since it took over, past its warm-up."""
+    WARMING_UP = "WarmingUp"
+    """No heartbeat yet, and the leader is still inside its warm-up: no judgement."""
+
+
+BAD_STATES = frozenset(
+    {NodeState.DEGRADED, NodeState.FAILED, NodeState.UNKNOWN, NodeState.STALE, NodeState.MISSING}
+)
+"""States that count towards the circuit breaker (a node that turned bad or went silent)."""
+
+
+@dataclasses.dataclass(slots=True)
+class NodeRecord:
+    """The controller's memory of one node: its last report and the streaks derived from it."""
+
+    heartbeat: heartbeat.Heartbeat
+    received_at: dt.datetime
+    verdict: health.Verdict
+    """The worst GPU verdict in the last report (Healthy for a node reporting no GPUs)."""
+    action: health.Action
+    faults: tuple[Fault, ...]
+    """Findings of GPUs whose verdict is not Healthy, worst first."""
+    bad_since: dt.datetime | None
+    """Receipt time of the first report of the current non-healthy streak."""
+    healthy_since: dt.datetime | None
+    """Receipt time of the first report of the current healthy streak."""
+    previous_boot_id: str | None = None
+    boot_changed_at: dt.datetime | None = None
+    """When a report first carried a boot ID different from the one before it."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class NodeHealth:
+    """A node's health at one instant, as the policy and the on-call API need it."""
+
+    node: str
+    state: NodeState
+    reason: str
+    """PascalCase code for the NodeCondition (`XidFallenOffBus`, `HeartbeatStale`)."""
+    message: str
+    """One line naming the GPU UUIDs involved."""
+    faults: tuple[Fault, ...] = ()
+    boot_id: str | None = None
+    received_at: dt.datetime | None = None
+    bad_since: dt.datetime | None = None
+    """Onset of the current non-healthy state; for a silent node, the moment it turned stale."""
+    healthy_since: dt.datetime | None = None
+    stale_at: dt.datetime | None = None
+    """When the node turns (or turned) stale if nothing more arrives; None before any report."""
+    action: health.Action = health.Action.NONE
+    boot_changed_at: dt.datetime | None = None
+    """When this leader last saw the boot ID change (a reboot clears RebootNode faults)."""
+
+    @property
+    def fault_keys(self) -> frozenset[FaultKey]:
+        """Return the identities of the current faults, including a silence."""
+        keys = {fault.key for fault in self.faults}
+        if self.state in (NodeState.STALE, NodeState.MISSING) and self.stale_at is not None:
+            keys.add(FaultKey("", REASON_HEARTBEAT_STALE, iso(self.stale_at)))
+        return frozenset(keys)
+
+
+class FleetState:
+    """The last heartbeat of every node, keyed by node name; mutated in place on ingest.
+
+    A mutable class rather than a value copied per heartbeat: copying a 5,000-node mapping on
+    every report would cost more than the report itself. Only the leader's instance is judged,
+    and `leader_since` (set when the lease is acquired) holds staleness back for one staleAfter.
+    """
+
+    __slots__ = ("_records", "leader_since", "stale_multiplier")
+
+    def __init__(
+        self,
+        *,
+        leader_since: dt.datetime,
+        stale_multiplier: float = DEFAULT_STALE_MULTIPLIER,
+    ) -> None:
+        if stale_multiplier <= 0:
+            msg = f"stale_multiplier must be positive, got {stale_multiplier}"
+            raise ValueError(msg)
+        _require_aware("leader_since", leader_since)
+        self._records: dict[str, NodeRecord] = {}
+        self.leader_since = leader_since
+        self.stale_multiplier = stale_multiplier
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def __contains__(self, node: object) -> bool:
+        return node in self._records
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._records)
+
+    def get(self, node: str) -> NodeRecord | None:
+        """Return the record of `node`, or None when it never reported to this process."""
+        return self._records.get(node)
+
+    def become_leader(self, now: dt.datetime) -> None:
+        """Start the warm-up: no node is judged stale before one staleAfter from `now`."""
+        _require_aware("now", now)
+        self.leader_since = now
+
+    def forget(self, node: str) -> None:
+        """Drop a node that left the cluster, so its memory does not outlive it."""
+        self._records.pop(node, None)
+
+    def ingest(self, hb: heartbeat.Heartbeat, now: dt.datetime) -> bool:
+        """Record one heartbeat received at `now`; return False when it was a replay.
+
+        A report is a replay when it comes from the same boot with a sequence number and a send
+        time no later than the last one accepted (a forwarded copy or a retried POST). An agent
+        restarted without a reboot restarts its sequence but not its clock, so its reports are
+        accepted by their later `sentAt`.
+        """
+        old = self._records.get(hb.node_name)
+        if (
+            old is not None
+            and old.heartbeat.boot_id == hb.boot_id
+            and hb.sequence <= old.heartbeat.sequence
+            and hb.sent_at <= old.heartbeat.sent_at
+        ):
+            return False
+        verdict, action, faults = _summarise(hb)
+        healthy = verdict is health.Verdict.HEALTHY
+        if old is None:
+            self._records[hb.node_name] = NodeRecord(
+                heartbeat=hb,
+                received_at=now,
+                verdict=verdict,
+                action=action,
+                faults=faults,
+                bad_since=None if healthy else now,
+                healthy_since=now if healthy else None,
+            )
+            return True
+        # A healthy report after a silence starts a new healthy streak: the silence was not one.
+        was_stale = now - old.received_at > self.stale_after(old.heartbeat)
+        if old.heartbeat.boot_id != hb.boot_id:
+            old.previous_boot_id = old.heartbeat.boot_id
+            old.boot_changed_at = now
+        if healthy:
+            old.bad_since = None
+            if old.healthy_since is None or was_stale:
+                old.healthy_since = now
+        else:
+            old.healthy_since = None
+            if old.bad_since is None:
+                old.bad_since = now
+        old.heartbeat = hb
+        old.received_at = now
+        old.verdict = verdict
+        old.action = action
+        old.faults = faults
+        return True
+
+    def stale_after(self, hb: heartbeat.Heartbeat) -> dt.timedelta:
+        """Return how long a node may stay silent: the multiplier × its agent's interval."""
+        return dt.timedelta(seconds=self.stale_multiplier * hb.interval_s)
+
+    def assess(self, node: str, now: dt.datetime, *, default_interval_s: float) -> NodeHealth:
+        """Judge one node at `now`.
+
+        Silence is measured from the later of the last receipt and `leader_since`, which gives a
+        new leader one staleAfter of observation before it calls anything stale, and makes a
+        node that never reported to it Missing only after the same warm-up (computed with
+        `default_interval_s`, since there is no agent interval to use).
+        """
+        record = self._records.get(node)
+        if record is None:
+            missing_at = self.leader_since + dt.timedelta(
+                seconds=self.stale_multiplier * default_interval_s
+            )
+            if now <= missing_at:
+                return NodeHealth(
+                    node=node,
+                    state=NodeState.WARMING_UP,
+                    reason=REASON_HEARTBEAT_MISSING,
+                    message="no heartbeat yet; the controller is still observing",
+                    stale_at=missing_at,
+                )
+            return NodeHealth(
+                node=node,
+                state=NodeState.MISSING,
+                reason=REASON_HEARTBEAT_MISSING,
+                message=f"no heartbeat received since {iso(self.leader_since)}",
+                bad_since=missing_at,
+                stale_at=missing_at,
+            )
+        hb = record.heartbeat
+        stale_at = max(record.received_at, self.leader_since) + self.stale_after(hb)
+        if now > stale_at:
+            return NodeHealth(
+                node=node,
+                state=NodeState.STALE,
+                reason=REASON_HEARTBEAT_STALE,
+                message=(
+                    f"last heartbeat received {iso(record.received_at)}, "
+                    f"agent interval {hb.interval_s:g}s"
+                ),
+                faults=record.faults,
+                boot_id=hb.boot_id,
+                received_at=record.received_at,
+                bad_since=stale_at if record.bad_since is None else record.bad_since,
+                stale_at=stale_at,
+                action=record.action,
+                boot_changed_at=record.boot_changed_at,
+            )
+        state, reason, message = _describe(record)
+        return NodeHealth(
+            node=node,
+            state=state,
+            reason=reason,
+            message=message,
+            faults=record.faults,
+            boot_id=hb.boot_id,
+            received_at=record.received_at,
+            bad_since=record.bad_since,
+            healthy_since=record.healthy_since,
+            stale_at=stale_at,
+            action=record.action,
+            boot_changed_at=record.boot_changed_at,
+        )
+
+
+_STATE_OF_VERDICT = {
+    health.Verdict.HEALTHY: NodeState.HEALTHY,
+    health.Verdict.DEGRADED: NodeState.DEGRADED,
+    health.Verdict.FAILED: NodeState.FAILED,
+    health.Verdict.UNKNOWN: NodeState.UNKNOWN,
+}
+
+_HEALTHY = health.Verdict.HEALTHY
+_VSEV = health.VERDICT_SEVERITY
+_ASEV = health.ACTION_SEVERITY
+
+
+def _summarise(
+    hb: heartbeat.Heartbeat,
+) -> tuple[health.Verdict, health.Action, tuple[Fault, ...]]:
+    """Reduce a report to the node's worst verdict and action and its faults, worst first."""
+    verdict = _HEALTHY
+    action = health.Action.NONE
+    faults: list[Fault] = []
+    for gpu in hb.gpus:
+        if gpu.verdict is _HEALTHY:
+            continue
+        if _VSEV[gpu.verdict] > _VSEV[verdict]:
+            verdict = gpu.verdict
+        if _ASEV[gpu.action] > _ASEV[action]:
+            action = gpu.action
+        bad = [r for r in gpu.reasons if r.verdict is not _HEALTHY]
+        if not bad:
+            faults.append(
+                Fault(
+                    gpu_uuid=gpu.uuid,
+                    gpu_index=gpu.index,
+                    code=f"Gpu{gpu.verdict.value}",
+                    verdict=gpu.verdict,
+                    action=gpu.action,
+                    latched=False,
+                    since=None,
+                    message="",
+                )
+            )
+        faults.extend(
+            Fault(
+                gpu_uuid=gpu.uuid,
+                gpu_index=gpu.index,
+                code=reason.code,
+                verdict=reason.verdict,
+                action=reason.action,
+                latched=reason.latched,
+                since=reason.since,
+                message=reason.message,
+            )
+            for reason in bad
+        )
+    if len(faults) > 1:
+        faults.sort(key=lambda f: (-_VSEV[f.verdict], -_ASEV[f.action], f.gpu_index, f.code))
+    return verdict, action, tuple(faults)
+
+
+def _describe(record: NodeRecord) -> tuple[NodeState, str, str]:
+    """Return the state, condition reason and message of a node with a fresh report."""
+    if not record.faults:
+        count = len(record.heartbeat.gpus)
+        if count == 0:
+            return NodeState.HEALTHY, REASON_NO_GPUS, "the agent reports no GPUs"
+        return NodeState.HEALTHY, REASON_GPUS_HEALTHY, f"all {count} GPUs healthy"
+    return _STATE_OF_VERDICT[record.verdict], record.faults[0].code, describe_faults(record.faults)
+
+
+def describe_faults(faults: tuple[Fault, ...]) -> str:
+    """Name every GPU UUID with its findings in one bounded line, worst first."""
+    parts: list[str] = []
+    by_gpu: dict[str, list[Fault]] = {}
+    for fault in faults:
+        by_gpu.setdefault(fault.gpu_uuid, []).append(fault)
+    for uuid, gpu_faults in by_gpu.items():
+        findings = ", ".join(
+            f"{f.code} ({f.verdict.value}, {f.action.value}{', latched' if f.latched else ''})"
+            for f in gpu_faults
+        )
+        parts.append(f"{uuid}: {findings}")
+    message = "; ".join(parts)
+    if len(message) > MAX_MESSAGE_CHARS:
+        message = message[: MAX_MESSAGE_CHARS - 1] + "…"
+    return message
+
+
+def iso(when: dt.datetime | None) -> str:
+    """Format a timestamp as RFC 3339 UTC with a `Z` (microseconds only when set), "" for None."""
+    if when is None:
+        return ""
+    return when.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ").replace(".000000Z", "Z")
+
+
+def _require_aware(field: str, when: dt.datetime) -> None:
+    if when.tzinfo is None:
+        msg = f"{field} must be timezone-aware, got naive {when.isoformat()}"
+        raise ValueError(msg)

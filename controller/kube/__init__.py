@@ -1,0 +1,1 @@
+"""The controller's Kubernetes adapters: the only modules that import kubernetes_asyncio."""

@@ -1,0 +1,20 @@
+"""Build the kubernetes_asyncio client from a kubeconfig or the in-cluster ServiceAccount."""
+
+from __future__ import annotations
+
+from kubernetes_asyncio import client, config
+
+
+class KubeError(Exception):
+    """An API call failed in a way the caller should see (not a 404 or 409 it expects)."""
+
+
+async def make_client(kubeconfig: str = "", *, qps_pool: int = 64) -> client.ApiClient:
+    """Return an ApiClient; the connection pool is sized for bursts of patches and reviews."""
+    cfg = client.Configuration()
+    if kubeconfig:
+        await config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+    else:
+        config.load_incluster_config(client_configuration=cfg)
+    cfg.connection_pool_maxsize = qps_pool
+    return client.ApiClient(configuration=cfg)

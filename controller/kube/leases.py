@@ -1,0 +1,79 @@
+"""The Lease used for leader election (the `leading.LeaseStore` seam)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from kubernetes_asyncio import client
+
+from controller import leading
+
+
+def _record(lease: Any) -> leading.LeaseRecord:
+    spec = lease.spec
+    annotations = lease.metadata.annotations or {}
+    return leading.LeaseRecord(
+        holder=spec.holder_identity or "",
+        duration_s=float(spec.lease_duration_seconds or 0),
+        renew_time=spec.renew_time,
+        acquire_time=spec.acquire_time,
+        transitions=int(spec.lease_transitions or 0),
+        leader_url=annotations.get(leading.LEADER_URL_ANNOTATION, ""),
+        version=lease.metadata.resource_version or "",
+    )
+
+
+def _micro(t: dt.datetime | None) -> str | None:
+    return t.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ") if t else None
+
+
+class KubeLeaseStore:
+    """Read and conditionally write one Lease."""
+
+    def __init__(self, api: client.ApiClient, namespace: str, name: str) -> None:
+        self._api = client.CoordinationV1Api(api)
+        self.namespace = namespace
+        self.name = name
+
+    async def read(self) -> leading.LeaseRecord | None:
+        """Return the Lease, None when it does not exist."""
+        try:
+            lease = await self._api.read_namespaced_lease(self.name, self.namespace)
+        except client.ApiException as err:
+            if err.status == 404:
+                return None
+            raise
+        return _record(lease)
+
+    async def write(
+        self, record: leading.LeaseRecord, *, create: bool
+    ) -> leading.LeaseRecord | None:
+        """Create or replace the Lease; None when another replica changed it first (409)."""
+        body: dict[str, Any] = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {
+                "name": self.name,
+                "namespace": self.namespace,
+                "annotations": {leading.LEADER_URL_ANNOTATION: record.leader_url},
+            },
+            "spec": {
+                "holderIdentity": record.holder,
+                "leaseDurationSeconds": max(1, round(record.duration_s)),
+                "renewTime": _micro(record.renew_time),
+                "acquireTime": _micro(record.acquire_time),
+                "leaseTransitions": record.transitions,
+            },
+        }
+        try:
+            if create:
+                lease = await self._api.create_namespaced_lease(self.namespace, body)
+            else:
+                body["metadata"]["resourceVersion"] = record.version
+                lease = await self._api.replace_namespaced_lease(self.name, self.namespace, body)
+        except client.ApiException as err:
+            if err.status in (409, 404):
+                return None
+            raise
+        return _record(lease)

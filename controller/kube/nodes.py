@@ -1,0 +1,273 @@
+"""Nodes, their GPU pods and Events: the quarantine actuator's view of the API server.
+
+The node cache lists then watches Nodes as raw JSON and keeps only the fields the policy
+reads (DESIGN.md section 9: RSS matters at 5,000 nodes), so a node costs a few hundred bytes
+rather than a deserialised V1Node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import json
+import secrets
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+from kubernetes_asyncio import client
+
+from controller import conditions
+
+log = structlog.get_logger()
+
+KEPT_CONDITIONS = frozenset({"GPUHealthy", "Ready"})
+
+
+def trim_node(node: dict[str, Any]) -> dict[str, Any]:
+    """Keep only what the policy, the actuator and the on-call API read."""
+    meta = node.get("metadata") or {}
+    spec = node.get("spec") or {}
+    status = node.get("status") or {}
+    cap = (status.get("capacity") or {}).get("nvidia.com/gpu")
+    alloc = (status.get("allocatable") or {}).get("nvidia.com/gpu")
+    out_status: dict[str, Any] = {
+        "conditions": [
+            c for c in status.get("conditions") or [] if c.get("type") in KEPT_CONDITIONS
+        ],
+    }
+    if cap is not None:
+        out_status["capacity"] = {"nvidia.com/gpu": cap}
+    if alloc is not None:
+        out_status["allocatable"] = {"nvidia.com/gpu": alloc}
+    return {
+        "metadata": {
+            "name": meta.get("name", ""),
+            "uid": meta.get("uid", ""),
+            "resourceVersion": meta.get("resourceVersion", ""),
+            "labels": meta.get("labels") or {},
+            "annotations": {
+                k: v
+                for k, v in (meta.get("annotations") or {}).items()
+                if k.startswith("taugrid.dev/")
+            },
+        },
+        "spec": {
+            "unschedulable": bool(spec.get("unschedulable")),
+            "taints": spec.get("taints") or [],
+        },
+        "status": out_status,
+    }
+
+
+class NodeCache:
+    """List and watch Nodes; call `on_change` after any change."""
+
+    def __init__(
+        self, api: client.ApiClient, on_change: Callable[[], None], label_selector: str = ""
+    ) -> None:
+        self._core = client.CoreV1Api(api)
+        self._selector = {"label_selector": label_selector} if label_selector else {}
+        self._on_change = on_change
+        self.nodes: dict[str, dict[str, Any]] = {}
+        self.synced = asyncio.Event()
+
+    def put(self, node: dict[str, Any]) -> None:
+        """Store a node returned by a write, so the next pass sees our own change at once."""
+        trimmed = trim_node(node)
+        name = trimmed["metadata"]["name"]
+        old = self.nodes.get(name)
+        if old is None or _rv(old) <= _rv(trimmed):
+            self.nodes[name] = trimmed
+            self._on_change()
+
+    async def run(self) -> None:
+        """Keep the cache current until cancelled; relist after watch errors."""
+        while True:
+            try:
+                rv = await self._list()
+                await self._watch(rv)
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:  # noqa: BLE001  (any API failure: relist after a pause)
+                log.warning("node watch failed; relisting", error=str(err))
+                await asyncio.sleep(1.0)
+
+    async def _list(self) -> str:
+        resp = await self._core.list_node(_preload_content=False, **self._selector)
+        data = json.loads(await resp.read())
+        self.nodes = {n["metadata"]["name"]: trim_node(n) for n in data.get("items") or []}
+        self.synced.set()
+        self._on_change()
+        return str(data["metadata"]["resourceVersion"])
+
+    async def _watch(self, rv: str) -> None:
+        while True:
+            resp = await self._core.list_node(
+                watch=True,
+                resource_version=rv,
+                allow_watch_bookmarks=True,
+                timeout_seconds=300,
+                _preload_content=False,
+                **self._selector,
+            )
+            async with contextlib.aclosing(_lines(resp)) as lines:
+                async for line in lines:
+                    event = json.loads(line)
+                    obj = event.get("object") or {}
+                    kind = event.get("type")
+                    if kind == "ERROR":
+                        return  # 410 Gone and friends: relist
+                    rv = obj.get("metadata", {}).get("resourceVersion", rv)
+                    if kind == "BOOKMARK":
+                        continue
+                    name = obj.get("metadata", {}).get("name", "")
+                    if kind == "DELETED":
+                        self.nodes.pop(name, None)
+                    else:
+                        self.nodes[name] = trim_node(obj)
+                    self._on_change()
+
+
+async def _lines(resp: Any) -> Any:
+    try:
+        while True:
+            raw = await resp.content.readline()
+            if not raw:
+                return
+            if raw.strip():
+                yield raw
+    finally:
+        resp.release()
+
+
+def _rv(node: dict[str, Any]) -> int:
+    try:
+        return int(node["metadata"]["resourceVersion"])
+    except (KeyError, ValueError):
+        return 0
+
+
+class EvictionOutcome:
+    """Counts of one eviction round on a node."""
+
+    def __init__(self) -> None:
+        self.evicted: list[str] = []
+        self.blocked: list[str] = []
+        self.failed: list[str] = []
+
+
+class NodeWriter:
+    """Patch nodes, record Events, evict GPU pods."""
+
+    def __init__(
+        self, api: client.ApiClient, namespace: str, component: str = "taugrid-controller"
+    ) -> None:
+        self._core = client.CoreV1Api(api)
+        self._events = client.EventsV1Api(api)
+        self.namespace = namespace
+        self.component = component
+
+    async def patch(self, name: str, patch: conditions.NodePatch) -> dict[str, Any] | None:
+        """Send one node patch; return the node, None on a 409 (requeue) or 404 (gone)."""
+        kwargs: dict[str, Any] = {"_content_type": patch.content_type, "_preload_content": False}
+        try:
+            if patch.subresource == "status":
+                resp = await self._core.patch_node_status(name, patch.body, **kwargs)
+            else:
+                resp = await self._core.patch_node(name, patch.body, **kwargs)
+        except client.ApiException as err:
+            if err.status in (404, 409):
+                return None
+            raise
+        return dict(json.loads(await resp.read()))
+
+    async def event(self, node: dict[str, Any], reason: str, note: str, *, warning: bool) -> None:
+        """Record a Kubernetes Event on a node (best effort: never blocks an action)."""
+        meta = node.get("metadata") or {}
+        regarding = {"apiVersion": "v1", "kind": "Node", "name": meta.get("name", ""),
+                     "uid": meta.get("uid", "")}  # fmt: skip
+        await self._emit("default", regarding, reason, note, warning=warning)
+
+    async def breaker_event(self, lease_name: str, reason: str, note: str) -> None:
+        """Record a fleet-level Event (the breaker) on the controller's Lease."""
+        regarding = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                     "name": lease_name, "namespace": self.namespace}  # fmt: skip
+        await self._emit(self.namespace, regarding, reason, note, warning=True)
+
+    async def _emit(
+        self, namespace: str, regarding: dict[str, Any], reason: str, note: str, *, warning: bool
+    ) -> None:
+        now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        body = {
+            "apiVersion": "events.k8s.io/v1",
+            "kind": "Event",
+            "metadata": {
+                "name": f"{regarding['name']}.{secrets.token_hex(8)}",
+                "namespace": namespace,
+            },
+            "eventTime": now,
+            "reportingController": "taugrid.dev/controller",
+            "reportingInstance": self.component,
+            "action": reason,
+            "reason": reason,
+            "note": note[:1024],
+            "type": "Warning" if warning else "Normal",
+            "regarding": regarding,
+        }
+        try:
+            await self._events.create_namespaced_event(namespace, body)
+        except client.ApiException as err:
+            log.warning("event not recorded", regarding=regarding["name"], reason=reason,
+                        status=err.status)  # fmt: skip
+
+    async def gpu_pods(self, node: str) -> list[dict[str, Any]]:
+        """Pods bound to the node that request GPUs, DaemonSet pods excluded."""
+        resp = await self._core.list_pod_for_all_namespaces(
+            field_selector=f"spec.nodeName={node}", _preload_content=False
+        )
+        data = json.loads(await resp.read())
+        out = []
+        for pod in data.get("items") or []:
+            owners = pod["metadata"].get("ownerReferences") or []
+            if any(o.get("kind") == "DaemonSet" for o in owners):
+                continue
+            if pod.get("status", {}).get("phase") in ("Succeeded", "Failed"):
+                continue
+            if pod["metadata"].get("deletionTimestamp"):
+                continue
+            if _requests_gpu(pod):
+                out.append(pod)
+        return out
+
+    async def evict_gpu_pods(self, node: str) -> EvictionOutcome:
+        """Evict every GPU pod on the node through the Eviction API (PDBs honoured)."""
+        outcome = EvictionOutcome()
+        for pod in await self.gpu_pods(node):
+            meta = pod["metadata"]
+            ref = f"{meta['namespace']}/{meta['name']}"
+            body = {"metadata": {"name": meta["name"], "namespace": meta["namespace"]}}
+            try:
+                await self._core.create_namespaced_pod_eviction(
+                    meta["name"], meta["namespace"], body
+                )
+                outcome.evicted.append(ref)
+            except client.ApiException as err:
+                if err.status == 404:
+                    continue
+                if err.status in (409, 429):
+                    outcome.blocked.append(ref)
+                else:
+                    outcome.failed.append(f"{ref}: HTTP {err.status}")
+        return outcome
+
+
+def _requests_gpu(pod: dict[str, Any]) -> bool:
+    for c in (pod.get("spec") or {}).get("containers") or []:
+        res = c.get("resources") or {}
+        for part in ("limits", "requests"):
+            value = (res.get(part) or {}).get("nvidia.com/gpu")
+            if value not in (None, "0", 0):
+                return True
+    return False

@@ -1,0 +1,216 @@
+"""Leader election on a Lease, with the leader's URL for followers.
+
+`kubernetes_asyncio.leaderelection` falls short for us in three ways, so this module keeps the
+same algorithm as client-go's leaderelection in a small form of our own:
+- it cannot write an annotation, and followers need `taugrid.dev/leader-url` to forward
+  heartbeats to the leader;
+- it offers no "is the lease still held right now" check, and every write of ours must make
+  that check (a leader that cannot renew must stop acting before another can take over);
+- it judges expiry from timestamps written by another host's clock; we judge it, like
+  client-go, from when *we* last saw the record change, so clock skew cannot cause two leaders.
+
+The decision (acquire, renew, or wait) is a pure function; `Elector` is the loop around it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import datetime as dt
+import time
+from collections.abc import Awaitable, Callable
+from typing import Protocol
+
+LEADER_URL_ANNOTATION = "taugrid.dev/leader-url"
+
+
+class NotLeaderError(Exception):
+    """A write was attempted by a replica that does not hold the lease right now."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LeaseRecord:
+    """What the Lease says; `version` is its resourceVersion for optimistic writes."""
+
+    holder: str
+    duration_s: float
+    renew_time: dt.datetime | None
+    acquire_time: dt.datetime | None
+    transitions: int
+    leader_url: str
+    version: str
+
+
+class LeaseStore(Protocol):
+    """Read and write the Lease (the Kubernetes adapter implements this)."""
+
+    async def read(self) -> LeaseRecord | None:
+        """Return the Lease, None when it does not exist."""
+        ...
+
+    async def write(self, record: LeaseRecord, *, create: bool) -> LeaseRecord | None:
+        """Create or replace (conditionally on `record.version`); None when another won."""
+        ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Observation:
+    """The last record seen and when (on our monotonic clock) it last changed."""
+
+    record: LeaseRecord | None
+    changed_at: float
+
+
+def expired(obs: Observation, now: float) -> bool:
+    """True when the observed holder has not renewed for a whole lease duration."""
+    rec = obs.record
+    if rec is None or not rec.holder:
+        return True
+    return now - obs.changed_at > rec.duration_s
+
+
+def next_record(
+    obs: Observation,
+    *,
+    identity: str,
+    url: str,
+    duration_s: float,
+    wall: dt.datetime,
+    now: float,
+) -> LeaseRecord | None:
+    """Return the record to write (acquire or renew), or None to keep waiting."""
+    rec = obs.record
+    if rec is not None and rec.holder == identity:
+        return dataclasses.replace(rec, renew_time=wall, duration_s=duration_s, leader_url=url)
+    if rec is not None and not expired(obs, now):
+        return None
+    return LeaseRecord(
+        holder=identity,
+        duration_s=duration_s,
+        renew_time=wall,
+        acquire_time=wall,
+        transitions=(rec.transitions + 1) if rec is not None else 0,
+        leader_url=url,
+        version=rec.version if rec is not None else "",
+    )
+
+
+class Elector:
+    """Try to acquire and keep the Lease; tell the rest of the controller who leads."""
+
+    def __init__(
+        self,
+        store: LeaseStore,
+        identity: str,
+        url: str,
+        *,
+        lease_duration_s: float,
+        renew_deadline_s: float,
+        retry_period_s: float,
+        on_started: Callable[[], Awaitable[None]] | None = None,
+        on_stopped: Callable[[], Awaitable[None]] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.store = store
+        self.identity = identity
+        self.url = url
+        self.lease_duration_s = lease_duration_s
+        self.renew_deadline_s = renew_deadline_s
+        self.retry_period_s = retry_period_s
+        self._on_started = on_started
+        self._on_stopped = on_stopped
+        self._clock = clock
+        self._obs = Observation(None, clock())
+        self._renewed_at: float | None = None
+        self.leader_since: float | None = None
+        self.transitions = 0
+
+    # ------------------------------------------------------------------ queries
+    def is_leader(self) -> bool:
+        """True while we hold the lease and renewed it within the renew deadline."""
+        if self._renewed_at is None:
+            return False
+        return self._clock() - self._renewed_at < self.renew_deadline_s
+
+    def ensure_leader(self) -> None:
+        """Raise NotLeaderError unless `is_leader()`: call before every write."""
+        if not self.is_leader():
+            msg = f"{self.identity} does not hold the lease"
+            raise NotLeaderError(msg)
+
+    @property
+    def leader_url(self) -> str:
+        """The URL of the current leader as the Lease says ('' when unknown or expired)."""
+        rec = self._obs.record
+        if rec is None or expired(self._obs, self._clock()):
+            return ""
+        return rec.leader_url
+
+    @property
+    def leader_identity(self) -> str:
+        """The identity the Lease names (may be stale by up to one retry period)."""
+        return self._obs.record.holder if self._obs.record else ""
+
+    # ------------------------------------------------------------------ loop
+    async def step(self) -> None:
+        """One round: observe the Lease, then acquire or renew when allowed."""
+        now = self._clock()
+        current = await self.store.read()
+        if current != self._obs.record:
+            self._obs = Observation(current, now)
+        candidate = next_record(
+            self._obs,
+            identity=self.identity,
+            url=self.url,
+            duration_s=self.lease_duration_s,
+            wall=dt.datetime.now(dt.UTC),
+            now=now,
+        )
+        if candidate is None:
+            await self._lost()
+            return
+        written = await self.store.write(candidate, create=current is None)
+        if written is None:
+            await self._lost()
+            return
+        self._obs = Observation(written, self._clock())
+        self._renewed_at = now
+        if self.leader_since is None:
+            self.leader_since = now
+            self.transitions += 1
+            if self._on_started is not None:
+                await self._on_started()
+
+    async def _lost(self) -> None:
+        if self.leader_since is not None and not self.is_leader():
+            self.leader_since = None
+            self._renewed_at = None
+            if self._on_stopped is not None:
+                await self._on_stopped()
+
+    async def run(self) -> None:
+        """Loop until cancelled; API errors count as a failed renewal, never crash the loop."""
+        try:
+            while True:
+                try:
+                    await self.step()
+                except asyncio.CancelledError:
+                    raise
+                except Exception:  # noqa: BLE001  (any API failure = no renewal this round)
+                    await self._lost()
+                await asyncio.sleep(self.retry_period_s)
+        finally:
+            await self.release()
+
+    async def release(self) -> None:
+        """Give the lease up on shutdown so a follower takes over at once."""
+        rec = self._obs.record
+        if rec is None or rec.holder != self.identity or not self.is_leader():
+            return
+        self._renewed_at = None
+        self.leader_since = None
+        expired_rec = dataclasses.replace(rec, holder="", leader_url="", duration_s=1.0)
+        # Best effort: if this fails the lease simply expires.
+        with contextlib.suppress(Exception):
+            await self.store.write(expired_rec, create=False)

@@ -1,0 +1,103 @@
+"""Controller metrics, in a registry of the app's own (never the process-global one)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import prometheus_client as prom
+
+FAULT_TO_QUARANTINE_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300)
+
+
+@dataclasses.dataclass
+class ControllerMetrics:
+    """Every family the controller exports."""
+
+    registry: prom.CollectorRegistry
+    heartbeats: prom.Counter
+    heartbeat_seconds: prom.Histogram
+    node_verdicts: prom.Gauge
+    quarantine_actions: prom.Counter
+    quarantined_nodes: prom.Gauge
+    breaker_open: prom.Gauge
+    dry_run: prom.Gauge
+    is_leader: prom.Gauge
+    fault_to_quarantine: prom.Histogram
+    evictions: prom.Counter
+    pass_seconds: prom.Histogram
+    auth_cache: prom.Counter
+
+
+def make_metrics() -> ControllerMetrics:
+    """Create the families in a fresh registry."""
+    r = prom.CollectorRegistry(auto_describe=True)
+    return ControllerMetrics(
+        registry=r,
+        heartbeats=prom.Counter(
+            "taugrid_heartbeats",
+            "Heartbeats received, by outcome (accepted, forwarded, rejected).",
+            ["outcome"],
+            registry=r,
+        ),
+        heartbeat_seconds=prom.Histogram(
+            "taugrid_heartbeat_handle_seconds",
+            "Time to handle one heartbeat, authentication included.",
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5),
+            registry=r,
+        ),
+        node_verdicts=prom.Gauge(
+            "taugrid_nodes",
+            "GPU nodes by state as the leader judges them.",
+            ["state"],
+            registry=r,
+        ),
+        quarantine_actions=prom.Counter(
+            "taugrid_quarantine_actions",
+            "Quarantine actions taken (or recorded in dry run), by kind.",
+            ["action", "dry_run"],
+            registry=r,
+        ),
+        quarantined_nodes=prom.Gauge(
+            "taugrid_quarantined_nodes",
+            "Nodes currently quarantined by TauGrid.",
+            registry=r,
+        ),
+        breaker_open=prom.Gauge(
+            "taugrid_quarantine_breaker_open",
+            "1 while the quarantine circuit breaker is open (no new quarantines).",
+            registry=r,
+        ),
+        dry_run=prom.Gauge(
+            "taugrid_quarantine_dry_run",
+            "1 while quarantine runs in dry-run mode.",
+            registry=r,
+        ),
+        is_leader=prom.Gauge(
+            "taugrid_controller_leader",
+            "1 on the replica that holds the leader Lease.",
+            registry=r,
+        ),
+        fault_to_quarantine=prom.Histogram(
+            "taugrid_fault_to_quarantine_seconds",
+            "Time from the agent's fault report to the node being tainted and cordoned.",
+            buckets=FAULT_TO_QUARANTINE_BUCKETS,
+            registry=r,
+        ),
+        evictions=prom.Counter(
+            "taugrid_evictions",
+            "Pod evictions requested through the Eviction API, by outcome.",
+            ["outcome"],
+            registry=r,
+        ),
+        pass_seconds=prom.Histogram(
+            "taugrid_quarantine_pass_seconds",
+            "Duration of one level-triggered quarantine pass.",
+            registry=r,
+        ),
+        auth_cache=prom.Counter(
+            "taugrid_auth_reviews",
+            "Token and access reviews, by kind and whether the cache answered.",
+            ["kind", "cached"],
+            registry=r,
+        ),
+    )

@@ -1,0 +1,386 @@
+"""A typed view of a Kubernetes Node, holding only what the quarantine policy reads.
+
+Raw Node dicts stop at the adapter: it calls `parse` once per watch event and keeps the
+`NodeView` (a few hundred bytes) instead of the whole object. Parsing is pure and forgiving
+about what other tools may have scribbled on a node: a malformed TauGrid annotation becomes a
+`problems` entry naming the field (for the shell to log) instead of an exception, so one
+hand-edited node can never stop the controller from judging the others. Only a node without a
+name is refused.
+
+The TauGrid marks on a node (DESIGN.md section 2), all written in one patch by
+`controller.conditions` so they are seen together or not at all:
+- condition `GPUHealthy` (status True/False/Unknown);
+- taint `taugrid.dev/gpu-unhealthy:NoSchedule`;
+- `spec.unschedulable` with `taugrid.dev/cordoned: "true"` when the cordon is ours;
+- `taugrid.dev/quarantined-by|at|reason`, and `taugrid.dev/quarantine`: a JSON record of the
+  fault that caused the quarantine (what clears it, the boot ID then, the eviction deadline);
+- `taugrid.dev/released-faults`: the faults an on-call engineer released by hand, which must
+  not quarantine the node again;
+- `taugrid.dev/history`: the last 20 actions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import enum
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from controller import fleet, history
+from shared import health
+
+CONDITION_TYPE = "GPUHealthy"
+TAINT_KEY = "taugrid.dev/gpu-unhealthy"
+TAINT_EFFECT = "NoSchedule"
+GPU_RESOURCE = "nvidia.com/gpu"
+
+MANAGED_LABEL = "taugrid.dev/managed"
+CORDONED_ANNOTATION = "taugrid.dev/cordoned"
+QUARANTINED_BY_ANNOTATION = "taugrid.dev/quarantined-by"
+QUARANTINED_AT_ANNOTATION = "taugrid.dev/quarantined-at"
+QUARANTINED_REASON_ANNOTATION = "taugrid.dev/quarantined-reason"
+QUARANTINE_ANNOTATION = "taugrid.dev/quarantine"
+RELEASED_FAULTS_ANNOTATION = "taugrid.dev/released-faults"
+HISTORY_ANNOTATION = history.ANNOTATION
+
+CONTROLLER_IDENTITY = "taugrid-controller"
+"""The `by` of every automatic action, in annotations and history."""
+
+MAX_RELEASED_FAULTS = 512
+"""Bound on the released-fault set kept in an annotation (64 GPUs × a few findings each)."""
+
+
+class NodeParseError(ValueError):
+    """The object is not a Node the controller can act on; the message names the field."""
+
+
+class ConditionStatus(enum.StrEnum):
+    """Kubernetes condition statuses."""
+
+    TRUE = "True"
+    FALSE = "False"
+    UNKNOWN = "Unknown"
+
+
+class QuarantineMode(enum.StrEnum):
+    """Who put the node in quarantine, which decides who may take it out."""
+
+    AUTOMATIC = "Automatic"
+    MANUAL = "Manual"
+
+
+class Clearing(enum.StrEnum):
+    """What must be seen before an automatic release; ordered by strictness below."""
+
+    HEALTHY_REPORTS = "HealthyReports"
+    """Fresh healthy heartbeats for releaseAfter (unlatched faults, ResetGPU, silence)."""
+    NEW_BOOT_ID = "NewBootId"
+    """A boot ID different from the one at quarantine, then healthy reports (RebootNode)."""
+    MANUAL_RELEASE = "ManualRelease"
+    """Only an on-call release (Inspect faults and manual quarantines)."""
+
+
+CLEARING_STRICTNESS = {
+    Clearing.HEALTHY_REPORTS: 0,
+    Clearing.NEW_BOOT_ID: 1,
+    Clearing.MANUAL_RELEASE: 2,
+}
+
+
+def clearing_for(action: health.Action) -> Clearing:
+    """Return what clears a latched fault whose remedy is `action` (DESIGN.md section 5)."""
+    if action is health.Action.INSPECT:
+        return Clearing.MANUAL_RELEASE
+    if action is health.Action.REBOOT_NODE:
+        return Clearing.NEW_BOOT_ID
+    return Clearing.HEALTHY_REPORTS
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Condition:
+    """The `GPUHealthy` condition as found on, or wanted for, a node."""
+
+    status: ConditionStatus
+    reason: str
+    message: str
+    last_transition_time: dt.datetime | None = None
+
+    def same_as(self, other: Condition | None) -> bool:
+        """Return True when `other` says the same thing, whatever its transition time."""
+        return (
+            other is not None
+            and self.status is other.status
+            and self.reason == other.reason
+            and self.message == other.message
+        )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class QuarantineRecord:
+    """TauGrid's quarantine of a node, read back from its annotations."""
+
+    mode: QuarantineMode
+    by: str
+    at: dt.datetime
+    reason: str
+    clears_with: Clearing
+    boot_id: str | None
+    """The boot ID reported when the quarantine began (NewBootId compares against it)."""
+    faults: frozenset[fleet.FaultKey]
+    evict_after: dt.datetime | None
+    """When GPU pods may be evicted; None for no eviction (silence, manual quarantine)."""
+    evicted_at: dt.datetime | None = None
+    """When the first eviction pass ran, so it is recorded in history only once."""
+
+    def to_annotation(self) -> str:
+        """Return the `taugrid.dev/quarantine` value (mode, by, at and reason live beside it)."""
+        return json.dumps(
+            {
+                "clearsWith": self.clears_with.value,
+                "bootId": self.boot_id,
+                "faults": sorted(list(key) for key in self.faults),
+                "evictAfter": fleet.iso(self.evict_after) or None,
+                "evictedAt": fleet.iso(self.evicted_at) or None,
+            },
+            separators=(",", ":"),
+            sort_keys=True,
+        )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class NodeView:
+    """What the policy needs to know about one Node."""
+
+    name: str
+    resource_version: str = ""
+    gpu_capacity: int = 0
+    managed: bool = True
+    """False when the node carries `taugrid.dev/managed=false`: TauGrid never writes to it."""
+    unschedulable: bool = False
+    cordoned_by_us: bool = False
+    tainted: bool = False
+    """Our NoSchedule taint is present."""
+    condition: Condition | None = None
+    quarantine: QuarantineRecord | None = None
+    released_faults: frozenset[fleet.FaultKey] | None = None
+    """Faults an on-call engineer released by hand; None when there was no such release."""
+    history: tuple[history.Entry, ...] = ()
+    problems: tuple[str, ...] = ()
+    """Malformed TauGrid annotations found on the node, each naming its field."""
+
+    @property
+    def is_gpu_node(self) -> bool:
+        """Return True for a node that advertises GPUs, i.e. counts in fleet-size limits."""
+        return self.gpu_capacity > 0
+
+
+def parse(raw: Mapping[str, Any]) -> NodeView:
+    """Build a NodeView from a Node as the API server returns it (camelCase JSON dict)."""
+    metadata = _mapping(raw.get("metadata"))
+    name = metadata.get("name")
+    if not isinstance(name, str) or not name:
+        msg = "metadata.name: a Node must have a non-empty name"
+        raise NodeParseError(msg)
+    labels = _mapping(metadata.get("labels"))
+    annotations = _mapping(metadata.get("annotations"))
+    spec = _mapping(raw.get("spec"))
+    status = _mapping(raw.get("status"))
+    problems: list[str] = []
+
+    taints = spec.get("taints")
+    tainted = isinstance(taints, list) and any(_is_our_taint(t) for t in taints)
+
+    history_entries: tuple[history.Entry, ...] = ()
+    try:
+        history_entries = history.parse(_str_or_none(annotations.get(HISTORY_ANNOTATION)))
+    except history.HistoryError as err:
+        problems.append(str(err))
+
+    quarantine = None
+    try:
+        quarantine = _parse_quarantine(annotations)
+    except ValueError as err:
+        problems.append(str(err))
+
+    released = None
+    try:
+        released = _parse_released(_str_or_none(annotations.get(RELEASED_FAULTS_ANNOTATION)))
+    except ValueError as err:
+        problems.append(str(err))
+
+    condition = None
+    try:
+        condition = find_condition(status.get("conditions"))
+    except ValueError as err:
+        problems.append(str(err))
+
+    return NodeView(
+        name=name,
+        resource_version=str(metadata.get("resourceVersion") or ""),
+        gpu_capacity=_gpu_capacity(status, problems),
+        managed=str(labels.get(MANAGED_LABEL, "")).lower() != "false",
+        unschedulable=spec.get("unschedulable") is True,
+        cordoned_by_us=annotations.get(CORDONED_ANNOTATION) == "true",
+        tainted=tainted,
+        condition=condition,
+        quarantine=quarantine,
+        released_faults=released,
+        history=history_entries,
+        problems=tuple(problems),
+    )
+
+
+def find_condition(conditions: Any) -> Condition | None:
+    """Return the `GPUHealthy` condition from a `status.conditions` list, if present."""
+    if not isinstance(conditions, list):
+        return None
+    for item in conditions:
+        if isinstance(item, Mapping) and item.get("type") == CONDITION_TYPE:
+            field = f"status.conditions[type={CONDITION_TYPE}]"
+            try:
+                status = ConditionStatus(str(item.get("status")))
+            except ValueError as err:
+                msg = f"{field}.status: {item.get('status')!r} is not True, False or Unknown"
+                raise ValueError(msg) from err
+            when = item.get("lastTransitionTime")
+            return Condition(
+                status=status,
+                reason=str(item.get("reason") or ""),
+                message=str(item.get("message") or ""),
+                last_transition_time=parse_time(when, f"{field}.lastTransitionTime")
+                if when
+                else None,
+            )
+    return None
+
+
+def parse_time(value: Any, field: str) -> dt.datetime:
+    """Read an RFC 3339 time, raising ValueError naming `field` when it is not one."""
+    if not isinstance(value, str):
+        msg = f"{field}: expected an RFC 3339 time string, got {type(value).__name__}"
+        raise ValueError(msg)
+    try:
+        when = dt.datetime.fromisoformat(value)
+    except ValueError as err:
+        msg = f"{field}: not an RFC 3339 time: {value!r}"
+        raise ValueError(msg) from err
+    if when.tzinfo is None:
+        msg = f"{field}: time without a zone: {value!r}"
+        raise ValueError(msg)
+    return when
+
+
+def _parse_quarantine(annotations: Mapping[str, Any]) -> QuarantineRecord | None:
+    by = annotations.get(QUARANTINED_BY_ANNOTATION)
+    if by is None:
+        return None
+    raw_record = annotations.get(QUARANTINE_ANNOTATION)
+    at = parse_time(annotations.get(QUARANTINED_AT_ANNOTATION), QUARANTINED_AT_ANNOTATION)
+    reason = str(annotations.get(QUARANTINED_REASON_ANNOTATION) or "")
+    if not isinstance(raw_record, str):
+        # Someone else's `quarantined-by` without our record: treat as a hand-made quarantine,
+        # which only a person may release.
+        return QuarantineRecord(
+            mode=QuarantineMode.MANUAL,
+            by=str(by),
+            at=at,
+            reason=reason,
+            clears_with=Clearing.MANUAL_RELEASE,
+            boot_id=None,
+            faults=frozenset(),
+            evict_after=None,
+        )
+    try:
+        record = json.loads(raw_record)
+    except json.JSONDecodeError as err:
+        msg = f"{QUARANTINE_ANNOTATION}: not JSON ({err.msg})"
+        raise ValueError(msg) from err
+    if not isinstance(record, dict):
+        msg = f"{QUARANTINE_ANNOTATION}: expected a JSON object"
+        raise ValueError(msg)
+    try:
+        clears_with = Clearing(str(record.get("clearsWith")))
+    except ValueError as err:
+        msg = f"{QUARANTINE_ANNOTATION}.clearsWith: {record.get('clearsWith')!r} is not one of "
+        msg += ", ".join(c.value for c in Clearing)
+        raise ValueError(msg) from err
+    boot_id = record.get("bootId")
+    evict_after = record.get("evictAfter")
+    evicted_at = record.get("evictedAt")
+    return QuarantineRecord(
+        mode=QuarantineMode.AUTOMATIC if by == CONTROLLER_IDENTITY else QuarantineMode.MANUAL,
+        by=str(by),
+        at=at,
+        reason=reason,
+        clears_with=clears_with,
+        boot_id=boot_id if isinstance(boot_id, str) else None,
+        faults=_parse_keys(record.get("faults"), f"{QUARANTINE_ANNOTATION}.faults"),
+        evict_after=parse_time(evict_after, f"{QUARANTINE_ANNOTATION}.evictAfter")
+        if evict_after
+        else None,
+        evicted_at=parse_time(evicted_at, f"{QUARANTINE_ANNOTATION}.evictedAt")
+        if evicted_at
+        else None,
+    )
+
+
+def render_released(faults: frozenset[fleet.FaultKey]) -> str:
+    """Return the `taugrid.dev/released-faults` value: a sorted JSON list of [uuid, code, since]."""
+    return json.dumps(
+        sorted(list(key) for key in faults)[:MAX_RELEASED_FAULTS], separators=(",", ":")
+    )
+
+
+def _parse_released(raw: str | None) -> frozenset[fleet.FaultKey] | None:
+    if raw is None:
+        return None
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError as err:
+        msg = f"{RELEASED_FAULTS_ANNOTATION}: not JSON ({err.msg})"
+        raise ValueError(msg) from err
+    return _parse_keys(data, RELEASED_FAULTS_ANNOTATION)
+
+
+def _parse_keys(data: Any, field: str) -> frozenset[fleet.FaultKey]:
+    if not isinstance(data, list):
+        msg = f"{field}: expected a JSON list of [gpuUuid, code, since]"
+        raise ValueError(msg)
+    keys: set[fleet.FaultKey] = set()
+    for index, item in enumerate(data):
+        valid = isinstance(item, list) and len(item) == 3
+        if not (valid and all(isinstance(v, str) for v in item)):
+            msg = f"{field}[{index}]: expected [gpuUuid, code, since] strings"
+            raise ValueError(msg)
+        keys.add(fleet.FaultKey(item[0], item[1], item[2]))
+    return frozenset(keys)
+
+
+def _gpu_capacity(status: Mapping[str, Any], problems: list[str]) -> int:
+    for field in ("capacity", "allocatable"):
+        value = _mapping(status.get(field)).get(GPU_RESOURCE)
+        if value is None:
+            continue
+        try:
+            return int(str(value))
+        except ValueError:
+            problems.append(f"status.{field}[{GPU_RESOURCE}]: not an integer: {value!r}")
+    return 0
+
+
+def _is_our_taint(taint: Any) -> bool:
+    return (
+        isinstance(taint, Mapping)
+        and taint.get("key") == TAINT_KEY
+        and taint.get("effect") == TAINT_EFFECT
+    )
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _str_or_none(value: Any) -> str | None:
+    return value if isinstance(value, str) else None

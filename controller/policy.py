@@ -1,0 +1,676 @@
+"""The quarantine policy (DESIGN.md section 6) as one pure, level-triggered function.
+
+`decide` reads every node's health (from `controller.fleet`) and every Node's TauGrid marks
+(from `controller.nodes`) and returns the actions that bring the nodes to where the policy
+wants them, plus the next time something time-based falls due. It never looks at which event
+caused the pass; running it twice on the same inputs gives the same answer, and an action
+already carried out shows up in the Node and is not returned again.
+
+The actuator turns each node action into a minimal patch with `controller.conditions`.
+
+"A new fault", which ends a manual release: a fault key (GPU UUID, reason code, the agent's
+`since`; for a silence, the moment it turned stale) that is not in the set released by hand.
+The released set is forgotten once the node reports fully healthy, so the same finding coming
+back after a healthy spell is new again. A new boot ID alone is deliberately *not* a new fault:
+a latched Inspect fault survives reboots with its original `since`, and treating every reboot
+as new would undo the on-call engineer's decision each time the node restarts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import enum
+import math
+from collections.abc import Iterable, Mapping
+from typing import ClassVar
+
+import pydantic
+from pydantic import alias_generators
+
+from controller import fleet, nodes
+
+
+class Settings(pydantic.BaseModel):
+    """Every limit of the quarantine policy; all are settings so tests can size them to a fleet."""
+
+    model_config = pydantic.ConfigDict(
+        frozen=True,
+        extra="forbid",
+        alias_generator=alias_generators.to_camel,
+        populate_by_name=True,
+        use_attribute_docstrings=True,
+    )
+
+    stale_multiplier: float = pydantic.Field(default=fleet.DEFAULT_STALE_MULTIPLIER, gt=0)
+    """staleAfter = this × the agent's `intervalS`; 3 tolerates two lost reports in a row."""
+    default_interval_s: float = pydantic.Field(default=10.0, gt=0)
+    """Seconds; the agent interval assumed for a node that never reported to this leader."""
+    stale_quarantine_after_s: float = pydantic.Field(default=600.0, ge=0)
+    """Seconds a node stays stale (Unknown) before it is quarantined; 10 min, as AKS and GKE
+    wait about that long for a silent node, so a restarting agent never costs a quarantine."""
+    failed_evict_grace_s: float = pydantic.Field(default=60.0, ge=0)
+    """Seconds between quarantining a Failed node and evicting its GPU pods, so a job that was
+    told about the fault can write a checkpoint (NVSentinel's Immediate mode waits 60 s)."""
+    degraded_drain_after_s: float = pydantic.Field(default=1800.0, ge=0)
+    """Seconds running work may continue on a Degraded node before its GPU pods are evicted."""
+    release_after_s: float = pydantic.Field(default=300.0, ge=0)
+    """Seconds of fresh healthy reports, after the clearing condition, before release."""
+    max_quarantined: int | None = pydantic.Field(default=None, ge=1)
+    """Absolute cap on nodes quarantined automatically at once; None uses the percentage."""
+    max_quarantined_percent: float = pydantic.Field(default=20.0, gt=0, le=100)
+    """Cap as a percentage of managed GPU nodes (at least 1 node), as EKS and Karpenter do."""
+    breaker_percent: float = pydantic.Field(default=50.0, gt=0, le=100)
+    """The breaker opens when more than this share of managed GPU nodes turned bad or stale
+    inside the window (NVSentinel's default)."""
+    breaker_window_s: float = pydantic.Field(default=300.0, gt=0)
+    """Seconds of the breaker's sliding window."""
+    breaker_min_nodes: int = pydantic.Field(default=2, ge=1)
+    """The breaker never opens for fewer nodes than this: one node is a fault, not a storm."""
+    breaker_close_after_s: float = pydantic.Field(default=300.0, gt=0)
+    """Seconds the fleet must stay healthy (every bad node contained, none silent) before an
+    open breaker closes by itself."""
+    dry_run: bool = False
+    """Decide and report, but write nothing to any node (settable at runtime)."""
+
+    def limit_for(self, gpu_nodes: int) -> int:
+        """Return maxQuarantined for a fleet of `gpu_nodes` managed GPU nodes."""
+        if self.max_quarantined is not None:
+            return self.max_quarantined
+        return max(1, math.floor(gpu_nodes * self.max_quarantined_percent / 100))
+
+
+class BreakerState(pydantic.BaseModel):
+    """The circuit breaker's memory between passes; the shell keeps it (and may persist it)."""
+
+    model_config = pydantic.ConfigDict(
+        frozen=True,
+        extra="forbid",
+        alias_generator=alias_generators.to_camel,
+        populate_by_name=True,
+        use_attribute_docstrings=True,
+    )
+
+    open: bool = False
+    opened_at: dt.datetime | None = None
+    message: str = ""
+    """Why it opened, naming the count, the share and some of the nodes."""
+    reset_at: dt.datetime | None = None
+    """Last close (reset or automatic): nodes that turned bad before it do not count again."""
+    reset_by: str = ""
+    fleet_healthy_since: dt.datetime | None = None
+    """While open: start of the current spell of a contained, fully reporting fleet."""
+
+
+class SkipReason(enum.StrEnum):
+    """Why an action the policy wanted was not taken."""
+
+    DRY_RUN = "DryRun"
+    BREAKER_OPEN = "BreakerOpen"
+    MAX_QUARANTINED = "MaxQuarantined"
+
+
+class ActionKind(enum.StrEnum):
+    """Action names, as metrics labels, Event reasons and history entries use them."""
+
+    SET_CONDITION = "SetCondition"
+    QUARANTINE = "Quarantine"
+    UPDATE_QUARANTINE = "UpdateQuarantine"
+    RESTORE_TAINT = "RestoreTaint"
+    EVICT_GPU_PODS = "EvictGpuPods"
+    RELEASE = "Release"
+    MANUAL_RELEASE = "ManualRelease"
+    FORGET_MANUAL_RELEASE = "ForgetManualRelease"
+    OPEN_BREAKER = "OpenBreaker"
+    CLOSE_BREAKER = "CloseBreaker"
+    SKIPPED = "Skipped"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SetCondition:
+    """Write the `GPUHealthy` condition (its transition time moves only with its status)."""
+
+    kind: ClassVar[ActionKind] = ActionKind.SET_CONDITION
+    node: str
+    condition: nodes.Condition
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Quarantine:
+    """Taint, cordon (unless someone else already did) and annotate the node, in one patch."""
+
+    kind: ClassVar[ActionKind] = ActionKind.QUARANTINE
+    node: str
+    record: nodes.QuarantineRecord
+    message: str
+    cordon: bool
+    """False when the node was already unschedulable: that cordon is not ours to undo."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class UpdateQuarantine:
+    """Rewrite the quarantine record: the fault escalated (stricter clearing, earlier drain)."""
+
+    kind: ClassVar[ActionKind] = ActionKind.UPDATE_QUARANTINE
+    node: str
+    record: nodes.QuarantineRecord
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RestoreTaint:
+    """Put our taint back on a quarantined node it was removed from."""
+
+    kind: ClassVar[ActionKind] = ActionKind.RESTORE_TAINT
+    node: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class EvictGpuPods:
+    """Evict the node's GPU pods through the Eviction API; due since `deadline`.
+
+    Returned on every pass while it is due, so pods that survive one pass (a PDB said 429) are
+    retried; the actuator records only the first pass in the history (`first`).
+    """
+
+    kind: ClassVar[ActionKind] = ActionKind.EVICT_GPU_PODS
+    node: str
+    deadline: dt.datetime
+    reason: str
+    first: bool
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Release:
+    """Remove our taint and quarantine annotations; uncordon only if the cordon was ours."""
+
+    kind: ClassVar[ActionKind] = ActionKind.RELEASE
+    node: str
+    reason: str
+    message: str
+    uncordon: bool
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ManualRelease:
+    """Record a release by a person (on-call API or `kubectl uncordon`) and end the quarantine.
+
+    `released_faults` are remembered on the node so they do not quarantine it again.
+    """
+
+    kind: ClassVar[ActionKind] = ActionKind.MANUAL_RELEASE
+    node: str
+    by: str
+    reason: str
+    released_faults: frozenset[fleet.FaultKey]
+    uncordon: bool
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ForgetManualRelease:
+    """Drop the released-fault set: the node reported healthy, so any later fault is new."""
+
+    kind: ClassVar[ActionKind] = ActionKind.FORGET_MANUAL_RELEASE
+    node: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class OpenBreaker:
+    """The breaker opened on this pass: raise the metric and an Event."""
+
+    kind: ClassVar[ActionKind] = ActionKind.OPEN_BREAKER
+    message: str
+    nodes: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CloseBreaker:
+    """The breaker closed on this pass (`FleetHealthy`, or `Reset` by an operator)."""
+
+    kind: ClassVar[ActionKind] = ActionKind.CLOSE_BREAKER
+    reason: str
+    by: str
+
+
+NodeAction = (
+    SetCondition
+    | Quarantine
+    | UpdateQuarantine
+    | RestoreTaint
+    | EvictGpuPods
+    | Release
+    | ManualRelease
+    | ForgetManualRelease
+)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Skipped:
+    """An action the policy wanted but a safety limit held back; reported, never executed."""
+
+    kind: ClassVar[ActionKind] = ActionKind.SKIPPED
+    node: str
+    wanted: NodeAction
+    why: SkipReason
+
+
+Action = NodeAction | Skipped | OpenBreaker | CloseBreaker
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Decision:
+    """The outcome of one pass."""
+
+    actions: tuple[Action, ...]
+    breaker: BreakerState
+    """The breaker state to keep for the next pass (changes even without Open/Close actions)."""
+    next_deadline: dt.datetime | None
+    """The earliest future time a pass would decide differently with no new input."""
+    health: Mapping[str, fleet.NodeHealth]
+    """Health of every managed GPU node at `now`, for metrics and the on-call API."""
+    quarantined: int
+    """Nodes in automatic quarantine before this pass's actions."""
+    max_quarantined: int
+
+
+class ManualRequestError(ValueError):
+    """An on-call request the policy refuses; the message names the field."""
+
+
+_QUARANTINE_PRIORITY = {
+    fleet.NodeState.FAILED: 0,
+    fleet.NodeState.DEGRADED: 1,
+    fleet.NodeState.STALE: 2,
+    fleet.NodeState.MISSING: 2,
+}
+_SILENT = (fleet.NodeState.STALE, fleet.NodeState.MISSING)
+
+
+def decide(
+    fleet_state: fleet.FleetState,
+    node_views: Iterable[nodes.NodeView],
+    settings: Settings,
+    breaker: BreakerState,
+    now: dt.datetime,
+) -> Decision:
+    """Return what to do to every node now, and when to look again."""
+    views = sorted(
+        (v for v in node_views if v.managed and (v.is_gpu_node or v.name in fleet_state)),
+        key=lambda v: v.name,
+    )
+    healths = {
+        v.name: fleet_state.assess(v.name, now, default_interval_s=settings.default_interval_s)
+        for v in views
+    }
+    deadlines: list[dt.datetime] = []
+    actions: list[Action] = []
+
+    breaker = _judge_breaker(
+        views, healths, settings, breaker, now=now, actions=actions, deadlines=deadlines
+    )
+
+    quarantined = sum(
+        1
+        for v in views
+        if v.quarantine is not None and v.quarantine.mode is nodes.QuarantineMode.AUTOMATIC
+    )
+    limit = settings.limit_for(len(views))
+    candidates: list[tuple[tuple[int, dt.datetime, str], Quarantine]] = []
+
+    for view in views:
+        h = healths[view.name]
+        if h.stale_at is not None and h.stale_at > now:
+            deadlines.append(h.stale_at)
+        wanted = _desired_condition(h, view)
+        if wanted is not None and not wanted.same_as(view.condition):
+            actions.append(SetCondition(view.name, wanted))
+        if view.quarantine is not None:
+            actions.extend(
+                _keep_quarantine(
+                    view,
+                    view.quarantine,
+                    h,
+                    settings,
+                    breaker=breaker,
+                    now=now,
+                    deadlines=deadlines,
+                )
+            )
+            continue
+        candidate = _candidate(view, h, settings, now=now, actions=actions, deadlines=deadlines)
+        if candidate is None:
+            continue
+        if breaker.open:
+            actions.append(Skipped(view.name, candidate, SkipReason.BREAKER_OPEN))
+            continue
+        onset = h.bad_since or now
+        candidates.append(((_QUARANTINE_PRIORITY[h.state], onset, view.name), candidate))
+
+    candidates.sort(key=lambda item: item[0])
+    budget = max(0, limit - quarantined)
+    for index, (_, candidate) in enumerate(candidates):
+        if index < budget:
+            actions.append(candidate)
+        else:
+            actions.append(Skipped(candidate.node, candidate, SkipReason.MAX_QUARANTINED))
+
+    if settings.dry_run:
+        actions = [_dry(action) for action in actions]
+    future = [d for d in deadlines if d > now]
+    return Decision(
+        actions=tuple(actions),
+        breaker=breaker,
+        next_deadline=min(future) if future else None,
+        health=healths,
+        quarantined=quarantined,
+        max_quarantined=limit,
+    )
+
+
+def reset_breaker(breaker: BreakerState, *, by: str, now: dt.datetime) -> BreakerState:
+    """Close the breaker on an operator's request; earlier onsets will not open it again."""
+    if not by.strip():
+        msg = "by: the operator resetting the breaker must be named"
+        raise ManualRequestError(msg)
+    return BreakerState(open=False, reset_at=now, reset_by=by)
+
+
+def manual_quarantine(
+    view: nodes.NodeView,
+    node_health: fleet.NodeHealth | None,
+    *,
+    by: str,
+    reason: str,
+    now: dt.datetime,
+) -> Quarantine:
+    """Quarantine a node on an on-call engineer's order; only a manual release ends it.
+
+    Not subject to dry run, the breaker or maxQuarantined: those limit automation, not people.
+    """
+    _require_text("by", by)
+    _require_text("reason", reason)
+    if not view.managed:
+        msg = f"node: {view.name} is labelled {nodes.MANAGED_LABEL}=false"
+        raise ManualRequestError(msg)
+    record = nodes.QuarantineRecord(
+        mode=nodes.QuarantineMode.MANUAL,
+        by=by,
+        at=now,
+        reason=reason.strip(),
+        clears_with=nodes.Clearing.MANUAL_RELEASE,
+        boot_id=node_health.boot_id if node_health else None,
+        faults=node_health.fault_keys if node_health else frozenset(),
+        evict_after=None,
+    )
+    return Quarantine(view.name, record, message=reason.strip(), cordon=not view.unschedulable)
+
+
+def manual_release(
+    view: nodes.NodeView,
+    node_health: fleet.NodeHealth | None,
+    *,
+    by: str,
+    reason: str,
+) -> ManualRelease:
+    """Release a quarantined node on an on-call engineer's order, whatever cleared or not.
+
+    The node's current faults are remembered as released: it is not quarantined again until a
+    new fault (see the module docstring).
+    """
+    _require_text("by", by)
+    _require_text("reason", reason)
+    if view.quarantine is None and not view.tainted:
+        msg = f"node: {view.name} is not quarantined by TauGrid"
+        raise ManualRequestError(msg)
+    released = node_health.fault_keys if node_health else frozenset()
+    if view.quarantine is not None:
+        released |= view.quarantine.faults
+    return ManualRelease(
+        view.name,
+        by=by,
+        reason=reason.strip(),
+        released_faults=released,
+        uncordon=view.cordoned_by_us and view.unschedulable,
+    )
+
+
+def _judge_breaker(
+    views: list[nodes.NodeView],
+    healths: Mapping[str, fleet.NodeHealth],
+    settings: Settings,
+    breaker: BreakerState,
+    *,
+    now: dt.datetime,
+    actions: list[Action],
+    deadlines: list[dt.datetime],
+) -> BreakerState:
+    if breaker.open:
+        if not all(_contained(v, healths[v.name]) for v in views):
+            return breaker.model_copy(update={"fleet_healthy_since": None})
+        healthy_since = breaker.fleet_healthy_since or now
+        closes_at = healthy_since + dt.timedelta(seconds=settings.breaker_close_after_s)
+        if now >= closes_at:
+            actions.append(CloseBreaker(reason="FleetHealthy", by=nodes.CONTROLLER_IDENTITY))
+            return BreakerState(open=False, reset_at=now, reset_by=nodes.CONTROLLER_IDENTITY)
+        deadlines.append(closes_at)
+        return breaker.model_copy(update={"fleet_healthy_since": healthy_since})
+    window = dt.timedelta(seconds=settings.breaker_window_s)
+    counted_after = now - window
+    if breaker.reset_at is not None and breaker.reset_at > counted_after:
+        counted_after = breaker.reset_at
+    turned = sorted(
+        name
+        for name, h in healths.items()
+        if h.state in fleet.BAD_STATES and h.bad_since is not None and h.bad_since > counted_after
+    )
+    share = 100 * len(turned) / len(views) if views else 0.0
+    if share > settings.breaker_percent and len(turned) >= settings.breaker_min_nodes:
+        shown = ", ".join(turned[:10]) + (", …" if len(turned) > 10 else "")
+        message = (
+            f"{len(turned)} of {len(views)} GPU nodes ({share:.0f}%) turned bad or stale within "
+            f"{settings.breaker_window_s:g}s (limit {settings.breaker_percent:g}%): {shown}"
+        )
+        actions.append(OpenBreaker(message=message, nodes=tuple(turned)))
+        return BreakerState(
+            open=True,
+            opened_at=now,
+            message=message,
+            reset_at=breaker.reset_at,
+            reset_by=breaker.reset_by,
+        )
+    return breaker
+
+
+def _contained(view: nodes.NodeView, h: fleet.NodeHealth) -> bool:
+    """Return True when the node gives the breaker no reason to stay open."""
+    if h.state in _SILENT:
+        return False
+    if h.state not in fleet.BAD_STATES:
+        return True
+    if view.quarantine is not None:
+        return True
+    return view.released_faults is not None and h.fault_keys <= view.released_faults
+
+
+def _desired_condition(h: fleet.NodeHealth, view: nodes.NodeView) -> nodes.Condition | None:
+    state = h.state
+    if state is fleet.NodeState.WARMING_UP:
+        return None
+    if state is fleet.NodeState.MISSING and view.condition is None:
+        return None  # never reported to any leader: not ours yet (no agent installed)
+    if state is fleet.NodeState.HEALTHY:
+        status = nodes.ConditionStatus.TRUE
+    elif state in (fleet.NodeState.FAILED, fleet.NodeState.DEGRADED):
+        status = nodes.ConditionStatus.FALSE
+    else:
+        status = nodes.ConditionStatus.UNKNOWN
+    return nodes.Condition(status=status, reason=h.reason, message=h.message)
+
+
+def _clearing(h: fleet.NodeHealth) -> nodes.Clearing:
+    clearing = nodes.Clearing.HEALTHY_REPORTS
+    for fault in h.faults:
+        if fault.latched:
+            candidate = nodes.clearing_for(fault.action)
+            if nodes.CLEARING_STRICTNESS[candidate] > nodes.CLEARING_STRICTNESS[clearing]:
+                clearing = candidate
+    return clearing
+
+
+def _evict_after(h: fleet.NodeHealth, settings: Settings, now: dt.datetime) -> dt.datetime | None:
+    if h.state is fleet.NodeState.FAILED:
+        return now + dt.timedelta(seconds=settings.failed_evict_grace_s)
+    if h.state is fleet.NodeState.DEGRADED:
+        return now + dt.timedelta(seconds=settings.degraded_drain_after_s)
+    return None
+
+
+def _candidate(
+    view: nodes.NodeView,
+    h: fleet.NodeHealth,
+    settings: Settings,
+    *,
+    now: dt.datetime,
+    actions: list[Action],
+    deadlines: list[dt.datetime],
+) -> Quarantine | None:
+    """Return the quarantine a node not yet in quarantine should get, if any."""
+    released = view.released_faults
+    if released is not None:
+        if h.state is fleet.NodeState.HEALTHY:
+            actions.append(ForgetManualRelease(view.name))
+            return None
+        if h.fault_keys <= released:
+            return None
+    if h.state in _SILENT:
+        if h.state is fleet.NodeState.MISSING and view.condition is None:
+            return None
+        if h.stale_at is None:  # a silent node always has its onset; be safe regardless
+            return None
+        due = h.stale_at + dt.timedelta(seconds=settings.stale_quarantine_after_s)
+        if now < due:
+            deadlines.append(due)
+            return None
+    elif h.state not in (fleet.NodeState.FAILED, fleet.NodeState.DEGRADED):
+        return None
+    record = nodes.QuarantineRecord(
+        mode=nodes.QuarantineMode.AUTOMATIC,
+        by=nodes.CONTROLLER_IDENTITY,
+        at=now,
+        reason=h.reason,
+        clears_with=_clearing(h),
+        boot_id=h.boot_id,
+        faults=h.fault_keys,
+        evict_after=_evict_after(h, settings, now),
+    )
+    return Quarantine(view.name, record, message=h.message, cordon=not view.unschedulable)
+
+
+def _keep_quarantine(
+    view: nodes.NodeView,
+    record: nodes.QuarantineRecord,
+    h: fleet.NodeHealth,
+    settings: Settings,
+    *,
+    breaker: BreakerState,
+    now: dt.datetime,
+    deadlines: list[dt.datetime],
+) -> list[NodeAction | Skipped]:
+    """Return what a node already in quarantine needs: release, escalation, eviction, repair."""
+    if not view.unschedulable:
+        # Our patch sets the cordon together with the annotations, so a quarantined node that
+        # is schedulable was uncordoned by a person: a manual release (DESIGN.md section 2).
+        return [
+            ManualRelease(
+                view.name,
+                by="kubectl uncordon",
+                reason="node uncordoned by a person",
+                released_faults=h.fault_keys | record.faults,
+                uncordon=False,
+            )
+        ]
+    out: list[NodeAction | Skipped] = []
+    if not view.tainted:
+        out.append(RestoreTaint(view.name))
+    if record.mode is nodes.QuarantineMode.MANUAL:
+        return out
+    if h.state is fleet.NodeState.HEALTHY:
+        release_at = _release_at(record, h, settings)
+        if release_at is not None:
+            if now >= release_at:
+                return [
+                    Release(
+                        view.name,
+                        reason="FaultCleared",
+                        message=f"healthy since {fleet.iso(h.healthy_since)}: {h.message}",
+                        uncordon=view.cordoned_by_us,
+                    )
+                ]
+            deadlines.append(release_at)
+    elif h.state is not fleet.NodeState.WARMING_UP:
+        escalated = _escalate(record, h, settings, now)
+        if escalated != record:
+            out.append(UpdateQuarantine(view.name, escalated))
+            record = escalated
+    if record.evict_after is not None:
+        if now < record.evict_after:
+            deadlines.append(record.evict_after)
+        else:
+            evict = EvictGpuPods(
+                view.name,
+                deadline=record.evict_after,
+                reason=record.reason,
+                first=record.evicted_at is None,
+            )
+            out.append(
+                Skipped(view.name, evict, SkipReason.BREAKER_OPEN) if breaker.open else evict
+            )
+    return out
+
+
+def _release_at(
+    record: nodes.QuarantineRecord, h: fleet.NodeHealth, settings: Settings
+) -> dt.datetime | None:
+    """Return when a healthy node may be released, or None while its fault has not cleared."""
+    start = h.healthy_since or h.received_at
+    if start is None:  # a Healthy node always has its streak start; be safe regardless
+        return None
+    if record.clears_with is nodes.Clearing.MANUAL_RELEASE:
+        return None
+    if record.clears_with is nodes.Clearing.NEW_BOOT_ID:
+        if record.boot_id is not None and h.boot_id == record.boot_id:
+            return None
+        if h.boot_changed_at is not None and h.boot_changed_at > start:
+            start = h.boot_changed_at
+    return start + dt.timedelta(seconds=settings.release_after_s)
+
+
+def _escalate(
+    record: nodes.QuarantineRecord, h: fleet.NodeHealth, settings: Settings, now: dt.datetime
+) -> nodes.QuarantineRecord:
+    """Return the record made at least as strict as the node's current faults demand."""
+    clears_with = record.clears_with
+    boot_id = record.boot_id
+    current = _clearing(h)
+    if nodes.CLEARING_STRICTNESS[current] > nodes.CLEARING_STRICTNESS[clears_with]:
+        clears_with = current
+        boot_id = h.boot_id  # the fault arrived in this boot: only a later boot clears it
+    evict_after = record.evict_after
+    candidate = _evict_after(h, settings, now)
+    if candidate is not None and (evict_after is None or candidate < evict_after):
+        evict_after = candidate
+    faults = record.faults | {f.key for f in h.faults}
+    return dataclasses.replace(
+        record, clears_with=clears_with, boot_id=boot_id, evict_after=evict_after, faults=faults
+    )
+
+
+def _dry(action: Action) -> Action:
+    if isinstance(action, Skipped | OpenBreaker | CloseBreaker):
+        return action
+    return Skipped(action.node, action, SkipReason.DRY_RUN)
+
+
+def _require_text(field: str, value: str) -> None:
+    if not value.strip():
+        msg = f"{field}: required, and must not be blank"
+        raise ManualRequestError(msg)

@@ -1,0 +1,238 @@
+"""The quarantine loop: level-triggered passes of the pure policy, carried out on Nodes.
+
+Each pass reads every heartbeat (the fleet state) and every node (the cache), asks
+`policy.decide` what should be true, and writes only the difference (`conditions.patch_for`
+returns None when a node is already as wanted). A heartbeat that changes a verdict or a node
+event wakes the loop at once; otherwise it wakes at the policy's next deadline, at most every
+`pass_interval_s`. Only the leader acts, and every write checks that the lease is still held.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import datetime as dt
+import time
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+
+from controller import conditions, fleet, leading, nodes, policy
+from controller import metrics as metrics_mod
+from controller.kube import nodes as kube_nodes
+
+log = structlog.get_logger()
+
+MAX_PARALLEL_NODES = 32
+"""Nodes acted on concurrently in one pass; actions on one node stay in order."""
+
+
+class Quarantiner:
+    """Owns the breaker state and the pass loop."""
+
+    def __init__(
+        self,
+        fleet_state: fleet.FleetState,
+        *,
+        cache: kube_nodes.NodeCache,
+        writer: kube_nodes.NodeWriter,
+        settings: policy.Settings,
+        elector: leading.Elector,
+        metrics: metrics_mod.ControllerMetrics,
+        pass_interval_s: float = 1.0,
+        lease_name: str = "taugrid-controller",
+        clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
+    ) -> None:
+        self.fleet = fleet_state
+        self.cache = cache
+        self.writer = writer
+        self.settings = settings
+        self.elector = elector
+        self.metrics = metrics
+        self.pass_interval_s = pass_interval_s
+        self.lease_name = lease_name
+        self.clock = clock
+        self.breaker = policy.BreakerState()
+        self.last: policy.Decision | None = None
+        self.wake = asyncio.Event()
+        self._skips_logged: set[tuple[str, str]] = set()
+        self._lock = asyncio.Lock()
+
+    def poke(self) -> None:
+        """Ask for a pass as soon as possible (a verdict changed, a node changed)."""
+        self.wake.set()
+
+    async def run(self) -> None:
+        """Pass after pass while leading; never crashes on an API error."""
+        while True:
+            timeout = self.pass_interval_s
+            if self.elector.is_leader() and self.cache.synced.is_set():
+                try:
+                    deadline = await self.run_pass()
+                    if deadline is not None:
+                        until = (deadline - self.clock()).total_seconds()
+                        timeout = min(timeout, max(until, 0.01))
+                except asyncio.CancelledError:
+                    raise
+                except leading.NotLeaderError:
+                    log.warning("lost the lease during a pass; stopping writes")
+                except Exception:
+                    log.exception("quarantine pass failed; retrying")
+            self.wake.clear()
+            try:
+                async with asyncio.timeout(timeout):
+                    await self.wake.wait()
+            except TimeoutError:
+                pass
+
+    def views(self) -> list[nodes.NodeView]:
+        """Parse every cached node (malformed annotations are reported, never raised)."""
+        out = []
+        for raw in self.cache.nodes.values():
+            view = nodes.parse(raw)
+            if view.problems:
+                log.warning("malformed node annotations", node=view.name, problems=view.problems)
+            out.append(view)
+        return out
+
+    async def run_pass(self) -> dt.datetime | None:
+        """One level-triggered pass; return when the next one is due."""
+        async with self._lock:
+            started = time.perf_counter()
+            now = self.clock()
+            decision = policy.decide(self.fleet, self.views(), self.settings, self.breaker, now)
+            self.breaker = decision.breaker
+            self.last = decision
+            by_node: dict[str, list[policy.Action]] = collections.defaultdict(list)
+            for action in decision.actions:
+                node = getattr(action, "node", "")
+                by_node[node].append(action)
+            sem = asyncio.Semaphore(MAX_PARALLEL_NODES)
+
+            async def run_node(node: str, actions: list[policy.Action]) -> None:
+                async with sem:
+                    for action in actions:
+                        await self.apply(action, now, decision)
+
+            await asyncio.gather(*(run_node(n, a) for n, a in by_node.items()))
+            self._export(decision)
+            self.metrics.pass_seconds.observe(time.perf_counter() - started)
+            return decision.next_deadline
+
+    def _export(self, decision: policy.Decision) -> None:
+        counts = collections.Counter(h.state.value for h in decision.health.values())
+        for state in fleet.NodeState:
+            self.metrics.node_verdicts.labels(state.value).set(counts.get(state.value, 0))
+        self.metrics.quarantined_nodes.set(
+            sum(1 for raw in self.cache.nodes.values() if nodes.parse(raw).quarantine is not None)
+        )
+        self.metrics.breaker_open.set(1 if decision.breaker.open else 0)
+        self.metrics.dry_run.set(1 if self.settings.dry_run else 0)
+
+    async def apply(
+        self, action: policy.Action, now: dt.datetime, decision: policy.Decision | None = None
+    ) -> None:
+        """Carry out one action (idempotent: a node already as wanted is not written)."""
+        if isinstance(action, policy.Skipped):
+            key = (action.node, f"{action.wanted.kind}:{action.why}")
+            if key not in self._skips_logged:
+                self._skips_logged.add(key)
+                log.info(
+                    "action held back",
+                    node=action.node,
+                    action=action.wanted.kind.value,
+                    reason=action.why.value,
+                )
+                self.metrics.quarantine_actions.labels(action.wanted.kind.value, "true").inc()
+            return
+        if isinstance(action, policy.OpenBreaker | policy.CloseBreaker):
+            await self._breaker_event(action)
+            return
+        raw = self.cache.nodes.get(action.node)
+        if raw is None:
+            return
+        patch = conditions.patch_for(action, raw, now)
+        if patch is not None:
+            self.elector.ensure_leader()
+            updated = await self.writer.patch(action.node, patch)
+            if updated is None:
+                self.poke()  # conflict or gone: the next pass sees the new state
+                return
+            self.cache.put(updated)
+            self._record(action, raw, now, decision)
+            await self._event(action, raw)
+        if isinstance(action, policy.EvictGpuPods):
+            self.elector.ensure_leader()
+            outcome = await self.writer.evict_gpu_pods(action.node)
+            for name, pods in (("evicted", outcome.evicted), ("blocked", outcome.blocked),
+                               ("failed", outcome.failed)):  # fmt: skip
+                if pods:
+                    self.metrics.evictions.labels(name).inc(len(pods))
+            if outcome.evicted or outcome.blocked or outcome.failed:
+                log.info(
+                    "eviction round",
+                    node=action.node,
+                    evicted=outcome.evicted,
+                    blocked=outcome.blocked,
+                    failed=outcome.failed,
+                )
+            if outcome.evicted:
+                await self.writer.event(
+                    raw, "Evicted", f"evicted GPU pods: {', '.join(outcome.evicted)}", warning=True
+                )
+
+    def _record(
+        self,
+        action: policy.NodeAction,
+        raw: dict[str, Any],
+        now: dt.datetime,
+        decision: policy.Decision | None,
+    ) -> None:
+        self.metrics.quarantine_actions.labels(action.kind.value, "false").inc()
+        if isinstance(action, policy.Quarantine) and decision is not None:
+            h = decision.health.get(action.node)
+            if h is not None and h.bad_since is not None:
+                self.metrics.fault_to_quarantine.observe(
+                    max((now - h.bad_since).total_seconds(), 0)
+                )
+        log.info("node action", node=action.node, action=action.kind.value)
+
+    async def _event(self, action: policy.NodeAction, raw: dict[str, Any]) -> None:
+        note = describe(action)
+        warning = isinstance(action, policy.Quarantine | policy.EvictGpuPods) or (
+            isinstance(action, policy.SetCondition)
+            and action.condition.status is not nodes.ConditionStatus.TRUE
+        )
+        await self.writer.event(raw, action.kind.value, note, warning=warning)
+
+    async def _breaker_event(self, action: policy.OpenBreaker | policy.CloseBreaker) -> None:
+        if isinstance(action, policy.OpenBreaker):
+            log.warning("quarantine breaker opened", message=action.message, nodes=action.nodes)
+            text = action.message
+        else:
+            log.warning("quarantine breaker closed", reason=action.reason, by=action.by)
+            text = f"breaker closed ({action.reason}{' by ' + action.by if action.by else ''})"
+        self.metrics.quarantine_actions.labels(action.kind.value, "false").inc()
+        await self.writer.breaker_event(self.lease_name, action.kind.value, text)
+
+
+def describe(action: policy.NodeAction) -> str:
+    """One line for the Event and the log that says what was done and why."""
+    match action:
+        case policy.SetCondition():
+            return f"GPUHealthy={action.condition.status}: {action.condition.message}"
+        case policy.Quarantine():
+            return f"quarantined: {action.message}"
+        case policy.UpdateQuarantine():
+            return f"quarantine updated: clears with {action.record.clears_with}"
+        case policy.RestoreTaint():
+            return "restored the taugrid.dev/gpu-unhealthy taint"
+        case policy.EvictGpuPods():
+            return f"evicting GPU pods: {action.reason}"
+        case policy.Release():
+            return f"released: {action.message}"
+        case policy.ManualRelease():
+            return f"released by {action.by}: {action.reason}"
+        case policy.ForgetManualRelease():
+            return "healthy again; the earlier manual release is forgotten"

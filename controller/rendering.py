@@ -1,0 +1,542 @@
+"""Render one attempt of a run as Kubernetes objects (plain dicts), from a validated spec.
+
+Purely computational: no I/O, no clock, no logging; everything the objects depend on is an
+argument, so the same inputs always give the same objects (and the same config hash). The
+run reconciler creates what `render_attempt` returns, in the order returned.
+
+Choices that hold for every kind (DESIGN.md sections 2, 3 and 7):
+
+- **Created suspended** (`suspend: true`) with the `kueue.x-k8s.io/queue-name` label (and
+  `kueue.x-k8s.io/priority-class` when the spec names one): Kueue's webhook would suspend it
+  too, but creating it suspended means not even a webhook outage lets pods start before
+  admission (anchors 2.7).
+- **`backoffLimit: 0`**: the controller, not the Job controller, decides on a retry, after
+  classifying the failure; a pod restarted by the Job controller would race the next
+  attempt and bypass `retry.when`.
+- **One object per attempt**, named `<run>-a<N>`, labelled `taugrid.dev/run` and
+  `taugrid.dev/attempt`: attempts are fenced by name, and a stale pod is told apart by label.
+- **Owner reference to the TauRun** (controller, blockOwnerDeletion): `kubectl delete tr`
+  garbage-collects every attempt.
+- **`taugrid.dev/config-hash`**: the spec hash, so evidence and resume can tell whether the
+  config drifted between attempts.
+- **`restartPolicy: Never`** and no tolerations or node selectors: Kueue injects the
+  flavor's node selector and tolerations at admission; anything we set would fight it.
+- **`terminationGracePeriodSeconds`** from settings: the window in which a workload saves a
+  checkpoint on SIGTERM, before quarantine eviction or Kueue preemption kills it.
+- **The per-run checkpoint ConfigMap is mounted as a directory**, not through `subPath`:
+  the kubelet refreshes directory-mounted ConfigMaps, never `subPath` ones, and a Job that
+  Kueue readmits keeps its original env, so the file is how it finds the newest checkpoint.
+- **The run-scoped token** comes from the per-run Secret through `secretKeyRef`, so it never
+  appears in the Job spec.
+- **Resources**: GPUs as limits (extended resources need requests == limits, and Kubernetes
+  copies limits to requests); CPU as a request only (a CPU limit throttles training for no
+  gain); memory as request and limit (a run cannot take its neighbours' memory).
+- **`enableServiceLinks: false`**: a namespace with many Services would otherwise flood the
+  environment with `*_SERVICE_HOST` variables.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+from typing import Any
+
+from shared import spec as specs
+
+TAURUN_API_VERSION = specs.API_VERSION
+TAURUN_KIND = "TauRun"
+
+LABEL_RUN = "taugrid.dev/run"
+LABEL_ATTEMPT = "taugrid.dev/attempt"
+ANNOTATION_CONFIG_HASH = "taugrid.dev/config-hash"
+LABEL_QUEUE = "kueue.x-k8s.io/queue-name"
+LABEL_PRIORITY = "kueue.x-k8s.io/priority-class"
+COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
+
+CONTAINER_NAME = "main"
+"""The user's container in job and pytorch pods (what `logs` streams)."""
+RAY_HEAD_CONTAINER = "ray-head"
+RAY_WORKER_CONTAINER = "ray-worker"
+RAY_WORKER_GROUP = "workers"
+
+TOKEN_SECRET_KEY = "token"  # noqa: S105 - the key's name, not a secret
+"""Key of the run-scoped token in the per-run Secret."""
+CHECKPOINT_CONFIGMAP_KEY = "latest"
+"""Key (and file name) of the latest checkpoint in the per-run ConfigMap."""
+CHECKPOINT_FILE = f"{specs.CHECKPOINT_MOUNT_DIR}/{CHECKPOINT_CONFIGMAP_KEY}"
+
+GPU_RESOURCE = "nvidia.com/gpu"
+
+VOLUME_SHM = "dshm"
+VOLUME_CHECKPOINT_FILE = "taugrid-checkpoint"
+VOLUME_CHECKPOINT_CLAIM = "checkpoint"
+
+
+@dataclasses.dataclass(frozen=True)
+class RunRef:
+    """The TauRun an attempt belongs to (its metadata, not its spec)."""
+
+    name: str
+    namespace: str
+    uid: str
+
+
+@dataclasses.dataclass(frozen=True)
+class AttemptContext:
+    """What differs between attempts of one run."""
+
+    run: RunRef
+    attempt: int
+    """1 for the first attempt."""
+    token_secret: str
+    """Name of the per-run Secret holding the run-scoped token under `TOKEN_SECRET_KEY`."""
+    checkpoint_configmap: str
+    """Name of the per-run ConfigMap holding the latest checkpoint under `latest`."""
+    resume_from: str = ""
+    """Checkpoint path the attempt starts from (`TAU_RESUME_FROM`); empty on a fresh start."""
+    failure_reason: str = ""
+    """Failure class of the previous attempt (`TAU_FAILURE_REASON`); empty on attempt 1."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RenderSettings:
+    """Controller-wide inputs to rendering (from the controller's settings)."""
+
+    controller_url: str
+    """URL pods use to reach the controller (`TAU_URL`), e.g. for checkpoint reports."""
+    termination_grace_period_s: int = 60
+    """SIGTERM-to-SIGKILL window: the time a workload has to write a checkpoint."""
+    master_port: int = 29500
+    """torchrun rendezvous port on worker 0 (PyTorch's default)."""
+    job_ttl_after_finished_s: int | None = None
+    """`ttlSecondsAfterFinished` for Jobs; None leaves finished Jobs to the reconciler."""
+    ray_version: str | None = None
+    """`rayClusterSpec.rayVersion`, when the cluster's KubeRay wants it."""
+
+
+def attempt_name(run_name: str, attempt: int) -> str:
+    """Return the name of attempt `attempt` of `run_name`: `<run>-a<N>`."""
+    return f"{run_name}-a{attempt}"
+
+
+def token_secret_name(run_name: str) -> str:
+    """Return the conventional name of a run's token Secret."""
+    return f"{run_name}-token"
+
+
+def checkpoint_configmap_name(run_name: str) -> str:
+    """Return the conventional name of a run's checkpoint ConfigMap."""
+    return f"{run_name}-checkpoint"
+
+
+def owner_reference(run: RunRef) -> dict[str, Any]:
+    """Return the owner reference every object of a run carries.
+
+    `controller: true` marks the TauRun as the managing controller; `blockOwnerDeletion`
+    makes foreground deletion of the TauRun wait for its attempts.
+    """
+    return {
+        "apiVersion": TAURUN_API_VERSION,
+        "kind": TAURUN_KIND,
+        "name": run.name,
+        "uid": run.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def render_attempt(
+    spec: specs.TauSpec, ctx: AttemptContext, settings: RenderSettings
+) -> list[dict[str, Any]]:
+    """Return the objects of one attempt, in the order to create them.
+
+    job: `[Job]`; pytorch: `[Service, Job]` (the Service first, so that DNS for worker 0
+    exists by the time any pod resolves it); ray: `[RayJob]`.
+    """
+    if ctx.attempt < 1:
+        msg = f"attempt numbers start at 1, got {ctx.attempt}"
+        raise ValueError(msg)
+    if spec.kind == specs.RunKind.PYTORCH:
+        return [_render_headless_service(spec, ctx, settings), _render_job(spec, ctx, settings)]
+    if spec.kind == specs.RunKind.RAY:
+        return [_render_rayjob(spec, ctx, settings)]
+    return [_render_job(spec, ctx, settings)]
+
+
+def render_token_secret(run: RunRef, name: str, token: str) -> dict[str, Any]:
+    """Return the per-run Secret holding the run-scoped token, owned by the TauRun."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {
+            "name": name,
+            "namespace": run.namespace,
+            "labels": {LABEL_RUN: run.name},
+            "ownerReferences": [owner_reference(run)],
+        },
+        "type": "Opaque",
+        "stringData": {TOKEN_SECRET_KEY: token},
+    }
+
+
+def render_checkpoint_configmap(run: RunRef, name: str, latest: str) -> dict[str, Any]:
+    """Return the per-run ConfigMap whose `latest` key the pods read as a file.
+
+    `latest` is whatever the checkpoint reporter writes (the path, or a JSON record); an
+    empty string means no checkpoint yet.
+    """
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": name,
+            "namespace": run.namespace,
+            "labels": {LABEL_RUN: run.name},
+            "ownerReferences": [owner_reference(run)],
+        },
+        "data": {CHECKPOINT_CONFIGMAP_KEY: latest},
+    }
+
+
+# ---------------------------------------------------------------- pieces
+
+
+def _run_labels(spec: specs.TauSpec, ctx: AttemptContext) -> dict[str, str]:
+    """Labels on every object and pod of the attempt; ours win over the user's (validated
+    not to collide, since our prefixes are reserved)."""
+    return {**spec.labels, LABEL_RUN: ctx.run.name, LABEL_ATTEMPT: str(ctx.attempt)}
+
+
+def _workload_labels(spec: specs.TauSpec, ctx: AttemptContext) -> dict[str, str]:
+    """Labels of the object Kueue manages: the run labels plus queue and priority."""
+    labels = {**_run_labels(spec, ctx), LABEL_QUEUE: spec.queue}
+    if spec.priority is not None:
+        labels[LABEL_PRIORITY] = spec.priority
+    return labels
+
+
+def _metadata(
+    spec: specs.TauSpec, ctx: AttemptContext, name: str, labels: dict[str, str]
+) -> dict[str, Any]:
+    return {
+        "name": name,
+        "namespace": ctx.run.namespace,
+        "labels": labels,
+        "annotations": {ANNOTATION_CONFIG_HASH: specs.spec_hash(spec)},
+        "ownerReferences": [owner_reference(ctx.run)],
+    }
+
+
+def _tau_env(
+    spec: specs.TauSpec, ctx: AttemptContext, settings: RenderSettings
+) -> list[dict[str, Any]]:
+    """The TAU_* env of DESIGN.md section 7, in a fixed order."""
+    env: list[dict[str, Any]] = [
+        {"name": "TAU_RUN", "value": ctx.run.name},
+        {"name": "TAU_NAMESPACE", "value": ctx.run.namespace},
+        {"name": "TAU_ATTEMPT", "value": str(ctx.attempt)},
+        {"name": "TAU_WORKERS", "value": str(spec.workers)},
+        {"name": "TAU_URL", "value": settings.controller_url},
+        {
+            "name": "TAU_TOKEN",
+            "valueFrom": {"secretKeyRef": {"name": ctx.token_secret, "key": TOKEN_SECRET_KEY}},
+        },
+    ]
+    if spec.checkpoint is not None:
+        env.append({"name": "TAU_CHECKPOINT_DIR", "value": spec.checkpoint.dir})
+    env.extend(
+        [
+            {"name": "TAU_CHECKPOINT_FILE", "value": CHECKPOINT_FILE},
+            {"name": "TAU_RESUME_FROM", "value": ctx.resume_from},
+            {"name": "TAU_FAILURE_REASON", "value": ctx.failure_reason},
+        ]
+    )
+    return env
+
+
+def _completion_index_env(name: str) -> dict[str, Any]:
+    field_path = f"metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']"
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": field_path}}}
+
+
+def _rendezvous_env(
+    spec: specs.TauSpec, job_name: str, service_name: str, settings: RenderSettings
+) -> list[dict[str, Any]]:
+    """torchrun's settings as env: torchrun reads `PET_<OPTION>` for every option not on its
+    command line, so `command: [torchrun, train.py]` needs no flags. The unprefixed names
+    serve scripts that launch their own processes.
+
+    Worker 0 is the master: an Indexed Job's pod has the hostname `<job>-<index>`, and with
+    `subdomain` equal to the headless Service's name it resolves as `<job>-0.<service>`.
+    The node rank is the completion index, read from the pod's annotation.
+    """
+    master = f"{job_name}-0.{service_name}"
+    port = str(settings.master_port)
+    nnodes = str(spec.workers)
+    nproc = str(spec.effective_nproc_per_node)
+    env: list[dict[str, Any]] = []
+    for prefix in ("", "PET_"):
+        env.extend(
+            [
+                {"name": f"{prefix}MASTER_ADDR", "value": master},
+                {"name": f"{prefix}MASTER_PORT", "value": port},
+                {"name": f"{prefix}NNODES", "value": nnodes},
+                {"name": f"{prefix}NPROC_PER_NODE", "value": nproc},
+                _completion_index_env(f"{prefix}NODE_RANK"),
+            ]
+        )
+    return env
+
+
+def _user_env(spec: specs.TauSpec) -> list[dict[str, Any]]:
+    return [{"name": key, "value": value} for key, value in spec.env.items()]
+
+
+def _resources(spec: specs.TauSpec, *, gpus: int) -> dict[str, Any]:
+    requests: dict[str, str] = {}
+    limits: dict[str, str] = {}
+    if spec.resources.cpu is not None:
+        requests["cpu"] = spec.resources.cpu
+    if spec.resources.memory is not None:
+        requests["memory"] = spec.resources.memory
+        limits["memory"] = spec.resources.memory
+    if gpus > 0:
+        requests[GPU_RESOURCE] = str(gpus)
+        limits[GPU_RESOURCE] = str(gpus)
+    result: dict[str, Any] = {}
+    if requests:
+        result["requests"] = requests
+    if limits:
+        result["limits"] = limits
+    return result
+
+
+def _volumes_and_mounts(
+    spec: specs.TauSpec, ctx: AttemptContext
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The spec's claims, the checkpoint claim, /dev/shm and the checkpoint file."""
+    volumes: list[dict[str, Any]] = []
+    mounts: list[dict[str, Any]] = []
+    for index, volume in enumerate(spec.volumes):
+        name = f"vol-{index}"
+        volumes.append(
+            {
+                "name": name,
+                "persistentVolumeClaim": {
+                    "claimName": volume.claim,
+                    "readOnly": volume.read_only,
+                },
+            }
+        )
+        mounts.append({"name": name, "mountPath": volume.mount_path, "readOnly": volume.read_only})
+    checkpoint = spec.checkpoint
+    listed = checkpoint is not None and any(v.claim == checkpoint.volume for v in spec.volumes)
+    if checkpoint is not None and checkpoint.volume is not None and not listed:
+        volumes.append(
+            {
+                "name": VOLUME_CHECKPOINT_CLAIM,
+                "persistentVolumeClaim": {"claimName": checkpoint.volume},
+            }
+        )
+        mounts.append({"name": VOLUME_CHECKPOINT_CLAIM, "mountPath": checkpoint.dir})
+    volumes.append(
+        {"name": VOLUME_SHM, "emptyDir": {"medium": "Memory", "sizeLimit": spec.shm_size}}
+    )
+    mounts.append({"name": VOLUME_SHM, "mountPath": specs.SHM_MOUNT_PATH})
+    volumes.append(
+        {
+            "name": VOLUME_CHECKPOINT_FILE,
+            "configMap": {
+                "name": ctx.checkpoint_configmap,
+                # Optional: a pod must start even if the ConfigMap is briefly missing.
+                "optional": True,
+                "items": [{"key": CHECKPOINT_CONFIGMAP_KEY, "path": CHECKPOINT_CONFIGMAP_KEY}],
+            },
+        }
+    )
+    mounts.append(
+        {"name": VOLUME_CHECKPOINT_FILE, "mountPath": specs.CHECKPOINT_MOUNT_DIR, "readOnly": True}
+    )
+    return volumes, mounts
+
+
+def _container_command(spec: specs.TauSpec) -> tuple[list[str], list[str]]:
+    """Return (command, args): exec form as given; a string under `/bin/sh -c`."""
+    argv = spec.argv
+    if isinstance(spec.command, str):
+        return argv[:3], argv[3:]
+    return list(spec.command), list(spec.args)
+
+
+def _pod_spec(
+    spec: specs.TauSpec,
+    ctx: AttemptContext,
+    settings: RenderSettings,
+    container: dict[str, Any],
+) -> dict[str, Any]:
+    volumes, mounts = _volumes_and_mounts(spec, ctx)
+    pod: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": settings.termination_grace_period_s,
+        "enableServiceLinks": False,
+        "containers": [{**container, "volumeMounts": mounts}],
+        "volumes": volumes,
+    }
+    if spec.image_pull_secrets:
+        pod["imagePullSecrets"] = [{"name": name} for name in spec.image_pull_secrets]
+    return pod
+
+
+# ---------------------------------------------------------------- kinds
+
+
+def _render_job(
+    spec: specs.TauSpec, ctx: AttemptContext, settings: RenderSettings
+) -> dict[str, Any]:
+    """A batch/v1 Job: `workers` pods in parallel (Indexed for pytorch).
+
+    A multi-worker `job` is NonIndexed with parallelism = completions = workers: Kueue
+    admits the pods as one pod set, and the Job succeeds when every worker has.
+    """
+    name = attempt_name(ctx.run.name, ctx.attempt)
+    command, args = _container_command(spec)
+    env = _tau_env(spec, ctx, settings)
+    pytorch = spec.kind == specs.RunKind.PYTORCH
+    if pytorch:
+        env += _rendezvous_env(spec, name, name, settings)
+    env += _user_env(spec)
+    container: dict[str, Any] = {
+        "name": CONTAINER_NAME,
+        "image": spec.image,
+        "command": command,
+        "env": env,
+        "resources": _resources(spec, gpus=spec.resources.gpus),
+    }
+    if args:
+        container["args"] = args
+    pod = _pod_spec(spec, ctx, settings, container)
+    if pytorch:
+        pod["subdomain"] = name
+    job_spec: dict[str, Any] = {
+        "suspend": True,
+        "backoffLimit": 0,
+        "parallelism": spec.workers,
+        "completions": spec.workers,
+        "completionMode": "Indexed" if pytorch else "NonIndexed",
+        "template": {"metadata": {"labels": _run_labels(spec, ctx)}, "spec": pod},
+    }
+    if settings.job_ttl_after_finished_s is not None:
+        job_spec["ttlSecondsAfterFinished"] = settings.job_ttl_after_finished_s
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": _metadata(spec, ctx, name, _workload_labels(spec, ctx)),
+        "spec": job_spec,
+    }
+
+
+def _render_headless_service(
+    spec: specs.TauSpec, ctx: AttemptContext, settings: RenderSettings
+) -> dict[str, Any]:
+    """The headless Service that gives each pytorch worker a DNS name.
+
+    `clusterIP: None` makes per-pod records; `publishNotReadyAddresses` publishes them
+    before readiness, because rendezvous happens before any pod could be called ready.
+    The selector is the attempt's labels, so a stale attempt's pods never answer.
+    """
+    name = attempt_name(ctx.run.name, ctx.attempt)
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(spec, ctx, name, _run_labels(spec, ctx)),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": {LABEL_RUN: ctx.run.name, LABEL_ATTEMPT: str(ctx.attempt)},
+            "ports": [
+                {
+                    "name": "rendezvous",
+                    "port": settings.master_port,
+                    "targetPort": settings.master_port,
+                    "protocol": "TCP",
+                }
+            ],
+        },
+    }
+
+
+def ray_entrypoint(spec: specs.TauSpec) -> str:
+    """Return the RayJob entrypoint: Ray runs it through a shell on the head.
+
+    Exec form is quoted word by word; a shell string is kept as written, with `args`
+    appended quoted.
+    """
+    if isinstance(spec.command, str):
+        return " ".join([spec.command, *(shlex.quote(arg) for arg in spec.args)])
+    return shlex.join([*spec.command, *spec.args])
+
+
+def _render_rayjob(
+    spec: specs.TauSpec, ctx: AttemptContext, settings: RenderSettings
+) -> dict[str, Any]:
+    """A ray.io/v1 RayJob: a head plus one worker group of `workers` pods.
+
+    - `shutdownAfterJobFinishes: true`: Kueue requires it, and the quota is freed when
+      the job ends.
+    - `submissionMode: K8sJobMode`: a submitter Job runs `ray job submit` (KubeRay's default,
+      written out so a changed default cannot surprise us).
+    - `enableInTreeAutoscaling: false` and min = max = replicas: Kueue admits a fixed size.
+    - `backoffLimit: 0`: each KubeRay retry would build a new RayCluster outside our
+      attempt fencing; the controller retries instead.
+    - Containers carry no command: KubeRay generates `ray start`; the user's command is the
+      entrypoint. The head gets the CPU and memory of a worker but no GPUs.
+    """
+    name = attempt_name(ctx.run.name, ctx.attempt)
+    env = _tau_env(spec, ctx, settings) + _user_env(spec)
+    pod_labels = _run_labels(spec, ctx)
+
+    def template(container_name: str, gpus: int) -> dict[str, Any]:
+        container = {
+            "name": container_name,
+            "image": spec.image,
+            "env": env,
+            "resources": _resources(spec, gpus=gpus),
+        }
+        return {
+            "metadata": {"labels": pod_labels},
+            "spec": _pod_spec(spec, ctx, settings, container),
+        }
+
+    cluster: dict[str, Any] = {
+        "enableInTreeAutoscaling": False,
+        "headGroupSpec": {
+            # The submitter Job reaches the dashboard over the pod network.
+            "rayStartParams": {"dashboard-host": "0.0.0.0"},  # noqa: S104
+            "template": template(RAY_HEAD_CONTAINER, 0),
+        },
+        "workerGroupSpecs": [
+            {
+                "groupName": RAY_WORKER_GROUP,
+                "replicas": spec.workers,
+                "minReplicas": spec.workers,
+                "maxReplicas": spec.workers,
+                "rayStartParams": {},
+                "template": template(RAY_WORKER_CONTAINER, spec.resources.gpus),
+            }
+        ],
+    }
+    if settings.ray_version is not None:
+        cluster["rayVersion"] = settings.ray_version
+    return {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayJob",
+        "metadata": _metadata(spec, ctx, name, _workload_labels(spec, ctx)),
+        "spec": {
+            "suspend": True,
+            "backoffLimit": 0,
+            "shutdownAfterJobFinishes": True,
+            "submissionMode": "K8sJobMode",
+            "entrypoint": ray_entrypoint(spec),
+            "rayClusterSpec": cluster,
+        },
+    }

@@ -1,0 +1,92 @@
+"""The controller's settings: one class, environment prefix `TAUGRID_CONTROLLER_`."""
+
+from __future__ import annotations
+
+import pydantic
+import pydantic_settings
+
+
+class ControllerSettings(pydantic_settings.BaseSettings):
+    """Every knob of the controller process. Durations are seconds (`*_s`)."""
+
+    model_config = pydantic_settings.SettingsConfigDict(
+        env_prefix="TAUGRID_CONTROLLER_", frozen=True, extra="forbid"
+    )
+
+    host: str = "0.0.0.0"  # noqa: S104  (in a pod every interface is the pod's own)
+    """Address to listen on. In a pod every interface is the pod's own."""
+    port: int = pydantic.Field(default=8080, ge=0, le=65535)
+    """HTTP(S) port of the API (DESIGN.md section 4). 0 picks a free port (tests)."""
+    advertise_url: str = ""
+    """URL other replicas and agents reach this replica at; written into the Lease when leading.
+    Empty means `http(s)://<host>:<port>`."""
+    tls_cert_file: str = ""
+    """PEM certificate; with `tls_key_file` the API serves HTTPS. Plain HTTP is refused on
+    anything but loopback unless `allow_insecure_http` is set (the dev cluster's loopback)."""
+    tls_key_file: str = ""
+    """PEM private key matching `tls_cert_file`."""
+    allow_insecure_http: bool = False
+    """Serve plain HTTP on a non-loopback address; only behind a proxy that terminates TLS."""
+
+    kubeconfig: str = ""
+    """Kubeconfig path; empty means the in-cluster ServiceAccount."""
+    namespace: str = "taugrid-system"
+    """Install namespace: the Lease, Events of our own, and the agent ServiceAccount live here."""
+    agent_service_account: str = "taugrid-agent"
+    """Name of the agents' ServiceAccount in `namespace`; only its tokens may send heartbeats."""
+    token_audience: str = "taugrid"  # noqa: S105  (an audience name, not a secret)
+    """Audience the agents' projected tokens carry; TokenReview checks it."""
+
+    node_selector: str = ""
+    """Label selector of the nodes this controller manages (empty: every node; GPU nodes are
+    those advertising `nvidia.com/gpu`). Lets one API server host several fleets, and tests."""
+
+    lease_name: str = "taugrid-controller"
+    """Lease used for leader election."""
+    identity: str = ""
+    """This replica's identity in the Lease; empty means `<hostname>-<random>`."""
+    lease_duration_s: float = pydantic.Field(default=15.0, gt=0)
+    """How long a Lease stays valid without renewal. 15 s is client-go's default: long enough
+    to ride out an API-server hiccup, short enough that a failover takes seconds."""
+    renew_deadline_s: float = pydantic.Field(default=10.0, gt=0)
+    """A leader that cannot renew within this time steps down (must be < lease_duration_s)."""
+    retry_period_s: float = pydantic.Field(default=2.0, gt=0)
+    """How often candidates try to acquire and leaders renew."""
+
+    pass_interval_s: float = pydantic.Field(default=1.0, gt=0)
+    """Upper bound between two quarantine passes; heartbeats with a change trigger one at once."""
+    auth_cache_ttl_s: float = pydantic.Field(default=60.0, ge=0)
+    """How long a SubjectAccessReview answer is reused. A minute bounds how long a revoked
+    permission lingers while keeping a busy endpoint from loading the API server."""
+    token_cache_max_s: float = pydantic.Field(default=300.0, ge=0)
+    """Upper bound on reusing a TokenReview answer (also capped by the token's expiry)."""
+    max_body_bytes: int = pydantic.Field(default=1 << 20, gt=0)
+    """Request bodies above this are refused with 413 (DESIGN.md section 4: 1 MiB)."""
+    handler_timeout_s: float = pydantic.Field(default=30.0, gt=0)
+    """Every non-streaming handler gives up after this long with 504."""
+
+    dry_run: bool = False
+    """Start in dry-run mode: decide and record, but change no node. Settable at runtime."""
+    max_quarantined_fraction: float = pydantic.Field(default=0.2, gt=0, le=1)
+    """At most this share of GPU nodes quarantined by us at once (at least one node)."""
+    max_quarantined: int | None = pydantic.Field(default=None, ge=0)
+    """Absolute cap on quarantined nodes; overrides the fraction when set."""
+    breaker_percent: float = pydantic.Field(default=50.0, gt=0, le=100)
+    """The breaker opens when more than this share of nodes turn bad or stale in the window."""
+    breaker_window_s: float = pydantic.Field(default=300.0, gt=0)
+    """Sliding window for the breaker (5 min, as NVSentinel's default)."""
+    breaker_healthy_close_s: float = pydantic.Field(default=1800.0, gt=0)
+    """An open breaker closes on its own after the fleet has been healthy this long."""
+    stale_multiplier: float = pydantic.Field(default=3.0, gt=1)
+    """A node is stale after this many of its agent's heartbeat intervals without a report."""
+    stale_quarantine_after_s: float = pydantic.Field(default=600.0, ge=0)
+    """A stale node is quarantined only after being stale this long (10 min, like the clouds'
+    NotReady repair waits): silence is weaker evidence than a fault."""
+    release_after_s: float = pydantic.Field(default=300.0, ge=0)
+    """A node whose latched fault cleared must report healthy this long before release."""
+    evict_grace_s: float = pydantic.Field(default=30.0, ge=0)
+    """Failed nodes: wait this long after cordon before evicting, so jobs can checkpoint."""
+    degraded_drain_after_s: float = pydantic.Field(default=1800.0, ge=0)
+    """Degraded nodes: running work continues this long, then is evicted."""
+    eviction_retry_s: float = pydantic.Field(default=5.0, gt=0)
+    """Back-off between eviction attempts refused with 429 (a PodDisruptionBudget) or 409."""

@@ -1,0 +1,272 @@
+"""Run controllers against the dev cluster and speak to them as agents and on-call engineers.
+
+Agents authenticate exactly as in production: a ServiceAccount token requested through the
+TokenRequest API, bound to a pod that KWOK runs on the agent's node, with audience `taugrid`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime as dt
+import pathlib
+import socket
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from kubernetes_asyncio import client
+
+from controller import app as controller_app
+from controller.settings import ControllerSettings
+from shared import health, heartbeat
+from tests import support
+
+AGENT_SA = "taugrid-agent"
+
+
+def free_port() -> int:
+    """Return a free loopback TCP port."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclasses.dataclass
+class RunningController:
+    """One in-process controller replica and its URL."""
+
+    app: web.Application
+    runner: web.AppRunner
+    url: str
+    settings: ControllerSettings
+
+    @property
+    def state(self) -> controller_app.ControllerState:
+        return self.app[controller_app.STATE]
+
+    async def stop(self) -> None:
+        await self.runner.cleanup()
+
+
+async def start_controller(
+    kubeconfig: pathlib.Path, namespace: str, **overrides: Any
+) -> RunningController:
+    """Start a controller replica on a free loopback port with test-sized limits."""
+    port = free_port()
+    values: dict[str, Any] = {
+        "host": "127.0.0.1",
+        "port": port,
+        "advertise_url": f"http://127.0.0.1:{port}",
+        "kubeconfig": str(kubeconfig),
+        "namespace": namespace,
+        "lease_duration_s": 3.0,
+        "renew_deadline_s": 2.0,
+        "retry_period_s": 0.3,
+        "pass_interval_s": 0.5,
+        "evict_grace_s": 0.0,
+        "release_after_s": 1.0,
+        "stale_quarantine_after_s": 2.0,
+        "auth_cache_ttl_s": 1.0,
+    }
+    values.update(overrides)
+    settings = ControllerSettings(**values)
+    app = controller_app.make_app(settings)
+    runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=2.0)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", port)
+    await site.start()
+    return RunningController(app, runner, f"http://127.0.0.1:{port}", settings)
+
+
+async def wait_leader(*replicas: RunningController) -> RunningController:
+    """Poll until one replica leads and its node cache is synced; return it."""
+
+    async def probe() -> RunningController:
+        leaders = [r for r in replicas if r.state.elector.is_leader()]
+        assert len(leaders) == 1, f"{len(leaders)} leaders"
+        assert leaders[0].state.cache.synced.is_set(), "node cache not synced"
+        return leaders[0]
+
+    return await support.eventually(probe, what="a leader")
+
+
+async def agent_token(api: client.ApiClient, namespace: str, node: str) -> str:
+    """Run an agent pod on `node` (KWOK runs it) and return a token bound to it."""
+    core = client.CoreV1Api(api)
+    try:
+        await core.create_namespaced_service_account(namespace, {"metadata": {"name": AGENT_SA}})
+    except client.ApiException as err:
+        if err.status != 409:
+            raise
+    pod_name = f"agent-{node}"[:63]
+    pod = await core.create_namespaced_pod(
+        namespace,
+        {
+            "metadata": {"name": pod_name, "labels": {"app": "taugrid-agent"}},
+            "spec": {
+                "nodeName": node,
+                "serviceAccountName": AGENT_SA,
+                "tolerations": [{"operator": "Exists"}],
+                "containers": [{"name": "agent", "image": "taugrid/agent@sha256:" + "3" * 64}],
+            },
+        },
+    )
+    tr = await core.create_namespaced_service_account_token(
+        AGENT_SA,
+        namespace,
+        {
+            "spec": {
+                "audiences": ["taugrid"],
+                "expirationSeconds": 3600,
+                "boundObjectRef": {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "name": pod_name,
+                    "uid": pod.metadata.uid,
+                },
+            }
+        },
+    )
+    return str(tr.status.token)
+
+
+async def admin_token(api: client.ApiClient, namespace: str, name: str = "oncall") -> str:
+    """A ServiceAccount token allowed to get and patch nodes (an on-call engineer)."""
+    core = client.CoreV1Api(api)
+    rbac = client.RbacAuthorizationV1Api(api)
+    await core.create_namespaced_service_account(namespace, {"metadata": {"name": name}})
+    role = f"{namespace}-{name}"
+    await rbac.create_cluster_role(
+        {
+            "metadata": {"name": role, "labels": {"taugrid.dev/test": "true"}},
+            "rules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}],
+        }
+    )
+    await rbac.create_cluster_role_binding(
+        {
+            "metadata": {"name": role, "labels": {"taugrid.dev/test": "true"}},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": role,
+            },
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}],
+        }
+    )
+    tr = await core.create_namespaced_service_account_token(
+        name, namespace, {"spec": {"expirationSeconds": 3600}}
+    )
+    return str(tr.status.token)
+
+
+async def delete_test_rbac(api: client.ApiClient, namespace: str) -> None:
+    """Remove cluster-scoped RBAC made by `admin_token`."""
+    rbac = client.RbacAuthorizationV1Api(api)
+    for kind in ("cluster_role_binding", "cluster_role"):
+        try:
+            await getattr(rbac, f"delete_{kind}")(f"{namespace}-oncall")
+        except client.ApiException as err:
+            if err.status != 404:
+                raise
+
+
+def gpu(
+    index: int,
+    node: str,
+    verdict: health.Verdict = health.Verdict.HEALTHY,
+    reasons: tuple[heartbeat.Reason, ...] = (),
+) -> heartbeat.GpuReport:
+    """One GPU of a fake node, with a UUID derived from the node name."""
+    action = max(
+        (r.action for r in reasons),
+        key=health.ACTION_SEVERITY.__getitem__,
+        default=health.Action.NONE,
+    )
+    return heartbeat.GpuReport(
+        index=index,
+        uuid=f"GPU-{node}-{index}",
+        name="NVIDIA H100 80GB HBM3",
+        verdict=verdict,
+        action=action,
+        reasons=list(reasons),
+    )
+
+
+XID_79 = heartbeat.Reason(
+    code="XidFallenOffBus",
+    verdict=health.Verdict.FAILED,
+    action=health.Action.REBOOT_NODE,
+    message="Xid 79: GPU has fallen off the bus",
+    xid=79,
+    latched=True,
+    clears_when="a new boot ID",
+)
+
+
+class Agent:
+    """A scripted agent: posts heartbeats for one node with its pod-bound token."""
+
+    def __init__(self, node: str, token: str, boot_id: str = "boot-1") -> None:
+        self.node = node
+        self.token = token
+        self.boot_id = boot_id
+        self.sequence = 0
+        self.gpus = [gpu(i, node) for i in range(8)]
+
+    def fail(self, index: int, reason: heartbeat.Reason = XID_79) -> None:
+        self.gpus[index] = gpu(index, self.node, reason.verdict, (reason,))
+
+    def heal(self) -> None:
+        self.gpus = [gpu(i, self.node) for i in range(8)]
+
+    def report(self, interval_s: float = 1.0) -> heartbeat.Heartbeat:
+        self.sequence += 1
+        return heartbeat.Heartbeat(
+            schema_version=1,
+            node_name=self.node,
+            boot_id=self.boot_id,
+            interval_s=interval_s,
+            sequence=self.sequence,
+            sent_at=dt.datetime.now(dt.UTC),
+            gpus=self.gpus,
+        )
+
+    async def send(self, http: aiohttp.ClientSession, url: str, interval_s: float = 1.0) -> int:
+        body = self.report(interval_s).model_dump_json(by_alias=True)
+        async with http.post(
+            f"{url}/v1/heartbeats",
+            data=body,
+            headers={"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"},
+        ) as resp:
+            await resp.read()
+            return resp.status
+
+
+async def heartbeat_loop(
+    agents: list[Agent], http: aiohttp.ClientSession, urls: list[str], interval_s: float = 0.5
+) -> None:
+    """Keep every agent reporting to the first URL that answers (like real agents do)."""
+    while True:
+        for a in agents:
+            for url in urls:
+                try:
+                    if await a.send(http, url, interval_s) < 500:
+                        break
+                except aiohttp.ClientError:
+                    continue
+        await asyncio.sleep(interval_s)
+
+
+async def read_node(api: client.ApiClient, name: str) -> dict[str, Any]:
+    """The node as raw JSON."""
+    resp = await client.CoreV1Api(api).read_node(name, _preload_content=False)
+    return dict(await resp.json())
+
+
+def taints(node: dict[str, Any]) -> list[str]:
+    return [f"{t['key']}:{t['effect']}" for t in node["spec"].get("taints") or []]
+
+
+def gpu_condition(node: dict[str, Any]) -> dict[str, Any] | None:
+    return support.condition(node, "GPUHealthy")

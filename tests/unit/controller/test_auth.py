@@ -1,0 +1,164 @@
+"""Authentication and authorisation: reviews are asked once, cached, and bounded by expiry."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+
+import pytest
+
+from controller import auth
+
+AGENT = auth.Identity(
+    "system:serviceaccount:taugrid-system:taugrid-agent",
+    extra=((auth.NODE_NAME_EXTRA, ("node-a",)),),
+)
+
+
+def jwt(exp: float) -> str:
+    """A token shaped like a JWT with an `exp` claim (unsigned: only the API server verifies)."""
+    payload = base64.urlsafe_b64encode(json.dumps({"exp": exp}).encode()).decode().rstrip("=")
+    return f"eyJhbGciOiJSUzI1NiJ9.{payload}.sig"
+
+
+class CountingReviewer:
+    """A reviewer that answers from tables and counts the questions it was asked."""
+
+    def __init__(self, tokens: dict[str, auth.Identity], allowed: set[tuple[str, str]]) -> None:
+        self.tokens = tokens
+        self.allowed = allowed
+        self.token_reviews = 0
+        self.access_reviews = 0
+        self.gate: asyncio.Event | None = None
+
+    async def review_token(self, token: str, audiences: tuple[str, ...]) -> auth.Identity | None:
+        self.token_reviews += 1
+        if self.gate is not None:
+            await self.gate.wait()
+        return self.tokens.get(token)
+
+    async def review_access(self, identity: auth.Identity, access: auth.Access) -> bool:
+        self.access_reviews += 1
+        return (identity.username, access.verb) in self.allowed
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+async def test_a_token_is_reviewed_once_and_then_answered_from_the_cache() -> None:
+    """Heartbeat load must not become API-server load: one review per token per TTL."""
+    token = jwt(2_000_000)
+    reviewer = CountingReviewer({token: AGENT}, set())
+    a = auth.Authenticator(reviewer, clock=Clock())
+    for _ in range(100):
+        assert await a.authenticate(f"Bearer {token}") == AGENT
+    assert reviewer.token_reviews == 1
+
+
+async def test_concurrent_requests_with_one_token_share_one_review() -> None:
+    """A burst of identical requests in flight asks the API server once."""
+    token = jwt(2_000_000)
+    reviewer = CountingReviewer({token: AGENT}, set())
+    reviewer.gate = asyncio.Event()
+    a = auth.Authenticator(reviewer, clock=Clock())
+    calls = [asyncio.create_task(a.authenticate(f"Bearer {token}")) for _ in range(20)]
+    await asyncio.sleep(0)
+    reviewer.gate.set()
+    assert await asyncio.gather(*calls) == [AGENT] * 20
+    assert reviewer.token_reviews == 1
+
+
+async def test_the_cache_never_outlives_the_token() -> None:
+    """A cached identity is dropped shortly before its token expires."""
+    clock = Clock()
+    token = jwt(clock.t + 100)
+    reviewer = CountingReviewer({token: AGENT}, set())
+    a = auth.Authenticator(reviewer, token_ttl_s=300, clock=clock)
+    await a.authenticate(f"Bearer {token}")
+    clock.t += 100 - auth.EXPIRY_MARGIN_S + 1
+    await a.authenticate(f"Bearer {token}")
+    assert reviewer.token_reviews == 2
+
+
+@pytest.mark.parametrize(
+    ("header", "fragment"),
+    [
+        pytest.param(None, "missing bearer token", id="no header is refused"),
+        pytest.param("Basic abc", "missing bearer token", id="another scheme is refused"),
+        pytest.param("Bearer ", "empty bearer token", id="an empty token is refused"),
+        pytest.param("Bearer unknown", "rejected", id="a token the API server rejects"),
+    ],
+)
+async def test_bad_credentials_are_401_with_a_reason(header: str | None, fragment: str) -> None:
+    """Each kind of bad credential gets Unauthenticated saying what was wrong."""
+    a = auth.Authenticator(CountingReviewer({}, set()), clock=Clock())
+    with pytest.raises(auth.Unauthenticated) as err:
+        await a.authenticate(header)
+    assert fragment in str(err.value)
+
+
+async def test_a_rejected_token_is_remembered_briefly() -> None:
+    """A flood of one bad token costs one review every few seconds, not one per request."""
+    clock = Clock()
+    reviewer = CountingReviewer({}, set())
+    a = auth.Authenticator(reviewer, clock=clock)
+    for _ in range(10):
+        with pytest.raises(auth.Unauthenticated):
+            await a.authenticate("Bearer bad")
+    assert reviewer.token_reviews == 1
+    clock.t += auth.NEGATIVE_TTL_S + 1
+    with pytest.raises(auth.Unauthenticated):
+        await a.authenticate("Bearer bad")
+    assert reviewer.token_reviews == 2
+
+
+async def test_access_answers_are_cached_and_a_refusal_names_verb_and_resource() -> None:
+    """SubjectAccessReview answers are reused; a refusal says who may not do what where."""
+    oncall = auth.Identity("alice")
+    reviewer = CountingReviewer({}, {("alice", "get")})
+    a = auth.Authenticator(reviewer, clock=Clock())
+    for _ in range(5):
+        await a.authorize(oncall, auth.Access("get", "nodes"))
+    assert reviewer.access_reviews == 1
+    with pytest.raises(auth.Forbidden) as err:
+        await a.authorize(oncall, auth.Access("patch", "nodes"))
+    assert str(err.value) == "alice may not patch nodes"
+
+
+@pytest.mark.parametrize(
+    ("identity", "node", "fragment"),
+    [
+        pytest.param(AGENT, "node-b", "bound to node node-a", id="node A's token naming node B"),
+        pytest.param(
+            auth.Identity("system:serviceaccount:default:other", extra=AGENT.extra),
+            "node-a",
+            "is not the agent ServiceAccount",
+            id="another ServiceAccount's token on the right node",
+        ),
+        pytest.param(
+            auth.Identity(AGENT.username),
+            "node-a",
+            "not bound to a pod",
+            id="an agent token not bound to a pod",
+        ),
+    ],
+)
+def test_heartbeats_are_accepted_only_from_the_agent_on_its_own_node(
+    identity: auth.Identity, node: str, fragment: str
+) -> None:
+    """A heartbeat needs the agent ServiceAccount's token bound to a pod on the named node."""
+    with pytest.raises(auth.Forbidden) as err:
+        auth.check_heartbeat_sender(identity, AGENT.username, node)
+    assert fragment in str(err.value)
+
+
+def test_the_agent_on_its_own_node_is_accepted() -> None:
+    """The right ServiceAccount, bound to a pod on the node it reports for, passes."""
+    auth.check_heartbeat_sender(AGENT, AGENT.username, "node-a")
+    assert AGENT.node_name == "node-a"

@@ -1,0 +1,250 @@
+"""Fleet state: verdict per node, staleness, leader warm-up, replays and boot changes."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+
+import pytest
+
+from controller import fleet
+from shared import health
+from tests.unit.controller import fakes
+from tests.unit.controller.fakes import at
+
+
+def _assess(state: fleet.FleetState, now: dt.datetime, node: str = "n1") -> fleet.NodeHealth:
+    return state.assess(node, now, default_interval_s=10.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class VerdictCase:
+    id: str
+    faults: dict[int, list[object]]
+    state: fleet.NodeState
+    reason: str
+    message: str
+
+
+VERDICT_CASES = [
+    VerdictCase(
+        "all healthy GPUs make a healthy node",
+        {},
+        fleet.NodeState.HEALTHY,
+        "GpusHealthy",
+        "all 8 GPUs healthy",
+    ),
+    VerdictCase(
+        "one fallen-off GPU fails the node and names its UUID",
+        {3: [fakes.xid79()]},
+        fleet.NodeState.FAILED,
+        "XidFallenOffBus",
+        "GPU-n1-3: XidFallenOffBus (Failed, RebootNode, latched)",
+    ),
+    VerdictCase(
+        "the worst GPU decides the node and leads the message",
+        {1: [fakes.ecc_rising()], 5: [fakes.row_remap_failure()]},
+        fleet.NodeState.FAILED,
+        "RowRemapFailure",
+        "GPU-n1-5: RowRemapFailure (Failed, Inspect, latched); "
+        "GPU-n1-1: EccUncorrectedRising (Degraded, ResetGPU, latched)",
+    ),
+    VerdictCase(
+        "a degraded GPU degrades the node",
+        {0: [fakes.ecc_rising()]},
+        fleet.NodeState.DEGRADED,
+        "EccUncorrectedRising",
+        "GPU-n1-0: EccUncorrectedRising (Degraded, ResetGPU, latched)",
+    ),
+]
+
+
+@pytest.mark.parametrize("case", VERDICT_CASES, ids=lambda c: c.id)
+def test_node_verdict_is_the_worst_gpu_verdict(case: VerdictCase) -> None:
+    """A fresh report's node state, reason code and GPU-naming message follow its worst GPU."""
+    state = fleet.FleetState(leader_since=at(0))
+    state.ingest(fakes.hb("n1", faults=case.faults), at(1))  # type: ignore[arg-type]
+
+    actual = _assess(state, at(2))
+
+    assert (case.state, case.reason, case.message) == (actual.state, actual.reason, actual.message)
+
+
+@pytest.mark.parametrize(
+    ("multiplier", "seconds_after_last", "expected"),
+    [
+        pytest.param(3.0, 30.0, fleet.NodeState.HEALTHY, id="exactly three intervals is fresh"),
+        pytest.param(3.0, 30.5, fleet.NodeState.STALE, id="past three intervals is stale"),
+        pytest.param(2.0, 20.5, fleet.NodeState.STALE, id="the multiplier is a setting"),
+    ],
+)
+def test_staleness_is_measured_from_receipt_against_the_agent_interval(
+    multiplier: float, seconds_after_last: float, expected: fleet.NodeState
+) -> None:
+    """A node is stale once silent for longer than multiplier × its own intervalS."""
+    state = fleet.FleetState(leader_since=at(-1000), stale_multiplier=multiplier)
+    state.ingest(fakes.hb("n1", interval_s=10.0), at(100))
+
+    actual = _assess(state, at(100 + seconds_after_last))
+
+    assert expected == actual.state
+
+
+def test_stale_node_reports_heartbeat_stale_with_its_onset() -> None:
+    """A stale node says HeartbeatStale, when it went quiet, and keys the silence by its onset."""
+    state = fleet.FleetState(leader_since=at(-1000))
+    state.ingest(fakes.hb("n1"), at(0))
+
+    actual = _assess(state, at(100))
+
+    expected = (
+        fleet.NodeState.STALE,
+        "HeartbeatStale",
+        at(30),
+        frozenset({fleet.FaultKey("", "HeartbeatStale", "2025-03-01T12:00:30Z")}),
+    )
+    assert expected == (actual.state, actual.reason, actual.bad_since, actual.fault_keys)
+
+
+@pytest.mark.parametrize(
+    ("received", "now", "expected"),
+    [
+        pytest.param(
+            -500.0,
+            20.0,
+            fleet.NodeState.HEALTHY,
+            id="an old report is not stale inside a new leader's warm-up",
+        ),
+        pytest.param(
+            -500.0,
+            31.0,
+            fleet.NodeState.STALE,
+            id="an old report turns stale one staleAfter after the leader took over",
+        ),
+        pytest.param(
+            None,
+            29.0,
+            fleet.NodeState.WARMING_UP,
+            id="a node never heard from is not judged during the warm-up",
+        ),
+        pytest.param(
+            None,
+            31.0,
+            fleet.NodeState.MISSING,
+            id="a node never heard from is missing after the warm-up",
+        ),
+    ],
+)
+def test_a_new_leader_observes_for_one_stale_after(
+    received: float | None, now: float, expected: fleet.NodeState
+) -> None:
+    """Leader warm-up: silence is measured from the later of the report and leader_since."""
+    state = fleet.FleetState(leader_since=at(-1000))
+    if received is not None:
+        state.ingest(fakes.hb("n1"), at(received))
+    state.become_leader(at(0))
+
+    actual = _assess(state, at(now))
+
+    assert expected == actual.state
+
+
+@pytest.mark.parametrize(
+    ("boot", "seq", "sent", "expected_accepted"),
+    [
+        pytest.param(
+            "boot-1", 5, 5.0, False, id="the same sequence from the same boot is a replay"
+        ),
+        pytest.param(
+            "boot-1", 4, 4.0, False, id="an older sequence from the same boot is a replay"
+        ),
+        pytest.param("boot-1", 6, 6.0, True, id="a newer sequence is accepted"),
+        pytest.param(
+            "boot-1", 1, 9.0, True, id="a restarted agent's lower sequence but later send counts"
+        ),
+        pytest.param("boot-2", 1, 1.0, True, id="any report from a new boot is accepted"),
+    ],
+)
+def test_replayed_heartbeats_are_ignored(
+    boot: str, seq: int, sent: float, expected_accepted: bool
+) -> None:
+    """Forwarded copies and retried POSTs never move the node's state backwards."""
+    state = fleet.FleetState(leader_since=at(0))
+    state.ingest(fakes.hb("n1", seq=5, sent_at=at(5)), at(5))
+
+    actual = state.ingest(fakes.hb("n1", boot=boot, seq=seq, sent_at=at(sent)), at(10))
+
+    assert expected_accepted == actual
+
+
+def test_a_boot_id_change_is_recorded() -> None:
+    """The previous boot ID and the time of the change are kept for RebootNode releases."""
+    state = fleet.FleetState(leader_since=at(0))
+    state.ingest(fakes.hb("n1", boot="boot-1", seq=1), at(1))
+    state.ingest(fakes.hb("n1", boot="boot-2", seq=1, sent_at=at(50)), at(50))
+
+    record = state.get("n1")
+
+    assert record is not None
+    assert ("boot-1", at(50)) == (record.previous_boot_id, record.boot_changed_at)
+    assert at(50) == _assess(state, at(51)).boot_changed_at
+
+
+@pytest.mark.parametrize(
+    ("reports", "expected_healthy_since", "expected_bad_since"),
+    [
+        pytest.param(
+            [(0, False), (5, False), (10, True), (15, True)],
+            at(10),
+            None,
+            id="a healthy streak starts at its first healthy report",
+        ),
+        pytest.param(
+            [(0, True), (10, False), (20, False)],
+            None,
+            at(10),
+            id="a bad streak starts at its first bad report",
+        ),
+        pytest.param(
+            [(0, True), (100, True), (105, True)],
+            at(100),
+            None,
+            id="a silence in the middle restarts the healthy streak",
+        ),
+    ],
+)
+def test_streaks(
+    reports: list[tuple[float, bool]],
+    expected_healthy_since: dt.datetime | None,
+    expected_bad_since: dt.datetime | None,
+) -> None:
+    """Healthy and bad streaks are measured in receipt time, for release and the breaker."""
+    state = fleet.FleetState(leader_since=at(-1000))
+    for index, (when, healthy) in enumerate(reports):
+        faults = None if healthy else {0: [fakes.xid79()]}
+        state.ingest(fakes.hb("n1", faults=faults, seq=index + 1, sent_at=at(when)), at(when))
+
+    record = state.get("n1")
+
+    assert record is not None
+    assert (expected_healthy_since, expected_bad_since) == (record.healthy_since, record.bad_since)
+
+
+def test_a_gpu_with_a_bad_verdict_and_no_reasons_still_counts() -> None:
+    """An agent that fails a GPU without findings still fails the node, with a generic reason."""
+    hb = fakes.hb("n1")
+    gpus = list(hb.gpus)
+    gpus[2] = gpus[2].model_copy(update={"verdict": health.Verdict.FAILED})
+    state = fleet.FleetState(leader_since=at(0))
+    state.ingest(hb.model_copy(update={"gpus": gpus}), at(1))
+
+    actual = _assess(state, at(2))
+
+    expected = (fleet.NodeState.FAILED, "GpuFailed")
+    assert expected == (actual.state, actual.reason)
+
+
+def test_naive_times_are_refused_naming_the_field() -> None:
+    """A clock without a zone is a programming error, reported with the parameter name."""
+    with pytest.raises(ValueError, match="leader_since must be timezone-aware"):
+        fleet.FleetState(leader_since=dt.datetime(2025, 1, 1))  # noqa: DTZ001

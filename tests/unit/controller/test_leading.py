@@ -1,0 +1,122 @@
+"""Leader election: one leader, judged on our own clock, and writes fenced by the lease."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+
+import pytest
+
+from controller import leading
+
+WALL = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+
+
+def record(holder: str, version: str = "1", duration: float = 15.0) -> leading.LeaseRecord:
+    return leading.LeaseRecord(holder, duration, WALL, WALL, 0, f"http://{holder}", version)
+
+
+@pytest.mark.parametrize(
+    ("obs", "now", "expected_holder"),
+    [
+        pytest.param(leading.Observation(None, 0), 0, "me", id="no lease: acquire it"),
+        pytest.param(leading.Observation(record("me"), 0), 5, "me", id="our own lease: renew it"),
+        pytest.param(
+            leading.Observation(record("other"), 0), 10, None, id="another's live lease: wait"
+        ),
+        pytest.param(
+            leading.Observation(record("other"), 0),
+            16,
+            "me",
+            id="another's lease unrenewed: take over",
+        ),
+        pytest.param(
+            leading.Observation(record(""), 0), 1, "me", id="a released lease: acquire at once"
+        ),
+    ],
+)
+def test_next_record_acquires_renews_or_waits(
+    obs: leading.Observation, now: float, expected_holder: str | None
+) -> None:
+    """The decision depends only on what we observed and when it last changed."""
+    rec = leading.next_record(
+        obs, identity="me", url="http://me", duration_s=15, wall=WALL, now=now
+    )
+    assert (rec.holder if rec else None) == expected_holder
+
+
+def test_taking_over_counts_a_transition_and_keeps_the_version_for_a_conditional_write() -> None:
+    """A takeover bumps leaseTransitions and writes conditionally on the observed version."""
+    obs = leading.Observation(record("other", version="42"), 0)
+    rec = leading.next_record(obs, identity="me", url="http://me", duration_s=15, wall=WALL, now=20)
+    assert rec is not None
+    assert (rec.transitions, rec.version, rec.leader_url) == (1, "42", "http://me")
+
+
+class MemoryStore:
+    """An in-memory Lease with optimistic concurrency, like the API server's."""
+
+    def __init__(self) -> None:
+        self.rec: leading.LeaseRecord | None = None
+        self.n = 0
+
+    async def read(self) -> leading.LeaseRecord | None:
+        return self.rec
+
+    async def write(
+        self, record: leading.LeaseRecord, *, create: bool
+    ) -> leading.LeaseRecord | None:
+        if create and self.rec is not None:
+            return None
+        if not create and (self.rec is None or self.rec.version != record.version):
+            return None
+        self.n += 1
+        self.rec = dataclasses.replace(record, version=str(self.n))
+        return self.rec
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+async def test_two_electors_never_lead_at_once_and_the_follower_takes_over_after_expiry() -> None:
+    """Only one replica leads; when it stops renewing, the other leads after one lease."""
+    store, clock = MemoryStore(), Clock()
+    a = leading.Elector(store, "a", "http://a", lease_duration_s=15, renew_deadline_s=10,
+                        retry_period_s=2, clock=clock)  # fmt: skip
+    b = leading.Elector(store, "b", "http://b", lease_duration_s=15, renew_deadline_s=10,
+                        retry_period_s=2, clock=clock)  # fmt: skip
+    await a.step()
+    await b.step()
+    assert (a.is_leader(), b.is_leader()) == (True, False)
+    assert b.leader_url == "http://a"
+    for _ in range(7):  # a stops renewing; b keeps observing
+        clock.t += 2
+        await b.step()
+        assert not b.is_leader() or not a.is_leader()
+    assert a.is_leader() is False, "a missed its renew deadline and must stop writing"
+    with pytest.raises(leading.NotLeaderError):
+        a.ensure_leader()
+    clock.t += 2
+    await b.step()
+    assert b.is_leader() is True
+    assert store.rec is not None
+    assert store.rec.holder == "b"
+
+
+async def test_releasing_on_shutdown_lets_the_follower_lead_at_once() -> None:
+    """A leader that shuts down clears the holder; the follower does not wait a lease."""
+    store, clock = MemoryStore(), Clock()
+    a = leading.Elector(store, "a", "http://a", lease_duration_s=15, renew_deadline_s=10,
+                        retry_period_s=2, clock=clock)  # fmt: skip
+    b = leading.Elector(store, "b", "http://b", lease_duration_s=15, renew_deadline_s=10,
+                        retry_period_s=2, clock=clock)  # fmt: skip
+    await a.step()
+    await a.release()
+    clock.t += 0.1
+    await b.step()
+    assert b.is_leader() is True
