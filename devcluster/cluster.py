@@ -515,9 +515,7 @@ class AlreadyRunningError(ClusterError):
     """`up` was asked for while a dev cluster runs from the same state directory."""
 
 
-def fake_gpu_node(
-    name: str, gpus: int = 8, labels: dict[str, str] | None = None
-) -> dict[str, Any]:
+def fake_gpu_node(name: str, gpus: int = 8, labels: dict[str, str] | None = None) -> dict[str, Any]:
     """A KWOK-managed node with 8 H100-like GPUs, labelled as GPU feature discovery would."""
     resources = {"cpu": "96", "memory": "1Ti", "pods": "110", "nvidia.com/gpu": str(gpus)}
     return {

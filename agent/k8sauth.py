@@ -1,0 +1,87 @@
+"""TokenReview + SubjectAccessReview through kubernetes_asyncio (the only adapter that uses it).
+
+A caller may run diagnostics or release faults on this node when the API server accepts its
+token and allows it `<verb>` on `nodes/<node>` (the same right quarantine needs, DESIGN.md
+section 4). Answers are cached for a minute by token hash so a busy endpoint does not load the
+API server.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+
+from kubernetes_asyncio import client, config
+
+from agent import auth
+
+_CACHE_S = 60.0
+
+
+class KubernetesAuthenticator:
+    """`auth.Authenticator` backed by the Kubernetes API."""
+
+    def __init__(self, api: client.ApiClient, *, audience: str = "") -> None:
+        self._api = api
+        self._audience = audience
+        self._cache: dict[tuple[str, str, str], tuple[float, auth.Identity | auth.AuthError]] = {}
+
+    @classmethod
+    async def in_cluster(cls, *, audience: str = "") -> KubernetesAuthenticator:
+        """Build one from the pod's ServiceAccount (or the local kubeconfig outside a pod)."""
+        try:
+            config.load_incluster_config()
+        except config.ConfigException:
+            await config.load_kube_config()
+        return cls(client.ApiClient(), audience=audience)
+
+    async def close(self) -> None:
+        """Close the API client."""
+        await self._api.close()
+
+    async def authorize(self, token: str, *, verb: str, node: str) -> auth.Identity:
+        """Review the token, then ask whether its user may `verb` this node."""
+        key = (hashlib.sha256(token.encode()).hexdigest(), verb, node)
+        hit = self._cache.get(key)
+        if hit is not None and hit[0] > time.monotonic():
+            if isinstance(hit[1], auth.AuthError):
+                raise hit[1]
+            return hit[1]
+        try:
+            identity = await self._review(token, verb=verb, node=node)
+        except auth.AuthError as err:
+            self._cache[key] = (time.monotonic() + _CACHE_S, err)
+            raise
+        self._cache[key] = (time.monotonic() + _CACHE_S, identity)
+        return identity
+
+    async def _review(self, token: str, *, verb: str, node: str) -> auth.Identity:
+        authn = client.AuthenticationV1Api(self._api)
+        spec = client.V1TokenReviewSpec(
+            token=token, audiences=[self._audience] if self._audience else None
+        )
+        review = await authn.create_token_review(client.V1TokenReview(spec=spec))
+        status = review.status
+        if status is None or not status.authenticated:
+            message = (status.error if status is not None else "") or "token not accepted"
+            raise auth.AuthError(401, f"unauthenticated: {message}")
+        user = status.user
+        identity = auth.Identity(user=user.username or "", groups=tuple(user.groups or ()))
+        authz = client.AuthorizationV1Api(self._api)
+        sar = await authz.create_subject_access_review(
+            client.V1SubjectAccessReview(
+                spec=client.V1SubjectAccessReviewSpec(
+                    user=identity.user,
+                    groups=list(identity.groups),
+                    uid=user.uid,
+                    extra=user.extra or None,
+                    resource_attributes=client.V1ResourceAttributes(
+                        verb=verb, resource="nodes", name=node
+                    ),
+                )
+            )
+        )
+        if not sar.status.allowed:
+            reason = sar.status.reason or "no RBAC rule allows it"
+            raise auth.AuthError(403, f"{identity.user} may not {verb} node {node}: {reason}")
+        return identity

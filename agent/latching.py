@@ -1,0 +1,137 @@
+"""Latched faults and the per-GPU state that outlives a probe, a restart and a crash.
+
+An Xid is an event: the next probe would look healthy. So a fault whose action is ResetGPU,
+RebootNode or Inspect latches on its GPU until its clearing condition is seen (DESIGN.md section 5):
+
+- RebootNode: a new `bootId`.
+- ResetGPU: a reset observed through NVML or a new `bootId`, then a passing level-1 DCGM
+  diagnostic when DCGM is present.
+- Inspect: a manual release only.
+
+Everything here is pure; `agent.statefile` writes `NodeState` to disk.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+from typing import Literal
+
+import pydantic
+
+from agent import readings
+from shared import health, heartbeat
+
+STATE_VERSION: Literal[1] = 1
+
+
+class ClearingCondition(enum.StrEnum):
+    """What clears a latched fault."""
+
+    NEW_BOOT_ID = "NewBootId"
+    RESET_THEN_DIAG = "ObservedResetThenDiag"
+    MANUAL_RELEASE = "ManualRelease"
+
+
+def clears_when_text(condition: ClearingCondition, *, dcgm_present: bool) -> str:
+    """Say in words what clears a fault, as on-call reads it in `/v1/gpus` and on the node."""
+    if condition is ClearingCondition.NEW_BOOT_ID:
+        return "a new bootId (reboot the node)"
+    if condition is ClearingCondition.RESET_THEN_DIAG:
+        if dcgm_present:
+            return (
+                "a GPU reset observed through NVML (or a new bootId), then a passing "
+                "level-1 DCGM diagnostic"
+            )
+        return "a GPU reset observed through NVML (or a new bootId)"
+    return "a manual release (POST /v1/release on the agent)"
+
+
+def clearing_for(action: health.Action) -> ClearingCondition | None:
+    """Return the clearing condition of a fault with this action; None means it does not latch."""
+    if action is health.Action.REBOOT_NODE:
+        return ClearingCondition.NEW_BOOT_ID
+    if action is health.Action.RESET_GPU:
+        return ClearingCondition.RESET_THEN_DIAG
+    if action is health.Action.INSPECT:
+        return ClearingCondition.MANUAL_RELEASE
+    return None
+
+
+class LatchedFault(heartbeat.WireModel):
+    """A fault that stays on its GPU until `clears_when` is observed."""
+
+    code: str
+    verdict: health.Verdict
+    action: health.Action
+    message: str = ""
+    xid: int | None = None
+    since: dt.datetime
+    last_seen: dt.datetime
+    boot_id: str
+    clears_when: ClearingCondition
+    reset_observed_at: dt.datetime | None = None
+    """For RESET_THEN_DIAG: when the reset was seen; the diagnostic must finish after it."""
+
+
+class XidOccurrence(heartbeat.WireModel):
+    """One counted Xid, kept for escalation and the application-Xid display window."""
+
+    xid: int
+    at: dt.datetime
+
+
+class GpuState(heartbeat.WireModel):
+    """What the verdict core remembers about one GPU between probes and across restarts."""
+
+    uuid: str
+    index: int
+    pci_bus_id: str = ""
+    latched: tuple[LatchedFault, ...] = ()
+    reset_xids: tuple[XidOccurrence, ...] = ()
+    """Reset-class Xids inside the escalation window, oldest first."""
+    app_xids: tuple[XidOccurrence, ...] = ()
+    """Application Xids still inside the display window (they say RestartApp, then vanish)."""
+    pending_since: dict[str, dt.datetime] = pydantic.Field(default_factory=dict)
+    """Debounced findings (thermal, clock events) by code: when each was first seen."""
+    nvlinks_seen_up: tuple[int, ...] = ()
+    xid_counts: dict[int, int] = pydantic.Field(default_factory=dict)
+    """Cumulative Xid counts since the state file was created (`taugrid_gpu_xid_total`)."""
+    last_diag_at: dt.datetime | None = None
+    # The readings the next evaluation compares with (ECC rise, reset detection).
+    last_ecc_dbe: int | None = None
+    last_ecc_sbe_volatile: int | None = None
+    last_ecc_dbe_volatile: int | None = None
+    last_remap_pending: bool | None = None
+    last_nvml_error: readings.NvmlErrorKind | None = None
+    last_recovery_action: int | None = None
+    last_nvlinks_down: tuple[int, ...] = ()
+    """Links that were down at the last read; one coming back up shows a reset."""
+
+
+class NodeState(heartbeat.WireModel):
+    """The whole state file."""
+
+    version: Literal[1] = STATE_VERSION
+    boot_id: str = ""
+    gpus: dict[str, GpuState] = pydantic.Field(default_factory=dict)
+    """Keyed by GPU UUID."""
+    kmsg_seq: int | None = None
+    """The last kernel-log record sequence number folded in during `boot_id`."""
+
+
+def release(
+    state: GpuState, *, code: str | None, force: bool
+) -> tuple[GpuState, tuple[LatchedFault, ...]]:
+    """Release latched faults by hand; return the new state and what was released.
+
+    Without `force` only Inspect faults (whose only clearing condition is a release) go;
+    `force` lets on-call release any latched fault, for the day a clearing signal cannot arrive.
+    """
+    released: list[LatchedFault] = []
+    kept: list[LatchedFault] = []
+    for fault in state.latched:
+        matches = code is None or fault.code == code
+        allowed = force or fault.clears_when is ClearingCondition.MANUAL_RELEASE
+        (released if matches and allowed else kept).append(fault)
+    return state.model_copy(update={"latched": tuple(kept)}), tuple(released)

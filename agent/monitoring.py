@@ -1,0 +1,446 @@
+"""The probe loop: the I/O shell around the verdict core.
+
+It owns NVML (`agent.probing.nvml`), the event thread, the kernel-log reader, DCGM and the
+state file. Each pass reads the due tiers, folds new Xids and DCGM results into the node state
+with `verdicts.evaluate_node`, writes the state file when it changed and publishes an immutable
+`View` that metrics, `/v1/gpus` and heartbeats read; nothing reads NVML at scrape time. A new
+event wakes the loop at once, so an Xid reaches the verdict without waiting for the next tick.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import dataclasses
+import datetime as dt
+import time
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+
+from agent import dcgm, dedupe, latching, readings, settings, statefile, verdicts
+from agent.probing import kmsg, nvml
+from shared import health
+
+log = structlog.get_logger("agent.monitoring")
+
+_COUNTER_TRIGGERS = {48, 63, 64, 92, 94, 95, 154}
+"""Xids after which the counters (ECC, remap, recovery action) are read at once."""
+
+
+@dataclasses.dataclass(frozen=True)
+class View:
+    """The last probe pass, as everything that serves data reads it."""
+
+    node_name: str
+    boot_id: str
+    taken_at: dt.datetime | None = None
+    driver_version: str = ""
+    nvml_available: bool = False
+    nvml_detail: str = "not started"
+    snapshots: tuple[readings.GpuSnapshot, ...] = ()
+    verdicts: tuple[verdicts.GpuVerdict, ...] = ()
+    state: latching.NodeState = dataclasses.field(default_factory=latching.NodeState)
+    recent_events: dict[int, tuple[readings.XidEvent, ...]] = dataclasses.field(
+        default_factory=dict
+    )
+    last_xid: dict[int, int] = dataclasses.field(default_factory=dict)
+    last_diag: readings.DiagResult | None = None
+    last_health: readings.HealthCheck | None = None
+    dcgm_status: dcgm.Status = dataclasses.field(
+        default_factory=lambda: dcgm.Status(False, "not started", "")
+    )
+    diag_running: int | None = None
+    probe_seconds: dict[str, float] = dataclasses.field(default_factory=dict)
+    probe_errors: dict[str, int] = dataclasses.field(default_factory=dict)
+    kmsg_detail: str = ""
+    events_registered: int = 0
+    """GPUs whose NVML event registration succeeded (Xid events before that are kmsg-only)."""
+
+
+def utcnow() -> dt.datetime:
+    """Return the current UTC time (the one clock read of the shell)."""
+    return dt.datetime.now(dt.UTC)
+
+
+def read_boot_id(path: Any) -> str:
+    """Read the kernel boot id."""
+    return str(path.read_text()).strip()
+
+
+class Monitor:
+    """Run the probe tiers and keep the `View` current."""
+
+    def __init__(
+        self,
+        config: settings.Settings,
+        *,
+        clock: Callable[[], dt.datetime] = utcnow,
+        dcgm_client: dcgm.Dcgm | None = None,
+    ) -> None:
+        self._settings = config
+        self._clock = clock
+        self._probe = nvml.Probe()
+        self._dcgm = dcgm_client or dcgm.Dcgm(
+            config.dcgmi_path,
+            config.dcgm_hostengine,
+            command_timeout_s=config.dcgm_command_timeout_s,
+            diag_timeout_s=config.diag_timeout_s,
+            clock=clock,
+        )
+        self._wake = asyncio.Event()
+        self._pending: collections.deque[nvml.NvmlEvent | kmsg.Record] = collections.deque()
+        self._recent: list[dedupe.Seen] = []
+        self._recent_events: dict[int, collections.deque[readings.XidEvent]] = {}
+        self._last_xid: dict[int, int] = {}
+        self._counter_cache: dict[int, tuple[dict[str, Any], dt.datetime]] = {}
+        self._counters_due_at = 0.0
+        self._force_counters = False
+        self._watcher: nvml.EventWatcher | None = None
+        self._kmsg: kmsg.Reader | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._state = latching.NodeState()
+        self._last_diag: readings.DiagResult | None = None
+        self._last_health: readings.HealthCheck | None = None
+        self._boot_time = kmsg.boot_time_now()
+        self._listeners: list[Callable[[View], None]] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._nvml_retry_at = 0.0
+        self._kmsg_seq: int | None = None
+        boot_id = read_boot_id(config.boot_id_path)
+        self.view = View(node_name=config.node_name, boot_id=boot_id)
+        self.passes = 0
+
+    def subscribe(self, listener: Callable[[View], None]) -> None:
+        """Call `listener(view)` from the event loop whenever a verdict or action changes."""
+        self._listeners.append(listener)
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self, *, loops: bool = True) -> None:
+        """Load the state file, start NVML, the event thread, kmsg and DCGM, then the loops.
+
+        `loops=False` leaves the passes to the caller (`probe_once`), for tests that step.
+        """
+        self._loop = asyncio.get_running_loop()
+        loaded = statefile.load(self._settings.state_path)
+        if loaded.problem:
+            log.error("state_file_invalid", problem=loaded.problem, moved_to=str(loaded.moved_to))
+        self._state = loaded.state
+        await self._start_nvml()
+        if self._settings.dcgm_enabled and self._dcgm.installed:
+            status = await self._dcgm.start()
+            log.info("dcgm", available=status.available, detail=status.detail)
+        self._set_view()
+        if not loops:
+            return
+        self._tasks.append(asyncio.create_task(self._run(), name="probe-loop"))
+        if self._settings.dcgm_enabled and self._dcgm.installed:
+            self._tasks.append(asyncio.create_task(self._health_loop(), name="dcgm-health"))
+
+    async def _start_nvml(self) -> None:
+        try:
+            await asyncio.to_thread(self._probe.start)
+        except nvml.NvmlUnavailableError as err:
+            self.view = dataclasses.replace(self.view, nvml_available=False, nvml_detail=str(err))
+            log.error("nvml_unavailable", error=str(err))
+            self._nvml_retry_at = time.monotonic() + 30.0
+            return
+        self.view = dataclasses.replace(
+            self.view,
+            nvml_available=True,
+            nvml_detail=f"{len(self._probe.devices)} GPUs",
+            driver_version=self._probe.driver_version,
+        )
+        self._watcher = nvml.EventWatcher(
+            self._probe.devices,
+            self._deliver,
+            wait_ms=self._settings.event_wait_ms,
+            clock=self._clock,
+        )
+        self._watcher.start()
+        if self._settings.kmsg_path is not None and self._kmsg is None:
+            self._kmsg = kmsg.Reader(self._settings.kmsg_path, self._deliver)
+            self._kmsg.start()
+        log.info("nvml_started", gpus=len(self._probe.devices), driver=self._probe.driver_version)
+
+    async def stop(self) -> None:
+        """Cancel the loops, stop the threads, write the state and release NVML."""
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+        if self._watcher is not None:
+            await asyncio.to_thread(self._watcher.stop)
+        if self._kmsg is not None:
+            self._kmsg.stop(0.5)
+        await asyncio.to_thread(statefile.save, self._settings.state_path, self._state)
+        await asyncio.to_thread(self._probe.shutdown)
+
+    def _deliver(self, item: nvml.NvmlEvent | kmsg.Record) -> None:
+        """Hand an event from a thread to the loop (thread-safe)."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(self._enqueue, item)
+
+    def _enqueue(self, item: nvml.NvmlEvent | kmsg.Record) -> None:
+        self._pending.append(item)
+        self._wake.set()
+
+    # ------------------------------------------------------------------ loops
+    async def _run(self) -> None:
+        interval = self._settings.gauge_interval_s
+        while True:
+            try:
+                await self.probe_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("probe_pass_failed")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), interval)
+            self._wake.clear()
+
+    async def _health_loop(self) -> None:
+        while True:
+            if self.view.dcgm_status.available:
+                try:
+                    self._last_health = await self._dcgm.health()
+                except dcgm.DcgmError as err:
+                    log.warning("dcgm_health_failed", error=str(err))
+            await asyncio.sleep(self._settings.dcgm_health_interval_s)
+
+    def _take_events(self) -> list[readings.XidEvent]:
+        by_pci = {
+            key: d.index
+            for d in self._probe.devices
+            if (key := kmsg.pci_key(d.pci_bus_id)) is not None
+        }
+        events: list[readings.XidEvent] = []
+        while self._pending:
+            item = self._pending.popleft()
+            if isinstance(item, kmsg.Record):
+                if self._state.kmsg_seq is not None and item.seq <= self._state.kmsg_seq:
+                    continue
+                self._kmsg_seq = max(item.seq, self._kmsg_seq or 0)
+                event = kmsg.to_event(item, gpus_by_pci=by_pci, boot_time=self._boot_time)
+                if event is not None:
+                    events.append(event)
+                continue
+            if item.error is not None or item.event_type & nvml.EVENTS_NEEDING_COUNTERS:
+                self._force_counters = True
+            if item.error is not None:
+                log.warning("nvml_event_error", gpu_index=item.gpu_index, error=item.detail)
+            if item.event_type & nvml.EVENT_XID:
+                events.append(
+                    readings.XidEvent(
+                        xid=item.data,
+                        at=item.at,
+                        source=readings.XidSource.NVML,
+                        gpu_index=item.gpu_index,
+                    )
+                )
+        return events
+
+    def _probe_pass(
+        self, now: dt.datetime, counters_due: bool
+    ) -> tuple[list[readings.GpuSnapshot], float]:
+        started = time.perf_counter()
+        snapshots: list[readings.GpuSnapshot] = []
+        for device in self._probe.devices:
+            cached = None if counters_due else self._counter_cache.get(device.index)
+            snap, counters = self._probe.snapshot(
+                device,
+                now,
+                counters=cached[0] if cached else None,
+                counters_at=cached[1] if cached else None,
+            )
+            if counters is None:
+                self._counter_cache.pop(device.index, None)
+            elif cached is None:
+                self._counter_cache[device.index] = (counters, now)
+            snapshots.append(snap)
+        return snapshots, time.perf_counter() - started
+
+    async def probe_once(self) -> View:
+        """Run one pass: read the due tiers, fold events and DCGM results, publish the view."""
+        if not self.view.nvml_available and time.monotonic() >= self._nvml_retry_at:
+            await self._start_nvml()
+        now = self._clock()
+        events = self._take_events()
+        if any(e.xid in _COUNTER_TRIGGERS for e in events):
+            self._force_counters = True
+        counters_due = self._force_counters or time.monotonic() >= self._counters_due_at
+        snapshots: list[readings.GpuSnapshot] = []
+        seconds = dict(self.view.probe_seconds)
+        if self.view.nvml_available:
+            snapshots, took = await asyncio.to_thread(self._probe_pass, now, counters_due)
+            seconds["counters" if counters_due else "gauges"] = took
+            if counters_due:
+                self._force_counters = False
+                self._counters_due_at = time.monotonic() + self._settings.counter_interval_s
+        fresh, self._recent = dedupe.dedupe(
+            self._recent, events, window_s=self._settings.xid_dedupe_window_s, now=now
+        )
+        for event in fresh:
+            if event.gpu_index is not None:
+                queue = self._recent_events.setdefault(
+                    event.gpu_index, collections.deque(maxlen=self._settings.recent_events)
+                )
+                queue.append(event)
+                self._last_xid[event.gpu_index] = event.xid
+            log.info(
+                "xid",
+                gpu_index=event.gpu_index,
+                xid=event.xid,
+                source=str(event.source),
+                pci_bus_id=event.pci_bus_id,
+            )
+        before = {v.uuid: v for v in self.view.verdicts}
+        policy = self.policy()
+        state, gpu_verdicts = verdicts.evaluate_node(
+            self._state,
+            verdicts.Inputs(
+                boot_id=self.view.boot_id,
+                snapshots=snapshots,
+                xids=fresh,
+                diag=self._last_diag,
+                health_check=self._last_health,
+                nvml_available=self.view.nvml_available,
+                kmsg_seq=self._kmsg_seq,
+            ),
+            policy,
+            now,
+        )
+        if state != self._state:
+            self._state = state
+            await asyncio.to_thread(statefile.save, self._settings.state_path, state)
+        self.passes += 1
+        self._set_view(
+            taken_at=now, snapshots=tuple(snapshots), verdicts=gpu_verdicts, probe_seconds=seconds
+        )
+        if verdicts.changed(before, gpu_verdicts) or not before:
+            for v in gpu_verdicts:
+                if before.get(v.uuid) is None or (
+                    before[v.uuid].verdict,
+                    before[v.uuid].action,
+                ) != (
+                    v.verdict,
+                    v.action,
+                ):
+                    log.info(
+                        "verdict",
+                        gpu_uuid=v.uuid,
+                        gpu_index=v.index,
+                        verdict=str(v.verdict),
+                        action=str(v.action),
+                        reason=",".join(r.code for r in v.reasons),
+                    )
+            for listener in self._listeners:
+                listener(self.view)
+        self._maybe_diag_after_reset()
+        return self.view
+
+    def policy(self) -> verdicts.Policy:
+        """Build the fault-table policy from the settings and DCGM's availability."""
+        return verdicts.Policy(
+            escalation_window_s=self._settings.escalation_window_s,
+            debounce_s=self._settings.debounce_s,
+            app_xid_display_s=self._settings.app_xid_display_s,
+            dcgm_present=self.view.dcgm_status.available,
+        )
+
+    def _set_view(self, **changes: Any) -> None:
+        self.view = dataclasses.replace(
+            self.view,
+            state=self._state,
+            recent_events={i: tuple(q) for i, q in self._recent_events.items()},
+            last_xid=dict(self._last_xid),
+            last_diag=self._last_diag,
+            last_health=self._last_health,
+            dcgm_status=self._dcgm.status,
+            diag_running=self._dcgm.running_level,
+            probe_errors=dict(self._probe.errors),
+            kmsg_detail=self._kmsg.error if self._kmsg else "",
+            events_registered=len(self._watcher.registered) if self._watcher else 0,
+            **changes,
+        )
+
+    # ------------------------------------------------------------------ actions
+    def idle_or_unhealthy(self) -> bool:
+        """Say whether a long diagnostic may run: no GPU busy, or the node is already unhealthy.
+
+        An unhealthy verdict is what gets the node quarantined by the controller, so it stands
+        in for "quarantined" without the agent needing the Node object.
+        """
+        if any(
+            v.verdict in (health.Verdict.FAILED, health.Verdict.DEGRADED)
+            for v in self.view.verdicts
+        ):
+            return True
+        return all(
+            (s.utilization_gpu_pct or 0) == 0 and (s.fb_used_mib or 0) < 1024
+            for s in self.view.snapshots
+        )
+
+    async def run_diag(self, level: int) -> readings.DiagResult:
+        """Run a DCGM diagnostic and fold the result into the verdict at once."""
+        indices = tuple(d.index for d in self._probe.devices)
+        result = await self._dcgm.diag(level, indices)
+        self._last_diag = result
+        log.info(
+            "diag",
+            level=level,
+            overall=str(result.overall),
+            error=result.error,
+            duration_s=(result.finished_at - result.started_at).total_seconds(),
+        )
+        self._wake.set()
+        return result
+
+    def _maybe_diag_after_reset(self) -> None:
+        if not (self._settings.diag_after_reset and self.view.dcgm_status.available):
+            return
+        if self._dcgm.diag_running:
+            return
+        waiting = [
+            f.reset_observed_at
+            for gpu in self._state.gpus.values()
+            for f in gpu.latched
+            if f.reset_observed_at is not None
+        ]
+        if not waiting:
+            return
+        last = self._last_diag.finished_at if self._last_diag else None
+        if last is not None and last >= max(waiting):
+            return
+        task = asyncio.create_task(self._diag_quietly(1), name="diag-after-reset")
+        self._tasks.append(task)
+
+    async def _diag_quietly(self, level: int) -> None:
+        with contextlib.suppress(dcgm.DiagBusyError):
+            await self.run_diag(level)
+
+    async def release(
+        self, *, gpu: str | int | None, code: str | None, force: bool
+    ) -> list[tuple[str, latching.LatchedFault]]:
+        """Release latched faults by hand (on-call); return (GPU UUID, fault) pairs released."""
+        released: list[tuple[str, latching.LatchedFault]] = []
+        gpus = dict(self._state.gpus)
+        for uuid, state in gpus.items():
+            if gpu is not None and gpu not in (uuid, state.index):
+                continue
+            gpus[uuid], out = latching.release(state, code=code, force=force)
+            released.extend((uuid, fault) for fault in out)
+        if released:
+            self._state = self._state.model_copy(update={"gpus": gpus})
+            await asyncio.to_thread(statefile.save, self._settings.state_path, self._state)
+            for uuid, fault in released:
+                log.info("released", gpu_uuid=uuid, reason=fault.code, action=str(fault.action))
+            self._wake.set()
+        return released

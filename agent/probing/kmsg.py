@@ -1,0 +1,162 @@
+"""The kernel log as a second Xid source: `NVRM: Xid` lines from `/dev/kmsg`, read back to boot.
+
+Reading from the start of the ring buffer recovers Xids raised while the agent was down; the
+verdict core keeps the last folded record's sequence number per boot, so a restart does not
+count them twice. The path is a setting: tests feed a regular file or a FIFO in the same
+`priority,sequence,timestamp_us,flags;message` record format.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import os
+import pathlib
+import re
+import stat
+import threading
+import time
+from collections.abc import Callable
+
+from agent import readings
+
+_RECORD = re.compile(r"^(?P<prio>\d+),(?P<seq>\d+),(?P<ts>\d+),[^;]*;(?P<msg>.*)$")
+_XID = re.compile(
+    r"NVRM: Xid \(PCI:(?P<pci>[0-9A-Fa-f]+:[0-9A-Fa-f]+:[0-9A-Fa-f]+(?:\.[0-9A-Fa-f]+)?)\): "
+    r"(?P<xid>\d+)\b"
+)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Record:
+    """One kernel-log record."""
+
+    seq: int
+    timestamp_us: int
+    message: str
+
+
+def parse_record(line: str) -> Record | None:
+    """Parse one `/dev/kmsg` record; continuation lines and junk give None."""
+    match = _RECORD.match(line.rstrip("\n"))
+    if match is None:
+        return None
+    return Record(int(match["seq"]), int(match["ts"]), match["msg"])
+
+
+def parse_xid(message: str) -> tuple[str, int] | None:
+    """Return (PCI address, Xid) from an `NVRM: Xid (PCI:0000:07:00): 79, ...` message."""
+    match = _XID.search(message)
+    if match is None:
+        return None
+    return match["pci"], int(match["xid"])
+
+
+def pci_key(address: str) -> tuple[int, int, int] | None:
+    """Normalise `0000:07:00`, `00000000:07:00.0` and friends to (domain, bus, device)."""
+    parts = address.lower().split(":")
+    if len(parts) != 3:
+        return None
+    try:
+        return int(parts[0], 16), int(parts[1], 16), int(parts[2].split(".")[0], 16)
+    except ValueError:
+        return None
+
+
+def to_event(
+    record: Record,
+    *,
+    gpus_by_pci: dict[tuple[int, int, int], int],
+    boot_time: dt.datetime,
+) -> readings.XidEvent | None:
+    """Turn an Xid record into an event attributed to a GPU index (None if not an Xid)."""
+    parsed = parse_xid(record.message)
+    if parsed is None:
+        return None
+    pci, code = parsed
+    key = pci_key(pci)
+    return readings.XidEvent(
+        xid=code,
+        at=boot_time + dt.timedelta(microseconds=record.timestamp_us),
+        source=readings.XidSource.KMSG,
+        gpu_index=gpus_by_pci.get(key) if key else None,
+        pci_bus_id=pci,
+        message=record.message[:1024],
+        kmsg_seq=record.seq,
+    )
+
+
+def boot_time_now() -> dt.datetime:
+    """Estimate the wall-clock time of boot on the clock kmsg timestamps use (monotonic)."""
+    return dt.datetime.now(dt.UTC) - dt.timedelta(seconds=time.monotonic())
+
+
+class Reader:
+    """Read kernel-log records in a thread and hand each one to `deliver` (thread-safe).
+
+    `/dev/kmsg` returns one record per read and blocks at the end; a regular file is followed
+    like `tail -f`; a FIFO blocks on read. EPIPE (the ring buffer overwrote unread records) skips
+    ahead, which is what the kernel asks readers to do.
+    """
+
+    def __init__(
+        self, path: pathlib.Path, deliver: Callable[[Record], None], *, poll_s: float = 0.2
+    ) -> None:
+        self._path = path
+        self._deliver = deliver
+        self._poll_s = poll_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="kmsg", daemon=True)
+        self.error = ""
+
+    def start(self) -> None:
+        """Start reading."""
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 1.0) -> None:
+        """Ask the thread to stop; a blocked device read is left to die with the process."""
+        self._stop.set()
+        self._thread.join(timeout_s)
+
+    def _run(self) -> None:
+        try:
+            mode = self._path.stat().st_mode
+            if stat.S_ISCHR(mode):
+                self._read_device()
+            else:
+                self._read_lines()
+        except OSError as err:
+            self.error = f"cannot read {self._path}: {err}"
+
+    def _read_device(self) -> None:
+        fd = os.open(self._path, os.O_RDONLY)
+        try:
+            while not self._stop.is_set():
+                try:
+                    chunk = os.read(fd, 8192)
+                except BrokenPipeError:
+                    continue
+                if not chunk:
+                    return
+                self._emit(chunk.decode(errors="replace"))
+        finally:
+            os.close(fd)
+
+    def _read_lines(self) -> None:
+        with self._path.open(encoding="utf-8", errors="replace") as fh:
+            buffer = ""
+            while not self._stop.is_set():
+                line = fh.readline()
+                if not line:
+                    self._stop.wait(self._poll_s)
+                    continue
+                buffer += line
+                if buffer.endswith("\n"):
+                    self._emit(buffer)
+                    buffer = ""
+
+    def _emit(self, text: str) -> None:
+        for line in text.splitlines():
+            record = parse_record(line)
+            if record is not None:
+                self._deliver(record)

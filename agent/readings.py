@@ -1,0 +1,151 @@
+"""What the probes saw: per-GPU snapshots, Xid events, DCGM health and diagnostic results.
+
+These are the inputs of the pure verdict core (`agent.verdicts`) and what `/v1/gpus` shows. Every
+reading is optional: `None` means the GPU or driver does not support it (NVML NOT_SUPPORTED), which
+is an absence, never an error.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+from typing import Literal
+
+from shared import heartbeat
+
+
+class NvmlErrorKind(enum.StrEnum):
+    """The NVML failures that make a GPU Failed (reference nvml-dcgm.md section 1)."""
+
+    GPU_IS_LOST = "GpuIsLost"
+    GPU_NOT_FOUND = "GpuNotFound"
+    RESET_REQUIRED = "ResetRequired"
+    UNKNOWN = "Unknown"
+
+
+class XidSource(enum.StrEnum):
+    """Where an Xid was seen; the same Xid from both sources counts once."""
+
+    NVML = "Nvml"
+    KMSG = "Kmsg"
+
+
+class GpuSnapshot(heartbeat.WireModel):
+    """One probe pass over one GPU. Units are in the field names."""
+
+    index: int
+    uuid: str
+    name: str = ""
+    pci_bus_id: str = ""
+    serial: str = ""
+    taken_at: dt.datetime
+    nvml_error: NvmlErrorKind | None = None
+    nvml_error_detail: str = ""
+    # Cheap gauges (1 s tier).
+    temperature_c: float | None = None
+    memory_temperature_c: float | None = None
+    power_w: float | None = None
+    utilization_gpu_pct: float | None = None
+    utilization_memory_pct: float | None = None
+    encoder_util_pct: float | None = None
+    decoder_util_pct: float | None = None
+    sm_clock_mhz: float | None = None
+    mem_clock_mhz: float | None = None
+    fb_total_mib: float | None = None
+    fb_used_mib: float | None = None
+    fb_free_mib: float | None = None
+    fb_reserved_mib: float | None = None
+    clock_event_reasons: int | None = None
+    # Counters (10-30 s tier, nvmlDeviceGetFieldValues batches).
+    energy_mj: int | None = None
+    ecc_sbe_volatile: int | None = None
+    ecc_dbe_volatile: int | None = None
+    ecc_sbe_aggregate: int | None = None
+    ecc_dbe_aggregate: int | None = None
+    retired_pages_sbe: int | None = None
+    retired_pages_dbe: int | None = None
+    retired_pages_pending: bool | None = None
+    remapped_rows_correctable: int | None = None
+    remapped_rows_uncorrectable: int | None = None
+    remap_pending: bool | None = None
+    remap_failure: bool | None = None
+    pcie_replay_count: int | None = None
+    nvlink_up: dict[int, bool] | None = None
+    nvlink_crc_flit_errors: int | None = None
+    nvlink_crc_data_errors: int | None = None
+    nvlink_replay_errors: int | None = None
+    nvlink_recovery_errors: int | None = None
+    recovery_action: int | None = None
+    counters_at: dt.datetime | None = None
+
+
+class XidEvent(heartbeat.WireModel):
+    """One Xid, from the NVML event set or a kernel-log line."""
+
+    xid: int
+    at: dt.datetime
+    source: XidSource
+    gpu_index: int | None = None
+    pci_bus_id: str = ""
+    message: str = ""
+    kmsg_seq: int | None = None
+
+
+class DiagStatus(enum.StrEnum):
+    """A DCGM diagnostic outcome for one GPU (DCGM's own strings, normalised)."""
+
+    PASS = "Pass"  # noqa: S105 - a test outcome, not a password
+    WARN = "Warn"
+    FAIL = "Fail"
+    SKIP = "Skip"
+
+
+class DiagFinding(heartbeat.WireModel):
+    """One failed or warned test for one GPU."""
+
+    test: str
+    status: DiagStatus
+    message: str = ""
+    error_id: int | None = None
+    severity: int | None = None
+    """DCGM error severity: MONITOR=1, ISOLATE=2, UNKNOWN=3, TRIAGE=4, CONFIG=5, RESET=6."""
+
+
+class GpuDiag(heartbeat.WireModel):
+    """The result of one diagnostic for one GPU."""
+
+    gpu_index: int
+    status: DiagStatus
+    findings: tuple[DiagFinding, ...] = ()
+
+
+class DiagResult(heartbeat.WireModel):
+    """One `dcgmi diag -r N -j` run."""
+
+    level: int
+    started_at: dt.datetime
+    finished_at: dt.datetime
+    overall: DiagStatus
+    gpus: tuple[GpuDiag, ...] = ()
+    error: str = ""
+    """Set when the run itself failed (timeout, dcgmi error, runtime_error); no GPU verdict then."""
+    dcgm_version: str = ""
+
+
+HealthValue = Literal["Healthy", "Warning", "Failure"]
+
+
+class GpuHealth(heartbeat.WireModel):
+    """`dcgmi health -c -j` for one GPU."""
+
+    gpu_index: int
+    value: HealthValue
+    incidents: tuple[str, ...] = ()
+
+
+class HealthCheck(heartbeat.WireModel):
+    """One `dcgmi health -c -j` run."""
+
+    at: dt.datetime
+    overall: HealthValue
+    gpus: tuple[GpuHealth, ...] = ()

@@ -1,0 +1,264 @@
+"""Heartbeats to the controller: every interval, and at once when a verdict changes.
+
+Authentication is the projected ServiceAccount token, read from a file and re-read when the
+kubelet rotates it (or when the controller answers 401). Failures back off with full jitter. A
+follower that cannot forward answers 503 with the leader's URL (`leaderUrl` in the JSON body or
+an `X-Leader-URL` header); the agent retries there at once and stays with that leader until it
+fails. While the controller is away the agent keeps probing and serving locally.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import datetime as dt
+import json
+import pathlib
+import random
+import ssl
+from collections.abc import Callable
+
+import aiohttp
+import structlog
+
+from agent import monitoring, settings
+from shared import heartbeat
+
+log = structlog.get_logger("agent.reporting")
+
+
+def build_heartbeat(
+    view: monitoring.View,
+    *,
+    interval_s: float,
+    agent_url: str,
+    sequence: int,
+    now: dt.datetime,
+) -> heartbeat.Heartbeat:
+    """Turn a view into the wire heartbeat (pure)."""
+    by_index = {s.index: s for s in view.snapshots}
+    gpus: list[heartbeat.GpuReport] = []
+    for v in view.verdicts:
+        s = by_index.get(v.index)
+        readings = heartbeat.GpuReadings()
+        if s is not None and s.nvml_error is None:
+            down = (
+                sum(1 for up in s.nvlink_up.values() if not up) if s.nvlink_up is not None else None
+            )
+            readings = heartbeat.GpuReadings(
+                temperature_c=s.temperature_c,
+                power_w=s.power_w,
+                utilization_pct=s.utilization_gpu_pct,
+                memory_used_mib=s.fb_used_mib,
+                ecc_uncorrected_volatile=s.ecc_dbe_volatile,
+                ecc_corrected_volatile=s.ecc_sbe_volatile,
+                remapped_rows_pending=s.remap_pending,
+                remapped_rows_failure=s.remap_failure,
+                pcie_replay_count=s.pcie_replay_count,
+                nvlinks_down=down,
+            )
+        gpus.append(
+            heartbeat.GpuReport(
+                index=v.index,
+                uuid=v.uuid,
+                name=s.name if s else "",
+                pci_bus_id=s.pci_bus_id if s else "",
+                verdict=v.verdict,
+                action=v.action,
+                reasons=list(v.reasons),
+                readings=readings,
+            )
+        )
+    return heartbeat.Heartbeat(
+        schema_version=heartbeat.SCHEMA_VERSION,
+        node_name=view.node_name,
+        boot_id=view.boot_id[:64],
+        agent_url=agent_url,
+        interval_s=interval_s,
+        sequence=sequence,
+        sent_at=now,
+        driver_version=view.driver_version,
+        dcgm_available=view.dcgm_status.available,
+        gpus=gpus,
+    )
+
+
+def leader_hint(headers: dict[str, str], body: bytes) -> str:
+    """Return the leader URL from a 503 reply (JSON `leaderUrl` or `X-Leader-URL`), or ''."""
+    for key, value in headers.items():
+        if key.lower() == "x-leader-url" and value:
+            return value.strip()
+    try:
+        doc = json.loads(body or b"{}")
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return ""
+    if isinstance(doc, dict):
+        url = doc.get("leaderUrl") or (doc.get("error") or {}).get("leaderUrl")
+        if isinstance(url, str):
+            return url.strip()
+    return ""
+
+
+def backoff_s(attempt: int, *, initial_s: float, max_s: float, rnd: random.Random) -> float:
+    """Full-jitter exponential backoff: uniform(0, min(max, initial * 2**attempt))."""
+    return rnd.uniform(0, min(max_s, initial_s * 2**attempt))
+
+
+class TokenFile:
+    """A bearer token that is re-read when its file changes (kubelet rotation)."""
+
+    def __init__(self, path: pathlib.Path) -> None:
+        self._path = path
+        self._stamp: tuple[int, int, int] | None = None
+        self._token = ""
+
+    def get(self, *, force: bool = False) -> str:
+        """Return the token, re-reading the file if it changed; '' when there is none."""
+        try:
+            st = self._path.stat()
+        except OSError:
+            self._stamp, self._token = None, ""
+            return ""
+        stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
+        if force or stamp != self._stamp:
+            self._token = self._path.read_text().strip()
+            self._stamp = stamp
+        return self._token
+
+
+@dataclasses.dataclass
+class Stats:
+    """What `/v1/gpus` and the bench show about heartbeats."""
+
+    sent: int = 0
+    failed: int = 0
+    last_sent_at: dt.datetime | None = None
+    last_error: str = ""
+    target: str = ""
+
+
+class Reporter:
+    """Send heartbeats for one `Monitor`."""
+
+    def __init__(
+        self,
+        config: settings.Settings,
+        monitor: monitoring.Monitor,
+        *,
+        clock: Callable[[], dt.datetime] = monitoring.utcnow,
+        rnd: random.Random | None = None,
+    ) -> None:
+        self._settings = config
+        self._monitor = monitor
+        self._clock = clock
+        self._rnd = rnd or random.Random()  # noqa: S311 - jitter, not cryptography
+        self._token = TokenFile(config.token_path)
+        self._poke = asyncio.Event()
+        self._sequence = 0
+        self._leader = ""
+        self._session: aiohttp.ClientSession | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.stats = Stats(target=config.controller_url)
+        monitor.subscribe(lambda _view: self._poke.set())
+
+    async def start(self) -> None:
+        """Open the HTTP session and start the loop."""
+        ssl_ctx: ssl.SSLContext | bool = True
+        if self._settings.ca_path is not None:
+            ssl_ctx = ssl.create_default_context(cafile=str(self._settings.ca_path))
+        self._session = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=self._settings.heartbeat_timeout_s),
+            connector=aiohttp.TCPConnector(ssl=ssl_ctx),
+        )
+        self._task = asyncio.create_task(self._run(), name="heartbeats")
+
+    async def stop(self) -> None:
+        """Stop the loop and close the session."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self._session is not None:
+            await self._session.close()
+
+    async def _run(self) -> None:
+        attempt = 0
+        while True:
+            self._poke.clear()
+            ok = await self.send_once()
+            if ok:
+                attempt = 0
+                delay = self._settings.heartbeat_interval_s
+            else:
+                delay = backoff_s(
+                    attempt,
+                    initial_s=self._settings.backoff_initial_s,
+                    max_s=min(self._settings.backoff_max_s, self._settings.heartbeat_interval_s),
+                    rnd=self._rnd,
+                )
+                attempt += 1
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._poke.wait(), delay)
+
+    async def send_once(self) -> bool:
+        """Send one heartbeat (following at most one leader hint); return whether it landed."""
+        if self._session is None or not self._settings.controller_url:
+            return True
+        if self._monitor.view.taken_at is None:
+            return True
+        self._sequence += 1
+        body = build_heartbeat(
+            self._monitor.view,
+            interval_s=self._settings.heartbeat_interval_s,
+            agent_url=self._settings.effective_agent_url(),
+            sequence=self._sequence,
+            now=self._clock(),
+        ).model_dump_json(by_alias=True, exclude_none=True)
+        for _hop in range(2):
+            base = (self._leader or self._settings.controller_url).rstrip("/")
+            url = base if base.endswith("/v1/heartbeats") else f"{base}/v1/heartbeats"
+            outcome = await self._post(url, body)
+            if outcome is True:
+                return True
+            if isinstance(outcome, str) and outcome and outcome != self._leader:
+                log.info("heartbeat_follow_leader", leader=outcome)
+                self._leader = outcome
+                continue
+            break
+        self._leader = ""
+        return False
+
+    async def _post(self, url: str, body: str) -> bool | str:
+        """POST once; True on success, the leader hint on a 503 that has one, else False."""
+        assert self._session is not None
+        for retry_auth in (False, True):
+            token = self._token.get(force=retry_auth)
+            headers = {"Content-Type": "application/json"}
+            if token:
+                headers["Authorization"] = f"Bearer {token}"
+            try:
+                async with self._session.post(url, data=body, headers=headers) as resp:
+                    payload = await resp.read()
+                    if resp.status < 300:
+                        self.stats.sent += 1
+                        self.stats.last_sent_at = self._clock()
+                        self.stats.last_error = ""
+                        self.stats.target = url
+                        return True
+                    if resp.status == 401 and not retry_auth:
+                        continue
+                    self._fail(url, f"HTTP {resp.status}: {payload[:200]!r}")
+                    if resp.status == 503:
+                        return leader_hint(dict(resp.headers), payload)
+                    return False
+            except (aiohttp.ClientError, TimeoutError, OSError) as err:
+                self._fail(url, f"{type(err).__name__}: {err}")
+                return False
+        return False
+
+    def _fail(self, url: str, error: str) -> None:
+        self.stats.failed += 1
+        self.stats.last_error = error
+        self.stats.target = url
+        log.warning("heartbeat_failed", url=url, error=error)

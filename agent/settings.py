@@ -1,0 +1,131 @@
+"""The agent's settings, read from `TAUGRID_AGENT_*` environment variables."""
+
+from __future__ import annotations
+
+import pathlib
+import socket
+
+import pydantic
+import pydantic_settings
+
+
+class Settings(pydantic_settings.BaseSettings):
+    """One settings class for the agent process; durations are seconds (`*_s`)."""
+
+    model_config = pydantic_settings.SettingsConfigDict(
+        env_prefix="TAUGRID_AGENT_", frozen=True, extra="forbid"
+    )
+
+    node_name: str = pydantic.Field(default_factory=socket.gethostname)
+    """Kubernetes node name this agent reports for (the DaemonSet sets it from `spec.nodeName`);
+    defaults to the hostname, which matches the node name on most clusters."""
+    listen_host: str = "0.0.0.0"  # noqa: S104 - the DaemonSet's port must be reachable
+    """Address the HTTP server binds; all interfaces so Prometheus and on-call can reach it."""
+    port: int = pydantic.Field(default=9400, ge=0, le=65535)
+    """HTTP port; 9400 is dcgm-exporter's, so existing scrape configs find us (0 = any free)."""
+    agent_url: str = ""
+    """URL the controller and on-call use to reach this agent (sent in heartbeats); empty means
+    `http://<node_name>:<port>`."""
+
+    controller_url: str = ""
+    """Base URL of the controller (`https://taugrid-controller.taugrid:8080`); empty disables
+    heartbeats, e.g. for a standalone node check."""
+    heartbeat_interval_s: float = pydantic.Field(default=5.0, gt=0, le=3600)
+    """Seconds between heartbeats; 5 s keeps staleness detection (3 x interval) under 20 s."""
+    heartbeat_timeout_s: float = pydantic.Field(default=5.0, gt=0)
+    """Seconds one heartbeat POST may take before it is retried."""
+    backoff_initial_s: float = pydantic.Field(default=0.5, gt=0)
+    """First retry delay after a failed heartbeat; short so a leader failover costs little."""
+    backoff_max_s: float = pydantic.Field(default=30.0, gt=0)
+    """Cap of the jittered exponential backoff; bounds how long a recovered controller waits."""
+    token_path: pathlib.Path = pathlib.Path("/var/run/secrets/tokens/taugrid-token")
+    """Projected ServiceAccount token (audience `taugrid`), re-read when the kubelet rotates it."""
+    ca_path: pathlib.Path | None = None
+    """CA bundle for an HTTPS controller; None uses the system trust store."""
+
+    boot_id_path: pathlib.Path = pathlib.Path("/proc/sys/kernel/random/boot_id")
+    """Where the kernel's boot id is read; a new value clears reboot-latched faults."""
+    state_path: pathlib.Path = pathlib.Path("/var/lib/taugrid/agent-state.json")
+    """Latched-fault state file on a hostPath, so latches survive agent restarts."""
+    kmsg_path: pathlib.Path | None = pathlib.Path("/dev/kmsg")
+    """Kernel log to read `NVRM: Xid` lines from (back to boot); None turns the source off."""
+
+    gauge_interval_s: float = pydantic.Field(default=1.0, gt=0)
+    """Cheap-gauge tier period (temperature, power, utilisation, clocks); 1 s like dcgm-exporter
+    at its fastest, and the cost budget in DESIGN.md section 9 is measured at this tier."""
+    counter_interval_s: float = pydantic.Field(default=15.0, gt=0)
+    """Counter tier period (ECC, remap, PCIe replay, NVLink); 10-30 s per DESIGN.md section 5,
+    counters move slowly and each batch costs more."""
+    event_wait_ms: int = pydantic.Field(default=500, gt=0, le=10_000)
+    """One NVML event-set wait, in milliseconds; bounds how long shutdown waits for the thread."""
+    xid_dedupe_window_s: float = pydantic.Field(default=10.0, gt=0)
+    """Seconds within which a kernel-log line and an NVML event for the same GPU and Xid are
+    one Xid; kmsg timestamps are monotonic-clock estimates, so allow several seconds of slack."""
+    escalation_window_s: float = pydantic.Field(default=24 * 3600.0, gt=0)
+    """The same reset-class Xid twice within this many seconds asks for a reboot (24 h)."""
+    debounce_s: float = pydantic.Field(default=60.0, ge=0)
+    """Thermal and clock-event findings count only after persisting this long (60 s)."""
+    app_xid_display_s: float = pydantic.Field(default=60.0, ge=0)
+    """How long an application Xid shows as a RestartApp reason before it is only a count."""
+    recent_events: int = pydantic.Field(default=50, ge=0, le=10_000)
+    """Recent Xid events kept per GPU for `/v1/gpus`."""
+
+    dcgm_enabled: bool = True
+    """Use DCGM when `dcgmi` is installed; off turns the agent into NVML only."""
+    dcgmi_path: str = "dcgmi"
+    """`dcgmi` executable (looked up on PATH when not absolute)."""
+    dcgm_hostengine: str = "localhost"
+    """nv-hostengine address (`--host`), e.g. the GPU Operator's `nvidia-dcgm` service."""
+    dcgm_health_interval_s: float = pydantic.Field(default=60.0, gt=0)
+    """Seconds between `dcgmi health -c -j` reads; DCGM needs about a minute of samples."""
+    dcgm_command_timeout_s: float = pydantic.Field(default=30.0, gt=0)
+    """Timeout of `dcgmi health` and discovery calls."""
+    diag_timeout_level1_s: float = pydantic.Field(default=120.0, gt=0)
+    """Timeout of a level-1 diagnostic (NVIDIA: seconds; 2 min leaves margin for a slow node)."""
+    diag_timeout_level2_s: float = pydantic.Field(default=600.0, gt=0)
+    """Timeout of a level-2 diagnostic (NVIDIA: about 2 min)."""
+    diag_timeout_level3_s: float = pydantic.Field(default=2700.0, gt=0)
+    """Timeout of a level-3 diagnostic (NVIDIA: about 15 min; allow three times that)."""
+    diag_after_reset: bool = True
+    """Run a level-1 diagnostic by itself once a reset is observed on a GPU with a latched
+    ResetGPU fault, so the fault can clear without anyone asking."""
+
+    export_dcgm_families: bool = True
+    """Serve the dcgm-exporter `DCGM_FI_*` families; turn off where dcgm-exporter already runs
+    on the node so series are never duplicated."""
+    hostname_label: bool = True
+    """Add dcgm-exporter's `Hostname` label (like its default; `--no-hostname` drops it)."""
+
+    auth_enabled: bool = True
+    """Authenticate `POST /v1/diag` and `/v1/release` with TokenReview + SubjectAccessReview;
+    off only for local development."""
+    auth_audience: str = ""
+    """Audience the TokenReview asks for (empty: the API server's default)."""
+    auth_verb: str = "patch"
+    """SubjectAccessReview verb on `nodes` required for the write endpoints (as quarantine)."""
+    log_level: str = "INFO"
+    """structlog level."""
+    log_json: bool | None = None
+    """JSON logs (None: JSON unless stderr is a terminal)."""
+    shutdown_grace_s: float = pydantic.Field(default=5.0, ge=0)
+    """Seconds between readiness going false and the sites stopping on SIGTERM."""
+
+    @pydantic.field_validator("node_name")
+    @classmethod
+    def _lowercase_node(cls, value: str) -> str:
+        if not value:
+            msg = "node_name must not be empty"
+            raise ValueError(msg)
+        return value.lower()
+
+    def diag_timeout_s(self, level: int) -> float:
+        """Return the timeout of a diagnostic level."""
+        return {
+            1: self.diag_timeout_level1_s,
+            2: self.diag_timeout_level2_s,
+            3: self.diag_timeout_level3_s,
+        }[level]
+
+    def effective_agent_url(self) -> str:
+        """Return the URL the agent advertises."""
+        return self.agent_url or f"http://{self.node_name}:{self.port}"

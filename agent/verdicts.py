@@ -1,0 +1,671 @@
+"""The verdict per GPU: DESIGN.md section 5's fault table as pure functions.
+
+`evaluate_node(state, inputs, policy, now)` folds one probe pass (snapshots, new Xid events,
+DCGM results) into the persisted `NodeState` and returns the new state with a verdict per GPU.
+No clock reads, no I/O, no logging: the probe loop passes `now` and writes the state file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TypeVar
+
+from agent import latching, readings
+from shared import health, heartbeat, xid
+
+_T = TypeVar("_T")
+
+CLOCK_EVENT_HW_THERMAL_SLOWDOWN = 0x40
+CLOCK_EVENT_HW_POWER_BRAKE_SLOWDOWN = 0x80
+
+RECOVERY_ACTION_NONE = 0
+_RECOVERY_ACTIONS: dict[int, tuple[str, health.Verdict, health.Action, str]] = {
+    1: ("RecoveryActionGpuReset", health.Verdict.FAILED, health.Action.RESET_GPU, "GPU_RESET"),
+    2: ("RecoveryActionNodeReboot", health.Verdict.FAILED, health.Action.REBOOT_NODE,
+        "NODE_REBOOT"),
+    3: ("RecoveryActionDrainP2p", health.Verdict.DEGRADED, health.Action.RESET_GPU, "DRAIN_P2P"),
+    4: ("RecoveryActionDrainAndReset", health.Verdict.DEGRADED, health.Action.RESET_GPU,
+        "DRAIN_AND_RESET"),
+    6: ("RecoveryActionBusReset", health.Verdict.FAILED, health.Action.RESET_GPU, "BUS_RESET"),
+    7: ("RecoveryActionSystemReboot", health.Verdict.FAILED, health.Action.REBOOT_NODE,
+        "SYSTEM_REBOOT"),
+}  # fmt: skip
+
+# DCGM error severities (reference nvml-dcgm.md section 4).
+_SEVERITY_MONITOR = 1
+_SEVERITY_CONFIG = 5
+_SEVERITY_RESET = 6
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Policy:
+    """The tunables of the fault table; the agent builds it from its settings."""
+
+    escalation_window_s: float = 24 * 3600.0
+    debounce_s: float = 60.0
+    app_xid_display_s: float = 60.0
+    dcgm_present: bool = False
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Finding:
+    """One row of the fault table that matched."""
+
+    code: str
+    verdict: health.Verdict
+    action: health.Action
+    message: str
+    xid: int | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class GpuVerdict:
+    """A GPU's verdict, action and the reasons behind them."""
+
+    uuid: str
+    index: int
+    verdict: health.Verdict
+    action: health.Action
+    reasons: tuple[heartbeat.Reason, ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Inputs:
+    """One probe pass, as the shell hands it to `evaluate_node`."""
+
+    boot_id: str
+    snapshots: Sequence[readings.GpuSnapshot]
+    xids: Sequence[readings.XidEvent] = ()
+    """New, deduplicated Xid events, each attributed to a GPU index."""
+    diag: readings.DiagResult | None = None
+    health_check: readings.HealthCheck | None = None
+    nvml_available: bool = True
+    kmsg_seq: int | None = None
+    """The newest kernel-log record read this pass, folded or deduplicated away."""
+
+
+def evaluate_node(
+    state: latching.NodeState, inputs: Inputs, policy: Policy, now: dt.datetime
+) -> tuple[latching.NodeState, tuple[GpuVerdict, ...]]:
+    """Fold one probe pass into the node state; return the new state and a verdict per GPU."""
+    new_boot = bool(state.boot_id) and state.boot_id != inputs.boot_id
+    gpus = dict(state.gpus)
+    if new_boot:
+        gpus = {uuid: _on_new_boot(gpu, now) for uuid, gpu in gpus.items()}
+    xids_by_index: dict[int, list[readings.XidEvent]] = {}
+    for event in inputs.xids:
+        if event.gpu_index is not None:
+            xids_by_index.setdefault(event.gpu_index, []).append(event)
+    health_by_index = (
+        {g.gpu_index: g for g in inputs.health_check.gpus} if inputs.health_check else {}
+    )
+    diag_by_index = {g.gpu_index: g for g in inputs.diag.gpus} if inputs.diag else {}
+
+    verdicts: list[GpuVerdict] = []
+    seen: set[str] = set()
+    for snapshot in sorted(inputs.snapshots, key=lambda s: s.index):
+        seen.add(snapshot.uuid)
+        previous = gpus.get(snapshot.uuid) or latching.GpuState(
+            uuid=snapshot.uuid, index=snapshot.index, pci_bus_id=snapshot.pci_bus_id
+        )
+        gpu, verdict = evaluate_gpu(
+            previous,
+            snapshot,
+            xids_by_index.get(snapshot.index, ()),
+            diag=_diag_for(inputs.diag, diag_by_index.get(snapshot.index)),
+            gpu_health=health_by_index.get(snapshot.index),
+            boot_id=inputs.boot_id,
+            policy=policy,
+            now=now,
+        )
+        gpus[snapshot.uuid] = gpu
+        verdicts.append(verdict)
+    for uuid, gpu in sorted(gpus.items(), key=lambda item: item[1].index):
+        if uuid in seen:
+            continue
+        if not inputs.nvml_available:
+            verdicts.append(_unknown_verdict(gpu, policy))
+            continue
+        # A GPU we knew that no longer enumerates has fallen off the bus as far as we can tell.
+        missing = readings.GpuSnapshot(
+            index=gpu.index,
+            uuid=uuid,
+            pci_bus_id=gpu.pci_bus_id,
+            taken_at=now,
+            nvml_error=readings.NvmlErrorKind.GPU_NOT_FOUND,
+            nvml_error_detail="the GPU no longer enumerates through NVML",
+        )
+        gpus[uuid], verdict = evaluate_gpu(
+            gpu,
+            missing,
+            xids_by_index.get(gpu.index, ()),
+            diag=None,
+            gpu_health=None,
+            boot_id=inputs.boot_id,
+            policy=policy,
+            now=now,
+        )
+        verdicts.append(verdict)
+    kmsg_seq = None if new_boot else state.kmsg_seq
+    kmsg_seqs = [e.kmsg_seq for e in inputs.xids if e.kmsg_seq is not None]
+    if inputs.kmsg_seq is not None:
+        kmsg_seqs.append(inputs.kmsg_seq)
+    if kmsg_seqs:
+        kmsg_seq = max([*kmsg_seqs, *([kmsg_seq] if kmsg_seq is not None else [])])
+    new_state = state.model_copy(
+        update={"boot_id": inputs.boot_id, "gpus": gpus, "kmsg_seq": kmsg_seq}
+    )
+    return new_state, tuple(sorted(verdicts, key=lambda v: v.index))
+
+
+def _diag_for(
+    result: readings.DiagResult | None, gpu: readings.GpuDiag | None
+) -> tuple[readings.DiagResult, readings.GpuDiag] | None:
+    if result is None or gpu is None or result.error:
+        return None
+    return result, gpu
+
+
+def _on_new_boot(gpu: latching.GpuState, now: dt.datetime) -> latching.GpuState:
+    """Clear what a reboot clears and forget the readings a reboot resets."""
+    latched: list[latching.LatchedFault] = []
+    for fault in gpu.latched:
+        if fault.clears_when is latching.ClearingCondition.NEW_BOOT_ID:
+            continue
+        if fault.clears_when is latching.ClearingCondition.RESET_THEN_DIAG:
+            fault = fault.model_copy(update={"reset_observed_at": now})  # noqa: PLW2901
+        latched.append(fault)
+    return gpu.model_copy(
+        update={
+            "latched": tuple(latched),
+            "pending_since": {},
+            "nvlinks_seen_up": (),
+            "app_xids": (),
+            "last_ecc_dbe": None,
+            "last_ecc_sbe_volatile": None,
+            "last_ecc_dbe_volatile": None,
+            "last_remap_pending": None,
+            "last_nvml_error": None,
+            "last_recovery_action": None,
+            "last_nvlinks_down": (),
+        }
+    )
+
+
+def _unknown_verdict(gpu: latching.GpuState, policy: Policy) -> GpuVerdict:
+    reasons = [_latched_reason(f, policy) for f in gpu.latched]
+    reasons.append(
+        heartbeat.Reason(
+            code="NvmlUnavailable",
+            verdict=health.Verdict.UNKNOWN,
+            action=health.Action.NONE,
+            message="NVML could not be initialised; the GPU cannot be probed",
+        )
+    )
+    return _assemble(gpu, reasons)
+
+
+def reset_observed(previous: latching.GpuState, snapshot: readings.GpuSnapshot) -> bool:
+    """Say whether the readings show a GPU reset since the previous probe.
+
+    NVML has no reset counter; a reset shows as volatile ECC counters going back down, a
+    pending row remap being applied, a lost / reset-required GPU answering again, or NVIDIA's
+    recovery-action field returning to NONE, or an NVLink that was down training up again.
+    """
+    if snapshot.nvml_error is not None:
+        return False
+    if previous.last_nvml_error is not None:
+        return True
+    for before, after in (
+        (previous.last_ecc_sbe_volatile, snapshot.ecc_sbe_volatile),
+        (previous.last_ecc_dbe_volatile, snapshot.ecc_dbe_volatile),
+    ):
+        if before is not None and after is not None and after < before:
+            return True
+    if previous.last_remap_pending and snapshot.remap_pending is False:
+        return True
+    if snapshot.nvlink_up and any(
+        snapshot.nvlink_up.get(link) for link in previous.last_nvlinks_down
+    ):
+        return True
+    return bool(
+        previous.last_recovery_action
+        and previous.last_recovery_action != RECOVERY_ACTION_NONE
+        and snapshot.recovery_action == RECOVERY_ACTION_NONE
+    )
+
+
+def evaluate_gpu(
+    previous: latching.GpuState,
+    snapshot: readings.GpuSnapshot,
+    xids: Iterable[readings.XidEvent],
+    *,
+    diag: tuple[readings.DiagResult, readings.GpuDiag] | None,
+    gpu_health: readings.GpuHealth | None,
+    boot_id: str,
+    policy: Policy,
+    now: dt.datetime,
+) -> tuple[latching.GpuState, GpuVerdict]:
+    """Apply the fault table to one GPU; return its new state and verdict."""
+    state = previous.model_copy(
+        update={"index": snapshot.index, "pci_bus_id": snapshot.pci_bus_id or previous.pci_bus_id}
+    )
+    # 1. Clearing conditions that this pass observes.
+    if reset_observed(previous, snapshot):
+        state = state.model_copy(
+            update={
+                "latched": tuple(
+                    f.model_copy(update={"reset_observed_at": now})
+                    if f.clears_when is latching.ClearingCondition.RESET_THEN_DIAG
+                    and f.reset_observed_at is None
+                    else f
+                    for f in state.latched
+                )
+            }
+        )
+    diag_passed_at: dt.datetime | None = None
+    new_diag = diag is not None and (
+        state.last_diag_at is None or diag[0].finished_at > state.last_diag_at
+    )
+    if diag is not None and new_diag:
+        result, gpu_diag = diag
+        state = state.model_copy(update={"last_diag_at": result.finished_at})
+        if gpu_diag.status in (readings.DiagStatus.PASS, readings.DiagStatus.SKIP):
+            diag_passed_at = result.finished_at
+
+    # 2. Findings: events first, then levels.
+    findings: list[Finding] = []
+    transient: list[heartbeat.Reason] = []
+    counts = dict(state.xid_counts)
+    reset_xids = [o for o in state.reset_xids if _age_s(now, o.at) <= policy.escalation_window_s]
+    app_xids = [o for o in state.app_xids if _age_s(now, o.at) <= policy.app_xid_display_s]
+    for event in sorted(xids, key=lambda e: e.at):
+        counts[event.xid] = counts.get(event.xid, 0) + 1
+        finding = _xid_finding(event, snapshot, reset_xids, policy)
+        if finding is not None:
+            findings.append(finding)
+        entry = xid.lookup(event.xid)
+        if event.xid in xid.APPLICATION_XIDS:
+            app_xids.append(latching.XidOccurrence(xid=event.xid, at=event.at))
+        elif entry.xid_class is xid.XidClass.RESET:
+            reset_xids.append(latching.XidOccurrence(xid=event.xid, at=event.at))
+    for occurrence in app_xids:
+        entry = xid.lookup(occurrence.xid)
+        transient.append(
+            heartbeat.Reason(
+                code=entry.reason,
+                verdict=health.Verdict.HEALTHY,
+                action=health.Action.RESTART_APP,
+                message=f"Xid {occurrence.xid}: {entry.description} (the application's fault)",
+                xid=occurrence.xid,
+                since=occurrence.at,
+            )
+        )
+    level, pending = _level_findings(state, snapshot, gpu_health, policy, now)
+    findings.extend(level)
+    if diag is not None and new_diag:
+        findings.extend(_diag_findings(diag[1]))
+
+    # 3. Latch what latches, keep the rest for this pass only.
+    latched = list(state.latched)
+    current: list[heartbeat.Reason] = list(transient)
+    for finding in findings:
+        condition = latching.clearing_for(finding.action)
+        if condition is None:
+            current.append(
+                heartbeat.Reason(
+                    code=finding.code,
+                    verdict=finding.verdict,
+                    action=finding.action,
+                    message=finding.message,
+                    xid=finding.xid,
+                    since=now,
+                )
+            )
+            continue
+        latched = _latch(latched, finding, condition, boot_id, now)
+
+    # 4. Clear what a reset plus a passing diagnostic (or no DCGM) clears.
+    kept: list[latching.LatchedFault] = []
+    for fault in latched:
+        if fault.clears_when is latching.ClearingCondition.RESET_THEN_DIAG and (
+            fault.reset_observed_at is not None
+            and (
+                not policy.dcgm_present
+                or (diag_passed_at is not None and diag_passed_at >= fault.reset_observed_at)
+            )
+        ):
+            continue
+        kept.append(fault)
+
+    nvlinks_up = set(state.nvlinks_seen_up)
+    if snapshot.nvlink_up:
+        nvlinks_up |= {link for link, up in snapshot.nvlink_up.items() if up}
+    dbe = _dbe(snapshot)
+    state = state.model_copy(
+        update={
+            "latched": tuple(kept),
+            "reset_xids": tuple(reset_xids),
+            "app_xids": tuple(app_xids),
+            "pending_since": pending,
+            "nvlinks_seen_up": tuple(sorted(nvlinks_up)),
+            "xid_counts": counts,
+            "last_ecc_dbe": dbe if dbe is not None else state.last_ecc_dbe,
+            "last_ecc_sbe_volatile": _keep(snapshot.ecc_sbe_volatile, state.last_ecc_sbe_volatile),
+            "last_ecc_dbe_volatile": _keep(snapshot.ecc_dbe_volatile, state.last_ecc_dbe_volatile),
+            "last_remap_pending": _keep(snapshot.remap_pending, state.last_remap_pending),
+            "last_nvml_error": snapshot.nvml_error,
+            "last_recovery_action": _keep(snapshot.recovery_action, state.last_recovery_action),
+            "last_nvlinks_down": (
+                tuple(sorted(link for link, up in snapshot.nvlink_up.items() if not up))
+                if snapshot.nvlink_up is not None
+                else state.last_nvlinks_down
+            ),
+        }
+    )
+    reasons = [_latched_reason(f, policy) for f in state.latched] + current
+    return state, _assemble(state, reasons)
+
+
+def _keep(value: _T | None, previous: _T | None) -> _T | None:
+    # A reading that failed this pass (absent) must not erase the baseline it is compared with.
+    return value if value is not None else previous
+
+
+def _age_s(now: dt.datetime, then: dt.datetime) -> float:
+    return (now - then).total_seconds()
+
+
+def _dbe(snapshot: readings.GpuSnapshot) -> int | None:
+    if snapshot.ecc_dbe_volatile is not None:
+        return snapshot.ecc_dbe_volatile
+    return snapshot.ecc_dbe_aggregate
+
+
+def _latch(
+    latched: list[latching.LatchedFault],
+    finding: Finding,
+    condition: latching.ClearingCondition,
+    boot_id: str,
+    now: dt.datetime,
+) -> list[latching.LatchedFault]:
+    for i, fault in enumerate(latched):
+        if fault.code == finding.code:
+            # Seen again: it is still there, so any reset observed before now did not fix it.
+            latched[i] = fault.model_copy(
+                update={"last_seen": now, "reset_observed_at": None, "message": finding.message}
+            )
+            return latched
+    latched.append(
+        latching.LatchedFault(
+            code=finding.code,
+            verdict=finding.verdict,
+            action=finding.action,
+            message=finding.message,
+            xid=finding.xid,
+            since=now,
+            last_seen=now,
+            boot_id=boot_id,
+            clears_when=condition,
+        )
+    )
+    return latched
+
+
+def _xid_finding(
+    event: readings.XidEvent,
+    snapshot: readings.GpuSnapshot,
+    reset_xids: Sequence[latching.XidOccurrence],
+    policy: Policy,
+) -> Finding | None:
+    entry = xid.lookup(event.xid)
+    label = f"Xid {event.xid} ({entry.mnemonic}): {entry.description}"
+    if event.xid in xid.APPLICATION_XIDS:
+        return None
+    if entry.xid_class is xid.XidClass.REBOOT:
+        return Finding(
+            entry.reason, health.Verdict.FAILED, health.Action.REBOOT_NODE, label, event.xid
+        )
+    if entry.xid_class is xid.XidClass.INSPECT:
+        return Finding(entry.reason, health.Verdict.FAILED, health.Action.INSPECT, label, event.xid)
+    if entry.xid_class is xid.XidClass.RESET:
+        repeats = [
+            o
+            for o in reset_xids
+            if o.xid == event.xid and 0 <= _age_s(event.at, o.at) <= policy.escalation_window_s
+        ]
+        if repeats:
+            hours = policy.escalation_window_s / 3600
+            return Finding(
+                "XidRepeated",
+                health.Verdict.FAILED,
+                health.Action.REBOOT_NODE,
+                f"{label}; seen again within {hours:g} h (first at "
+                f"{repeats[0].at.isoformat()}), a reset did not hold",
+                event.xid,
+            )
+        return Finding(
+            entry.reason, health.Verdict.FAILED, health.Action.RESET_GPU, label, event.xid
+        )
+    if event.xid == 48:
+        if snapshot.remap_failure:
+            return Finding(
+                "XidDoubleBitEccRemapFailure",
+                health.Verdict.FAILED,
+                health.Action.INSPECT,
+                f"{label}; the row remapper reports a failure (RMA threshold)",
+                48,
+            )
+        if snapshot.remap_pending:
+            return Finding(
+                "XidDoubleBitEccRemapPending",
+                health.Verdict.DEGRADED,
+                health.Action.RESET_GPU,
+                f"{label}; a row remap is pending and takes effect at the next GPU reset",
+                48,
+            )
+        return Finding(
+            "XidDoubleBitEcc", health.Verdict.DEGRADED, health.Action.RESET_GPU, label, 48
+        )
+    if event.xid == 64:
+        if snapshot.remap_failure:
+            return Finding(
+                "XidRowRemapFailure",
+                health.Verdict.FAILED,
+                health.Action.INSPECT,
+                f"{label}; the row remapper reports a failure (RMA threshold)",
+                64,
+            )
+        return Finding(
+            "XidRowRemapRecordingFailure",
+            health.Verdict.DEGRADED,
+            health.Action.RESET_GPU,
+            label,
+            64,
+        )
+    # Xid 154 is read through the recovery-action field (a level finding); IGNORE-class Xids
+    # and unlisted ones are counted only.
+    return None
+
+
+def _level_findings(
+    state: latching.GpuState,
+    snapshot: readings.GpuSnapshot,
+    gpu_health: readings.GpuHealth | None,
+    policy: Policy,
+    now: dt.datetime,
+) -> tuple[list[Finding], dict[str, dt.datetime]]:
+    """Return the findings the current readings support and the new debounce map."""
+    findings: list[Finding] = []
+    error = snapshot.nvml_error
+    detail = f": {snapshot.nvml_error_detail}" if snapshot.nvml_error_detail else ""
+    if error in (readings.NvmlErrorKind.GPU_IS_LOST, readings.NvmlErrorKind.GPU_NOT_FOUND):
+        findings.append(
+            Finding(
+                "GpuLost",
+                health.Verdict.FAILED,
+                health.Action.REBOOT_NODE,
+                f"NVML reports the GPU lost ({error}){detail}",
+            )
+        )
+        return findings, {}
+    if error is readings.NvmlErrorKind.RESET_REQUIRED:
+        findings.append(
+            Finding(
+                "GpuResetRequired",
+                health.Verdict.FAILED,
+                health.Action.RESET_GPU,
+                f"NVML says the GPU needs a reset{detail}",
+            )
+        )
+        return findings, {}
+    if error is readings.NvmlErrorKind.UNKNOWN:
+        findings.append(
+            Finding(
+                "NvmlError",
+                health.Verdict.FAILED,
+                health.Action.RESET_GPU,
+                f"NVML returned an unexpected error{detail}",
+            )
+        )
+        return findings, {}
+
+    if snapshot.remap_failure:
+        findings.append(
+            Finding(
+                "RowRemapFailure",
+                health.Verdict.FAILED,
+                health.Action.INSPECT,
+                "the row remapper reports a failure (NVIDIA's RMA threshold for row remapping)",
+            )
+        )
+    elif snapshot.remap_pending:
+        findings.append(
+            Finding(
+                "RowRemapPending",
+                health.Verdict.DEGRADED,
+                health.Action.RESET_GPU,
+                "a row remap is pending; it takes effect at the next GPU reset",
+            )
+        )
+    dbe = _dbe(snapshot)
+    if (
+        not snapshot.remap_failure
+        and dbe is not None
+        and state.last_ecc_dbe is not None
+        and dbe > state.last_ecc_dbe
+    ):
+        findings.append(
+            Finding(
+                "EccUncorrectedRising",
+                health.Verdict.DEGRADED,
+                health.Action.RESET_GPU,
+                f"uncorrected ECC errors rose from {state.last_ecc_dbe} to {dbe}",
+            )
+        )
+    if snapshot.nvlink_up:
+        down = sorted(
+            link for link in state.nvlinks_seen_up if snapshot.nvlink_up.get(link) is False
+        )
+        if down:
+            findings.append(
+                Finding(
+                    "NvLinkDown",
+                    health.Verdict.DEGRADED,
+                    health.Action.RESET_GPU,
+                    f"NVLink {', '.join(map(str, down))} went down after being up",
+                )
+            )
+    if snapshot.recovery_action and snapshot.recovery_action in _RECOVERY_ACTIONS:
+        code, verdict, action, name = _RECOVERY_ACTIONS[snapshot.recovery_action]
+        findings.append(
+            Finding(code, verdict, action, f"NVIDIA's recovery-action field says {name}")
+        )
+    if gpu_health is not None and gpu_health.value == "Failure":
+        findings.append(
+            Finding(
+                "DcgmHealthFailure",
+                health.Verdict.DEGRADED,
+                health.Action.NONE,
+                "DCGM health watch failure: " + "; ".join(gpu_health.incidents),
+            )
+        )
+
+    pending: dict[str, dt.datetime] = {}
+    reasons = snapshot.clock_event_reasons or 0
+    for bit, code, what in (
+        (CLOCK_EVENT_HW_THERMAL_SLOWDOWN, "HwThermalSlowdown", "hardware thermal slowdown"),
+        (CLOCK_EVENT_HW_POWER_BRAKE_SLOWDOWN, "HwPowerBrakeSlowdown", "hardware power-brake"),
+    ):
+        if snapshot.clock_event_reasons is None:
+            # Not read this pass: keep the window open rather than restart it.
+            if code in state.pending_since:
+                pending[code] = state.pending_since[code]
+            continue
+        if not reasons & bit:
+            continue
+        since = state.pending_since.get(code, now)
+        pending[code] = since
+        if _age_s(now, since) >= policy.debounce_s:
+            findings.append(
+                Finding(
+                    code,
+                    health.Verdict.DEGRADED,
+                    health.Action.INSPECT,
+                    f"{what} active since {since.isoformat()} "
+                    f"(longer than the {policy.debounce_s:g} s debounce window)",
+                )
+            )
+    return findings, pending
+
+
+def _diag_findings(gpu: readings.GpuDiag) -> list[Finding]:
+    if gpu.status is not readings.DiagStatus.FAIL:
+        return []
+    failed = [f for f in gpu.findings if f.status is readings.DiagStatus.FAIL] or list(gpu.findings)
+    severities = [f.severity for f in failed if f.severity is not None]
+    text = "; ".join(f"{f.test}: {f.message}" for f in failed) or "diagnostic failed"
+    if severities and max(severities) == _SEVERITY_RESET:
+        return [Finding("DcgmDiagFailed", health.Verdict.FAILED, health.Action.RESET_GPU, text)]
+    if severities and all(s in (_SEVERITY_MONITOR, _SEVERITY_CONFIG) for s in severities):
+        return [Finding("DcgmDiagWarning", health.Verdict.DEGRADED, health.Action.NONE, text)]
+    return [Finding("DcgmDiagFailed", health.Verdict.FAILED, health.Action.INSPECT, text)]
+
+
+def _latched_reason(fault: latching.LatchedFault, policy: Policy) -> heartbeat.Reason:
+    clears = latching.clears_when_text(fault.clears_when, dcgm_present=policy.dcgm_present)
+    if fault.reset_observed_at is not None:
+        clears += f" (reset observed at {fault.reset_observed_at.isoformat()})"
+    return heartbeat.Reason(
+        code=fault.code,
+        verdict=fault.verdict,
+        action=fault.action,
+        message=fault.message,
+        xid=fault.xid,
+        latched=True,
+        clears_when=clears[:1024],
+        since=fault.since,
+    )
+
+
+def _assemble(gpu: latching.GpuState, reasons: Sequence[heartbeat.Reason]) -> GpuVerdict:
+    bounded = tuple(reasons[: heartbeat.MAX_REASONS_PER_GPU])
+    return GpuVerdict(
+        uuid=gpu.uuid,
+        index=gpu.index,
+        verdict=health.worst_verdict([r.verdict for r in bounded]),
+        action=health.worst_action([r.action for r in bounded]),
+        reasons=bounded,
+    )
+
+
+def changed(before: Mapping[str, GpuVerdict], after: Iterable[GpuVerdict]) -> bool:
+    """Say whether any GPU's verdict or action differs: the trigger for an immediate heartbeat."""
+    after_map = {v.uuid: v for v in after}
+    if set(before) != set(after_map):
+        return True
+    return any(
+        (before[u].verdict, before[u].action) != (v.verdict, v.action) for u, v in after_map.items()
+    )

@@ -1,0 +1,275 @@
+"""Each fault-table row through real pynvml on the fake NVML library, in process.
+
+The fake is loaded once for this module (pynvml keeps one global library handle); each test
+resets it, starts a fresh `Monitor` on a fresh state file, steps probe passes until the verdict
+shows, checks action, latching and metrics, then applies the clearing condition.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import pathlib
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from agent import metrics, monitoring, settings
+from devcluster import fakenvml
+from shared import health
+
+DEADLINE_S = 30.0
+GPU = 3
+
+
+@pytest.fixture(scope="module")
+def fake() -> Iterator[fakenvml.InProcessControl]:
+    """Build and load the fake library once for the module."""
+    control = fakenvml.InProcessControl(fakenvml.build())
+    yield control
+    control.reset_all()
+
+
+@dataclasses.dataclass
+class Rig:
+    """A monitor on the fake, and the files it uses."""
+
+    control: fakenvml.InProcessControl
+    config: settings.Settings
+    boot: pathlib.Path
+    kmsg: pathlib.Path
+    monitor: monitoring.Monitor
+
+    async def restart(self, boot_id: str | None = None) -> None:
+        """Stop the monitor and start a new one (a new boot id simulates a reboot)."""
+        await self.monitor.stop()
+        if boot_id is not None:
+            self.boot.write_text(boot_id + "\n")
+        self.monitor = monitoring.Monitor(self.config)
+        await self.monitor.start(loops=False)
+
+    async def until(self, check: Callable[[monitoring.View], bool]) -> monitoring.View:
+        """Step probe passes until `check(view)` holds, against a generous deadline."""
+        deadline = time.monotonic() + DEADLINE_S
+        while True:
+            view = await self.monitor.probe_once()
+            if check(view):
+                return view
+            if time.monotonic() > deadline:
+                pytest.fail(f"condition not met before the deadline; last view: {view.verdicts}")
+            await asyncio.sleep(0.05)
+
+    async def registered(self) -> None:
+        """Wait until the event thread has registered every GPU."""
+        await self.until(lambda v: v.events_registered == 8)
+
+
+@pytest.fixture
+async def rig(fake: fakenvml.InProcessControl, tmp_path: pathlib.Path) -> AsyncIterator[Rig]:
+    """A fresh fake state and monitor per test."""
+    fake.reset_all()
+    boot = tmp_path / "boot_id"
+    boot.write_text("boot-1\n")
+    kmsg = tmp_path / "kmsg"
+    kmsg.write_text("")
+    config = settings.Settings(
+        node_name="gpu-node-1",
+        boot_id_path=boot,
+        state_path=tmp_path / "state.json",
+        kmsg_path=kmsg,
+        dcgm_enabled=False,
+        debounce_s=0.3,
+        counter_interval_s=0.01,
+        event_wait_ms=50,
+        auth_enabled=False,
+    )
+    mon = monitoring.Monitor(config)
+    await mon.start(loops=False)
+    r = Rig(fake, config, boot, kmsg, mon)
+    try:
+        yield r
+    finally:
+        await r.monitor.stop()
+
+
+def gpu_verdict(view: monitoring.View, index: int = GPU) -> tuple[health.Verdict, health.Action]:
+    """The (verdict, action) of one GPU."""
+    v = next(v for v in view.verdicts if v.index == index)
+    return v.verdict, v.action
+
+
+def metric_value(view: monitoring.View, name: str, **labels: str) -> float | None:
+    """Parse `/metrics` and return one sample's value."""
+    text = metrics.render(view)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return float(sample.value)
+    return None
+
+
+def inject_lost(c: fakenvml.InProcessControl) -> None:
+    c.lost(GPU)
+
+
+def inject_remap_pending_48(c: fakenvml.InProcessControl) -> None:
+    c.remap(GPU, "pending")
+    c.xid(GPU, 48)
+
+
+def inject_remap_failure_64(c: fakenvml.InProcessControl) -> None:
+    c.remap(GPU, "failure")
+    c.xid(GPU, 64)
+
+
+def inject_ecc(c: fakenvml.InProcessControl) -> None:
+    c.ecc_uncorrected(GPU, 2)
+
+
+def inject_xid95(c: fakenvml.InProcessControl) -> None:
+    c.ecc_corrected(GPU, 1)  # so that the reset shows: volatile counters go back to zero
+    c.xid(GPU, 95)
+
+
+def inject_reset_required(c: fakenvml.InProcessControl) -> None:
+    c.reset_required(GPU)
+
+
+def inject_nvlink(c: fakenvml.InProcessControl) -> None:
+    c.nvlink_down(GPU, 5)
+
+
+def inject_thermal(c: fakenvml.InProcessControl) -> None:
+    c.thermal(GPU, on=True)
+
+
+def clear_reboot(c: fakenvml.InProcessControl) -> None:
+    c.clear(GPU)
+
+
+def clear_reset(c: fakenvml.InProcessControl) -> None:
+    c.reset(GPU)
+
+
+def clear_thermal(c: fakenvml.InProcessControl) -> None:
+    c.thermal(GPU, on=False)
+
+
+def clear_remap_failure(c: fakenvml.InProcessControl) -> None:
+    c.remap(GPU, "clear")
+
+
+D, F = health.Verdict.DEGRADED, health.Verdict.FAILED
+A = health.Action
+
+ROWS = [
+    pytest.param(inject_lost, F, A.REBOOT_NODE, clear_reboot, "reboot",
+                 id="a GPU falling off the bus fails until a new boot id"),
+    pytest.param(inject_remap_pending_48, D, A.RESET_GPU, clear_reset, "reset",
+                 id="xid 48 with a pending remap degrades until a reset"),
+    pytest.param(inject_remap_failure_64, F, A.INSPECT, clear_remap_failure, "release",
+                 id="xid 64 with a remap failure fails until a manual release"),
+    pytest.param(inject_ecc, D, A.RESET_GPU, clear_reset, "reset",
+                 id="rising uncorrected ECC degrades until a reset"),
+    pytest.param(inject_xid95, F, A.RESET_GPU, clear_reset, "reset",
+                 id="xid 95 fails until a reset"),
+    pytest.param(inject_reset_required, F, A.RESET_GPU, clear_reset, "reset",
+                 id="RESET_REQUIRED fails until a reset"),
+    pytest.param(inject_nvlink, D, A.RESET_GPU, clear_reset, "reset",
+                 id="an NVLink going down degrades until a reset"),
+    pytest.param(inject_thermal, D, A.INSPECT, clear_thermal, "release",
+                 id="persisting thermal slowdown degrades until a manual release"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("inject", "verdict", "action", "fix", "clearing"), ROWS)
+async def test_fault_row_latches_and_clears_only_on_its_condition(  # noqa: PLR0917 - parametrized
+    rig: Rig,
+    inject: Callable[[fakenvml.InProcessControl], None],
+    verdict: health.Verdict,
+    action: health.Action,
+    fix: Callable[[fakenvml.InProcessControl], None],
+    clearing: str,
+) -> None:
+    """The fault yields its verdict and action, survives the fix alone, and clears on its rule."""
+    await rig.registered()
+    await rig.until(lambda v: gpu_verdict(v) == (health.Verdict.HEALTHY, health.Action.NONE))
+    inject(rig.control)
+    view = await rig.until(lambda v: gpu_verdict(v) == (verdict, action))
+    assert metric_value(view, "taugrid_gpu_verdict", gpu=str(GPU), verdict=str(verdict)) == 1
+    assert metric_value(view, "taugrid_gpu_latched_faults", gpu=str(GPU)) >= 1  # type: ignore[operator]
+    uuid = next(v.uuid for v in view.verdicts if v.index == GPU)
+    assert all(f.clears_when for f in view.state.gpus[uuid].latched)
+    # Latched: a restart of the agent on the same boot keeps it.
+    await rig.restart()
+    view = await rig.until(lambda v: bool(v.verdicts))
+    assert gpu_verdict(view)[0] != health.Verdict.HEALTHY
+    fix(rig.control)
+    if clearing == "reboot":
+        for _ in range(3):
+            view = await rig.monitor.probe_once()
+        assert gpu_verdict(view) == (verdict, action), "a fix without a reboot must not clear"
+        await rig.restart(boot_id="boot-2")
+    elif clearing == "release":
+        for _ in range(3):
+            view = await rig.monitor.probe_once()
+        assert gpu_verdict(view)[0] != health.Verdict.HEALTHY, "only a release clears it"
+        released = await rig.monitor.release(gpu=GPU, code=None, force=False)
+        assert released
+    await rig.until(lambda v: gpu_verdict(v) == (health.Verdict.HEALTHY, health.Action.NONE))
+
+
+async def test_application_xid_is_counted_and_keeps_the_gpu_healthy(rig: Rig) -> None:
+    """Xid 13 from NVML and the same Xid in the kernel log count once and change no verdict."""
+    await rig.registered()
+    rig.control.xid(GPU, 13)
+    uuid_view = await rig.until(lambda v: bool(v.verdicts))
+    pci = next(s.pci_bus_id for s in uuid_view.snapshots if s.index == GPU)
+    ts = int(time.monotonic() * 1_000_000)
+    short = pci[4:-2]  # 00000000:18:00.0 -> 0000:18:00
+    with rig.kmsg.open("a") as fh:
+        fh.write(f"4,101,{ts},-;NVRM: Xid (PCI:{short}): 13, pid=42, name=python, Graphics\n")
+    view = await rig.until(
+        lambda v: (
+            metric_value(v, "taugrid_gpu_xid_total", gpu=str(GPU), xid="13") == 1
+            and v.state.kmsg_seq == 101
+        )
+    )
+    assert gpu_verdict(view) == (health.Verdict.HEALTHY, health.Action.RESTART_APP)
+    assert metric_value(view, "DCGM_FI_DEV_XID_ERRORS", gpu=str(GPU)) == 13
+
+
+async def test_same_reset_xid_twice_escalates_to_a_reboot(rig: Rig) -> None:
+    """Xid 95 twice inside the escalation window asks for a reboot."""
+    await rig.registered()
+    rig.control.xid(GPU, 95)
+    await rig.until(lambda v: gpu_verdict(v) == (F, A.RESET_GPU))
+    rig.control.xid(GPU, 95)
+    await rig.until(lambda v: gpu_verdict(v) == (F, A.REBOOT_NODE))
+
+
+async def test_kmsg_xids_from_before_the_restart_are_not_counted_twice(rig: Rig) -> None:
+    """The kernel log is read back to boot, but a restart on the same boot skips what was folded."""
+    view = await rig.until(lambda v: bool(v.snapshots))
+    pci = next(s.pci_bus_id for s in view.snapshots if s.index == GPU)[4:-2]
+    rig.kmsg.write_text(
+        f"3,7,1000,-;NVRM: Xid (PCI:{pci}): 79, pid=1, GPU has fallen off the bus.\n"
+    )
+    await rig.until(lambda v: gpu_verdict(v) == (F, A.REBOOT_NODE))
+    await rig.restart()
+    view = await rig.until(lambda v: v.taken_at is not None and bool(v.verdicts))
+    for _ in range(3):
+        view = await rig.monitor.probe_once()
+    uuid = next(v.uuid for v in view.verdicts if v.index == GPU)
+    assert view.state.gpus[uuid].xid_counts == {79: 1}
+
+
+async def test_event_thread_survives_a_lost_gpu(rig: Rig) -> None:
+    """After one GPU is lost, Xids on another GPU still arrive through the event set."""
+    await rig.registered()
+    rig.control.lost(1)
+    await rig.until(lambda v: gpu_verdict(v, 1)[0] == F)
+    rig.control.xid(GPU, 95)
+    await rig.until(lambda v: gpu_verdict(v) == (F, A.RESET_GPU))

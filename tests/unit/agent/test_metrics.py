@@ -1,0 +1,115 @@
+"""`/metrics` against a golden file of dcgm-exporter-format lines, and the text parser."""
+
+from __future__ import annotations
+
+import datetime as dt
+import pathlib
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from agent import latching, metrics, monitoring, readings, verdicts
+from shared import health
+
+GOLDEN = pathlib.Path(__file__).parents[2] / "fixtures" / "metrics" / "agent_metrics.prom"
+T0 = dt.datetime(2026, 5, 1, 12, 0, tzinfo=dt.UTC)
+UUIDS = ("GPU-11111111-2222-3333-4444-555555555555", "GPU-66666666-7777-8888-9999-000000000000")
+
+
+def view() -> monitoring.View:
+    """Two GPUs with fixed readings; GPU 1 has a latched Xid 79 and an Xid 13 count."""
+    snaps = tuple(
+        readings.GpuSnapshot(
+            index=i,
+            uuid=UUIDS[i],
+            name="NVIDIA H100 80GB HBM3",
+            pci_bus_id=f"00000000:{0x18 + i:02X}:00.0",
+            taken_at=T0,
+            temperature_c=35 + i,
+            memory_temperature_c=40,
+            power_w=72.5,
+            utilization_gpu_pct=0,
+            utilization_memory_pct=0,
+            encoder_util_pct=0,
+            decoder_util_pct=0,
+            sm_clock_mhz=1980,
+            mem_clock_mhz=2619,
+            fb_free_mib=81015,
+            fb_used_mib=544,
+            fb_reserved_mib=None,
+            energy_mj=123456789,
+            pcie_replay_count=0,
+            remapped_rows_correctable=0,
+            remapped_rows_uncorrectable=i,
+            remap_failure=False,
+        )
+        for i in range(2)
+    )
+    fault = latching.LatchedFault(
+        code="XidFallenOffBus",
+        verdict=health.Verdict.FAILED,
+        action=health.Action.REBOOT_NODE,
+        since=T0,
+        last_seen=T0,
+        boot_id="b",
+        clears_when=latching.ClearingCondition.NEW_BOOT_ID,
+        xid=79,
+    )
+    state = latching.NodeState(
+        boot_id="b",
+        gpus={
+            UUIDS[0]: latching.GpuState(uuid=UUIDS[0], index=0),
+            UUIDS[1]: latching.GpuState(
+                uuid=UUIDS[1], index=1, latched=(fault,), xid_counts={13: 2, 79: 1}
+            ),
+        },
+    )
+    return monitoring.View(
+        node_name="gpu-node-1",
+        boot_id="b",
+        taken_at=T0,
+        driver_version="550.54.15",
+        nvml_available=True,
+        snapshots=snaps,
+        verdicts=(
+            verdicts.GpuVerdict(UUIDS[0], 0, health.Verdict.HEALTHY, health.Action.NONE, ()),
+            verdicts.GpuVerdict(UUIDS[1], 1, health.Verdict.FAILED, health.Action.REBOOT_NODE, ()),
+        ),
+        state=state,
+        last_xid={1: 79},
+        probe_seconds={"gauges": 0.0015},
+        probe_errors={"gauges:NotSupported": 3},
+    )
+
+
+def test_metrics_match_the_golden_file() -> None:
+    """The rendered text is byte-for-byte the golden file, `# TYPE` lines included."""
+    assert metrics.render(view()) == GOLDEN.read_text()
+
+
+def test_metrics_parse_with_prometheus_client() -> None:
+    """prometheus_client parses every family; dcgm-exporter counters keep names without _total."""
+    families = {f.name: f for f in text_string_to_metric_families(metrics.render(view()))}
+    assert families["DCGM_FI_DEV_PCIE_REPLAY_COUNTER"].type == "counter"
+    assert families["DCGM_FI_DEV_GPU_TEMP"].type == "gauge"
+    assert "DCGM_FI_DEV_FB_RESERVED" not in families  # absent reading, absent series
+    xid = {(s.labels["gpu"], s.labels["xid"]): s.value for s in families["taugrid_gpu_xid"].samples}
+    assert xid == {("1", "13"): 2.0, ("1", "79"): 1.0}
+    sample = families["DCGM_FI_DEV_GPU_TEMP"].samples[1]
+    assert sample.labels == {
+        "gpu": "1",
+        "UUID": UUIDS[1],
+        "pci_bus_id": "00000000:19:00.0",
+        "device": "nvidia1",
+        "modelName": "NVIDIA H100 80GB HBM3",
+        "Hostname": "gpu-node-1",
+        "DCGM_FI_DRIVER_VERSION": "550.54.15",
+    }
+
+
+def test_dcgm_families_can_be_turned_off() -> None:
+    """With dcgm-exporter on the node, only our taugrid_* families remain."""
+    names = {
+        f.name for f in text_string_to_metric_families(metrics.render(view(), export_dcgm=False))
+    }
+    assert not {n for n in names if n.startswith("DCGM_")}
+    assert "taugrid_gpu_verdict" in names
