@@ -1,12 +1,13 @@
-"""`taugrid dev build | up | down | status`: the local, real control plane for development."""
+"""`taugrid dev build | up | down | status | inject`: the local, real control plane."""
 
 from __future__ import annotations
 
 import argparse
+import pathlib
 import sys
 from collections.abc import Sequence
 
-from devcluster import build, cluster
+from devcluster import build, cluster, stack
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -21,6 +22,23 @@ def _parser() -> argparse.ArgumentParser:
 
     up = sub.add_parser("up", help="start the control plane with fake GPU nodes and queues")
     up.add_argument("--nodes", type=int, default=4, help="number of fake GPU nodes (default 4)")
+    up.add_argument(
+        "--no-taugrid",
+        action="store_true",
+        help="only the control plane: no TauGrid controller and agents",
+    )
+
+    inj = sub.add_parser("inject", help="inject a GPU fault into a dev node's fake NVML library")
+    inj.add_argument("node", help="fake node name, e.g. gpu-node-0")
+    inj.add_argument("--gpu", type=int, required=True, help="GPU index on that node")
+    what = inj.add_mutually_exclusive_group(required=True)
+    what.add_argument("--xid", type=int, metavar="CODE", help="raise an Xid event")
+    what.add_argument("--lost", action="store_true", help="the GPU falls off the bus")
+    what.add_argument("--reset", action="store_true", help="reset the GPU")
+    what.add_argument("--ecc-uncorrected", type=int, metavar="K", help="add K uncorrected errors")
+    what.add_argument("--thermal", action="store_true", help="hardware thermal slowdown on")
+    what.add_argument("--nvlink-down", type=int, metavar="LINK", help="take an NVLink down")
+    what.add_argument("--clear", action="store_true", help="back to the scenario's defaults")
 
     sub.add_parser("down", help="stop every process `up` started")
     st = sub.add_parser("status", help="report each component's health")
@@ -44,7 +62,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return 2
             build.check_prerequisites()
             c.up(nodes=args.nodes)
-            print(cluster.summary(c))
+            if not args.no_taugrid:
+                bin_dir = build.built_dir() / "bin"
+                stack.stop_agents_state(c)
+                stack.start(c, bin_dir, [f"gpu-node-{i}" for i in range(args.nodes)])
+                print(cluster.summary(c))
+                print(_welcome(c, bin_dir))
+            else:
+                print(cluster.summary(c))
+            return 0
+        if args.command == "inject":
+            line = stack.inject(c, args.node, args.gpu, *_inject_command(args))
+            print(f"injected on {args.node}: {line}")
             return 0
         if args.command == "down":
             stopped = c.down()
@@ -64,6 +93,42 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     return 2
+
+
+def _inject_command(args: argparse.Namespace) -> list[str]:
+    if args.xid is not None:
+        return ["xid", str(args.xid)]
+    if args.lost:
+        return ["lost"]
+    if args.reset:
+        return ["reset"]
+    if args.ecc_uncorrected is not None:
+        return ["ecc_uncorrected", str(args.ecc_uncorrected)]
+    if args.thermal:
+        return ["thermal", "on"]
+    if args.nvlink_down is not None:
+        return ["nvlink_down", str(args.nvlink_down)]
+    return ["clear"]
+
+
+def _welcome(c: cluster.Cluster, bin_dir: pathlib.Path) -> str:
+    token = stack.researcher_token(c, bin_dir)
+    url = stack.controller_url()
+    oncall = '-H "Authorization: Bearer $(kubectl create token default)"'
+    submit = "-H \"Authorization: Bearer $TAU_TOKEN\" -H 'Content-Type: application/yaml'"
+    return "\n".join(
+        [
+            "",
+            f"TauGrid controller: {url}   (web page: {url}/, client: {url}/tau)",
+            f"on-call:   curl -s {oncall} {url}/v1/nodes",
+            "researcher token (ServiceAccount default/researcher, 24 h):",
+            f"  export TAU_URL={url} TAU_NAMESPACE=default TAU_TOKEN={token}",
+            "first run:",
+            f"  curl -s -X POST {submit} \\",
+            f"    --data-binary @examples/job.yaml {url}/v1/runs",
+            "inject a fault:  taugrid dev inject gpu-node-0 --gpu 3 --xid 79",
+        ]
+    )
 
 
 if __name__ == "__main__":

@@ -227,6 +227,12 @@ class Cluster:
                 ok, detail = self.probe(comp.health_url)
                 state = "healthy" if ok else "unhealthy"
                 out.append((comp.name, state, f"pid {rec.pid} {comp.health_url} {detail[:60]}"))
+        known = {comp.name for comp in self.components()}
+        for rec in self.table.records():
+            if rec.name in known:
+                continue
+            alive = processes.is_alive(rec)
+            out.append((rec.name, "running" if alive else "dead", f"pid {rec.pid} log {rec.log}"))
         return out
 
     # ------------------------------------------------------------------ up
@@ -281,7 +287,7 @@ class Cluster:
             self._start_kcm(bin_dir)
             self._start_scheduler(bin_dir)
             self._start_kwok(bin_dir, assets)
-            self.ensure_nodes(bin_dir, nodes)
+            self.ensure_nodes(bin_dir, nodes, labels={"taugrid.dev/dev-fleet": "true"})
             self._start_kueue(bin_dir, assets)
             self._start_kuberay(bin_dir)
             self._bootstrap_queues(bin_dir, nodes)

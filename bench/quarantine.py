@@ -1,0 +1,169 @@
+"""Fault to quarantine: from a fatal heartbeat to the taint being visible in the API server.
+
+Needs the dev cluster. A fleet of 100 GPU nodes (Node objects with pod-bound agent tokens, as
+`bench/heartbeats.py` makes them) reports healthy to one controller process every second.
+Each trial turns one node's GPU to Xid 79 and times, on a watch of the API server, the moment
+the node carries the taint and is cordoned. Every node is one trial (limits are raised so a
+100-node storm is allowed: maxQuarantined 100, breaker at 100 %). It also runs the 150-of-1,500
+burst: 150 nodes fail at once and the time until all are quarantined is reported.
+
+The agent's own share (Xid injected into NVML until the heartbeat leaves) is measured by
+`bench/agent.py`; add the two for the end-to-end figure (docs/benchmarks.md does).
+
+Run: `.venv/bin/python -m bench.quarantine --nodes 100 [--burst 1500:150]`
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import subprocess
+import sys
+import time
+
+import aiohttp
+from kubernetes_asyncio import client, config
+
+from bench import fleetkit
+from devcluster import cluster, stack
+from tests import controllerkit as kit
+
+TAINT_KEY = "taugrid.dev/gpu-unhealthy"
+
+
+def _env(dev: cluster.Cluster, port: int, ns: str) -> dict[str, str]:
+    env = stack.controller_env(dev, port=port, namespace=ns, identity=f"bench-{ns}",
+                               node_selector=f"taugrid.dev/bench={ns}")  # fmt: skip
+    env.update(
+        {
+            "TAUGRID_CONTROLLER_MAX_QUARANTINED": "100000",
+            "TAUGRID_CONTROLLER_BREAKER_PERCENT": "100",
+            "TAUGRID_CONTROLLER_EVICT_GRACE_S": "3600",
+            "TAUGRID_CONTROLLER_LOG_LEVEL": "WARNING",
+        }
+    )
+    return env
+
+
+async def _watch_taints(
+    api: client.ApiClient, ns: str, seen: dict[str, float], stop: asyncio.Event
+) -> None:
+    """Record when each node is first seen tainted and cordoned (raw watch, our clock)."""
+    core = client.CoreV1Api(api)
+    while not stop.is_set():
+        resp = await core.list_node(
+            watch=True,
+            label_selector=f"taugrid.dev/bench={ns}",
+            timeout_seconds=60,
+            _preload_content=False,
+        )
+        try:
+            while not stop.is_set():
+                line = await resp.content.readline()
+                if not line:
+                    break
+                obj = json.loads(line).get("object") or {}
+                spec = obj.get("spec") or {}
+                tainted = any(t.get("key") == TAINT_KEY for t in spec.get("taints") or [])
+                name = obj.get("metadata", {}).get("name", "")
+                if tainted and spec.get("unschedulable") and name not in seen:
+                    seen[name] = time.perf_counter()
+        finally:
+            resp.release()
+
+
+async def _trial_run(
+    api: client.ApiClient, dev: cluster.Cluster, total: int, failing: int, burst: bool
+) -> list[float]:
+    ns = f"bench-q-{total}"
+    tokens = await fleetkit.make_fleet(api, dev, ns, total, prefix=f"q{total}")
+    agents = {n: kit.Agent(n, t) for n, t in tokens.items()}
+    port = kit.free_port()
+    ctl = subprocess.Popen([sys.executable, "-m", "controller"], env=_env(dev, port, ns),
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    seen: dict[str, float] = {}
+    stop = asyncio.Event()
+    sent: dict[str, float] = {}
+    try:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64)) as http:
+            for _ in range(300):
+                with contextlib.suppress(aiohttp.ClientError):
+                    async with http.get(f"{url}/readyz") as r:
+                        if (await r.json()).get("leader"):
+                            break
+                await asyncio.sleep(0.1)
+            loop = asyncio.create_task(kit.heartbeat_loop(list(agents.values()), http, [url], 1.0))
+            watcher = asyncio.create_task(_watch_taints(api, ns, seen, stop))
+            await asyncio.sleep(5)  # every node reported healthy at least once
+            victims = list(agents)[:failing]
+            if burst:
+                for v in victims:
+                    agents[v].fail(0)
+                t0 = time.perf_counter()
+                await asyncio.gather(*(agents[v].send(http, url) for v in victims))
+                sent = dict.fromkeys(victims, t0)
+            else:
+                for v in victims:
+                    agents[v].fail(0)
+                    sent[v] = time.perf_counter()
+                    await agents[v].send(http, url)
+                    deadline = time.perf_counter() + 30
+                    while v not in seen and time.perf_counter() < deadline:
+                        await asyncio.sleep(0.005)
+            deadline = time.perf_counter() + 120
+            while len(seen) < len(victims) and time.perf_counter() < deadline:
+                await asyncio.sleep(0.05)
+            stop.set()
+            loop.cancel()
+            watcher.cancel()
+            for t in (loop, watcher):
+                with contextlib.suppress(asyncio.CancelledError):
+                    await t
+    finally:
+        ctl.terminate()
+        ctl.wait(timeout=15)
+        await fleetkit.delete_fleet(api, dev, ns)
+    return [seen[v] - sent[v] for v in sent if v in seen] + [float("inf")] * (
+        len(sent) - len([v for v in sent if v in seen])
+    )
+
+
+async def run(nodes: int, burst: tuple[int, int] | None) -> None:
+    dev = cluster.Cluster()
+    if not dev.is_up():
+        sys.exit("the dev cluster is not running: start it with scripts/up")
+    cfg = client.Configuration()
+    await config.load_kube_config(config_file=str(dev.kubeconfig), client_configuration=cfg)
+    api = client.ApiClient(cfg)
+    try:
+        times = await _trial_run(api, dev, nodes, nodes, burst=False)
+        ok = [t for t in times if t != float("inf")]
+        print(f"fatal heartbeat -> taint+cordon visible, {nodes} nodes, {len(times)} trials:")
+        print(f"  p50 {fleetkit.pct(ok, 50):.1f} ms  p99 {fleetkit.pct(ok, 99):.1f} ms  "
+              f"max {max(ok) * 1000:.1f} ms  missed {len(times) - len(ok)}")  # fmt: skip
+        if burst is not None:
+            total, failing = burst
+            times = await _trial_run(api, dev, total, failing, burst=True)
+            ok = sorted(t for t in times if t != float("inf"))
+            print(f"burst: {failing} of {total} nodes failing at once:")
+            p90 = fleetkit.pct(ok, 90) / 1000
+            print(f"  all quarantined within {max(ok):.2f} s (p90 {p90:.2f} s), "
+                  f"missed {len(times) - len(ok)}")  # fmt: skip
+    finally:
+        await api.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--nodes", type=int, default=100)
+    parser.add_argument("--burst", default="", help="TOTAL:FAILING, e.g. 1500:150")
+    args = parser.parse_args()
+    burst = tuple(int(x) for x in args.burst.split(":")) if args.burst else None
+    asyncio.run(run(args.nodes, burst))  # type: ignore[arg-type]
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,254 @@
+"""TauGrid itself on the dev cluster: the controller and one agent per fake GPU node.
+
+They run as host processes. Each agent probes its own copy of the fake NVML library (a
+different seed per node, so UUIDs differ) and authenticates exactly as a DaemonSet pod would:
+its token is requested through the TokenRequest API, bound to an agent pod that KWOK runs on
+that node, with audience `taugrid`. `taugrid dev inject` reaches an agent's fake library
+through the Unix socket the library serves.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import secrets
+import shutil
+import sys
+import time
+from typing import Any
+
+from devcluster import cluster, fakenvml, processes
+
+NAMESPACE = "taugrid-system"
+AGENT_SA = "taugrid-agent"
+CONTROLLER_PORT = 8080
+AGENT_PORT_BASE = 9400
+AGENT_TOKEN_SECONDS = 24 * 3600
+"""Agent tokens last a day on the dev cluster; `taugrid dev up` issues fresh ones each time."""
+RESEARCHER_SA = "researcher"
+DEV_FLEET_SELECTOR = "taugrid.dev/dev-fleet=true"
+"""The dev controller manages only the nodes `taugrid dev up` made, so tests that bring their
+own nodes and controllers never share a fleet with it."""
+
+
+def controller_url() -> str:
+    """Where the dev controller listens (loopback only: the dev cluster serves plain HTTP)."""
+    return f"http://127.0.0.1:{CONTROLLER_PORT}"
+
+
+def agent_dir(c: cluster.Cluster, node: str) -> pathlib.Path:
+    """Per-node state of a host-process agent: token, boot ID, latched faults, NVML socket."""
+    return c.state / "agents" / node
+
+
+def nvml_socket(c: cluster.Cluster, node: str) -> pathlib.Path:
+    """The fake NVML library's control socket for one node's agent."""
+    return agent_dir(c, node) / "nvml.sock"
+
+
+def _bootstrap_objects() -> list[dict[str, Any]]:
+    return [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}},
+        {"apiVersion": "v1", "kind": "ServiceAccount",
+         "metadata": {"name": AGENT_SA, "namespace": NAMESPACE}},
+        {"apiVersion": "v1", "kind": "ServiceAccount",
+         "metadata": {"name": RESEARCHER_SA, "namespace": "default"}},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+         "metadata": {"name": "taugrid-researcher", "namespace": "default"},
+         "rules": [
+             {"apiGroups": ["taugrid.dev"], "resources": ["tauruns"],
+              "verbs": ["create", "get", "list", "watch", "delete", "patch"]},
+             {"apiGroups": [""], "resources": ["pods", "pods/log"], "verbs": ["get", "list"]},
+         ]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+         "metadata": {"name": "taugrid-researcher", "namespace": "default"},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                     "name": "taugrid-researcher"},
+         "subjects": [{"kind": "ServiceAccount", "name": RESEARCHER_SA, "namespace": "default"}]},
+    ]  # fmt: skip
+
+
+def agent_pod(node: str, namespace: str = NAMESPACE) -> dict[str, Any]:
+    """The pod KWOK runs for a node's agent; the host agent's token is bound to it."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": f"taugrid-agent-{node}",
+            "namespace": namespace,
+            "labels": {"app.kubernetes.io/name": "taugrid-agent"},
+        },
+        "spec": {
+            "nodeName": node,
+            "serviceAccountName": AGENT_SA,
+            "tolerations": [{"operator": "Exists"}],
+            "containers": [{"name": "agent", "image": "taugrid/agent:dev"}],
+        },
+    }
+
+
+def _kubectl_json(c: cluster.Cluster, bin_dir: pathlib.Path, *args: str, stdin: str = "") -> Any:
+    return json.loads(c.kubectl(bin_dir, *args, "-o", "json", stdin=stdin or None))
+
+
+def _wait_running(
+    c: cluster.Cluster, bin_dir: pathlib.Path, pod: str, namespace: str
+) -> dict[str, Any]:
+    deadline = time.monotonic() + 60
+    while True:
+        obj = _kubectl_json(c, bin_dir, "-n", namespace, "get", "pod", pod)
+        if obj.get("status", {}).get("phase") == "Running":
+            return dict(obj)
+        if time.monotonic() > deadline:
+            msg = f"agent pod {pod} did not start under KWOK"
+            raise cluster.ClusterError(msg)
+        time.sleep(0.2)
+
+
+def bound_token(
+    c: cluster.Cluster, bin_dir: pathlib.Path, node: str, namespace: str = NAMESPACE
+) -> str:
+    """Request a token for the agent ServiceAccount bound to the node's agent pod."""
+    pod = _wait_running(c, bin_dir, f"taugrid-agent-{node}", namespace)
+    return c.kubectl(
+        bin_dir, "-n", namespace, "create", "token", AGENT_SA, "--audience=taugrid",
+        f"--duration={AGENT_TOKEN_SECONDS}s", "--bound-object-kind=Pod",
+        f"--bound-object-name={pod['metadata']['name']}",
+        f"--bound-object-uid={pod['metadata']['uid']}",
+    ).strip()  # fmt: skip
+
+
+def researcher_token(c: cluster.Cluster, bin_dir: pathlib.Path) -> str:
+    """A token for the dev cluster's `researcher` ServiceAccount (namespace `default`)."""
+    return c.kubectl(bin_dir, "-n", "default", "create", "token", RESEARCHER_SA,
+                     "--duration=24h").strip()  # fmt: skip
+
+
+def _python_entry(module: str) -> list[str]:
+    return [sys.executable, "-m", module]
+
+
+def controller_env(
+    c: cluster.Cluster, *, port: int, namespace: str, identity: str, node_selector: str = ""
+) -> dict[str, str]:
+    """Environment of a host-process controller replica on this dev cluster."""
+    return {
+        **os.environ,
+        "KUBECONFIG": str(c.kubeconfig),
+        "PYTHONUNBUFFERED": "1",
+        "TAUGRID_CONTROLLER_HOST": "127.0.0.1",
+        "TAUGRID_CONTROLLER_PORT": str(port),
+        "TAUGRID_CONTROLLER_ADVERTISE_URL": f"http://127.0.0.1:{port}",
+        "TAUGRID_CONTROLLER_KUBECONFIG": str(c.kubeconfig),
+        "TAUGRID_CONTROLLER_NAMESPACE": namespace,
+        "TAUGRID_CONTROLLER_IDENTITY": identity,
+        "TAUGRID_CONTROLLER_NODE_SELECTOR": node_selector,
+    }
+
+
+def agent_env(
+    c: cluster.Cluster,
+    *,
+    node: str,
+    port: int,
+    controller: str,
+    token: str,
+    state_dir: pathlib.Path,
+    lib_dir: pathlib.Path,
+) -> dict[str, str]:
+    """Environment of a host-process agent for one fake node (token written to state_dir)."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    sock = state_dir / "nvml.sock"
+    sock.unlink(missing_ok=True)
+    (state_dir / "token").write_text(token)
+    boot = state_dir / "boot_id"
+    if not boot.exists():
+        boot.write_text(secrets.token_hex(16) + "\n")
+    kmsg = state_dir / "kmsg"
+    kmsg.touch()
+    return {
+        **os.environ,
+        "KUBECONFIG": str(c.kubeconfig),
+        "PYTHONUNBUFFERED": "1",
+        **fakenvml.agent_env(lib_dir, sock, seed=node),
+        "TAUGRID_AGENT_NODE_NAME": node,
+        "TAUGRID_AGENT_LISTEN_HOST": "127.0.0.1",
+        "TAUGRID_AGENT_PORT": str(port),
+        "TAUGRID_AGENT_AGENT_URL": f"http://127.0.0.1:{port}",
+        "TAUGRID_AGENT_CONTROLLER_URL": controller,
+        "TAUGRID_AGENT_TOKEN_PATH": str(state_dir / "token"),
+        "TAUGRID_AGENT_BOOT_ID_PATH": str(boot),
+        "TAUGRID_AGENT_STATE_PATH": str(state_dir / "state.json"),
+        "TAUGRID_AGENT_KMSG_PATH": str(kmsg),
+        "TAUGRID_AGENT_DCGM_ENABLED": "false",
+    }
+
+
+def start(c: cluster.Cluster, bin_dir: pathlib.Path, nodes: list[str]) -> None:
+    """Start the controller and one agent per node, each recorded by PID."""
+    c.apply(bin_dir, _bootstrap_objects())
+    c.apply(bin_dir, [agent_pod(n) for n in nodes])
+    lib_dir = fakenvml.build()
+    c.table.start(
+        "controller",
+        _python_entry("controller"),
+        env=controller_env(
+            c,
+            port=CONTROLLER_PORT,
+            namespace=NAMESPACE,
+            identity="dev-controller-0",
+            node_selector=DEV_FLEET_SELECTOR,
+        ),
+    )
+    for i, node in enumerate(nodes):
+        c.table.start(
+            f"agent-{node}",
+            _python_entry("agent"),
+            env=agent_env(
+                c,
+                node=node,
+                port=AGENT_PORT_BASE + i,
+                controller=controller_url(),
+                token=bound_token(c, bin_dir, node),
+                state_dir=agent_dir(c, node),
+                lib_dir=lib_dir,
+            ),
+        )
+    wait_http(c, "controller", f"{controller_url()}/readyz")
+    for i, node in enumerate(nodes):
+        wait_http(c, f"agent-{node}", f"http://127.0.0.1:{AGENT_PORT_BASE + i}/healthz")
+
+
+def wait_http(c: cluster.Cluster, name: str, url: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if c.probe(url)[0]:
+            return
+        rec = c.table.get(name)
+        if rec is not None and not processes.is_alive(rec):
+            break
+        time.sleep(0.25)
+    msg = f"{name} did not become ready at {url}; log tail:\n{c.log_tail(name)}"
+    raise cluster.ClusterError(msg)
+
+
+def inject(c: cluster.Cluster, node: str, gpu: int, command: str, *args: str) -> str:
+    """Drive one node's fake NVML library (`xid 79`, `lost`, `reset`, `clear` …)."""
+    sock = nvml_socket(c, node)
+    if not sock.exists():
+        agents = c.state / "agents"
+        known = sorted(p.name for p in agents.glob("*")) if agents.exists() else []
+        msg = (
+            f"no agent for node {node!r} on this dev cluster (agents: {', '.join(known) or 'none'})"
+        )
+        raise cluster.ClusterError(msg)
+    control = fakenvml.SocketControl(sock)
+    line = " ".join([command, str(gpu), *args])
+    control.send(line)
+    return line
+
+
+def stop_agents_state(c: cluster.Cluster) -> None:
+    """Forget per-node agent state (latched faults) with the cluster's etcd data."""
+    shutil.rmtree(c.state / "agents", ignore_errors=True)

@@ -1,0 +1,233 @@
+"""TauGrid as deployed, end to end: controller and agent processes on the dev cluster, faults
+injected into an agent's fake NVML library from outside, outcomes read from the API server."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import pathlib
+import signal
+import sys
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from kubernetes_asyncio import client
+
+from devcluster import cluster, fakenvml, processes, stack
+from tests import controllerkit as kit
+from tests import support
+
+pytestmark = pytest.mark.cluster
+
+TAINT = "taugrid.dev/gpu-unhealthy:NoSchedule"
+FAST = {
+    "TAUGRID_CONTROLLER_LEASE_DURATION_S": "3",
+    "TAUGRID_CONTROLLER_RENEW_DEADLINE_S": "2",
+    "TAUGRID_CONTROLLER_RETRY_PERIOD_S": "0.3",
+    "TAUGRID_CONTROLLER_PASS_INTERVAL_S": "0.5",
+    "TAUGRID_CONTROLLER_EVICT_GRACE_S": "0",
+    "TAUGRID_CONTROLLER_RELEASE_AFTER_S": "1",
+    "TAUGRID_CONTROLLER_STALE_QUARANTINE_AFTER_S": "30",
+}
+
+
+class Fleet:
+    """Nodes, agents and controller replicas of one test, as host processes."""
+
+    def __init__(self, dev: cluster.Cluster, bin_dir: pathlib.Path, ns: str, tmp: pathlib.Path):
+        self.dev = dev
+        self.bin_dir = bin_dir
+        self.ns = ns
+        self.tmp = tmp
+        self.table = processes.ProcessTable(tmp)
+        self.nodes: list[str] = []
+        self.controllers: dict[str, int] = {}
+        self.lib_dir = fakenvml.build()
+
+    def start_controller(self, name: str) -> str:
+        port = kit.free_port()
+        env = stack.controller_env(
+            self.dev,
+            port=port,
+            namespace=self.ns,
+            identity=name,
+            node_selector=f"taugrid.dev/test-fleet={self.ns}",
+        )
+        self.table.start(name, [sys.executable, "-m", "controller"], env={**env, **FAST})
+        self.controllers[name] = port
+        url = f"http://127.0.0.1:{port}"
+        stack.wait_http(self.dev_view(), name, f"{url}/healthz")
+        return url
+
+    def dev_view(self) -> cluster.Cluster:
+        """A Cluster whose process table is this test's (for wait_http's log tails)."""
+        view = cluster.Cluster(self.dev.state, self.dev.ports)
+        view.table = self.table
+        return view
+
+    def start_agent(self, node: str, controller: str) -> None:
+        port = kit.free_port()
+        env = stack.agent_env(
+            self.dev,
+            node=node,
+            port=port,
+            controller=controller,
+            token=stack.bound_token(self.dev, self.bin_dir, node, self.ns),
+            state_dir=self.tmp / "agents" / node,
+            lib_dir=self.lib_dir,
+        )
+        env["TAUGRID_AGENT_HEARTBEAT_INTERVAL_S"] = "1"
+        self.table.start(f"agent-{node}", [sys.executable, "-m", "agent"], env=env)
+        stack.wait_http(self.dev_view(), f"agent-{node}", f"http://127.0.0.1:{port}/healthz")
+
+    def control(self, node: str) -> fakenvml.SocketControl:
+        return fakenvml.SocketControl(self.tmp / "agents" / node / "nvml.sock")
+
+    def reboot(self, node: str, controller: str) -> None:
+        """What a node reboot looks like to the agent: a new boot ID and a fresh driver."""
+        self.table.stop(f"agent-{node}")
+        (self.tmp / "agents" / node / "boot_id").write_text("rebooted-boot-id\n")
+        self.start_agent(node, controller)
+
+    def kill(self, name: str) -> None:
+        rec = self.table.get(name)
+        assert rec is not None
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(rec.pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def fleet_env(
+    dev_cluster: cluster.Cluster, bin_dir: pathlib.Path, namespace: str, tmp_path: pathlib.Path
+) -> Iterator[Fleet]:
+    """Two fake GPU nodes with agent pods (KWOK runs them) for this test's processes."""
+    f = Fleet(dev_cluster, bin_dir, namespace, tmp_path)
+    prefix = f"e-{namespace}"[:50].rstrip("-") + "-"
+    f.nodes = dev_cluster.ensure_nodes(
+        bin_dir, 2, prefix=prefix, labels={"taugrid.dev/test-fleet": namespace}
+    )
+    dev_cluster.apply(
+        bin_dir,
+        [
+            {"apiVersion": "v1", "kind": "ServiceAccount",
+             "metadata": {"name": stack.AGENT_SA, "namespace": namespace}},
+            *(stack.agent_pod(n, namespace) for n in f.nodes),
+        ],
+    )  # fmt: skip
+    try:
+        yield f
+    finally:
+        f.table.stop_all()
+        for n in f.nodes:
+            with contextlib.suppress(cluster.ClusterError):
+                dev_cluster.kubectl(bin_dir, "delete", "node", n, "--wait=false")
+
+
+@pytest_asyncio.fixture
+async def api(k8s: client.ApiClient) -> AsyncIterator[client.ApiClient]:
+    yield k8s
+
+
+def _history(node: dict[str, Any]) -> list[dict[str, Any]]:
+    raw = node["metadata"].get("annotations", {}).get("taugrid.dev/history", "[]")
+    return list(json.loads(raw))
+
+
+async def test_an_xid_injected_into_an_agent_quarantines_its_node_and_a_reboot_releases_it(
+    api: client.ApiClient, fleet_env: Fleet
+) -> None:
+    """Agent → heartbeat → controller → taint, cordon, condition; a reboot releases."""
+    url = fleet_env.start_controller("ctl-a")
+    for n in fleet_env.nodes:
+        fleet_env.start_agent(n, url)
+    bad = fleet_env.nodes[0]
+
+    async def reported_healthy() -> None:
+        for n in fleet_env.nodes:
+            cond = kit.gpu_condition(await kit.read_node(api, n))
+            assert cond is not None, f"{n}: no GPUHealthy yet"
+            assert cond["status"] == "True", cond
+
+    await support.eventually(reported_healthy, what="both nodes reported healthy")
+    await asyncio.to_thread(fleet_env.control(bad).xid, 2, 79)
+
+    async def quarantined() -> dict[str, Any]:
+        node = await kit.read_node(api, bad)
+        assert TAINT in kit.taints(node)
+        assert node["spec"].get("unschedulable") is True
+        cond = kit.gpu_condition(node)
+        assert cond is not None
+        assert cond["status"] == "False"
+        return node
+
+    node = await support.eventually(quarantined, what="the node to be quarantined")
+    cond = kit.gpu_condition(node)
+    assert cond is not None
+    assert "GPU-" in cond["message"], cond
+    other = await kit.read_node(api, fleet_env.nodes[1])
+    assert TAINT not in kit.taints(other)
+
+    await asyncio.to_thread(fleet_env.reboot, bad, url)
+
+    async def released() -> None:
+        node = await kit.read_node(api, bad)
+        assert TAINT not in kit.taints(node)
+        assert not node["spec"].get("unschedulable")
+
+    await support.eventually(released, what="release after the reboot")
+
+
+async def test_killing_the_leader_during_a_fault_lets_the_follower_finish_the_quarantine_once(
+    api: client.ApiClient, fleet_env: Fleet
+) -> None:
+    """Failover: the follower takes over within the lease, quarantines once, and calls no node
+    stale because of the failover."""
+    url_a = fleet_env.start_controller("ctl-a")
+
+    async def a_leads() -> None:
+        async with kit_http() as http, http.get(f"{url_a}/readyz") as resp:
+            body = await resp.json()
+            assert body["leader"] is True, body
+
+    await support.eventually(a_leads, what="ctl-a to lead")
+    url_b = fleet_env.start_controller("ctl-b")
+    for n in fleet_env.nodes:
+        fleet_env.start_agent(n, url_b)  # agents reach the follower, which forwards
+
+    async def reported() -> None:
+        for n in fleet_env.nodes:
+            cond = kit.gpu_condition(await kit.read_node(api, n))
+            assert cond is not None
+            assert cond["status"] == "True", cond
+
+    await support.eventually(reported, what="heartbeats forwarded to the leader")
+    fleet_env.kill("ctl-a")
+    bad = fleet_env.nodes[1]
+    await asyncio.to_thread(fleet_env.control(bad).xid, 0, 79)
+
+    async def quarantined() -> dict[str, Any]:
+        node = await kit.read_node(api, bad)
+        assert TAINT in kit.taints(node)
+        assert node["spec"].get("unschedulable") is True
+        return node
+
+    node = await support.eventually(quarantined, what="the follower to quarantine")
+    quarantines = [e for e in _history(node) if e.get("action") == "Quarantine"]
+    assert len(quarantines) == 1, _history(node)
+    healthy = await kit.read_node(api, fleet_env.nodes[0])
+    assert TAINT not in kit.taints(healthy), "the failover quarantined a node for staleness"
+    cond = kit.gpu_condition(healthy)
+    assert cond is not None
+    assert cond["status"] == "True", cond
+
+
+@contextlib.asynccontextmanager
+async def kit_http() -> AsyncIterator[Any]:
+    import aiohttp
+
+    async with aiohttp.ClientSession() as s:
+        yield s
