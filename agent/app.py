@@ -7,6 +7,7 @@ Endpoints (DESIGN.md section 4): `/metrics`, `/healthz`, `/readyz`, `GET /v1/gpu
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -15,7 +16,7 @@ from typing import Any
 import structlog
 from aiohttp import web
 
-from agent import auth, dcgm, latching, metrics, monitoring, reporting, settings
+from agent import auth, dcgm, latching, metrics, monitoring, readings, reporting, settings
 from shared import health
 
 log = structlog.get_logger("agent.app")
@@ -149,6 +150,7 @@ def gpus_document(
             "available": view.nvml_available,
             "detail": view.nvml_detail,
             "eventsRegistered": view.events_registered,
+            "enumerationErrors": {str(i): e for i, e in view.enumeration_errors.items()},
         },
         "dcgm": {
             "available": view.dcgm_status.available,
@@ -157,6 +159,7 @@ def gpus_document(
             "diagRunning": view.diag_running,
         },
         "kernelLog": {"error": view.kmsg_detail},
+        "stateFile": {"problem": view.state_detail},
         "lastDiagnostic": (
             view.last_diag.model_dump(mode="json", by_alias=True) if view.last_diag else None
         ),
@@ -218,7 +221,7 @@ async def handle_diag(request: web.Request) -> web.Response:
         return _error(
             503, "DcgmUnavailable", f"DCGM is not available: {monitor.view.dcgm_status.detail}"
         )
-    if monitor.view.diag_running is not None or request.app[DIAG_TASKS]:
+    if monitor.diag_running or request.app[DIAG_TASKS]:
         return _error(409, "DiagRunning", "a diagnostic is already running; one at a time")
     if level > 1 and not monitor.idle_or_unhealthy():
         return _error(
@@ -228,16 +231,26 @@ async def handle_diag(request: web.Request) -> web.Response:
             "level",
         )
     log.info("diag_requested", level=level, user=identity.user)
-    task = asyncio.create_task(monitor.run_diag(level), name=f"diag-{level}")
+    task = asyncio.create_task(_diag(monitor, level), name=f"diag-{level}")
     request.app[DIAG_TASKS].add(task)
     task.add_done_callback(request.app[DIAG_TASKS].discard)
     if not wait:
         return web.json_response({"started": True, "level": level}, status=202)
-    try:
-        result = await asyncio.shield(task)
-    except dcgm.DiagBusyError as err:
-        return _error(409, "DiagRunning", str(err))
+    result = await asyncio.shield(task)
+    if isinstance(result, dcgm.DiagBusyError):
+        return _error(409, "DiagRunning", str(result))
     return web.json_response(result.model_dump(mode="json", by_alias=True))
+
+
+async def _diag(
+    monitor: monitoring.Monitor, level: int
+) -> readings.DiagResult | dcgm.DiagBusyError:
+    """Run a diagnostic; a lost race with another one is a value, never an unretrieved error."""
+    try:
+        return await monitor.run_diag(level)
+    except dcgm.DiagBusyError as err:
+        log.warning("diag_busy", level=level, error=str(err))
+        return err
 
 
 async def handle_release(request: web.Request) -> web.Response:
@@ -322,6 +335,9 @@ def make_app(
         running: set[asyncio.Task[Any]] = app[DIAG_TASKS]
         for task in list(running):
             task.cancel()
+        for task in list(running):
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         await mon.stop()
 
     async def reporter_ctx(app: web.Application) -> AsyncIterator[None]:

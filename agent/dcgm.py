@@ -290,6 +290,13 @@ class Dcgm:
             await proc.wait()
             msg = f"dcgmi {' '.join(args)} timed out after {timeout_s:g} s"
             raise DcgmError(msg) from exc
+        except asyncio.CancelledError:
+            # Shutdown: never leave a level-3 diagnostic running for 45 minutes behind us.
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.shield(proc.wait())
+            raise
         return proc.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace")
 
     async def start(self) -> Status:

@@ -26,6 +26,9 @@ from shared import health
 
 log = structlog.get_logger("agent.monitoring")
 
+_REGISTRATION_RETRY_S = 30.0
+"""How often NVML event registration is retried for a GPU that answers but refused it."""
+
 _COUNTER_TRIGGERS = {48, 63, 64, 92, 94, 95, 154}
 """Xids after which the counters (ECC, remap, recovery action) are read at once."""
 
@@ -58,6 +61,10 @@ class View:
     kmsg_detail: str = ""
     events_registered: int = 0
     """GPUs whose NVML event registration succeeded (Xid events before that are kmsg-only)."""
+    enumeration_errors: dict[int, str] = dataclasses.field(default_factory=dict)
+    """GPU index -> why NVML could not enumerate it (retried every counter pass)."""
+    state_detail: str = ""
+    """What is wrong with the state file (set aside at start, or not writable); '' when fine."""
 
 
 def utcnow() -> dt.datetime:
@@ -109,6 +116,11 @@ class Monitor:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._nvml_retry_at = 0.0
         self._kmsg_seq: int | None = None
+        self._state_problem = ""
+        self._state_write_error = ""
+        self._registration_retry_at = 0.0
+        self._start_future: asyncio.Future[None] | None = None
+        self._hung_pass: asyncio.Future[tuple[list[readings.GpuSnapshot], float]] | None = None
         boot_id = read_boot_id(config.boot_id_path)
         self.view = View(node_name=config.node_name, boot_id=boot_id)
         self.passes = 0
@@ -126,7 +138,12 @@ class Monitor:
         self._loop = asyncio.get_running_loop()
         loaded = statefile.load(self._settings.state_path)
         if loaded.problem:
-            log.error("state_file_invalid", problem=loaded.problem, moved_to=str(loaded.moved_to))
+            log.error(
+                "state_file_invalid_starting_clean",
+                problem=loaded.problem,
+                moved_to=str(loaded.moved_to) if loaded.moved_to else None,
+            )
+        self._state_problem = loaded.problem
         self._state = loaded.state
         await self._start_nvml()
         if self._settings.dcgm_enabled and self._dcgm.installed:
@@ -140,17 +157,31 @@ class Monitor:
             self._tasks.append(asyncio.create_task(self._health_loop(), name="dcgm-health"))
 
     async def _start_nvml(self) -> None:
+        if self._start_future is None:
+            self._start_future = asyncio.ensure_future(asyncio.to_thread(self._probe.start))
+        future = self._start_future
         try:
-            await asyncio.to_thread(self._probe.start)
+            await asyncio.wait_for(asyncio.shield(future), self._settings.probe_timeout_s)
+        except TimeoutError:
+            # A wedged driver can hang nvmlInit; serve and report instead of never starting.
+            detail = (
+                f"NVML initialisation did not answer within {self._settings.probe_timeout_s:g} s"
+            )
+            self.view = dataclasses.replace(self.view, nvml_available=False, nvml_detail=detail)
+            log.error("nvml_start_hung", timeout_s=self._settings.probe_timeout_s)
+            self._nvml_retry_at = time.monotonic() + 5.0
+            return
         except nvml.NvmlUnavailableError as err:
+            self._start_future = None
             self.view = dataclasses.replace(self.view, nvml_available=False, nvml_detail=str(err))
             log.error("nvml_unavailable", error=str(err))
             self._nvml_retry_at = time.monotonic() + 30.0
             return
+        self._start_future = None
         self.view = dataclasses.replace(
             self.view,
             nvml_available=True,
-            nvml_detail=f"{len(self._probe.devices)} GPUs",
+            nvml_detail=self._nvml_ok_detail(),
             driver_version=self._probe.driver_version,
         )
         self._watcher = nvml.EventWatcher(
@@ -177,8 +208,31 @@ class Monitor:
             await asyncio.to_thread(self._watcher.stop)
         if self._kmsg is not None:
             self._kmsg.stop(0.5)
-        await asyncio.to_thread(statefile.save, self._settings.state_path, self._state)
+        await self._save(self._state)
+        stuck = [f for f in (self._hung_pass, self._start_future) if f is not None and not f.done()]
+        if stuck:
+            # nvmlShutdown would wait behind the hung call; the process exit releases NVML.
+            log.warning("nvml_shutdown_skipped", reason="an NVML call is still hung")
+            return
         await asyncio.to_thread(self._probe.shutdown)
+
+    async def _save(self, state: latching.NodeState) -> None:
+        """Write the state file; a failure is logged and shown, never fatal to the probe loop.
+
+        A read-only or full hostPath must not stop verdicts from reaching the controller; the
+        latches then live in memory only, which `/v1/gpus` says.
+        """
+        try:
+            await asyncio.to_thread(statefile.save, self._settings.state_path, state)
+        except OSError as err:
+            detail = f"cannot write {self._settings.state_path}: {err.strerror or err}"
+            if detail != self._state_write_error:
+                log.error("state_file_write_failed", error=detail)
+            self._state_write_error = detail
+            return
+        if self._state_write_error:
+            log.info("state_file_written_again", path=str(self._settings.state_path))
+        self._state_write_error = ""
 
     def _deliver(self, item: nvml.NvmlEvent | kmsg.Record) -> None:
         """Hand an event from a thread to the loop (thread-safe)."""
@@ -251,6 +305,12 @@ class Monitor:
         self, now: dt.datetime, counters_due: bool
     ) -> tuple[list[readings.GpuSnapshot], float]:
         started = time.perf_counter()
+        if counters_due and self._probe.enumeration_errors:
+            found = self._probe.rediscover()
+            if found:
+                log.info("gpus_enumerated_again", gpu_indexes=[d.index for d in found])
+                if self._watcher is not None:
+                    self._watcher.add_devices(found)
         snapshots: list[readings.GpuSnapshot] = []
         for device in self._probe.devices:
             cached = None if counters_due else self._counter_cache.get(device.index)
@@ -279,11 +339,14 @@ class Monitor:
         snapshots: list[readings.GpuSnapshot] = []
         seconds = dict(self.view.probe_seconds)
         if self.view.nvml_available:
-            snapshots, took = await asyncio.to_thread(self._probe_pass, now, counters_due)
-            seconds["counters" if counters_due else "gauges"] = took
-            if counters_due:
-                self._force_counters = False
-                self._counters_due_at = time.monotonic() + self._settings.counter_interval_s
+            passed = await self._bounded_pass(now, counters_due)
+            if passed is not None:
+                snapshots, took = passed
+                seconds["counters" if counters_due else "gauges"] = took
+                if counters_due:
+                    self._force_counters = False
+                    self._counters_due_at = time.monotonic() + self._settings.counter_interval_s
+        nvml_ok = self.view.nvml_available and self._hung_pass is None
         fresh, self._recent = dedupe.dedupe(
             self._recent, events, window_s=self._settings.xid_dedupe_window_s, now=now
         )
@@ -311,15 +374,16 @@ class Monitor:
                 xids=fresh,
                 diag=self._last_diag,
                 health_check=self._last_health,
-                nvml_available=self.view.nvml_available,
+                nvml_available=nvml_ok,
                 kmsg_seq=self._kmsg_seq,
             ),
             policy,
             now,
         )
+        self._maybe_retry_registration(snapshots)
         if state != self._state:
             self._state = state
-            await asyncio.to_thread(statefile.save, self._settings.state_path, state)
+            await self._save(state)
         self.passes += 1
         self._set_view(
             taken_at=now, snapshots=tuple(snapshots), verdicts=gpu_verdicts, probe_seconds=seconds
@@ -346,6 +410,58 @@ class Monitor:
         self._maybe_diag_after_reset()
         return self.view
 
+    async def _bounded_pass(
+        self, now: dt.datetime, counters_due: bool
+    ) -> tuple[list[readings.GpuSnapshot], float] | None:
+        """Run the NVML pass in a thread for at most `probe_timeout_s`; None while it hangs.
+
+        A hung NVML call cannot be cancelled: its thread is left to finish, no second pass is
+        started meanwhile (threads would pile up), and the GPUs read Unknown until it returns,
+        so heartbeats stop presenting the last good pass as current.
+        """
+        if self._hung_pass is not None:
+            if not self._hung_pass.done():
+                return None
+            with contextlib.suppress(Exception):
+                self._hung_pass.result()
+            self._hung_pass = None
+            self.view = dataclasses.replace(self.view, nvml_detail=self._nvml_ok_detail())
+            log.info("nvml_answers_again")
+        future = asyncio.ensure_future(asyncio.to_thread(self._probe_pass, now, counters_due))
+        try:
+            return await asyncio.wait_for(asyncio.shield(future), self._settings.probe_timeout_s)
+        except TimeoutError:
+            self._hung_pass = future
+            detail = (
+                f"an NVML probe pass did not answer within {self._settings.probe_timeout_s:g} s"
+                f" (stuck since {now.isoformat()}); GPUs are Unknown until it returns"
+            )
+            self.view = dataclasses.replace(self.view, nvml_detail=detail)
+            log.error("nvml_probe_hung", timeout_s=self._settings.probe_timeout_s)
+            return None
+
+    def _nvml_ok_detail(self) -> str:
+        return f"{len(self._probe.devices)} GPUs"
+
+    def _maybe_retry_registration(self, snapshots: list[readings.GpuSnapshot]) -> None:
+        """Register events again for GPUs whose registration failed and that answer now.
+
+        At once when such a GPU has just come back (lost or reset-required before, or newly
+        enumerated), otherwise at most every `_REGISTRATION_RETRY_S`, so a GPU that refuses
+        registration but answers readings does not retry (and log) every pass.
+        """
+        if self._watcher is None:
+            return
+        unregistered = self._watcher.missing()
+        answering = {s.index for s in snapshots if s.nvml_error is None} & unregistered
+        if not answering:
+            return
+        before = {s.index: s.nvml_error for s in self.view.snapshots}
+        came_back = any(i not in before or before[i] is not None for i in answering)
+        if came_back or time.monotonic() >= self._registration_retry_at:
+            self._registration_retry_at = time.monotonic() + _REGISTRATION_RETRY_S
+            self._watcher.retry_registration()
+
     def policy(self) -> verdicts.Policy:
         """Build the fault-table policy from the settings and DCGM's availability."""
         return verdicts.Policy(
@@ -368,6 +484,8 @@ class Monitor:
             probe_errors=dict(self._probe.errors),
             kmsg_detail=self._kmsg.error if self._kmsg else "",
             events_registered=len(self._watcher.registered) if self._watcher else 0,
+            enumeration_errors=dict(self._probe.enumeration_errors),
+            state_detail="; ".join(d for d in (self._state_problem, self._state_write_error) if d),
             **changes,
         )
 
@@ -387,6 +505,11 @@ class Monitor:
             (s.utilization_gpu_pct or 0) == 0 and (s.fb_used_mib or 0) < 1024
             for s in self.view.snapshots
         )
+
+    @property
+    def diag_running(self) -> bool:
+        """Say whether a diagnostic runs now (asked or automatic), without waiting for a pass."""
+        return self._dcgm.diag_running
 
     async def run_diag(self, level: int) -> readings.DiagResult:
         """Run a DCGM diagnostic and fold the result into the verdict at once."""
@@ -439,7 +562,7 @@ class Monitor:
             released.extend((uuid, fault) for fault in out)
         if released:
             self._state = self._state.model_copy(update={"gpus": gpus})
-            await asyncio.to_thread(statefile.save, self._settings.state_path, self._state)
+            await self._save(self._state)
             for uuid, fault in released:
                 log.info("released", gpu_uuid=uuid, reason=fault.code, action=str(fault.action))
             self._wake.set()

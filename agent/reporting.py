@@ -17,7 +17,7 @@ import json
 import pathlib
 import random
 import ssl
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import aiohttp
 import structlog
@@ -93,16 +93,33 @@ def leader_hint(headers: dict[str, str], body: bytes) -> str:
         doc = json.loads(body or b"{}")
     except (json.JSONDecodeError, UnicodeDecodeError):
         return ""
-    if isinstance(doc, dict):
-        url = doc.get("leaderUrl") or (doc.get("error") or {}).get("leaderUrl")
-        if isinstance(url, str):
-            return url.strip()
+    if not isinstance(doc, dict):
+        return ""
+    url = doc.get("leaderUrl")
+    error = doc.get("error")
+    if not url and isinstance(error, dict):
+        url = error.get("leaderUrl")
+    if isinstance(url, str):
+        return url.strip()
     return ""
 
 
+_MAX_DOUBLINGS = 60
+"""More doublings than any cap needs; bounds `2**attempt` so a long outage cannot overflow."""
+
+
+def backoff_bound_s(attempt: int, *, initial_s: float, max_s: float) -> float:
+    """Return the upper bound of the `attempt`-th retry delay: min(max, initial * 2**attempt)."""
+    return min(max_s, initial_s * 2.0 ** min(max(attempt, 0), _MAX_DOUBLINGS))
+
+
 def backoff_s(attempt: int, *, initial_s: float, max_s: float, rnd: random.Random) -> float:
-    """Full-jitter exponential backoff: uniform(0, min(max, initial * 2**attempt))."""
-    return rnd.uniform(0, min(max_s, initial_s * 2**attempt))
+    """Full-jitter exponential backoff: uniform(0, min(max, initial * 2**attempt)).
+
+    The exponent is clamped: after about a thousand failures (some 45 minutes of controller
+    outage at the defaults) `initial * 2**attempt` would overflow a float and kill the loop.
+    """
+    return rnd.uniform(0, backoff_bound_s(attempt, initial_s=initial_s, max_s=max_s))
 
 
 class TokenFile:
@@ -122,7 +139,13 @@ class TokenFile:
             return ""
         stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
         if force or stamp != self._stamp:
-            self._token = self._path.read_text().strip()
+            try:
+                self._token = self._path.read_text().strip()
+            except (OSError, UnicodeDecodeError):
+                # The kubelet swaps the projected volume's symlink between our stat and read;
+                # try again next time rather than let the heartbeat loop die.
+                self._stamp, self._token = None, ""
+                return ""
             self._stamp = stamp
         return self._token
 
@@ -148,11 +171,18 @@ class Reporter:
         *,
         clock: Callable[[], dt.datetime] = monitoring.utcnow,
         rnd: random.Random | None = None,
+        pause: Callable[[float], Awaitable[None]] | None = None,
     ) -> None:
+        """Report for `monitor`; `rnd` and `pause` are seams for tests.
+
+        `pause(delay_s)` waits between heartbeats; the default returns early when a verdict
+        changes, so the change is sent at once.
+        """
         self._settings = config
         self._monitor = monitor
         self._clock = clock
         self._rnd = rnd or random.Random()  # noqa: S311 - jitter, not cryptography
+        self._pause = pause or self._wait_or_poke
         self._token = TokenFile(config.token_path)
         self._poke = asyncio.Event()
         self._sequence = 0
@@ -164,6 +194,13 @@ class Reporter:
 
     async def start(self) -> None:
         """Open the HTTP session and start the loop."""
+        await self.open()
+        self._task = asyncio.create_task(self._run(), name="heartbeats")
+
+    async def open(self) -> None:
+        """Open the HTTP session only (tests step `send_once` themselves)."""
+        if self._session is not None:
+            return
         ssl_ctx: ssl.SSLContext | bool = True
         if self._settings.ca_path is not None:
             ssl_ctx = ssl.create_default_context(cafile=str(self._settings.ca_path))
@@ -171,7 +208,6 @@ class Reporter:
             timeout=aiohttp.ClientTimeout(total=self._settings.heartbeat_timeout_s),
             connector=aiohttp.TCPConnector(ssl=ssl_ctx),
         )
-        self._task = asyncio.create_task(self._run(), name="heartbeats")
 
     async def stop(self) -> None:
         """Stop the loop and close the session."""
@@ -186,7 +222,16 @@ class Reporter:
         attempt = 0
         while True:
             self._poke.clear()
-            ok = await self.send_once()
+            try:
+                ok = await self.send_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:
+                # Whatever went wrong, the loop must outlive it: a dead loop is a node the
+                # controller declares stale while the agent looks healthy locally.
+                log.exception("heartbeat_loop_error")
+                self._fail(self._settings.controller_url, f"{type(err).__name__}: {err}")
+                ok = False
             if ok:
                 attempt = 0
                 delay = self._settings.heartbeat_interval_s
@@ -198,8 +243,12 @@ class Reporter:
                     rnd=self._rnd,
                 )
                 attempt += 1
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._poke.wait(), delay)
+            await self._pause(delay)
+
+    async def _wait_or_poke(self, delay_s: float) -> None:
+        """Wait `delay_s`, or less when a verdict changes."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._poke.wait(), delay_s)
 
     async def send_once(self) -> bool:
         """Send one heartbeat (following at most one leader hint); return whether it landed."""

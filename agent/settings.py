@@ -56,6 +56,9 @@ class Settings(pydantic_settings.BaseSettings):
     counter_interval_s: float = pydantic.Field(default=15.0, gt=0)
     """Counter tier period (ECC, remap, PCIe replay, NVLink); 10-30 s per DESIGN.md section 5,
     counters move slowly and each batch costs more."""
+    probe_timeout_s: float = pydantic.Field(default=30.0, gt=0)
+    """How long one NVML probe pass (or nvmlInit) may take before the GPUs read Unknown; a sick
+    GPU can hang NVML calls, and the API and heartbeats must keep answering meanwhile."""
     event_wait_ms: int = pydantic.Field(default=500, gt=0, le=10_000)
     """One NVML event-set wait, in milliseconds; bounds how long shutdown waits for the thread."""
     xid_dedupe_window_s: float = pydantic.Field(default=10.0, gt=0)

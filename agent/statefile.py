@@ -27,25 +27,34 @@ class Loaded:
 def load(path: pathlib.Path) -> Loaded:
     """Read the state file; a missing file is an empty state.
 
-    A file that cannot be parsed is moved aside (never deleted: it holds the evidence of latched
-    faults) and the agent starts empty, because a crash-looping agent protects no one.
+    A file that cannot be read or parsed is moved aside to `<name>.corrupt` (never deleted: it
+    holds the evidence of latched faults) and the agent starts empty, because a crash-looping
+    agent protects no one. `problem` says what was wrong, for the log and `/v1/gpus`.
     """
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
         return Loaded(latching.NodeState())
+    except OSError as err:
+        return _set_aside(path, f"state file {path} cannot be read: {err.strerror or err}")
     try:
         return Loaded(latching.NodeState.model_validate_json(raw))
     except pydantic.ValidationError as err:
-        aside = path.with_name(f"{path.name}.corrupt")
-        path.replace(aside)
         first = err.errors()[0]
         field = ".".join(str(p) for p in first["loc"]) or "<document>"
+        return _set_aside(path, f"state file {path} is invalid at {field}: {first['msg']}")
+
+
+def _set_aside(path: pathlib.Path, problem: str) -> Loaded:
+    aside = path.with_name(f"{path.name}.corrupt")
+    try:
+        path.replace(aside)
+    except OSError as err:
         return Loaded(
             latching.NodeState(),
-            problem=f"state file {path} is invalid at {field}: {first['msg']}",
-            moved_to=aside,
+            problem=f"{problem}; it could not be moved aside: {err.strerror or err}",
         )
+    return Loaded(latching.NodeState(), problem=f"{problem}; moved to {aside}", moved_to=aside)
 
 
 def save(path: pathlib.Path, state: latching.NodeState) -> None:

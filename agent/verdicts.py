@@ -201,7 +201,7 @@ def _unknown_verdict(gpu: latching.GpuState, policy: Policy) -> GpuVerdict:
             code="NvmlUnavailable",
             verdict=health.Verdict.UNKNOWN,
             action=health.Action.NONE,
-            message="NVML could not be initialised; the GPU cannot be probed",
+            message="NVML is not initialised or not answering; the GPU cannot be probed",
         )
     )
     return _assemble(gpu, reasons)

@@ -186,6 +186,25 @@ class Probe:
                 self._count("identity", err)
                 self.enumeration_errors[index] = str(err)
 
+    def rediscover(self) -> list[Device]:
+        """Try again to enumerate the GPUs that failed at start; return those that now answer.
+
+        A GPU that was off the bus when the agent started answers again after a reset; without
+        this it would stay invisible until the agent restarts.
+        """
+        found: list[Device] = []
+        for index in sorted(self.enumeration_errors):
+            try:
+                device = self._device(index)
+            except pynvml.NVMLError as err:
+                self.enumeration_errors[index] = str(err)
+                continue
+            del self.enumeration_errors[index]
+            found.append(device)
+        if found:
+            self.devices = sorted([*self.devices, *found], key=lambda d: d.index)
+        return found
+
     def _device(self, index: int) -> Device:
         handle = pynvml.nvmlDeviceGetHandleByIndex(index)
         device = Device(
@@ -396,14 +415,39 @@ class EventWatcher:
         wait_ms: int = 500,
         clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
     ) -> None:
-        self._devices = devices
+        self._devices = list(devices)
         self._deliver = deliver
         self._wait_ms = wait_ms
         self._clock = clock
         self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._retry = threading.Event()
         self._thread = threading.Thread(target=self._run, name="nvml-events", daemon=True)
         self.registered: dict[int, int] = {}
         """GPU index -> event mask actually registered (a GPU may not support every type)."""
+        self.unsupported: set[int] = set()
+        """GPUs that support none of the event types we watch (nothing to register)."""
+
+    def add_devices(self, devices: list[Device]) -> None:
+        """Watch GPUs enumerated after start (thread-safe); they register on the next wait."""
+        with self._lock:
+            known = {d.index for d in self._devices}
+            self._devices.extend(d for d in devices if d.index not in known)
+        self._retry.set()
+
+    def retry_registration(self) -> None:
+        """Register again the GPUs whose registration failed (thread-safe), e.g. after a reset.
+
+        A GPU that was lost when the set was created has no events registered; once it answers
+        again the monitor asks for this, so its Xids arrive through NVML without a restart.
+        """
+        self._retry.set()
+
+    def missing(self) -> set[int]:
+        """Return the GPUs that should have events registered but do not."""
+        with self._lock:
+            indexes = {d.index for d in self._devices}
+        return indexes - set(self.registered) - self.unsupported
 
     def start(self) -> None:
         """Start waiting."""
@@ -421,13 +465,24 @@ class EventWatcher:
 
     def _register(self) -> Any:
         event_set = pynvml.nvmlEventSetCreate()
-        for device in self._devices:
+        self.registered = {}
+        self._register_missing(event_set)
+        return event_set
+
+    def _register_missing(self, event_set: Any) -> None:
+        """Register every watched GPU that is not registered yet on `event_set`."""
+        with self._lock:
+            devices = list(self._devices)
+        for device in devices:
+            if device.index in self.registered or device.index in self.unsupported:
+                continue
             try:
                 supported = pynvml.nvmlDeviceGetSupportedEventTypes(device.handle)
             except pynvml.NVMLError:
                 supported = EVENT_MASK
             mask = EVENT_MASK & supported
             if not mask:
+                self.unsupported.add(device.index)
                 continue
             try:
                 pynvml.nvmlDeviceRegisterEvents(device.handle, mask, event_set)
@@ -438,15 +493,19 @@ class EventWatcher:
                         NvmlEvent(device.index, 0, 0, self._clock(), kind, f"register: {err}")
                     )
                 continue
-            self.registered[device.index] = mask
-        return event_set
+            self.registered = {**self.registered, device.index: mask}
+
+    def _addresses(self) -> dict[int, int]:
+        with self._lock:
+            return {d.address: d.index for d in self._devices}
 
     def _run(self) -> None:
-        by_address = {d.address: d.index for d in self._devices}
+        by_address = self._addresses()
         event_set = None
         failures = 0
         while not self._stop.is_set():
             if event_set is None:
+                self._retry.clear()
                 try:
                     event_set = self._register()
                 except pynvml.NVMLError as err:
@@ -455,6 +514,11 @@ class EventWatcher:
                     )
                     self._stop.wait(1.0)
                     continue
+                by_address = self._addresses()
+            elif self._retry.is_set():
+                self._retry.clear()
+                self._register_missing(event_set)
+                by_address = self._addresses()
             try:
                 data = pynvml.nvmlEventSetWait_v2(event_set, self._wait_ms)
             except pynvml.NVMLError as err:
