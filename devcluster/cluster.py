@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import dataclasses
+import datetime as dt
 import json
 import os
 import pathlib
@@ -323,6 +324,9 @@ class Cluster:
             str(bin_dir / "kube-apiserver"),
             f"--etcd-servers=http://127.0.0.1:{p.etcd_client}",
             "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+            # The endpoint reconciler refuses a loopback address, and nothing in this cluster
+            # reaches the API server through the `kubernetes` Service; so no reconciler.
+            "--endpoint-reconciler-type=none",
             f"--secure-port={p.apiserver}", f"--cert-dir={self.state / 'apiserver'}",
             f"--tls-cert-file={k / 'serving.crt'}", f"--tls-private-key-file={k / 'serving.key'}",
             f"--client-ca-file={k / 'ca.crt'}",
@@ -406,7 +410,10 @@ class Cluster:
         docs = [
             (
                 "apiVersion: config.kwok.x-k8s.io/v1alpha1\nkind: KwokConfiguration\n"
-                "options: {cidr: 10.244.0.0/16, nodeLeaseDurationSeconds: 40}\n"
+                "options: {cidr: 10.244.0.0/16, nodeLeaseDurationSeconds: 40,\n"
+                "  podPlayStageParallelism: 8, nodePlayStageParallelism: 4,\n"
+                "  nodeLeaseParallelism: 4, podsOnNodeSyncParallelism: 2,\n"
+                "  enableDebuggingHandlers: true}\n"
             ),
             (stage / "node" / "fast" / "node-initialize.yaml").read_text(),
             (
@@ -616,6 +623,18 @@ def pod_log_file(
     path.parent.mkdir(parents=True, exist_ok=True)
     path.touch()
     yield path
+
+
+def cri_log_line(text: str, stream: str = "stdout", now: dt.datetime | None = None) -> str:
+    """One line in the CRI log format a kubelet writes (and KWOK serves): `TIME STREAM F TEXT`."""
+    when = (now or dt.datetime.now(dt.UTC)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return f"{when} {stream} F {text}\n"
+
+
+def append_log(path: pathlib.Path, *lines: str) -> None:
+    """Append lines to a fake container's log file, as the container would print them."""
+    with path.open("a") as fh:
+        fh.writelines(cri_log_line(line) for line in lines)
 
 
 def kwok_logs_object(

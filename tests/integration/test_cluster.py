@@ -332,7 +332,7 @@ async def test_kubectl_logs_follow_streams_the_lines_of_a_fake_pods_log_file(
     await core.create_namespaced_pod(namespace, _pod("talker", nodeName="gpu-node-2"))
     await support.eventually(lambda: _phase(core, namespace, "talker", "Running"))
     with cluster.pod_log_file(dev_cluster, namespace, "talker", "main") as log:
-        log.write_text("step 1 loss 2.31\n")
+        cluster.append_log(log, "step 1 loss 2.31")
         await client.CustomObjectsApi(k8s).create_namespaced_custom_object(
             "kwok.x-k8s.io",
             "v1alpha1",
@@ -366,8 +366,7 @@ async def test_kubectl_logs_follow_streams_the_lines_of_a_fake_pods_log_file(
                     lines.append(raw.decode())
 
             await read_until("step 1 loss 2.31")
-            with log.open("a") as fh:
-                fh.write("step 2 loss 1.97\n")
+            cluster.append_log(log, "step 2 loss 1.97")
             await read_until("step 2 loss 1.97")
             assert proc.returncode is None, "kubectl logs -f should still be following"
         finally:
