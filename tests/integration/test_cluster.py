@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
-from kubernetes_asyncio import client
+from kubernetes_asyncio import client, watch
 
 from devcluster import cluster
 from tests import kueue, support
@@ -218,26 +218,27 @@ async def test_a_cordoned_node_gets_no_new_pods_and_the_eviction_api_evicts_from
         await core.create_namespaced_pod_eviction("guarded", namespace, eviction)
     assert refused.value.status == 429
 
+    seen: list[tuple[str, str, tuple[str, ...]]] = []
+
+    async def watch_victim() -> None:
+        w = watch.Watch()
+        async with w.stream(
+            core.list_namespaced_pod, namespace, field_selector="metadata.name=victim"
+        ) as stream:
+            async for event in stream:
+                pod = event["object"]
+                conds = tuple(sorted(c.type for c in pod.status.conditions or []))
+                seen.append((event["type"], pod.status.phase, conds))
+                if event["type"] == "DELETED":
+                    return
+
+    watcher = asyncio.create_task(watch_victim())
+    await asyncio.sleep(0.5)  # the watch is established
     eviction = {"metadata": {"name": "victim", "namespace": namespace}}
     await core.create_namespaced_pod_eviction("victim", namespace, eviction)
-    seen_failed = False
-
-    async def gone() -> None:
-        nonlocal seen_failed
-        try:
-            pod = await core.read_namespaced_pod("victim", namespace)
-        except client.ApiException as err:
-            if err.status == 404:
-                return
-            raise
-        conds = {c.type for c in pod.status.conditions or []}
-        if pod.status.phase == "Failed" and "DisruptionTarget" in conds:
-            seen_failed = True
-        msg = f"victim still there ({pod.status.phase}, {sorted(conds)})"
-        raise AssertionError(msg)
-
-    await support.eventually(gone, interval_s=0.05, what="the evicted pod to terminate")
-    assert seen_failed, "the evicted pod vanished without passing through Failed"
+    await asyncio.wait_for(watcher, support.DEADLINE_S)
+    seen_failed = any(phase == "Failed" and "DisruptionTarget" in conds for _, phase, conds in seen)
+    assert seen_failed, f"the evicted pod vanished without passing through Failed: {seen}"
     assert (await core.read_namespaced_pod("guarded", namespace)).status.phase == "Running"
 
 
