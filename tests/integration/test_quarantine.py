@@ -4,8 +4,8 @@ evictions out, with the safety limits and the authentication rules of DESIGN.md 
 from __future__ import annotations
 
 import asyncio
-import io
 import contextlib
+import io
 import pathlib
 from collections.abc import AsyncIterator
 from typing import Any
