@@ -8,8 +8,10 @@ import contextlib
 import json
 import os
 import pathlib
+import shutil
 import signal
 import sys
+import tempfile
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -43,6 +45,8 @@ class Fleet:
         self.bin_dir = bin_dir
         self.ns = ns
         self.tmp = tmp
+        # Unix socket paths are limited to 108 bytes: keep the agents' sockets short.
+        self.short = pathlib.Path(tempfile.mkdtemp(prefix="tge-"))
         self.table = processes.ProcessTable(tmp)
         self.nodes: list[str] = []
         self.controllers: dict[str, int] = {}
@@ -77,20 +81,23 @@ class Fleet:
             port=port,
             controller=controller,
             token=stack.bound_token(self.dev, self.bin_dir, node, self.ns),
-            state_dir=self.tmp / "agents" / node,
+            state_dir=self.agent_dir(node),
             lib_dir=self.lib_dir,
         )
         env["TAUGRID_AGENT_HEARTBEAT_INTERVAL_S"] = "1"
         self.table.start(f"agent-{node}", [sys.executable, "-m", "agent"], env=env)
         stack.wait_http(self.dev_view(), f"agent-{node}", f"http://127.0.0.1:{port}/healthz")
 
+    def agent_dir(self, node: str) -> pathlib.Path:
+        return self.short / str(self.nodes.index(node))
+
     def control(self, node: str) -> fakenvml.SocketControl:
-        return fakenvml.SocketControl(self.tmp / "agents" / node / "nvml.sock")
+        return fakenvml.SocketControl(self.agent_dir(node) / "nvml.sock")
 
     def reboot(self, node: str, controller: str) -> None:
         """What a node reboot looks like to the agent: a new boot ID and a fresh driver."""
         self.table.stop(f"agent-{node}")
-        (self.tmp / "agents" / node / "boot_id").write_text("rebooted-boot-id\n")
+        (self.agent_dir(node) / "boot_id").write_text("rebooted-boot-id\n")
         self.start_agent(node, controller)
 
     def kill(self, name: str) -> None:
@@ -122,6 +129,7 @@ def fleet_env(
         yield f
     finally:
         f.table.stop_all()
+        shutil.rmtree(f.short, ignore_errors=True)
         for n in f.nodes:
             with contextlib.suppress(cluster.ClusterError):
                 dev_cluster.kubectl(bin_dir, "delete", "node", n, "--wait=false")
