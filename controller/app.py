@@ -25,7 +25,17 @@ import pydantic
 import structlog
 from aiohttp import web
 
-from controller import auth, errors, fleet, leading, metrics, nodes, policy, quarantining
+from controller import (
+    auth,
+    errors,
+    fleet,
+    leading,
+    metrics,
+    nodes,
+    policy,
+    quarantining,
+    runs_api,
+)
 from controller.kube import client as kube_client
 from controller.kube import leases, reviews
 from controller.kube import nodes as kube_nodes
@@ -489,6 +499,7 @@ def make_app(
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", get_metrics)
     app.router.add_get("/openapi.json", openapi)
+    runs_api.add_routes(app)
     app.cleanup_ctx.append(_runtime(settings, reviewer))
     app.on_shutdown.append(_not_ready)
     return app
@@ -553,6 +564,7 @@ def _runtime(
             asyncio.create_task(cache.run(), name="node-cache"),
             asyncio.create_task(elector.run(), name="elector"),
             asyncio.create_task(q.run(), name="quarantine"),
+            runs_api.start(app, api, st),
         ]
         st.ready = True
         try:

@@ -26,6 +26,10 @@ class ControllerMetrics:
     evictions: prom.Counter
     pass_seconds: prom.Histogram
     auth_cache: prom.Counter
+    runs: prom.Gauge
+    run_queue_seconds: prom.Histogram
+    run_attempts: prom.Counter
+    run_submissions: prom.Counter
 
 
 def make_metrics() -> ControllerMetrics:
@@ -98,6 +102,30 @@ def make_metrics() -> ControllerMetrics:
             "taugrid_auth_reviews",
             "Token and access reviews, by kind and whether the cache answered.",
             ["kind", "cached"],
+            registry=r,
+        ),
+        runs=prom.Gauge(
+            "taugrid_runs",
+            "TauRuns by phase and LocalQueue, as of the last reconciler pass.",
+            ["phase", "queue"],
+            registry=r,
+        ),
+        run_queue_seconds=prom.Histogram(
+            "taugrid_run_queue_seconds",
+            "Time from a run's attempt being queued to Kueue admitting it.",
+            buckets=(0.5, 1, 2, 5, 10, 30, 60, 300, 900, 3600, 4 * 3600, 24 * 3600),
+            registry=r,
+        ),
+        run_attempts=prom.Counter(
+            "taugrid_run_attempts",
+            "Run attempts, by outcome (started, succeeded, or the failure class).",
+            ["outcome"],
+            registry=r,
+        ),
+        run_submissions=prom.Counter(
+            "taugrid_run_submissions",
+            "POST /v1/runs calls by outcome (created, replayed, conflict, invalid, forbidden).",
+            ["outcome"],
             registry=r,
         ),
     )

@@ -90,3 +90,25 @@ class ControllerSettings(pydantic_settings.BaseSettings):
     """Degraded nodes: running work continues this long, then is evicted."""
     eviction_retry_s: float = pydantic.Field(default=5.0, gt=0)
     """Back-off between eviction attempts refused with 429 (a PodDisruptionBudget) or 409."""
+
+    run_pass_interval_s: float = pydantic.Field(default=2.0, gt=0)
+    """Upper bound between two full passes of the run reconciler (it lists TauRuns, their
+    objects, Workloads and pods). Submissions and cancels are reconciled at once, not here."""
+    run_ttl_after_finished_s: float | None = pydantic.Field(default=3600.0, ge=0)
+    """A finished run's Jobs/RayJobs (and so its pods) are deleted this long after it ended;
+    the TauRun and its evidence stay. An hour leaves time to read logs. None keeps them."""
+    run_pod_annotations: dict[str, str] = {}
+    """Annotations added to every pod of every run, for cluster tooling (the dev cluster's
+    KWOK reads `kwok.taugrid.dev/run-for` from here)."""
+    run_termination_grace_s: int = pydantic.Field(default=60, ge=0)
+    """SIGTERM-to-SIGKILL window of run pods: the time a workload has to write a checkpoint."""
+    run_controller_url: str = ""
+    """URL run pods use to reach the controller (`TAU_URL`); empty means the advertised URL."""
+    ray_version: str | None = None
+    """`rayClusterSpec.rayVersion` of rendered RayJobs, when the cluster's KubeRay wants one."""
+    logs_wait_s: float = pydantic.Field(default=120.0, ge=0)
+    """How long `GET …/logs?follow=true` waits for a run's pod to start before giving up."""
+    run_manager: str = "taugrid.dev/controller"
+    """Name of the run manager: a replica reconciles only TauRuns whose
+    `taugrid.dev/managed-by` annotation names it (none means this default), and stamps it on
+    the runs it accepts. Lets a second controller (a canary, a test) share a cluster."""

@@ -25,6 +25,21 @@ log = structlog.get_logger()
 KEPT_CONDITIONS = frozenset({"GPUHealthy", "Ready"})
 
 
+async def read_json(resp: Any) -> Any:
+    """Read a raw (`_preload_content=False`) response; raise ApiException on an error status.
+
+    kubernetes_asyncio checks the status only when it preloads the content, so every raw call
+    must go through here.
+    """
+    try:
+        data = await resp.read()
+    finally:
+        resp.release()
+    if not 200 <= resp.status <= 299:
+        raise client.ApiException(status=resp.status, reason=data.decode(errors="replace")[:500])
+    return json.loads(data)
+
+
 def trim_node(node: dict[str, Any]) -> dict[str, Any]:
     """Keep only what the policy, the actuator and the on-call API read."""
     meta = node.get("metadata") or {}
@@ -96,7 +111,7 @@ class NodeCache:
 
     async def _list(self) -> str:
         resp = await self._core.list_node(_preload_content=False, **self._selector)
-        data = json.loads(await resp.read())
+        data = await read_json(resp)
         self.nodes = {n["metadata"]["name"]: trim_node(n) for n in data.get("items") or []}
         self.synced.set()
         self._on_change()
@@ -112,6 +127,8 @@ class NodeCache:
                 _preload_content=False,
                 **self._selector,
             )
+            if resp.status != 200:
+                await read_json(resp)  # raises: relist
             async with contextlib.aclosing(_lines(resp)) as lines:
                 async for line in lines:
                     event = json.loads(line)
@@ -177,11 +194,11 @@ class NodeWriter:
                 resp = await self._core.patch_node_status(name, patch.body, **kwargs)
             else:
                 resp = await self._core.patch_node(name, patch.body, **kwargs)
+            return dict(await read_json(resp))
         except client.ApiException as err:
             if err.status in (404, 409):
                 return None
             raise
-        return dict(json.loads(await resp.read()))
 
     async def event(self, node: dict[str, Any], reason: str, note: str, *, warning: bool) -> None:
         """Record a Kubernetes Event on a node (best effort: never blocks an action)."""
@@ -227,7 +244,7 @@ class NodeWriter:
         resp = await self._core.list_pod_for_all_namespaces(
             field_selector=f"spec.nodeName={node}", _preload_content=False
         )
-        data = json.loads(await resp.read())
+        data = await read_json(resp)
         out = []
         for pod in data.get("items") or []:
             owners = pod["metadata"].get("ownerReferences") or []

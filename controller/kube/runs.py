@@ -1,0 +1,275 @@
+"""TauRuns and what they own, as raw JSON: the run reconciler's and the run API's adapter.
+
+Reads use `_preload_content=False` and return plain dicts (no deserialised V1 models: the
+pure code in `controller.runs` reads the few fields it needs). Creates tolerate 409 (the
+object exists: level-triggered callers simply go on) and deletes tolerate 404 (gone is done).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from kubernetes_asyncio import client
+
+TAURUN = ("taugrid.dev", "v1alpha1", "tauruns")
+KUEUE = ("kueue.x-k8s.io", "v1beta2")
+RAYJOB = ("ray.io", "v1", "rayjobs")
+VISIBILITY_VERSIONS = ("v1beta2", "v1beta1")
+VISIBILITY_RETRY_S = 60.0
+"""After the visibility API fails, use the computed fallback this long before asking again."""
+
+
+class ConflictError(Exception):
+    """The object already exists (HTTP 409)."""
+
+
+class NotFoundError(Exception):
+    """The object does not exist (HTTP 404)."""
+
+
+async def _json(resp: Any) -> Any:
+    """Read a raw (`_preload_content=False`) response, raising ApiException on an error
+    status: kubernetes_asyncio checks the status only when it preloads the content."""
+    try:
+        data = await resp.read()
+    finally:
+        resp.release()
+    if not 200 <= resp.status <= 299:
+        raise client.ApiException(status=resp.status, reason=data.decode(errors="replace")[:1000])
+    return json.loads(data)
+
+
+class RunStore:
+    """Every API call the run reconciler and the run API make."""
+
+    def __init__(self, api: client.ApiClient) -> None:
+        self.api = api
+        self._custom = client.CustomObjectsApi(api)
+        self._core = client.CoreV1Api(api)
+        self._batch = client.BatchV1Api(api)
+        self._visibility_down_until = 0.0
+
+    # ------------------------------------------------------------------ TauRuns
+    async def create_run(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Create a TauRun; raise ConflictError when the name is taken, NotFoundError when
+        the namespace does not exist."""
+        try:
+            resp = await self._custom.create_namespaced_custom_object(
+                *TAURUN[:2], namespace, TAURUN[2], body, _preload_content=False
+            )
+            return dict(await _json(resp))
+        except client.ApiException as err:
+            if err.status == 409:
+                raise ConflictError(str(err.reason)) from err
+            if err.status == 404:
+                raise NotFoundError(namespace) from err
+            raise
+
+    async def get_run(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """Return a TauRun, None when it does not exist."""
+        try:
+            resp = await self._custom.get_namespaced_custom_object(
+                *TAURUN[:2], namespace, TAURUN[2], name, _preload_content=False
+            )
+            return dict(await _json(resp))
+        except client.ApiException as err:
+            if err.status == 404:
+                return None
+            raise
+
+    async def list_runs(self, namespace: str | None = None) -> list[dict[str, Any]]:
+        """List TauRuns in one namespace or in all."""
+        if namespace:
+            resp = await self._custom.list_namespaced_custom_object(
+                *TAURUN[:2], namespace, TAURUN[2], _preload_content=False
+            )
+        else:
+            resp = await self._custom.list_cluster_custom_object(*TAURUN, _preload_content=False)
+        return list((await _json(resp)).get("items") or [])
+
+    async def patch_run_status(
+        self, namespace: str, name: str, status: dict[str, Any]
+    ) -> dict[str, Any] | None:
+        """Replace the run's status through the status subresource (merge patch); None if
+        the run is gone."""
+        try:
+            resp = await self._custom.patch_namespaced_custom_object_status(
+                *TAURUN[:2], namespace, TAURUN[2], name, {"status": status},
+                _content_type="application/merge-patch+json", _preload_content=False,
+            )  # fmt: skip
+            return dict(await _json(resp))
+        except client.ApiException as err:
+            if err.status == 404:
+                return None
+            raise
+
+    async def annotate_run(
+        self, namespace: str, name: str, annotations: dict[str, str]
+    ) -> dict[str, Any] | None:
+        """Merge annotations into a TauRun; None if it is gone."""
+        try:
+            resp = await self._custom.patch_namespaced_custom_object(
+                *TAURUN[:2], namespace, TAURUN[2], name,
+                {"metadata": {"annotations": annotations}},
+                _content_type="application/merge-patch+json", _preload_content=False,
+            )  # fmt: skip
+            return dict(await _json(resp))
+        except client.ApiException as err:
+            if err.status == 404:
+                return None
+            raise
+
+    # ------------------------------------------------------------------ owned objects
+    async def create(self, obj: dict[str, Any]) -> bool:
+        """Create a Job, Service, RayJob, Secret or ConfigMap; False when it already exists."""
+        ns = obj["metadata"]["namespace"]
+        kind = obj["kind"]
+        try:
+            if kind == "Job":
+                resp = await self._batch.create_namespaced_job(ns, obj, _preload_content=False)
+            elif kind == "Service":
+                resp = await self._core.create_namespaced_service(ns, obj, _preload_content=False)
+            elif kind == "Secret":
+                resp = await self._core.create_namespaced_secret(ns, obj, _preload_content=False)
+            elif kind == "ConfigMap":
+                resp = await self._core.create_namespaced_config_map(
+                    ns, obj, _preload_content=False
+                )
+            elif kind == "RayJob":
+                resp = await self._custom.create_namespaced_custom_object(
+                    *RAYJOB[:2], ns, RAYJOB[2], obj, _preload_content=False
+                )
+            else:
+                msg = f"cannot create a {kind}"
+                raise ValueError(msg)
+            await _json(resp)
+        except client.ApiException as err:
+            if err.status == 409:
+                return False
+            raise
+        return True
+
+    async def delete(self, kind: str, namespace: str, name: str) -> bool:
+        """Delete a Job, Service or RayJob with its dependents (background); False if gone."""
+        opts = {"propagation_policy": "Background"}
+        try:
+            if kind == "Job":
+                await self._batch.delete_namespaced_job(name, namespace, **opts)
+            elif kind == "Service":
+                await self._core.delete_namespaced_service(name, namespace)
+            elif kind == "RayJob":
+                await self._custom.delete_namespaced_custom_object(
+                    *RAYJOB[:2], namespace, RAYJOB[2], name, **opts
+                )
+            else:
+                msg = f"cannot delete a {kind}"
+                raise ValueError(msg)
+        except client.ApiException as err:
+            if err.status == 404:
+                return False
+            raise
+        return True
+
+    async def patch_rayjob_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        """Merge into a RayJob's status (used where no Ray dashboard exists: the dev cluster)."""
+        await self._custom.patch_namespaced_custom_object_status(
+            *RAYJOB[:2], namespace, RAYJOB[2], name, {"status": status},
+            _content_type="application/merge-patch+json",
+        )  # fmt: skip
+
+    async def list_labelled(self, kind: str, selector: str) -> list[dict[str, Any]]:
+        """List Jobs, RayJobs or Pods in every namespace carrying the selector."""
+        if kind == "Job":
+            resp = await self._batch.list_job_for_all_namespaces(
+                label_selector=selector, _preload_content=False
+            )
+        elif kind == "RayJob":
+            resp = await self._custom.list_cluster_custom_object(
+                *RAYJOB, label_selector=selector, _preload_content=False
+            )
+        elif kind == "Pod":
+            resp = await self._core.list_pod_for_all_namespaces(
+                label_selector=selector, _preload_content=False
+            )
+        else:
+            msg = f"cannot list {kind}"
+            raise ValueError(msg)
+        items = list((await _json(resp)).get("items") or [])
+        for item in items:
+            item.setdefault("kind", kind)
+        return items
+
+    async def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        """List pods of one namespace by label selector."""
+        resp = await self._core.list_namespaced_pod(
+            namespace, label_selector=selector, _preload_content=False
+        )
+        return list((await _json(resp)).get("items") or [])
+
+    async def list_nodes(self) -> list[dict[str, Any]]:
+        """List nodes (only names and annotations are used)."""
+        resp = await self._core.list_node(_preload_content=False)
+        return list((await _json(resp)).get("items") or [])
+
+    # ------------------------------------------------------------------ Kueue
+    async def list_kueue(self, plural: str, namespace: str | None = None) -> list[dict[str, Any]]:
+        """List Workloads, LocalQueues (namespaced or all) or ClusterQueues."""
+        if namespace:
+            resp = await self._custom.list_namespaced_custom_object(
+                *KUEUE, namespace, plural, _preload_content=False
+            )
+        else:
+            resp = await self._custom.list_cluster_custom_object(
+                *KUEUE, plural, _preload_content=False
+            )
+        return list((await _json(resp)).get("items") or [])
+
+    async def pending_workloads(
+        self, namespace: str, local_queue: str
+    ) -> list[dict[str, Any]] | None:
+        """Ask Kueue's visibility API for a LocalQueue's pending Workloads; None when it does
+        not answer (then the caller computes positions itself)."""
+        if time.monotonic() < self._visibility_down_until:
+            return None
+        for version in VISIBILITY_VERSIONS:
+            path = (
+                f"/apis/visibility.kueue.x-k8s.io/{version}/namespaces/{{namespace}}"
+                "/localqueues/{name}/pendingworkloads"
+            )
+            try:
+                resp = await self.api.call_api(
+                    path, "GET",
+                    path_params={"namespace": namespace, "name": local_queue},
+                    header_params={"Accept": "application/json"},
+                    auth_settings=["BearerToken"],
+                    _preload_content=False, _return_http_data_only=True,
+                    _request_timeout=2,
+                )  # fmt: skip
+                data = await _json(resp)
+            except (client.ApiException, TimeoutError, OSError, ValueError):
+                continue
+            return list(data.get("items") or [])
+        self._visibility_down_until = time.monotonic() + VISIBILITY_RETRY_S
+        return None
+
+    # ------------------------------------------------------------------ logs
+    async def stream_log(
+        self, namespace: str, pod: str, container: str, *, follow: bool, tail_lines: int | None
+    ) -> AsyncIterator[bytes]:
+        """Yield a container's log as it is written (through the API server)."""
+        kwargs: dict[str, Any] = {"container": container, "follow": follow}
+        if tail_lines is not None:
+            kwargs["tail_lines"] = tail_lines
+        resp = await self._core.read_namespaced_pod_log(
+            pod, namespace, _preload_content=False, **kwargs
+        )
+        if not 200 <= resp.status <= 299:
+            await _json(resp)  # raises with the API server's message
+        try:
+            async for chunk in resp.content.iter_any():
+                yield chunk
+        finally:
+            resp.release()

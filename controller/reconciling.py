@@ -1,0 +1,548 @@
+"""The run reconciler: from TauRun to attempt objects and back to the TauRun's status.
+
+Level-triggered: each pass lists the TauRuns and everything they own (Jobs, RayJobs, pods,
+Kueue Workloads and queues, nodes), asks the pure `controller.runs` what each run's state
+is, and writes the difference: objects to create or delete, and the status (through the
+status subresource, only when it changed). It never branches on which event happened.
+
+Submissions and cancels are reconciled at once by `reconcile_now` (the API calls it), so a
+`POST /v1/runs` returns with its Job already created; everything else is picked up by the
+next pass (`run_pass_interval_s`). Only the leader reconciles, and every write checks that
+the lease is still held. A run is ended by the controller itself when it fails (its object is
+deleted before a retry is created), so two attempts never run at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import dataclasses
+import datetime as dt
+import secrets
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import structlog
+
+from controller import leading, metrics, rendering, runs
+from controller.kube import runs as kube_runs
+from shared import spec as specs
+
+log = structlog.get_logger()
+
+CANCEL_ANNOTATION = "taugrid.dev/cancel-requested"
+"""Set (to who asked, and when) by `DELETE /v1/runs/...` or `kubectl annotate`: cancel."""
+IDEMPOTENCY_ANNOTATION = "taugrid.dev/idempotency-key"
+SUBMITTED_BY_ANNOTATION = "taugrid.dev/submitted-by"
+MANAGED_BY_ANNOTATION = "taugrid.dev/managed-by"
+DEFAULT_MANAGER = "taugrid.dev/controller"
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+def _key(obj: Mapping[str, Any]) -> tuple[str, str]:
+    meta = obj.get("metadata") or {}
+    return str(meta.get("namespace", "")), str(meta.get("name", ""))
+
+
+@dataclasses.dataclass
+class Snapshot:
+    """Everything one pass reads, indexed for the per-run work."""
+
+    objects: dict[tuple[str, str, str], dict[str, Any]]
+    """(namespace, kind, name) -> Job/RayJob/Service."""
+    workloads: dict[tuple[str, str, str], runs.WorkloadView]
+    """(namespace, owner kind, owner name) -> Workload."""
+    all_workloads: list[runs.WorkloadView]
+    pods: dict[tuple[str, str, int], list[dict[str, Any]]]
+    """(namespace, run, attempt) -> pods."""
+    local_queues: dict[tuple[str, str], str]
+    """(namespace, LocalQueue) -> ClusterQueue."""
+    nodes: runs.NodeFacts
+    positions: dict[tuple[str, str], runs.QueuePosition]
+
+
+class Reconciler:
+    """Drive every TauRun towards its spec; see the module docstring."""
+
+    def __init__(
+        self,
+        store: kube_runs.RunStore,
+        elector: leading.Elector,
+        metrics_: metrics.ControllerMetrics,
+        render: rendering.RenderSettings,
+        *,
+        pass_interval_s: float,
+        ttl_after_finished_s: float | None,
+        pod_annotations: Mapping[str, str] | None = None,
+        manager: str = DEFAULT_MANAGER,
+        clock: Callable[[], dt.datetime] = _now,
+    ) -> None:
+        self.store = store
+        self.elector = elector
+        self.metrics = metrics_
+        self.render = render
+        self.pass_interval_s = pass_interval_s
+        self.ttl_after_finished_s = ttl_after_finished_s
+        self.pod_annotations = dict(pod_annotations or {})
+        self.manager = manager
+        self._clock = clock
+        self._wake = asyncio.Event()
+        self._locks: dict[tuple[str, str], asyncio.Lock] = {}
+        self._written: dict[tuple[str, str], int] = {}
+
+    def poke(self) -> None:
+        """Ask for a pass now."""
+        self._wake.set()
+
+    async def run(self) -> None:
+        """Pass after pass until cancelled; an API failure costs one pass, never the loop."""
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.pass_interval_s)
+            self._wake.clear()
+            if not self.elector.is_leader():
+                continue
+            try:
+                await self.pass_once()
+            except asyncio.CancelledError:
+                raise
+            except leading.NotLeaderError:
+                continue
+            except Exception as err:  # noqa: BLE001  (any API failure: try again next pass)
+                log.warning("run pass failed", error=repr(err))
+
+    # ------------------------------------------------------------------ passes
+    async def pass_once(self) -> None:
+        """Reconcile every TauRun once."""
+        items = [i for i in await self.store.list_runs() if self.manages(i)]
+        snap = await self._snapshot(items)
+        counts: dict[tuple[str, str], int] = {}
+        for item in items:
+            key = _key(item)
+            async with self._lock(key):
+                if self._stale(key, item):
+                    fresh = await self.store.get_run(*key)
+                    if fresh is None:
+                        continue
+                    item = fresh  # noqa: PLW2901  (the newer copy replaces the listed one)
+                try:
+                    result = await self._reconcile(item, snap)
+                except leading.NotLeaderError:
+                    raise
+                except Exception as err:  # noqa: BLE001  (one bad run must not stop the others)
+                    log.warning("run reconcile failed", run=f"{key[0]}/{key[1]}", error=repr(err))
+                    result = item
+            status = (result or item).get("status") or {}
+            queue = str(((result or item).get("spec") or {}).get("queue") or specs.DEFAULT_QUEUE)
+            phase = str(status.get("phase") or runs.Phase.PENDING)
+            counts[(phase, queue)] = counts.get((phase, queue), 0) + 1
+        self.metrics.runs.clear()
+        for (phase, queue), n in counts.items():
+            self.metrics.runs.labels(phase, queue).set(n)
+
+    async def reconcile_now(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """Reconcile one run at once (after a submission or a cancel); return it."""
+        key = (namespace, name)
+        async with self._lock(key):
+            item = await self.store.get_run(namespace, name)
+            if item is None or not self.manages(item):
+                return item
+            result = await self._reconcile(item, None)
+        self.poke()
+        return result
+
+    def manages(self, item: Mapping[str, Any]) -> bool:
+        """Whether this reconciler is the run's manager (see `MANAGED_BY_ANNOTATION`)."""
+        annotations = (item.get("metadata") or {}).get("annotations") or {}
+        return bool(annotations.get(MANAGED_BY_ANNOTATION, DEFAULT_MANAGER) == self.manager)
+
+    def _lock(self, key: tuple[str, str]) -> asyncio.Lock:
+        return self._locks.setdefault(key, asyncio.Lock())
+
+    def _stale(self, key: tuple[str, str], item: Mapping[str, Any]) -> bool:
+        written = self._written.get(key)
+        if written is None:
+            return False
+        rv = str((item.get("metadata") or {}).get("resourceVersion", ""))
+        return not rv.isdigit() or int(rv) < written
+
+    async def _snapshot(self, items: list[dict[str, Any]]) -> Snapshot:
+        selector = runs.LABEL_RUN
+        jobs, rayjobs, pods, workloads, lqs, nodes = await asyncio.gather(
+            self.store.list_labelled("Job", selector),
+            self._optional(self.store.list_labelled("RayJob", selector)),
+            self.store.list_labelled("Pod", selector),
+            self.store.list_kueue("workloads"),
+            self.store.list_kueue("localqueues"),
+            self.store.list_nodes(),
+        )
+        objects = {}
+        for obj in [*jobs, *rayjobs]:
+            ns, name = _key(obj)
+            objects[(ns, obj["kind"], name)] = obj
+        views = [runs.parse_workload(w) for w in workloads]
+        by_owner = {(w.namespace, w.owner_kind, w.owner_name): w for w in views}
+        by_attempt: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
+        for pod in pods:
+            labels = (pod.get("metadata") or {}).get("labels") or {}
+            attempt = str(labels.get(runs.LABEL_ATTEMPT, ""))
+            if attempt.isdigit():
+                ns, _ = _key(pod)
+                by_attempt.setdefault((ns, labels[runs.LABEL_RUN], int(attempt)), []).append(pod)
+        local = {_key(lq): str((lq.get("spec") or {}).get("clusterQueue", "")) for lq in lqs}
+        return Snapshot(
+            objects=objects,
+            workloads=by_owner,
+            all_workloads=views,
+            pods=by_attempt,
+            local_queues=local,
+            nodes=runs.node_facts(nodes),
+            positions=runs.compute_positions(views, local),
+        )
+
+    @staticmethod
+    async def _optional(call: Any) -> list[dict[str, Any]]:
+        """RayJobs are optional: a cluster without KubeRay lists none (and runs no ray runs)."""
+        try:
+            return list(await call)
+        except Exception:  # noqa: BLE001  (no RayJob CRD: 404)
+            return []
+
+    # ------------------------------------------------------------------ one run
+    async def _reconcile(
+        self, item: dict[str, Any], snap: Snapshot | None
+    ) -> dict[str, Any] | None:
+        """Bring one run a step closer to its spec; return the run as last written."""
+        now = self._clock()
+        namespace, name = _key(item)
+        meta = item.get("metadata") or {}
+        old = item.get("status") or {}
+        status: dict[str, Any] = copy.deepcopy(old)
+        status.setdefault("conditions", [])
+        status.setdefault("attempts", [])
+        phase = runs.Phase(status.get("phase") or runs.Phase.PENDING)
+        try:
+            spec = specs.validate_spec(item.get("spec") or {}).spec
+        except specs.SpecError as err:
+            if phase not in runs.TERMINAL_PHASES:
+                status.update(phase=runs.Phase.FAILED, reason="InvalidSpec", endTime=runs.iso(now),
+                              message=f"the spec is not valid: {err}")  # fmt: skip
+                runs.set_phase_condition(status["conditions"], runs.Phase.FAILED, "InvalidSpec",
+                                         str(err), now)  # fmt: skip
+            return await self._write(item, old, status)
+        ref = rendering.RunRef(name=name, namespace=namespace, uid=str(meta.get("uid", "")))
+        current = int(status.get("currentAttempt") or 0)
+
+        if phase in runs.TERMINAL_PHASES:
+            await self._cleanup(spec, ref, status, now)
+            return await self._write(item, old, status)
+
+        if (meta.get("annotations") or {}).get(CANCEL_ANNOTATION):
+            await self._delete_attempt(spec, ref, current)
+            self._end(status, runs.Phase.CANCELLED, "Cancelled",
+                      "cancelled on request; its quota is freed", now=now)  # fmt: skip
+            if status["attempts"]:
+                status["attempts"][-1].setdefault("endTime", runs.iso(now))
+                status["attempts"][-1]["phase"] = runs.Phase.CANCELLED
+            return await self._write(item, old, status)
+
+        if current == 0:
+            await self._ensure_run_objects(ref)
+            await self._start_attempt(spec, ref, status, 1, now)
+            return await self._write(item, old, status)
+
+        if snap is None:  # a fast path caller: the next pass does the rest
+            return item
+
+        kind = "RayJob" if spec.kind == specs.RunKind.RAY else "Job"
+        obj_name = rendering.attempt_name(name, current)
+        raw_obj = snap.objects.get((namespace, kind, obj_name))
+        workload = snap.workloads.get((namespace, kind, obj_name))
+        pods = [runs.parse_pod(p) for p in snap.pods.get((namespace, name, current), [])]
+        record = status["attempts"][-1] if status["attempts"] else {"number": current}
+
+        if phase == runs.Phase.RESUMING:
+            await self._resume_if_due(spec, ref, status, record, now)
+            return await self._write(item, old, status)
+
+        if raw_obj is None:
+            # Gone while the attempt lives (listed before it was created, or deleted by
+            # hand): make sure it exists; a 409 means it was there all along.
+            await self._create_attempt_objects(spec, ref, current, status)
+        obj = runs.parse_attempt_object(raw_obj) if raw_obj is not None else None
+        outcome = runs.attempt_outcome(obj, workload, pods, snap.nodes)
+        record = runs.attempt_record(
+            current, object_kind=kind, object_name=obj_name, outcome=outcome,
+            workload=workload, previous=record,
+        )  # fmt: skip
+        status["attempts"][-1:] = [record]
+        status["evidence"] = runs.evidence(
+            spec, namespace, attempts=status["attempts"], pods=pods, workload=workload,
+            previous=status.get("evidence"),
+        )  # fmt: skip
+        first_start = runs.parse_time(status["attempts"][0].get("startTime"))
+        if runs.timed_out(spec, first_start, now) and outcome.phase not in runs.TERMINAL_PHASES:
+            await self._delete_attempt(spec, ref, current)
+            record.update(phase=runs.Phase.FAILED, failureClass=specs.FailureClass.TIMEOUT,
+                          endTime=runs.iso(now))  # fmt: skip
+            self.metrics.run_attempts.labels(str(specs.FailureClass.TIMEOUT)).inc()
+            self._end(status, runs.Phase.FAILED, "Timeout",
+                      f"the run exceeded its timeout of {spec.timeout}", now=now)  # fmt: skip
+            return await self._write(item, old, status)
+        self._phase_conditions(status, outcome, workload, now)
+        visible = None
+        if outcome.phase == runs.Phase.QUEUED and workload is not None and workload.pending:
+            visible = await self.visibility_position(namespace, spec.queue, workload.name)
+        self._position(status, spec=spec, snap=snap, workload=workload, outcome=outcome,
+                       namespace=namespace, visible=visible)  # fmt: skip
+        if outcome.phase == runs.Phase.SUCCEEDED:
+            self.metrics.run_attempts.labels("Succeeded").inc()
+            self._end(status, runs.Phase.SUCCEEDED, "Completed", outcome.message, now=now,
+                      ended=outcome.ended)  # fmt: skip
+        elif outcome.phase == runs.Phase.FAILED:
+            failure = outcome.failure_class or specs.FailureClass.UNKNOWN
+            self.metrics.run_attempts.labels(str(failure)).inc()
+            if runs.should_retry(spec, failure, current):
+                await self._delete_attempt(spec, ref, current)
+                record.setdefault("endTime", runs.iso(now))  # the backoff counts from here
+                status.update(phase=runs.Phase.RESUMING, reason=str(failure),
+                              message=f"attempt {current} failed ({outcome.message}); starting"
+                              f" attempt {current + 1}")  # fmt: skip
+                runs.set_phase_condition(status["conditions"], runs.Phase.RESUMING, str(failure),
+                                         outcome.message, now)  # fmt: skip
+                await self._resume_if_due(spec, ref, status, record, now)
+            else:
+                # Kueue frees the quota of a finished Job; the object stays for logs (TTL).
+                self._end(status, runs.Phase.FAILED, str(failure), outcome.message, now=now,
+                          ended=outcome.ended)  # fmt: skip
+        else:
+            status["phase"] = outcome.phase
+            status["reason"] = outcome.reason
+        return await self._write(item, old, status)
+
+    # ------------------------------------------------------------------ pieces
+    def _phase_conditions(
+        self,
+        status: dict[str, Any],
+        outcome: runs.AttemptOutcome,
+        workload: runs.WorkloadView | None,
+        now: dt.datetime,
+    ) -> None:
+        """Keep one condition per phase reached, at the time Kueue or the pods say so."""
+        conds = status["conditions"]
+        if workload is not None and workload.holds("Admitted"):
+            admitted = workload.condition("Admitted")
+            at = admitted.time if admitted is not None and admitted.time else now
+            if runs.set_phase_condition(conds, runs.Phase.ADMITTED, "Admitted",
+                                        f"admitted by cluster queue {workload.cluster_queue}",
+                                        at):  # fmt: skip
+                queued = runs.parse_time(
+                    next((c.get("lastTransitionTime") for c in conds if c["type"] == "Queued"),
+                         None))  # fmt: skip
+                if queued is not None:
+                    self.metrics.run_queue_seconds.observe(max((at - queued).total_seconds(), 0))
+        if outcome.phase in {runs.Phase.RUNNING, runs.Phase.SUCCEEDED}:
+            ready = workload.condition("PodsReady") if workload is not None else None
+            running_at = ready.time if ready is not None and ready.true else None
+            runs.set_phase_condition(conds, runs.Phase.RUNNING, "PodsReady", "",
+                                     running_at or outcome.started or now)  # fmt: skip
+
+    def _position(
+        self,
+        status: dict[str, Any],
+        *,
+        spec: specs.TauSpec,
+        snap: Snapshot,
+        workload: runs.WorkloadView | None,
+        outcome: runs.AttemptOutcome,
+        namespace: str,
+        visible: runs.QueuePosition | None,
+    ) -> None:
+        if outcome.phase != runs.Phase.QUEUED:
+            status.update(queuePosition=None, queuePositionInLocalQueue=None,
+                          queuePositionSource=None)  # fmt: skip
+            if outcome.phase in {runs.Phase.ADMITTED, runs.Phase.RUNNING}:
+                status["message"] = ""
+            return
+        position = visible
+        if position is None and workload is not None:
+            position = snap.positions.get((namespace, workload.name))
+        cq = snap.local_queues.get((namespace, spec.queue))
+        ctx = runs.WaitContext(
+            queue=spec.queue, namespace=namespace, queue_exists=cq is not None,
+            cluster_queue=cq or "", gpus_per_worker=spec.resources.gpus, workers=spec.workers,
+            position=position,
+        )  # fmt: skip
+        status["message"] = runs.waiting_message(ctx, workload)
+        status["queuePosition"] = position.in_cluster_queue if position else None
+        status["queuePositionInLocalQueue"] = position.in_local_queue if position else None
+        status["queuePositionSource"] = str(position.source) if position else None
+
+    async def visibility_position(
+        self, namespace: str, queue: str, workload: str
+    ) -> runs.QueuePosition | None:
+        """Ask Kueue's visibility API for one Workload's position (None when it cannot)."""
+        items = await self.store.pending_workloads(namespace, queue)
+        if items is None:
+            return None
+        return runs.position_from_visibility(items, namespace, workload)
+
+    def _end(
+        self,
+        status: dict[str, Any],
+        phase: runs.Phase,
+        reason: str,
+        message: str,
+        *,
+        now: dt.datetime,
+        ended: dt.datetime | None = None,
+    ) -> None:
+        status.update(phase=phase, reason=reason, message=message,
+                      endTime=status.get("endTime") or runs.iso(ended or now),
+                      queuePosition=None, queuePositionInLocalQueue=None,
+                      queuePositionSource=None)  # fmt: skip
+        runs.set_phase_condition(status["conditions"], phase, reason, message, ended or now)
+
+    async def _ensure_run_objects(self, ref: rendering.RunRef) -> None:
+        self.elector.ensure_leader()
+        token = secrets.token_urlsafe(32)
+        await self.store.create(
+            rendering.render_token_secret(ref, rendering.token_secret_name(ref.name), token)
+        )
+        await self.store.create(
+            rendering.render_checkpoint_configmap(
+                ref, rendering.checkpoint_configmap_name(ref.name), ""
+            )
+        )
+
+    def _render(
+        self, spec: specs.TauSpec, ref: rendering.RunRef, attempt: int, status: Mapping[str, Any]
+    ) -> list[dict[str, Any]]:
+        checkpoints = status.get("checkpoints") or []
+        previous = (status.get("attempts") or [{}])[-1] if attempt > 1 else {}
+        ctx = rendering.AttemptContext(
+            run=ref, attempt=attempt,
+            token_secret=rendering.token_secret_name(ref.name),
+            checkpoint_configmap=rendering.checkpoint_configmap_name(ref.name),
+            resume_from=str(checkpoints[-1].get("path", "")) if checkpoints else "",
+            failure_reason=str(previous.get("failureClass", "")) if attempt > 1 else "",
+        )  # fmt: skip
+        objects = rendering.render_attempt(spec, ctx, self.render)
+        if self.pod_annotations:
+            for obj in objects:
+                for template in _pod_templates(obj):
+                    meta = template.setdefault("metadata", {})
+                    meta["annotations"] = {**self.pod_annotations, **meta.get("annotations", {})}
+        return objects
+
+    async def _create_attempt_objects(
+        self, spec: specs.TauSpec, ref: rendering.RunRef, attempt: int, status: Mapping[str, Any]
+    ) -> None:
+        for obj in self._render(spec, ref, attempt, status):
+            self.elector.ensure_leader()
+            await self.store.create(obj)
+
+    async def _start_attempt(
+        self,
+        spec: specs.TauSpec,
+        ref: rendering.RunRef,
+        status: dict[str, Any],
+        attempt: int,
+        now: dt.datetime,
+    ) -> None:
+        await self._create_attempt_objects(spec, ref, attempt, status)
+        kind = "RayJob" if spec.kind == specs.RunKind.RAY else "Job"
+        status["attempts"].append(
+            {"number": attempt, "objectKind": kind, "phase": runs.Phase.QUEUED,
+             "objectName": rendering.attempt_name(ref.name, attempt), "createdTime": runs.iso(now)}
+        )  # fmt: skip
+        status.update(currentAttempt=attempt, phase=runs.Phase.QUEUED, reason="Submitted",
+                      message=f"submitted to queue {spec.queue!r}; waiting for Kueue")  # fmt: skip
+        status.setdefault("startTime", runs.iso(now))
+        runs.set_phase_condition(status["conditions"], runs.Phase.QUEUED, "Submitted",
+                                 f"attempt {attempt} created", now)  # fmt: skip
+        self.metrics.run_attempts.labels("started").inc()
+        log.info("attempt started", run=f"{ref.namespace}/{ref.name}", attempt=attempt)
+
+    async def _resume_if_due(
+        self,
+        spec: specs.TauSpec,
+        ref: rendering.RunRef,
+        status: dict[str, Any],
+        record: Mapping[str, Any],
+        now: dt.datetime,
+    ) -> None:
+        ended = runs.parse_time(record.get("endTime")) or now
+        if spec.retry.backoff_s and (now - ended).total_seconds() < spec.retry.backoff_s:
+            return
+        current = int(status.get("currentAttempt") or 1)
+        await self._start_attempt(spec, ref, status, current + 1, now)
+
+    async def _delete_attempt(
+        self, spec: specs.TauSpec, ref: rendering.RunRef, attempt: int
+    ) -> None:
+        if attempt < 1:
+            return
+        name = rendering.attempt_name(ref.name, attempt)
+        self.elector.ensure_leader()
+        if spec.kind == specs.RunKind.RAY:
+            await self.store.delete("RayJob", ref.namespace, name)
+        else:
+            await self.store.delete("Job", ref.namespace, name)
+        if spec.kind == specs.RunKind.PYTORCH:
+            await self.store.delete("Service", ref.namespace, name)
+
+    async def _cleanup(
+        self, spec: specs.TauSpec, ref: rendering.RunRef, status: dict[str, Any], now: dt.datetime
+    ) -> None:
+        """Delete a finished run's objects after the TTL (once; the TauRun stays)."""
+        if status.get("objectsDeleted"):
+            return
+        if not runs.ttl_expired(runs.parse_time(status.get("endTime")), self.ttl_after_finished_s,
+                                now):  # fmt: skip
+            return
+        for record in status.get("attempts") or []:
+            await self._delete_attempt(spec, ref, int(record.get("number") or 0))
+        status["objectsDeleted"] = True
+
+    async def _write(
+        self, item: dict[str, Any], old: Mapping[str, Any], status: dict[str, Any]
+    ) -> dict[str, Any]:
+        if _clean(status) == _clean(old):
+            return item
+        self.elector.ensure_leader()
+        namespace, name = _key(item)
+        written = await self.store.patch_run_status(namespace, name, status)
+        if written is None:
+            return item
+        rv = str((written.get("metadata") or {}).get("resourceVersion", ""))
+        if rv.isdigit():
+            self._written[(namespace, name)] = int(rv)
+        if status.get("phase") != old.get("phase"):
+            log.info("run phase", run=f"{namespace}/{name}", phase=status.get("phase"),
+                     attempt=status.get("currentAttempt"), reason=status.get("reason"))  # fmt: skip
+        return written
+
+
+def _clean(value: Any) -> Any:
+    """Drop None values (a merge patch deletes them) so comparisons see what is stored."""
+    if isinstance(value, Mapping):
+        return {k: _clean(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_clean(v) for v in value]
+    return str(value) if isinstance(value, runs.Phase) else value
+
+
+def _pod_templates(obj: dict[str, Any]) -> list[dict[str, Any]]:
+    if obj["kind"] == "Job":
+        return [obj["spec"]["template"]]
+    if obj["kind"] == "RayJob":
+        cluster = obj["spec"]["rayClusterSpec"]
+        return [cluster["headGroupSpec"]["template"]] + [
+            group["template"] for group in cluster["workerGroupSpecs"]
+        ]
+    return []

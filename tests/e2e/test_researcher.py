@@ -1,0 +1,227 @@
+"""The researcher's path end to end: the `tau` script and kubectl against a controller on the
+local control plane, with real Kueue, the Job controller, KWOK pods and KubeRay."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pathlib
+import sys
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+import pytest_asyncio
+from kubernetes_asyncio import client
+
+from devcluster import cluster
+from tests import controllerkit, kueue, support
+from tests.integration import test_runs_api as kit
+
+pytestmark = pytest.mark.cluster
+
+TAU = pathlib.Path(__file__).resolve().parents[2] / "controller" / "assets" / "tau"
+KWOK_LOGS = ("kwok.x-k8s.io", "v1alpha1")
+NODE = "gpu-node-1"
+
+
+@pytest_asyncio.fixture
+async def env(
+    dev_cluster: cluster.Cluster, k8s: client.ApiClient, namespace: str
+) -> AsyncIterator[kit.Env]:
+    """A controller whose pods run for 10 s, 8 GPUs of quota on one dev node, a token.
+
+    The queue's own ResourceFlavor pins its pods to `gpu-node-1`: other tests make and
+    delete fake GPU nodes of their own, and a pod on one of those would lose its log.
+    """
+    custom = client.CustomObjectsApi(k8s)
+    flavor = f"rf-{namespace}"[:63]
+    await custom.create_cluster_custom_object(*kueue.KUEUE, "resourceflavors", {
+        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor",
+        "metadata": {"name": flavor},
+        "spec": {"nodeLabels": {"kubernetes.io/hostname": NODE}},
+    })  # fmt: skip
+    cq = kueue.cluster_queue(f"cq-{namespace}"[:63], namespace, gpus=8)
+    cq["spec"]["resourceGroups"][0]["flavors"][0]["name"] = flavor
+    await custom.create_cluster_custom_object(*kueue.KUEUE, "clusterqueues", cq)
+    await custom.create_namespaced_custom_object(
+        *kueue.KUEUE,
+        namespace,
+        "localqueues",
+        kueue.local_queue("q", namespace, cq["metadata"]["name"]),
+    )
+    token = await kit.make_token(k8s, namespace, "researcher", kit.RESEARCHER_RULES)
+    ctl = await controllerkit.start_controller(
+        dev_cluster.kubeconfig, namespace,
+        run_pass_interval_s=0.5,
+        run_pod_annotations={"kwok.taugrid.dev/run-for": "10s"},
+        run_manager=f"test/{namespace}",
+    )  # fmt: skip
+    await controllerkit.wait_leader(ctl)
+    http = aiohttp.ClientSession()
+    try:
+        yield kit.Env(ctl.url, namespace, token, http, k8s, ctl)
+    finally:
+        await http.close()
+        await ctl.stop()
+        await kueue.delete_queues(k8s, namespace)
+        await custom.delete_cluster_custom_object(*kueue.KUEUE, "resourceflavors", flavor)
+
+
+async def tau(env: kit.Env, *args: str) -> tuple[int, str, str]:
+    """Run the tau script as a researcher would (environment, not flags)."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, str(TAU), *args,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "TAU_URL": env.url, "TAU_TOKEN": env.token,
+             "TAU_NAMESPACE": env.namespace},
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    return int(proc.returncode or 0), out.decode(), err.decode()
+
+
+async def run_pods(env: kit.Env, run: str, count: int = 1) -> list[dict[str, Any]]:
+    """Wait for the run's pods to exist and be bound to a node."""
+
+    async def probe() -> list[dict[str, Any]]:
+        resp = await client.CoreV1Api(env.api).list_namespaced_pod(
+            env.namespace, label_selector=f"taugrid.dev/run={run}", _preload_content=False
+        )
+        pods = [p for p in (await resp.json())["items"] if p["spec"].get("nodeName")]
+        assert len(pods) >= count, f"{len(pods)} scheduled pods"
+        return list(pods)
+
+    return await support.eventually(probe, what=f"pods of {run}")
+
+
+async def test_single_gpu_run_from_queue_to_success(
+    env: kit.Env, dev_cluster: cluster.Cluster, bin_dir: pathlib.Path, tmp_path: pathlib.Path
+) -> None:
+    """Queued → Admitted → Running → Succeeded; tau status, kubectl get tr, evidence and
+    tau logs -f all show it."""
+    spec = tmp_path / "tau.yaml"
+    spec.write_text(
+        f"name: mnist\nimage: {kit.IMAGE}\ncommand: python train.py\n"
+        "resources: {gpus: 1, cpu: 1, memory: 1Gi}\nqueue: q\n"
+    )
+    code, out, err = await tau(env, "run", str(spec))
+    assert code == 0, err
+    assert "run mnist submitted to queue q" in out
+
+    (pod,) = await run_pods(env, "mnist")
+    name = pod["metadata"]["name"]
+    with cluster.pod_log_file(dev_cluster, env.namespace, name, "main") as path:
+        cluster.append_log(path, "epoch 1 loss 0.9")
+        cluster.append_log(path, "epoch 2 loss 0.5")
+        await client.CustomObjectsApi(env.api).create_namespaced_custom_object(
+            *KWOK_LOGS, env.namespace, "logs",
+            cluster.kwok_logs_object(env.namespace, name, "main", path),
+        )  # fmt: skip
+
+        async def logs() -> str:
+            code, out, err = await tau(env, "logs", "mnist", "--tail", "10")
+            assert code == 0, err
+            assert "epoch 2 loss 0.5" in out, out
+            return out
+
+        await support.eventually(logs, what="tau logs to show the log file", interval_s=1)
+        follow = await asyncio.create_subprocess_exec(
+            sys.executable, str(TAU), "logs", "-f", "mnist",
+            stdout=asyncio.subprocess.PIPE,
+            env={**os.environ, "TAU_URL": env.url, "TAU_TOKEN": env.token,
+                 "TAU_NAMESPACE": env.namespace},
+        )  # fmt: skip
+        assert follow.stdout is not None
+        seen: list[str] = []
+        try:
+            async with asyncio.timeout(60):
+                while "epoch 2 loss 0.5" not in "".join(seen):
+                    seen.append((await follow.stdout.readline()).decode())
+        finally:
+            follow.kill()
+            await follow.wait()
+
+    run = await env.wait_phase("mnist", "Succeeded")
+    reached = [c["type"] for c in run["conditions"] if c["status"] == "True"]
+    assert reached == ["Queued", "Admitted", "Running", "Succeeded"]
+    code, out, _ = await tau(env, "status", "mnist")
+    assert code == 0
+    assert "Succeeded" in out
+    kubectl = await asyncio.create_subprocess_exec(
+        str(bin_dir / "kubectl"), f"--kubeconfig={dev_cluster.kubeconfig}",
+        "-n", env.namespace, "get", "tr",
+        stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    table = (await kubectl.communicate())[0].decode()
+    assert "mnist" in table
+    assert "Succeeded" in table
+
+    status, ev = await env.get(f"/v1/runs/{env.namespace}/mnist/evidence")
+    assert status == 200
+    assert ev["nodes"] == [NODE]
+    assert ev["kueue"]["clusterQueue"] == f"cq-{env.namespace}"[:63]
+    assert ev["kueue"]["flavors"]["nvidia.com/gpu"] == f"rf-{env.namespace}"[:63]
+    assert ev["image"] == kit.IMAGE
+    assert ev["specHash"].startswith("sha256:")
+
+
+async def test_two_node_pytorch_run(env: kit.Env) -> None:
+    """One Workload with a pod set of 2, pods with completion indexes 0 and 1, and
+    rendezvous env pointing at pod 0 through the headless Service."""
+    spec = kit.job_spec("ddp", gpus=4, kind="pytorch", workers=2)
+    assert (await env.submit(spec))[0] == 201
+    wl = await support.eventually(
+        lambda: kueue.workload_of(env.api, env.namespace, "ddp-a1"), what="the Workload"
+    )
+    assert [p["count"] for p in wl["spec"]["podSets"]] == [2]
+    pods = await run_pods(env, "ddp", count=2)
+    index = "batch.kubernetes.io/job-completion-index"
+    assert sorted(p["metadata"]["annotations"][index] for p in pods) == ["0", "1"]
+    service = await client.CoreV1Api(env.api).read_namespaced_service("ddp-a1", env.namespace)
+    assert service.spec.cluster_ip == "None"
+    for pod in pods:
+        env_vars = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+        assert env_vars["MASTER_ADDR"] == "ddp-a1-0.ddp-a1"
+        assert env_vars["NNODES"] == "2"
+        assert pod["spec"]["subdomain"] == "ddp-a1"
+    await env.wait_phase("ddp", "Running", "Succeeded")
+
+
+async def test_ray_run_becomes_an_admitted_ray_cluster(env: kit.Env) -> None:
+    """A ray run makes a RayJob that Kueue admits and KubeRay turns into a RayCluster with
+    the GPUs per worker; a RayJob marked succeeded (no dashboard here) ends the run."""
+    spec = kit.job_spec("rl", gpus=2, kind="ray", workers=2)
+    assert (await env.submit(spec))[0] == 201
+    custom = client.CustomObjectsApi(env.api)
+
+    async def admitted() -> None:
+        wl = await kueue.workload_of(env.api, env.namespace, "rl-a1")
+        assert support.condition(wl, "Admitted") is not None, wl.get("status")
+        assert support.condition(wl, "Admitted")["status"] == "True"  # type: ignore[index]
+
+    await support.eventually(admitted, what="the RayJob's Workload admitted")
+
+    async def ray_cluster() -> dict[str, Any]:
+        items = await custom.list_namespaced_custom_object(
+            "ray.io", "v1", env.namespace, "rayclusters"
+        )
+        assert items["items"], "no RayCluster yet"
+        return dict(items["items"][0])
+
+    rc = await support.eventually(ray_cluster, what="the RayCluster")
+    (group,) = rc["spec"]["workerGroupSpecs"]
+    assert group["replicas"] == 2
+    limits = group["template"]["spec"]["containers"][0]["resources"]["limits"]
+    assert limits["nvidia.com/gpu"] == "2"
+
+    async def mark_succeeded() -> None:
+        await custom.patch_namespaced_custom_object_status(
+            "ray.io", "v1", env.namespace, "rayjobs", "rl-a1",
+            {"status": {"jobStatus": "SUCCEEDED", "jobDeploymentStatus": "Complete"}},
+            _content_type="application/merge-patch+json",
+        )  # fmt: skip
+        run = await env.run("rl")
+        assert run["phase"] == "Succeeded", run["phase"]
+
+    await support.eventually(mark_succeeded, what="the ray run to succeed", interval_s=1)

@@ -1,0 +1,293 @@
+"""The run API and the run reconciler against the local control plane (real Kueue).
+
+Each test gets its own namespace with a private ClusterQueue and LocalQueue `q` (no
+admission checks), a researcher ServiceAccount whose Role allows what DESIGN.md section 4
+needs, and an in-process controller that tells KWOK to keep pods running (`run-for`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import pathlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+import pytest_asyncio
+from kubernetes_asyncio import client
+
+from devcluster import cluster
+from tests import controllerkit, kueue, support
+
+pytestmark = pytest.mark.cluster
+
+IMAGE = "registry.example/train@sha256:" + "0" * 64
+RESEARCHER_RULES = [
+    {"apiGroups": ["taugrid.dev"], "resources": ["tauruns"],
+     "verbs": ["create", "get", "list", "watch", "delete", "patch"]},
+    {"apiGroups": [""], "resources": ["pods", "pods/log"], "verbs": ["get", "list"]},
+]  # fmt: skip
+
+
+async def make_token(
+    api: client.ApiClient, namespace: str, name: str, rules: list[dict[str, Any]] | None
+) -> str:
+    """A ServiceAccount token; with `rules`, a Role and RoleBinding in the namespace."""
+    core = client.CoreV1Api(api)
+    rbac = client.RbacAuthorizationV1Api(api)
+    await core.create_namespaced_service_account(namespace, {"metadata": {"name": name}})
+    if rules is not None:
+        await rbac.create_namespaced_role(namespace, {"metadata": {"name": name}, "rules": rules})
+        await rbac.create_namespaced_role_binding(
+            namespace,
+            {
+                "metadata": {"name": name},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                            "name": name},
+                "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}],
+            },
+        )  # fmt: skip
+    tr = await core.create_namespaced_service_account_token(
+        name, namespace, {"spec": {"expirationSeconds": 3600}}
+    )
+    return str(tr.status.token)
+
+
+@dataclasses.dataclass
+class Env:
+    """One test's world: controller, namespace, researcher token, HTTP session."""
+
+    url: str
+    namespace: str
+    token: str
+    http: aiohttp.ClientSession
+    api: client.ApiClient
+    controller: controllerkit.RunningController
+
+    def headers(self, **extra: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}", **extra}
+
+    async def submit(
+        self, spec: dict[str, Any] | str | bytes, *, token: str | None = None, **headers: str
+    ) -> tuple[int, dict[str, Any]]:
+        if isinstance(spec, dict):
+            body: bytes = json.dumps(spec).encode()
+            headers.setdefault("Content-Type", "application/json")
+        else:
+            body = spec.encode() if isinstance(spec, str) else spec
+            headers.setdefault("Content-Type", "application/yaml")
+        hdrs = {**self.headers(**headers)}
+        if token is not None:
+            hdrs["Authorization"] = f"Bearer {token}"
+        async with self.http.post(
+            f"{self.url}/v1/runs",
+            data=io.BytesIO(body),
+            headers=hdrs,
+            params={"namespace": self.namespace},
+        ) as resp:
+            return resp.status, await resp.json()
+
+    async def get(self, path: str, **params: str) -> tuple[int, dict[str, Any]]:
+        async with self.http.get(self.url + path, headers=self.headers(), params=params) as r:
+            return r.status, await r.json()
+
+    async def run(self, name: str) -> dict[str, Any]:
+        status, body = await self.get(f"/v1/runs/{self.namespace}/{name}")
+        assert status == 200, body
+        return body
+
+    async def wait_phase(self, name: str, *phases: str, timeout_s: float = 120) -> dict[str, Any]:
+        async def probe() -> dict[str, Any]:
+            run = await self.run(name)
+            assert run["phase"] in phases, f"phase {run['phase']}: {run['message']}"
+            return run
+
+        return await support.eventually(probe, timeout_s=timeout_s, what=f"{name} in {phases}")
+
+
+def job_spec(name: str, gpus: int = 1, **extra: Any) -> dict[str, Any]:
+    """A tau.yaml (as a dict) for a GPU job in queue `q`."""
+    return {"name": name, "image": IMAGE, "command": ["python", "train.py"],
+            "resources": {"gpus": gpus, "cpu": "1", "memory": "1Gi"}, "queue": "q",
+            **extra}  # fmt: skip
+
+
+@pytest_asyncio.fixture
+async def env(
+    dev_cluster: cluster.Cluster, k8s: client.ApiClient, namespace: str
+) -> AsyncIterator[Env]:
+    """A controller, 8 GPUs of private quota and a researcher token in a fresh namespace."""
+    await kueue.create_queues(k8s, namespace, gpus=8)
+    token = await make_token(k8s, namespace, "researcher", RESEARCHER_RULES)
+    ctl = await controllerkit.start_controller(
+        dev_cluster.kubeconfig, namespace,
+        run_pass_interval_s=0.5,
+        run_pod_annotations={"kwok.taugrid.dev/run-for": "600s"},
+        run_manager=f"test/{namespace}",
+    )  # fmt: skip
+    await controllerkit.wait_leader(ctl)
+    http = aiohttp.ClientSession()
+    try:
+        yield Env(ctl.url, namespace, token, http, k8s, ctl)
+    finally:
+        await http.close()
+        await ctl.stop()
+        await kueue.delete_queues(k8s, namespace)
+
+
+async def read_job(api: client.ApiClient, namespace: str, name: str) -> dict[str, Any]:
+    """A Job as raw JSON (404 means not yet)."""
+
+    async def read() -> dict[str, Any]:
+        resp = await client.BatchV1Api(api).read_namespaced_job(
+            name, namespace, _preload_content=False
+        )
+        return dict(await resp.json())
+
+    return await support.eventually(support.not_found_is_not_yet(read), what=f"Job {name}")
+
+
+# ---------------------------------------------------------------------- bad input
+BIG = (
+    b"name: big\nimage: x\ncommand: [a]\nargs: ["
+    + b"'aaaaaaaaaa'," * (5 * 1024 * 1024 // 13)
+    + b"]\n"
+)
+BOMB = (
+    b"a: &a [x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\n"
+    b"c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b]\nd: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c]\n"
+    b"e: &e [*d, *d, *d, *d, *d, *d, *d, *d, *d]\nf: &f [*e, *e, *e, *e, *e, *e, *e, *e, *e]\n"
+    b"g: [*f, *f, *f, *f, *f, *f, *f, *f, *f]\nname: bomb\nimage: x\ncommand: [a]\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "field", "words"),
+    [
+        pytest.param(b"name: a\ncommand: [x]\n", 422, "image", "required",
+                     id="a missing image is named"),
+        pytest.param(f"name: a\nimage: {IMAGE}\ncommand: [x]\nresources: {{gpus: -1}}\n".encode(),
+                     422, "resources.gpus", "at least 0", id="negative GPUs are refused"),
+        pytest.param(f"name: a\nimage: {IMAGE}\ncommand: [x]\ngpu: 1\n".encode(), 422, "gpu",
+                     "unknown field", id="an unknown field is named"),
+        pytest.param(f"name: a\nimage: {IMAGE}\ncommand: [x]\nworkers: two\n".encode(), 422,
+                     "workers", "whole number", id="a wrong type is named"),
+        pytest.param(BOMB, 400, "", "alias", id="an alias bomb is refused"),
+        pytest.param(BIG, 413, "", "limit", id="a 5 MiB body is refused naming the limit"),
+        pytest.param(b"name: caf\xe9\nimage: x\ncommand: [a]\n", 400, "", "UTF-8",
+                     id="non-UTF-8 input is refused"),
+        pytest.param(f"name: a\nimage: {IMAGE}\ncommand: [x]\nretry: {{on: [NodeFailure]}}\n"
+                     .encode(), 422, "retry.on", "unknown field",
+                     id="on under retry stays the key on and is refused as unknown"),
+    ],
+)  # fmt: skip
+async def test_invalid_specs_get_4xx_naming_the_field(
+    env: Env, body: bytes, status: int, field: str, words: str
+) -> None:
+    """Each bad tau.yaml gets a 4xx whose error names the field or the limit."""
+    got, answer = await env.submit(body)
+    assert status == got, answer
+    assert field == answer["error"]["field"]
+    assert words.lower() in answer["error"]["message"].lower()
+
+
+# ---------------------------------------------------------------------- RBAC
+async def test_no_rbac_means_403_everywhere(env: Env) -> None:
+    """A token without RBAC in the namespace gets 403 for submit, list, get and logs."""
+    status, _ = await env.submit(job_spec("mine"))
+    assert status == 201
+    stranger = await make_token(env.api, env.namespace, "stranger", None)
+    hdrs = {"Authorization": f"Bearer {stranger}"}
+    status, body = await env.submit(job_spec("theirs"), token=stranger)
+    assert (status, body["error"]["code"]) == (403, "Forbidden")
+    base = f"{env.url}/v1/runs"
+    for url, params in [
+        (base, {"namespace": env.namespace}),
+        (f"{base}/{env.namespace}/mine", {}),
+        (f"{base}/{env.namespace}/mine/logs", {}),
+    ]:
+        async with env.http.get(url, headers=hdrs, params=params) as resp:
+            assert resp.status == 403, (url, await resp.text())
+
+
+# ---------------------------------------------------------------------- submit
+async def test_submit_creates_a_suspended_queued_job(env: Env) -> None:
+    """A submission answers 201 with the run Queued, and its Job already exists, suspended,
+    labelled for Kueue, owned by the TauRun."""
+    status, run = await env.submit(job_spec("one"))
+    assert (status, run["phase"], run["attempt"]) == (201, "Queued", 1), run
+    job = await read_job(env.api, env.namespace, "one-a1")
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "q"
+    assert job["metadata"]["ownerReferences"][0]["kind"] == "TauRun"
+    assert job["spec"]["backoffLimit"] == 0
+
+
+async def test_same_name_is_a_conflict_unless_the_idempotency_key_matches(env: Env) -> None:
+    """A second POST of a name is 409; with the first one's Idempotency-Key it is 200."""
+    first, _ = await env.submit(job_spec("twice"), **{"Idempotency-Key": "k-1"})
+    again, replay = await env.submit(job_spec("twice"), **{"Idempotency-Key": "k-1"})
+    other, conflict = await env.submit(job_spec("twice"), **{"Idempotency-Key": "k-2"})
+    plain, _ = await env.submit(job_spec("twice"))
+    assert (first, again, other, plain) == (201, 200, 409, 409)
+    assert replay["name"] == "twice"
+    assert conflict["error"]["field"] == "name"
+
+
+async def test_schema_and_client_are_served(env: Env) -> None:
+    """The JSON Schema and the tau script are served without a token."""
+    async with env.http.get(f"{env.url}/v1/schema/run") as resp:
+        schema = await resp.json()
+    assert "image" in schema["required"]
+    async with env.http.get(f"{env.url}/tau") as resp:
+        script = await resp.read()
+    assert script == (pathlib.Path(__file__).parents[2] / "controller/assets/tau").read_bytes()
+
+
+# ---------------------------------------------------------------------- quota
+async def test_over_quota_stays_queued_with_position_and_reason(env: Env) -> None:
+    """With the quota taken, later runs stay Queued with their place in line and why."""
+    assert (await env.submit(job_spec("big", gpus=8)))[0] == 201
+    await env.wait_phase("big", "Admitted", "Running")
+    assert (await env.submit(job_spec("second", gpus=4)))[0] == 201
+    assert (await env.submit(job_spec("third", gpus=4)))[0] == 201
+
+    async def positions() -> tuple[dict[str, Any], dict[str, Any]]:
+        second, third = await env.run("second"), await env.run("third")
+        assert (second["queuePosition"], third["queuePosition"]) == (0, 1), (second, third)
+        assert "waiting for quota" in third["message"], third["message"]
+        return second, third
+
+    _, third = await support.eventually(positions, what="queue positions")
+    assert third["phase"] == "Queued"
+    assert third["queuePositionSource"] in {"visibility", "computed"}
+    assert "waiting for quota" in third["message"]
+    assert "1 run is ahead of it" in third["message"]
+    status, queues = await env.get("/v1/queues", namespace=env.namespace)
+    assert status == 200
+    (q,) = queues["items"]
+    assert [w["name"] for w in q["waiting"]] == ["second", "third"]
+
+
+async def test_cancel_frees_quota_for_the_run_behind(env: Env) -> None:
+    """Cancelling the run that holds the quota lets the queued one in; the TauRun stays."""
+    assert (await env.submit(job_spec("holder", gpus=8)))[0] == 201
+    await env.wait_phase("holder", "Admitted", "Running")
+    assert (await env.submit(job_spec("waiter", gpus=8)))[0] == 201
+    await env.wait_phase("waiter", "Queued")
+    async with env.http.delete(
+        f"{env.url}/v1/runs/{env.namespace}/holder", headers=env.headers()
+    ) as resp:
+        body = await resp.json()
+        assert (resp.status, body["phase"]) == (200, "Cancelled"), body
+    await env.wait_phase("waiter", "Admitted", "Running")
+    assert (await env.run("holder"))["phase"] == "Cancelled"
+
+    async def job_gone() -> None:
+        jobs = await client.BatchV1Api(env.api).list_namespaced_job(env.namespace)
+        names = [j.metadata.name for j in jobs.items if not j.metadata.deletion_timestamp]
+        assert "holder-a1" not in names, names
+
+    await support.eventually(job_gone, what="the cancelled Job to go")
