@@ -19,6 +19,7 @@ import asyncio
 import datetime as dt
 import os
 import pathlib
+import secrets
 import subprocess
 import sys
 import tempfile
@@ -133,7 +134,7 @@ async def run(sizes: list[int], seconds: float, concurrency: int) -> None:
     print("{:>6} {:<11} {:>8} {:>8} {:>8} {:>7} {:>7}".format(*header))
     try:
         for n in sizes:
-            ns = f"bench-hb-{n}"
+            ns = f"bench-hb-{n}-{secrets.token_hex(2)}"
             tokens = await fleetkit.make_fleet(api, dev, ns, n, prefix=f"hb-{n}")
             port, base_port = kit.free_port(), kit.free_port()
             env = stack.controller_env(dev, port=port, namespace=ns, identity=f"bench-{n}",

@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import secrets
 import subprocess
 import sys
 import time
@@ -77,7 +78,7 @@ async def _watch_taints(
 async def _trial_run(
     api: client.ApiClient, dev: cluster.Cluster, total: int, failing: int, burst: bool
 ) -> list[float]:
-    ns = f"bench-q-{total}"
+    ns = f"bench-q-{total}-{secrets.token_hex(2)}"
     tokens = await fleetkit.make_fleet(api, dev, ns, total, prefix=f"q{total}")
     agents = {n: kit.Agent(n, t) for n, t in tokens.items()}
     port = kit.free_port()

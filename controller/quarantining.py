@@ -67,6 +67,8 @@ class Quarantiner:
         """Pass after pass while leading; never crashes on an API error."""
         while True:
             timeout = self.pass_interval_s
+            # Clear before the pass: a poke that arrives during it must cause another pass.
+            self.wake.clear()
             if self.elector.is_leader() and self.cache.synced.is_set():
                 try:
                     deadline = await self.run_pass()
@@ -79,7 +81,6 @@ class Quarantiner:
                     log.warning("lost the lease during a pass; stopping writes")
                 except Exception:
                     log.exception("quarantine pass failed; retrying")
-            self.wake.clear()
             try:
                 async with asyncio.timeout(timeout):
                     await self.wake.wait()
