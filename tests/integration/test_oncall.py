@@ -150,8 +150,12 @@ async def test_most_of_the_fleet_going_silent_opens_the_breaker_until_an_operato
 
         body = await support.eventually(breaker_open, what="the breaker to open")
         assert "2" in body["breaker"]["message"], body
-        async with http.get(f"{ctl.url}/metrics") as resp:
-            assert "taugrid_quarantine_breaker_open 1.0" in await resp.text()
+
+        async def metric_says_open() -> None:
+            async with http.get(f"{ctl.url}/metrics") as resp:
+                assert "taugrid_quarantine_breaker_open 1.0" in await resp.text()
+
+        await support.eventually(metric_says_open, what="the breaker metric")
 
         async def event_recorded() -> None:
             events = await client.EventsV1Api(k8s).list_namespaced_event(namespace)
