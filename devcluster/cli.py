@@ -114,7 +114,7 @@ def _inject_command(args: argparse.Namespace) -> list[str]:
 def _welcome(c: cluster.Cluster, bin_dir: pathlib.Path) -> str:
     token = stack.researcher_token(c, bin_dir)
     url = stack.controller_url()
-    oncall = '-H "Authorization: Bearer $(kubectl create token default)"'
+    oncall = '-H "Authorization: Bearer $(kubectl -n taugrid-system create token oncall)"'
     submit = "-H \"Authorization: Bearer $TAU_TOKEN\" -H 'Content-Type: application/yaml'"
     return "\n".join(
         [

@@ -27,6 +27,8 @@ AGENT_PORT_BASE = 9400
 AGENT_TOKEN_SECONDS = 24 * 3600
 """Agent tokens last a day on the dev cluster; `taugrid dev up` issues fresh ones each time."""
 RESEARCHER_SA = "researcher"
+ONCALL_SA = "oncall"
+"""An on-call identity of the dev cluster: may get, list and patch nodes (quarantine by hand)."""
 DEV_FLEET_SELECTOR = "taugrid.dev/dev-fleet=true"
 """The dev controller manages only the nodes `taugrid dev up` made, so tests that bring their
 own nodes and controllers never share a fleet with it."""
@@ -61,6 +63,16 @@ def _bootstrap_objects() -> list[dict[str, Any]]:
               "verbs": ["create", "get", "list", "watch", "delete", "patch"]},
              {"apiGroups": [""], "resources": ["pods", "pods/log"], "verbs": ["get", "list"]},
          ]},
+        {"apiVersion": "v1", "kind": "ServiceAccount",
+         "metadata": {"name": ONCALL_SA, "namespace": NAMESPACE}},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+         "metadata": {"name": "taugrid-oncall"},
+         "rules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "patch"]}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+         "metadata": {"name": "taugrid-oncall"},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                     "name": "taugrid-oncall"},
+         "subjects": [{"kind": "ServiceAccount", "name": ONCALL_SA, "namespace": NAMESPACE}]},
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
          "metadata": {"name": "taugrid-researcher", "namespace": "default"},
          "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
