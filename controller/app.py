@@ -544,14 +544,16 @@ def _runtime(
 
         async def started() -> None:
             state_fleet.become_leader(_now())
+            holder["q"].restore(elector.lease_state)
             log.info("became leader", identity=elector.identity, url=url)
             holder["q"].poke()
 
         async def stopped() -> None:
             log.warning("stopped leading", identity=elector.identity)
 
+        lease_store = leases.KubeLeaseStore(api, settings.namespace, settings.lease_name)
         elector = leading.Elector(
-            leases.KubeLeaseStore(api, settings.namespace, settings.lease_name),
+            lease_store,
             make_identity(settings),
             url,
             lease_duration_s=settings.lease_duration_s,
@@ -569,6 +571,7 @@ def _runtime(
         q = quarantining.Quarantiner(
             state_fleet, cache=cache, writer=writer, settings=pol, elector=elector, metrics=m,
             pass_interval_s=settings.pass_interval_s, lease_name=settings.lease_name,
+            save_state=lease_store.save_state,
         )  # fmt: skip
         holder["q"] = q
         st = ControllerState(settings, m, state_fleet, authn, elector, q, cache, http, url=url)

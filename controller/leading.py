@@ -40,6 +40,9 @@ class LeaseRecord:
     transitions: int
     leader_url: str
     version: str
+    state: tuple[tuple[str, str], ...] = ()
+    """Other `taugrid.dev/` annotations the leader keeps on the Lease (fleet state that must
+    survive a failover: the breaker, dry run); carried over unchanged by every renewal."""
 
 
 class LeaseStore(Protocol):
@@ -93,6 +96,7 @@ def next_record(
         transitions=(rec.transitions + 1) if rec is not None else 0,
         leader_url=url,
         version=rec.version if rec is not None else "",
+        state=rec.state if rec is not None else (),
     )
 
 
@@ -146,6 +150,11 @@ class Elector:
         if rec is None or expired(self._obs, self._clock()):
             return ""
         return rec.leader_url
+
+    @property
+    def lease_state(self) -> dict[str, str]:
+        """The fleet state kept on the Lease, as last observed."""
+        return dict(self._obs.record.state) if self._obs.record else {}
 
     @property
     def leader_identity(self) -> str:

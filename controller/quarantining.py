@@ -13,7 +13,7 @@ import asyncio
 import collections
 import datetime as dt
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import structlog
@@ -23,6 +23,9 @@ from controller import metrics as metrics_mod
 from controller.kube import nodes as kube_nodes
 
 log = structlog.get_logger()
+
+BREAKER_ANNOTATION = "taugrid.dev/breaker"
+DRY_RUN_ANNOTATION = "taugrid.dev/dry-run"
 
 MAX_PARALLEL_NODES = 32
 """Nodes acted on concurrently in one pass; actions on one node stay in order."""
@@ -42,6 +45,7 @@ class Quarantiner:
         metrics: metrics_mod.ControllerMetrics,
         pass_interval_s: float = 1.0,
         lease_name: str = "taugrid-controller",
+        save_state: Callable[[dict[str, str]], Awaitable[None]] | None = None,
         clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
     ) -> None:
         self.fleet = fleet_state
@@ -52,6 +56,8 @@ class Quarantiner:
         self.metrics = metrics
         self.pass_interval_s = pass_interval_s
         self.lease_name = lease_name
+        self._save_state = save_state
+        self._saved: dict[str, str] | None = None
         self.clock = clock
         self.breaker = policy.BreakerState()
         self.last: policy.Decision | None = None
@@ -118,8 +124,37 @@ class Quarantiner:
 
             await asyncio.gather(*(run_node(n, a) for n, a in by_node.items()))
             self._export(decision)
+            await self._persist()
             self.metrics.pass_seconds.observe(time.perf_counter() - started)
             return decision.next_deadline
+
+    def durable_state(self) -> dict[str, str]:
+        """What must survive a failover: the breaker and the runtime dry-run switch."""
+        return {
+            BREAKER_ANNOTATION: self.breaker.model_dump_json(by_alias=True),
+            DRY_RUN_ANNOTATION: "true" if self.settings.dry_run else "false",
+        }
+
+    def restore(self, state: dict[str, str]) -> None:
+        """Take over the breaker and dry-run state a previous leader left on the Lease."""
+        raw = state.get(BREAKER_ANNOTATION)
+        if raw:
+            try:
+                self.breaker = policy.BreakerState.model_validate_json(raw)
+            except ValueError:
+                log.warning("unreadable breaker state on the Lease; starting closed", value=raw)
+        if DRY_RUN_ANNOTATION in state:
+            dry = state[DRY_RUN_ANNOTATION] == "true"
+            self.settings = self.settings.model_copy(update={"dry_run": dry})
+        self._saved = self.durable_state()
+
+    async def _persist(self) -> None:
+        state = self.durable_state()
+        if self._save_state is None or state == self._saved:
+            return
+        self.elector.ensure_leader()
+        await self._save_state(state)
+        self._saved = state
 
     def _export(self, decision: policy.Decision) -> None:
         counts = collections.Counter(h.state.value for h in decision.health.values())

@@ -21,6 +21,13 @@ def _record(lease: Any) -> leading.LeaseRecord:
         transitions=int(spec.lease_transitions or 0),
         leader_url=annotations.get(leading.LEADER_URL_ANNOTATION, ""),
         version=lease.metadata.resource_version or "",
+        state=tuple(
+            sorted(
+                (k, v)
+                for k, v in annotations.items()
+                if k.startswith("taugrid.dev/") and k != leading.LEADER_URL_ANNOTATION
+            )
+        ),
     )
 
 
@@ -56,7 +63,10 @@ class KubeLeaseStore:
             "metadata": {
                 "name": self.name,
                 "namespace": self.namespace,
-                "annotations": {leading.LEADER_URL_ANNOTATION: record.leader_url},
+                "annotations": {
+                    **dict(record.state),
+                    leading.LEADER_URL_ANNOTATION: record.leader_url,
+                },
             },
             "spec": {
                 "holderIdentity": record.holder,
@@ -77,3 +87,10 @@ class KubeLeaseStore:
                 return None
             raise
         return _record(lease)
+
+    async def save_state(self, values: dict[str, str]) -> None:
+        """Merge fleet-state annotations into the Lease (the leader calls this)."""
+        body = {"metadata": {"annotations": values}}
+        await self._api.patch_namespaced_lease(
+            self.name, self.namespace, body, _content_type="application/merge-patch+json"
+        )

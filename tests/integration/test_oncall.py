@@ -240,3 +240,62 @@ async def test_on_call_quarantine_and_release_by_hand_and_dry_run_need_rbac(
             items = {i["name"]: i for i in (await resp.json())["items"]}
         assert items[fleet[1]]["quarantine"]["clearsWith"], items[fleet[1]]
         assert set(fleet) <= set(items)
+
+
+async def test_an_open_breaker_and_dry_run_survive_a_failover(
+    k8s: client.ApiClient, dev_cluster: cluster.Cluster, namespace: str, fleet: list[str]
+) -> None:
+    """The new leader takes over the breaker and the runtime dry-run switch from the Lease."""
+    agents = [kit.Agent(n, await kit.agent_token(k8s, namespace, n)) for n in fleet]
+    token = await kit.admin_token(k8s, namespace)
+    auth = {"Authorization": f"Bearer {token}"}
+    first = await kit.start_controller(dev_cluster.kubeconfig, namespace)
+    await kit.wait_leader(first)
+    second = await kit.start_controller(dev_cluster.kubeconfig, namespace)
+    urls = [first.url, second.url]
+    async with aiohttp.ClientSession() as http:
+        loops = {
+            a.node: asyncio.create_task(kit.heartbeat_loop([a], http, urls, 0.5)) for a in agents
+        }
+        try:
+
+            async def all_healthy() -> None:
+                for n in fleet:
+                    assert (await _condition(k8s, n))["status"] == "True"
+
+            await support.eventually(all_healthy, what="every node healthy")
+            async with http.put(f"{first.url}/v1/fleet/mode", headers=auth,
+                                json={"dryRun": True}) as resp:  # fmt: skip
+                assert resp.status == 200, await resp.text()
+            loops[fleet[0]].cancel()
+            loops[fleet[1]].cancel()
+
+            async def open_on(url: str) -> None:
+                async with http.get(f"{url}/v1/fleet", headers=auth) as resp:
+                    body = await resp.json()
+                    assert resp.status == 200, body
+                    assert body["breaker"]["open"] is True, body
+                    assert body["dryRun"] is True, body
+
+            await support.eventually(lambda: open_on(first.url), what="the breaker to open")
+
+            async def saved_on_lease() -> None:
+                lease = await client.CoordinationV1Api(k8s).read_namespaced_lease(
+                    "taugrid-controller", namespace
+                )
+                annotations = lease.metadata.annotations or {}
+                assert '"open":true' in annotations.get("taugrid.dev/breaker", ""), annotations
+
+            await support.eventually(saved_on_lease, what="the breaker saved on the Lease")
+            await first.stop()
+            await kit.wait_leader(second)
+            await support.eventually(lambda: open_on(second.url), what="the new leader's state")
+        finally:
+            for t in loops.values():
+                t.cancel()
+            for t in loops.values():
+                with contextlib.suppress(asyncio.CancelledError):
+                    await t
+            await second.stop()
+            with contextlib.suppress(Exception):
+                await first.stop()
