@@ -9,9 +9,11 @@ its lease so a follower takes over at once).
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import datetime as dt
+import json
 import os
 import secrets
 import socket
@@ -361,6 +363,7 @@ async def delete_quarantine(request: web.Request) -> web.StreamResponse:
 def _fleet_json(st: ControllerState) -> dict[str, Any]:
     b = st.quarantiner.breaker
     last = st.quarantiner.last
+    states = collections.Counter(h.state.value for h in last.health.values()) if last else {}
     return {
         "leader": st.elector.identity,
         "dryRun": st.quarantiner.settings.dry_run,
@@ -368,16 +371,7 @@ def _fleet_json(st: ControllerState) -> dict[str, Any]:
         "nodes": len(set(st.cache.nodes) | set(st.fleet)),
         "quarantined": last.quarantined if last else 0,
         "maxQuarantined": last.max_quarantined if last else None,
-        "states": dict(
-            sorted(
-                {
-                    s: sum(1 for h in last.health.values() if h.state.value == s)
-                    for s in {h.state.value for h in last.health.values()}
-                }.items()
-            )
-        )
-        if last
-        else {},
+        "states": dict(sorted(states.items())),
     }
 
 
@@ -478,8 +472,6 @@ async def openapi(request: web.Request) -> web.StreamResponse:
 
 
 def _dumps(obj: Any) -> str:
-    import json  # noqa: PLC0415  (aiohttp passes its own dumps hook)
-
     return json.dumps(obj, default=str)
 
 

@@ -108,7 +108,8 @@ class Quarantiner:
         async with self._lock:
             started = time.perf_counter()
             now = self.clock()
-            decision = policy.decide(self.fleet, self.views(), self.settings, self.breaker, now)
+            views = self.views()
+            decision = policy.decide(self.fleet, views, self.settings, self.breaker, now)
             self.breaker = decision.breaker
             self.last = decision
             by_node: dict[str, list[policy.Action]] = collections.defaultdict(list)
@@ -123,7 +124,7 @@ class Quarantiner:
                         await self.apply(action, now, decision)
 
             await asyncio.gather(*(run_node(n, a) for n, a in by_node.items()))
-            self._export(decision)
+            self._export(decision, views)
             await self._persist()
             self.metrics.pass_seconds.observe(time.perf_counter() - started)
             return decision.next_deadline
@@ -156,13 +157,12 @@ class Quarantiner:
         await self._save_state(state)
         self._saved = state
 
-    def _export(self, decision: policy.Decision) -> None:
+    def _export(self, decision: policy.Decision, views: list[nodes.NodeView]) -> None:
         counts = collections.Counter(h.state.value for h in decision.health.values())
         for state in fleet.NodeState:
             self.metrics.node_verdicts.labels(state.value).set(counts.get(state.value, 0))
-        self.metrics.quarantined_nodes.set(
-            sum(1 for raw in self.cache.nodes.values() if nodes.parse(raw).quarantine is not None)
-        )
+        # The views parsed for this pass: no second parse of every node.
+        self.metrics.quarantined_nodes.set(sum(1 for v in views if v.quarantine is not None))
         self.metrics.breaker_open.set(1 if decision.breaker.open else 0)
         self.metrics.dry_run.set(1 if self.settings.dry_run else 0)
 

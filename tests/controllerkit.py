@@ -7,10 +7,12 @@ TokenRequest API, bound to a pod that KWOK runs on the agent's node, with audien
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import datetime as dt
 import pathlib
 import socket
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -19,6 +21,7 @@ from kubernetes_asyncio import client
 
 from controller import app as controller_app
 from controller.settings import ControllerSettings
+from devcluster import cluster
 from shared import health, heartbeat
 from tests import support
 
@@ -273,3 +276,28 @@ def taints(node: dict[str, Any]) -> list[str]:
 
 def gpu_condition(node: dict[str, Any]) -> dict[str, Any] | None:
     return support.condition(node, "GPUHealthy")
+
+
+@contextlib.asynccontextmanager
+async def running(
+    dev: cluster.Cluster, namespace: str, agents: list[Agent], **overrides: Any
+) -> AsyncIterator[tuple[RunningController, aiohttp.ClientSession, dict[str, asyncio.Task[None]]]]:
+    """A leading controller for the test's fleet and one heartbeat loop per agent.
+
+    Cancel an agent's loop to silence that node; everything stops on exit.
+    """
+    ctl = await start_controller(dev.kubeconfig, namespace, **overrides)
+    async with aiohttp.ClientSession() as http:
+        loops = {
+            a.node: asyncio.create_task(heartbeat_loop([a], http, [ctl.url], 0.5)) for a in agents
+        }
+        try:
+            await wait_leader(ctl)
+            yield ctl, http, loops
+        finally:
+            for t in loops.values():
+                t.cancel()
+            for t in loops.values():
+                with contextlib.suppress(asyncio.CancelledError):
+                    await t
+            await ctl.stop()

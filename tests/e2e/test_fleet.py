@@ -12,11 +12,11 @@ import shutil
 import signal
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
+import aiohttp
 import pytest
-import pytest_asyncio
 from kubernetes_asyncio import client
 
 from devcluster import cluster, fakenvml, processes, stack
@@ -135,18 +135,13 @@ def fleet_env(
                 dev_cluster.kubectl(bin_dir, "delete", "node", n, "--wait=false")
 
 
-@pytest_asyncio.fixture
-async def api(k8s: client.ApiClient) -> AsyncIterator[client.ApiClient]:
-    yield k8s
-
-
 def _history(node: dict[str, Any]) -> list[dict[str, Any]]:
     raw = node["metadata"].get("annotations", {}).get("taugrid.dev/history", "[]")
     return list(json.loads(raw))
 
 
 async def test_an_xid_injected_into_an_agent_quarantines_its_node_and_a_reboot_releases_it(
-    api: client.ApiClient, fleet_env: Fleet
+    k8s: client.ApiClient, fleet_env: Fleet
 ) -> None:
     """Agent → heartbeat → controller → taint, cordon, condition; a reboot releases."""
     url = fleet_env.start_controller("ctl-a")
@@ -156,7 +151,7 @@ async def test_an_xid_injected_into_an_agent_quarantines_its_node_and_a_reboot_r
 
     async def reported_healthy() -> None:
         for n in fleet_env.nodes:
-            cond = kit.gpu_condition(await kit.read_node(api, n))
+            cond = kit.gpu_condition(await kit.read_node(k8s, n))
             assert cond is not None, f"{n}: no GPUHealthy yet"
             assert cond["status"] == "True", cond
 
@@ -164,7 +159,7 @@ async def test_an_xid_injected_into_an_agent_quarantines_its_node_and_a_reboot_r
     await asyncio.to_thread(fleet_env.control(bad).xid, 2, 79)
 
     async def quarantined() -> dict[str, Any]:
-        node = await kit.read_node(api, bad)
+        node = await kit.read_node(k8s, bad)
         assert TAINT in kit.taints(node)
         assert node["spec"].get("unschedulable") is True
         cond = kit.gpu_condition(node)
@@ -176,13 +171,13 @@ async def test_an_xid_injected_into_an_agent_quarantines_its_node_and_a_reboot_r
     cond = kit.gpu_condition(node)
     assert cond is not None
     assert "GPU-" in cond["message"], cond
-    other = await kit.read_node(api, fleet_env.nodes[1])
+    other = await kit.read_node(k8s, fleet_env.nodes[1])
     assert TAINT not in kit.taints(other)
 
     await asyncio.to_thread(fleet_env.reboot, bad, url)
 
     async def released() -> None:
-        node = await kit.read_node(api, bad)
+        node = await kit.read_node(k8s, bad)
         assert TAINT not in kit.taints(node)
         assert not node["spec"].get("unschedulable")
 
@@ -190,14 +185,14 @@ async def test_an_xid_injected_into_an_agent_quarantines_its_node_and_a_reboot_r
 
 
 async def test_killing_the_leader_during_a_fault_lets_the_follower_finish_the_quarantine_once(
-    api: client.ApiClient, fleet_env: Fleet
+    k8s: client.ApiClient, fleet_env: Fleet
 ) -> None:
     """Failover: the follower takes over within the lease, quarantines once, and calls no node
     stale because of the failover."""
     url_a = fleet_env.start_controller("ctl-a")
 
     async def a_leads() -> None:
-        async with kit_http() as http, http.get(f"{url_a}/readyz") as resp:
+        async with aiohttp.ClientSession() as http, http.get(f"{url_a}/readyz") as resp:
             body = await resp.json()
             assert body["leader"] is True, body
 
@@ -208,7 +203,7 @@ async def test_killing_the_leader_during_a_fault_lets_the_follower_finish_the_qu
 
     async def reported() -> None:
         for n in fleet_env.nodes:
-            cond = kit.gpu_condition(await kit.read_node(api, n))
+            cond = kit.gpu_condition(await kit.read_node(k8s, n))
             assert cond is not None
             assert cond["status"] == "True", cond
 
@@ -218,7 +213,7 @@ async def test_killing_the_leader_during_a_fault_lets_the_follower_finish_the_qu
     await asyncio.to_thread(fleet_env.control(bad).xid, 0, 79)
 
     async def quarantined() -> dict[str, Any]:
-        node = await kit.read_node(api, bad)
+        node = await kit.read_node(k8s, bad)
         assert TAINT in kit.taints(node)
         assert node["spec"].get("unschedulable") is True
         return node
@@ -226,16 +221,8 @@ async def test_killing_the_leader_during_a_fault_lets_the_follower_finish_the_qu
     node = await support.eventually(quarantined, what="the follower to quarantine")
     quarantines = [e for e in _history(node) if e.get("action") == "Quarantine"]
     assert len(quarantines) == 1, _history(node)
-    healthy = await kit.read_node(api, fleet_env.nodes[0])
+    healthy = await kit.read_node(k8s, fleet_env.nodes[0])
     assert TAINT not in kit.taints(healthy), "the failover quarantined a node for staleness"
     cond = kit.gpu_condition(healthy)
     assert cond is not None
     assert cond["status"] == "True", cond
-
-
-@contextlib.asynccontextmanager
-async def kit_http() -> AsyncIterator[Any]:
-    import aiohttp
-
-    async with aiohttp.ClientSession() as s:
-        yield s

@@ -54,33 +54,6 @@ async def fleet(
         await kit.delete_test_rbac(k8s, namespace)
 
 
-@contextlib.asynccontextmanager
-async def running(
-    dev: cluster.Cluster, namespace: str, agents: list[kit.Agent], **overrides: Any
-) -> AsyncIterator[
-    tuple[kit.RunningController, aiohttp.ClientSession, dict[str, asyncio.Task[None]]]
-]:
-    """A controller for the test fleet, one heartbeat loop per agent (cancel one to silence it)."""
-    ctl = await kit.start_controller(
-        dev.kubeconfig, namespace, node_selector=f"taugrid.dev/test-fleet={namespace}", **overrides
-    )
-    async with aiohttp.ClientSession() as http:
-        loops = {
-            a.node: asyncio.create_task(kit.heartbeat_loop([a], http, [ctl.url], 0.5))
-            for a in agents
-        }
-        try:
-            await kit.wait_leader(ctl)
-            yield ctl, http, loops
-        finally:
-            for t in loops.values():
-                t.cancel()
-            for t in loops.values():
-                with contextlib.suppress(asyncio.CancelledError):
-                    await t
-            await ctl.stop()
-
-
 async def _condition(api: client.ApiClient, node: str) -> dict[str, Any]:
     cond = kit.gpu_condition(await kit.read_node(api, node))
     assert cond is not None, f"{node}: no GPUHealthy condition"
@@ -92,7 +65,7 @@ async def test_a_silent_node_turns_unknown_then_is_quarantined_after_the_set_tim
 ) -> None:
     """Stale heartbeats: condition Unknown first, quarantine only after staleQuarantineAfter."""
     agents = [kit.Agent(n, await kit.agent_token(k8s, namespace, n)) for n in fleet]
-    async with running(dev_cluster, namespace, agents, stale_quarantine_after_s=3.0) as (
+    async with kit.running(dev_cluster, namespace, agents, stale_quarantine_after_s=3.0) as (
         _ctl, _http, loops,
     ):  # fmt: skip
 
@@ -129,7 +102,7 @@ async def test_most_of_the_fleet_going_silent_opens_the_breaker_until_an_operato
     agents = [kit.Agent(n, await kit.agent_token(k8s, namespace, n)) for n in fleet]
     token = await kit.admin_token(k8s, namespace)
     auth = {"Authorization": f"Bearer {token}"}
-    async with running(dev_cluster, namespace, agents, stale_quarantine_after_s=1.0) as (
+    async with kit.running(dev_cluster, namespace, agents, stale_quarantine_after_s=1.0) as (
         ctl, http, loops,
     ):  # fmt: skip
 
@@ -183,7 +156,11 @@ async def test_on_call_quarantine_and_release_by_hand_and_dry_run_need_rbac(
     await core.create_namespaced_service_account(namespace, {"metadata": {"name": "nobody"}})
     nobody = await core.create_namespaced_service_account_token("nobody", namespace, {"spec": {}})
     no_rbac = {"Authorization": f"Bearer {nobody.status.token}"}
-    async with running(dev_cluster, namespace, agents, max_quarantined=3) as (ctl, http, _loops):
+    async with kit.running(dev_cluster, namespace, agents, max_quarantined=3) as (
+        ctl,
+        http,
+        _loops,
+    ):
         for method, path in (("GET", "/v1/nodes"), ("GET", "/v1/fleet"),
                              ("POST", f"/v1/nodes/{fleet[2]}/quarantine")):  # fmt: skip
             async with http.request(method, ctl.url + path, headers=no_rbac,

@@ -62,17 +62,11 @@ async def test_xid_79_quarantines_the_node_evicts_its_gpu_pod_and_a_new_boot_rel
     dev_cluster: cluster.Cluster,
     namespace: str,
     fleet: list[str],
-    http: aiohttp.ClientSession,
 ) -> None:
     """Xid 79 gives condition, taint and cordon, evicts the GPU pod; a reboot releases it."""
-    ctl = await kit.start_controller(
-        dev_cluster.kubeconfig, namespace, node_selector=f"taugrid.dev/test-fleet={namespace}"
-    )
     agents = await _agents(k8s, namespace, fleet)
-    sender = asyncio.create_task(kit.heartbeat_loop(agents, http, [ctl.url]))
     core = client.CoreV1Api(k8s)
-    try:
-        await kit.wait_leader(ctl)
+    async with kit.running(dev_cluster, namespace, agents):
         bad = fleet[0]
         await core.create_namespaced_pod(
             namespace,
@@ -138,11 +132,6 @@ async def test_xid_79_quarantines_the_node_evicts_its_gpu_pod_and_a_new_boot_rel
             assert cond["status"] == "True"
 
         await support.eventually(released, what="release after a new boot ID")
-    finally:
-        sender.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await sender
-        await ctl.stop()
 
 
 async def test_a_foreign_cordon_survives_release_and_a_manual_uncordon_is_not_undone(
@@ -150,23 +139,19 @@ async def test_a_foreign_cordon_survives_release_and_a_manual_uncordon_is_not_un
     dev_cluster: cluster.Cluster,
     namespace: str,
     fleet: list[str],
-    http: aiohttp.ClientSession,
 ) -> None:
     """We undo only our own cordon; a person's uncordon of a quarantined node stands."""
-    ctl = await kit.start_controller(
-        dev_cluster.kubeconfig,
-        namespace,
-        node_selector=f"taugrid.dev/test-fleet={namespace}",
-        max_quarantined=3,
-        breaker_percent=100.0,  # two of three nodes failing is the test, not a storm
-    )
     agents = await _agents(k8s, namespace, fleet)
     core = client.CoreV1Api(k8s)
     foreign, ours = fleet[0], fleet[1]
     await core.patch_node(foreign, {"spec": {"unschedulable": True}})
-    sender = asyncio.create_task(kit.heartbeat_loop(agents, http, [ctl.url]))
-    try:
-        await kit.wait_leader(ctl)
+    async with kit.running(
+        dev_cluster,
+        namespace,
+        agents,
+        max_quarantined=3,
+        breaker_percent=100.0,  # two of three nodes failing is the test, not a storm
+    ) as (ctl, _http, _loops):
         agents[0].fail(0)
         agents[1].fail(0)
 
@@ -199,11 +184,6 @@ async def test_a_foreign_cordon_survives_release_and_a_manual_uncordon_is_not_un
         await asyncio.sleep(2 * ctl.settings.pass_interval_s)
         node = await kit.read_node(k8s, ours)
         assert not node["spec"].get("unschedulable"), "re-cordoned without a new fault"
-    finally:
-        sender.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await sender
-        await ctl.stop()
 
 
 async def test_heartbeats_from_the_wrong_identity_or_malformed_are_refused_and_change_nothing(
