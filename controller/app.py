@@ -9,12 +9,16 @@ its lease so a follower takes over at once).
 from __future__ import annotations
 
 import asyncio
+import base64
 import collections
 import contextlib
 import dataclasses
 import datetime as dt
+import hashlib
 import json
 import os
+import pathlib
+import re
 import secrets
 import socket
 import time
@@ -28,6 +32,7 @@ import structlog
 from aiohttp import web
 
 from controller import (
+    admitting,
     auth,
     errors,
     fleet,
@@ -38,6 +43,7 @@ from controller import (
     quarantining,
     runs_api,
 )
+from controller.kube import admission as kube_admission
 from controller.kube import client as kube_client
 from controller.kube import leases, reviews
 from controller.kube import nodes as kube_nodes
@@ -61,6 +67,7 @@ class ControllerState:
     quarantiner: quarantining.Quarantiner
     cache: kube_nodes.NodeCache
     http: aiohttp.ClientSession
+    gate: admitting.Gate
     ready: bool = False
     url: str = ""
 
@@ -475,6 +482,45 @@ def _dumps(obj: Any) -> str:
     return json.dumps(obj, default=str)
 
 
+# ---------------------------------------------------------------------- web page
+WEB_PAGE = pathlib.Path(__file__).resolve().parent / "assets" / "index.html"
+
+
+def page_csp(html: str) -> str:
+    """Allow the page's own inline script and style (by hash) and API calls to this origin,
+    so even a string that slipped into the DOM as markup could not run or load anything."""
+
+    def hashes(tag: str) -> str:
+        found = re.findall(rf"<{tag}>(.*?)</{tag}>", html, flags=re.DOTALL)
+        digests = (base64.b64encode(hashlib.sha256(f.encode()).digest()).decode() for f in found)
+        return " ".join(f"'sha256-{d}'" for d in digests) or "'none'"
+
+    return (
+        f"default-src 'none'; script-src {hashes('script')}; style-src {hashes('style')}; "
+        "connect-src 'self'; img-src data:; base-uri 'none'; form-action 'none'; "
+        "frame-ancestors 'none'"
+    )
+
+
+def web_page(path: pathlib.Path = WEB_PAGE) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """Read the page once (at app build) and return the handler that serves it."""
+    html = path.read_text(encoding="utf-8")
+    body = html.encode()
+    headers = {
+        "Content-Type": "text/html; charset=utf-8",
+        "Content-Security-Policy": page_csp(html),
+        "X-Content-Type-Options": "nosniff",
+        "Referrer-Policy": "no-referrer",
+        "Cache-Control": "no-cache",
+    }
+
+    async def index(request: web.Request) -> web.Response:
+        """The web page: fleet, queues and runs, live (no data in it; its calls carry a token)."""
+        return web.Response(body=body, headers=headers)
+
+    return index
+
+
 # ---------------------------------------------------------------------- wiring
 def make_identity(settings: ControllerSettings) -> str:
     """This replica's Lease identity."""
@@ -504,6 +550,7 @@ def make_app(
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", get_metrics)
     app.router.add_get("/openapi.json", openapi)
+    app.router.add_get("/", web_page())
     runs_api.add_routes(app)
     app.cleanup_ctx.append(_runtime(settings, reviewer))
     app.on_shutdown.append(_not_ready)
@@ -555,8 +602,15 @@ def _runtime(
             on_stopped=stopped,
         )
 
+        gate = admitting.Gate(
+            kube_admission.AdmissionStore(api, component=elector.identity), elector, m,
+            check=settings.admission_check, retry_after_s=settings.admission_retry_after_s,
+            pass_interval_s=settings.admission_pass_interval_s,
+        )  # fmt: skip
+
         def poke() -> None:
             holder["q"].poke()
+            gate.poke()  # a quarantine or a release changes what fits: decide again at once
 
         cache = kube_nodes.NodeCache(api, on_change=poke, label_selector=settings.node_selector)
         writer = kube_nodes.NodeWriter(api, settings.namespace, component=elector.identity)
@@ -566,12 +620,14 @@ def _runtime(
             save_state=lease_store.save_state,
         )  # fmt: skip
         holder["q"] = q
-        st = ControllerState(settings, m, state_fleet, authn, elector, q, cache, http, url=url)
+        st = ControllerState(settings, m, state_fleet, authn, elector, q, cache, http, gate,
+                             url=url)  # fmt: skip
         app[STATE] = st
         tasks = [
             asyncio.create_task(cache.run(), name="node-cache"),
             asyncio.create_task(elector.run(), name="elector"),
             asyncio.create_task(q.run(), name="quarantine"),
+            asyncio.create_task(gate.run(), name="admission"),
             runs_api.start(app, api, st),
         ]
         st.ready = True

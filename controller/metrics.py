@@ -29,7 +29,11 @@ class ControllerMetrics:
     runs: prom.Gauge
     run_queue_seconds: prom.Histogram
     run_attempts: prom.Counter
+    run_resumes: prom.Counter
+    checkpoints: prom.Counter
     run_submissions: prom.Counter
+    admission_decisions: prom.Counter
+    admission_check_active: prom.Gauge
 
 
 def make_metrics() -> ControllerMetrics:
@@ -122,10 +126,32 @@ def make_metrics() -> ControllerMetrics:
             ["outcome"],
             registry=r,
         ),
+        run_resumes=prom.Counter(
+            "taugrid_run_resumes",
+            "Attempts started automatically after a failure, by the failure class.",
+            ["failure_class"],
+            registry=r,
+        ),
+        checkpoints=prom.Counter(
+            "taugrid_checkpoints_reported",
+            "Checkpoint reports accepted from runs.",
+            registry=r,
+        ),
         run_submissions=prom.Counter(
             "taugrid_run_submissions",
             "POST /v1/runs calls by outcome (created, replayed, conflict, invalid, forbidden).",
             ["outcome"],
+            registry=r,
+        ),
+        admission_decisions=prom.Counter(
+            "taugrid_admission_decisions",
+            "States the gpu-health admission check wrote on Workloads (Ready, Retry, Pending).",
+            ["state"],
+            registry=r,
+        ),
+        admission_check_active=prom.Gauge(
+            "taugrid_admission_check_active",
+            "1 while this replica keeps the gpu-health AdmissionCheck Active (the leader).",
             registry=r,
         ),
     )

@@ -133,20 +133,22 @@ class QuarantineRecord:
     """When GPU pods may be evicted; None for no eviction (silence, manual quarantine)."""
     evicted_at: dt.datetime | None = None
     """When the first eviction pass ran, so it is recorded in history only once."""
+    failed: bool = False
+    """A GPU on the node failed (a Failed verdict): the runs on it are lost at once, and the
+    run reconciler starts their next attempts without waiting for the eviction."""
 
     def to_annotation(self) -> str:
         """Return the `taugrid.dev/quarantine` value (mode, by, at and reason live beside it)."""
-        return json.dumps(
-            {
-                "clearsWith": self.clears_with.value,
-                "bootId": self.boot_id,
-                "faults": sorted(list(key) for key in self.faults),
-                "evictAfter": fleet.iso(self.evict_after) or None,
-                "evictedAt": fleet.iso(self.evicted_at) or None,
-            },
-            separators=(",", ":"),
-            sort_keys=True,
-        )
+        record: dict[str, object] = {
+            "clearsWith": self.clears_with.value,
+            "bootId": self.boot_id,
+            "faults": sorted(list(key) for key in self.faults),
+            "evictAfter": fleet.iso(self.evict_after) or None,
+            "evictedAt": fleet.iso(self.evicted_at) or None,
+        }
+        if self.failed:
+            record["failed"] = True
+        return json.dumps(record, separators=(",", ":"), sort_keys=True)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -323,6 +325,7 @@ def _parse_quarantine(annotations: Mapping[str, Any]) -> QuarantineRecord | None
         evicted_at=parse_time(evicted_at, f"{QUARANTINE_ANNOTATION}.evictedAt")
         if evicted_at
         else None,
+        failed=record.get("failed") is True,
     )
 
 

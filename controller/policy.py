@@ -561,6 +561,7 @@ def _candidate(
         boot_id=h.boot_id,
         faults=h.fault_keys,
         evict_after=_evict_after(h, settings, now),
+        failed=h.state is fleet.NodeState.FAILED,
     )
     return Quarantine(view.name, record, message=h.message, cordon=not view.unschedulable)
 
@@ -660,8 +661,9 @@ def _escalate(
         evict_after = candidate
     faults = record.faults | {f.key for f in h.faults}
     return dataclasses.replace(
-        record, clears_with=clears_with, boot_id=boot_id, evict_after=evict_after, faults=faults
-    )
+        record, clears_with=clears_with, boot_id=boot_id, evict_after=evict_after, faults=faults,
+        failed=record.failed or h.state is fleet.NodeState.FAILED,
+    )  # fmt: skip
 
 
 def _dry(action: Action) -> Action:

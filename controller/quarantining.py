@@ -64,6 +64,9 @@ class Quarantiner:
         self.wake = asyncio.Event()
         self._skips_logged: set[tuple[str, str]] = set()
         self._lock = asyncio.Lock()
+        self.on_quarantine: list[Callable[[], None]] = []
+        """Called after a node is put in (or escalated within) quarantine: the run
+        reconciler ends the attempts on a node whose GPU failed at once."""
 
     def poke(self) -> None:
         """Ask for a pass as soon as possible (a verdict changed, a node changed)."""
@@ -196,6 +199,9 @@ class Quarantiner:
                 self.poke()  # conflict or gone: the next pass sees the new state
                 return
             self.cache.put(updated)
+            if isinstance(action, policy.Quarantine | policy.UpdateQuarantine):
+                for listener in self.on_quarantine:
+                    listener()
             self._record(action, raw, now, decision)
             await self._event(action, raw)
         if isinstance(action, policy.EvictGpuPods):

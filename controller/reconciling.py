@@ -19,13 +19,14 @@ import contextlib
 import copy
 import dataclasses
 import datetime as dt
+import hashlib
 import secrets
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import structlog
 
-from controller import leading, metrics, rendering, runs
+from controller import checkpoints, leading, metrics, rendering, runs
 from controller.kube import runs as kube_runs
 from shared import spec as specs
 
@@ -37,6 +38,38 @@ IDEMPOTENCY_ANNOTATION = "taugrid.dev/idempotency-key"
 SUBMITTED_BY_ANNOTATION = "taugrid.dev/submitted-by"
 MANAGED_BY_ANNOTATION = "taugrid.dev/managed-by"
 DEFAULT_MANAGER = "taugrid.dev/controller"
+RUN_TOKEN_PREFIX = "tau_"  # noqa: S105  (a prefix that marks run-scoped tokens, not a secret)
+"""Run-scoped tokens start with this, so the API tells them from Kubernetes tokens at once."""
+
+
+TOKEN_DIGEST_FIELD = "tokenSHA256"  # noqa: S105  (a field name, not a secret)
+"""Status field with the SHA-256 of the run-scoped token (the token itself is in the Secret)."""
+
+
+def token_digest(token: str) -> str:
+    """The hex SHA-256 of a run-scoped token, as kept in the run's status."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+class RunNotFoundError(Exception):
+    """The TauRun does not exist (or another manager owns it)."""
+
+
+class ResumeRefusedError(Exception):
+    """A manual resume the run's state does not allow (HTTP 409)."""
+
+
+def _final_message(
+    spec: specs.TauSpec, failure: specs.FailureClass, attempt: int, budget_from: int, why: str
+) -> str:
+    """Say why a failed attempt ends the run: which policy decided it, in words."""
+    if failure == specs.FailureClass.UNKNOWN:
+        tail = "an Unknown failure is never retried"
+    elif str(failure) not in spec.retry.when:
+        tail = f"{failure} is not in retry.when ({', '.join(spec.retry.when)})"
+    else:
+        tail = f"all {attempt - budget_from} of retry.maxAttempts={spec.retry.max_attempts} used"
+    return f"attempt {attempt} failed ({why}); not retried: {tail}"
 
 
 def _now() -> dt.datetime:
@@ -79,6 +112,9 @@ class Reconciler:
         ttl_after_finished_s: float | None,
         pod_annotations: Mapping[str, str] | None = None,
         manager: str = DEFAULT_MANAGER,
+        resume_priority_class: str = "",
+        checkpoints_kept: int = checkpoints.DEFAULT_KEEP,
+        gate_message: Callable[[str, str], str | None] | None = None,
         clock: Callable[[], dt.datetime] = _now,
     ) -> None:
         self.store = store
@@ -89,6 +125,11 @@ class Reconciler:
         self.ttl_after_finished_s = ttl_after_finished_s
         self.pod_annotations = dict(pod_annotations or {})
         self.manager = manager
+        self.resume_priority_class = resume_priority_class
+        self.checkpoints_kept = checkpoints_kept
+        self.gate_message = gate_message
+        """Why our AdmissionCheck holds a Workload back, by (namespace, Workload name)."""
+        self._priority_classes: set[str] | None = None
         self._clock = clock
         self._wake = asyncio.Event()
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
@@ -154,6 +195,92 @@ class Reconciler:
             result = await self._reconcile(item, None)
         self.poke()
         return result
+
+    async def record_checkpoint(
+        self, namespace: str, name: str, report: checkpoints.Report
+    ) -> dict[str, Any]:
+        """Accept a checkpoint report from the run's current attempt: keep it in the status
+        (newest `checkpoints_kept`) and rewrite the per-run ConfigMap its pods read as a file.
+        Raise RunNotFoundError, or checkpoints.FencedError for a stale or unknown attempt."""
+        key = (namespace, name)
+        async with self._lock(key):
+            item = await self.store.get_run(namespace, name)
+            if item is None or not self.manages(item):
+                raise RunNotFoundError(name)
+            old = item.get("status") or {}
+            checkpoints.fence(report, int(old.get("currentAttempt") or 0))
+            entry = checkpoints.record(report, self._clock())
+            status = copy.deepcopy(old)
+            status["checkpoints"] = checkpoints.add(
+                old.get("checkpoints") or [], entry, self.checkpoints_kept
+            )
+            await self._write(item, old, status)
+            self.elector.ensure_leader()
+            body = rendering.render_checkpoint_configmap(
+                _run_ref(item), rendering.checkpoint_configmap_name(name), ""
+            )
+            body["data"] = checkpoints.configmap_data(entry)
+            await self.store.write_configmap(body)
+        self.metrics.checkpoints.inc()
+        log.info("checkpoint", run=f"{namespace}/{name}", attempt=report.attempt,
+                 step=report.step, path=report.path)  # fmt: skip
+        return entry
+
+    async def request_resume(
+        self, namespace: str, name: str, *, checkpoint: str | None, by: str
+    ) -> dict[str, Any]:
+        """Start the next attempt of a Failed or Cancelled run by hand, from `checkpoint`
+        (else the latest reported one). It gets a fresh `retry.maxAttempts` budget.
+        Raise RunNotFoundError, or ResumeRefusedError when the run has not ended badly."""
+        key = (namespace, name)
+        async with self._lock(key):
+            item = await self.store.get_run(namespace, name)
+            if item is None or not self.manages(item):
+                raise RunNotFoundError(name)
+            old = item.get("status") or {}
+            phase = str(old.get("phase") or runs.Phase.PENDING)
+            if phase not in {runs.Phase.FAILED, runs.Phase.CANCELLED}:
+                msg = (
+                    f"run {name!r} is {phase}; only a Failed or Cancelled run can be resumed"
+                    + (" (cancel it first to restart it)" if phase not in runs.TERMINAL_PHASES
+                       else "")
+                )  # fmt: skip
+                raise ResumeRefusedError(msg)
+            try:
+                spec = specs.validate_spec(item.get("spec") or {}).spec
+            except specs.SpecError as err:
+                msg = f"run {name!r} cannot be resumed: its spec is not valid ({err})"
+                raise ResumeRefusedError(msg) from err
+            annotations = (item.get("metadata") or {}).get("annotations") or {}
+            if annotations.get(CANCEL_ANNOTATION):
+                self.elector.ensure_leader()
+                cleared = await self.store.annotate_run(namespace, name, {CANCEL_ANNOTATION: None})
+                item = cleared or item
+            now = self._clock()
+            status: dict[str, Any] = copy.deepcopy(old)
+            status.setdefault("conditions", [])
+            status.setdefault("attempts", [])
+            current = int(status.get("currentAttempt") or 0)
+            latest = checkpoints.latest(status)
+            start_from = checkpoint if checkpoint is not None else (
+                str(latest.get("path", "")) if latest else "")  # fmt: skip
+            for c in status["conditions"]:
+                if c.get("type") in {str(p) for p in runs.TERMINAL_PHASES}:
+                    c.update(status="False", reason="Resumed", lastTransitionTime=runs.iso(now),
+                             message=f"resumed by {by}")  # fmt: skip
+            status.update(attemptBudgetFrom=current, endTime=None, objectsDeleted=None)
+            await self._ensure_run_objects(_run_ref(item), status)
+            await self._start_attempt(spec, _run_ref(item), status, current + 1, now,
+                                      resume_from=start_from)  # fmt: skip
+            status["message"] = (
+                f"resumed by {by} from {start_from or 'the start (no checkpoint)'}; attempt"
+                f" {current + 1} submitted to queue {spec.queue!r}"
+            )
+            written = await self._write(item, old, status)
+        log.info("run resumed", run=f"{namespace}/{name}", by=by, attempt=current + 1,
+                 resume_from=start_from)  # fmt: skip
+        self.poke()
+        return written
 
     def manages(self, item: Mapping[str, Any]) -> bool:
         """Whether this reconciler is the run's manager (see `MANAGED_BY_ANNOTATION`)."""
@@ -251,7 +378,7 @@ class Reconciler:
             return await self._write(item, old, status)
 
         if current == 0:
-            await self._ensure_run_objects(ref)
+            await self._ensure_run_objects(ref, status)
             await self._start_attempt(spec, ref, status, 1, now)
             return await self._write(item, old, status)
 
@@ -306,9 +433,11 @@ class Reconciler:
         elif outcome.phase == runs.Phase.FAILED:
             failure = outcome.failure_class or specs.FailureClass.UNKNOWN
             self.metrics.run_attempts.labels(str(failure)).inc()
-            if runs.should_retry(spec, failure, current):
+            budget_from = int(status.get("attemptBudgetFrom") or 0)
+            if runs.should_retry(spec, failure, current, budget_from=budget_from):
                 await self._delete_attempt(spec, ref, current)
                 record.setdefault("endTime", runs.iso(now))  # the backoff counts from here
+                self.metrics.run_resumes.labels(str(failure)).inc()
                 status.update(phase=runs.Phase.RESUMING, reason=str(failure),
                               message=f"attempt {current} failed ({outcome.message}); starting"
                               f" attempt {current + 1}")  # fmt: skip
@@ -317,8 +446,9 @@ class Reconciler:
                 await self._resume_if_due(spec, ref, status, record, now)
             else:
                 # Kueue frees the quota of a finished Job; the object stays for logs (TTL).
-                self._end(status, runs.Phase.FAILED, str(failure), outcome.message, now=now,
-                          ended=outcome.ended)  # fmt: skip
+                self._end(status, runs.Phase.FAILED, str(failure),
+                          _final_message(spec, failure, current, budget_from, outcome.message),
+                          now=now, ended=outcome.ended)  # fmt: skip
         else:
             status["phase"] = outcome.phase
             status["reason"] = outcome.reason
@@ -377,7 +507,15 @@ class Reconciler:
             cluster_queue=cq or "", gpus_per_worker=spec.resources.gpus, workers=spec.workers,
             position=position,
         )  # fmt: skip
-        status["message"] = runs.waiting_message(ctx, workload)
+        message = runs.waiting_message(ctx, workload)
+        held = (
+            self.gate_message(namespace, workload.name)
+            if self.gate_message is not None and workload is not None
+            else None
+        )
+        if held:
+            message = f"waiting for healthy GPU capacity: {held}"
+        status["message"] = message
         status["queuePosition"] = position.in_cluster_queue if position else None
         status["queuePositionInLocalQueue"] = position.in_local_queue if position else None
         status["queuePositionSource"] = str(position.source) if position else None
@@ -407,12 +545,34 @@ class Reconciler:
                       queuePositionSource=None)  # fmt: skip
         runs.set_phase_condition(status["conditions"], phase, reason, message, ended or now)
 
-    async def _ensure_run_objects(self, ref: rendering.RunRef) -> None:
+    async def _priority_class_exists(self, name: str) -> bool:
+        """Whether a WorkloadPriorityClass exists (a Job naming a missing one would never get
+        a Workload); looked up once per controller, then cached."""
+        if self._priority_classes is None or name not in self._priority_classes:
+            try:
+                found = {
+                    str((c.get("metadata") or {}).get("name", ""))
+                    for c in await self.store.list_kueue("workloadpriorityclasses")
+                }
+            except Exception as err:  # noqa: BLE001  (no Kueue class API: resume unboosted)
+                log.warning("cannot list WorkloadPriorityClasses", error=repr(err))
+                return False
+            self._priority_classes = found
+            if name not in found:
+                log.warning("resume priority class missing; resumed attempts queue normally",
+                            priority_class=name)  # fmt: skip
+        return name in self._priority_classes
+
+    async def _ensure_run_objects(self, ref: rendering.RunRef, status: dict[str, Any]) -> None:
+        """Create the run's token Secret (once: its digest is kept in the status, so the
+        controller checks a report without ever reading a Secret) and its ConfigMap."""
         self.elector.ensure_leader()
-        token = secrets.token_urlsafe(32)
-        await self.store.create(
-            rendering.render_token_secret(ref, rendering.token_secret_name(ref.name), token)
-        )
+        if not status.get(TOKEN_DIGEST_FIELD):
+            token = RUN_TOKEN_PREFIX + secrets.token_urlsafe(32)
+            await self.store.write_secret(
+                rendering.render_token_secret(ref, rendering.token_secret_name(ref.name), token)
+            )
+            status[TOKEN_DIGEST_FIELD] = token_digest(token)
         await self.store.create(
             rendering.render_checkpoint_configmap(
                 ref, rendering.checkpoint_configmap_name(ref.name), ""
@@ -422,14 +582,25 @@ class Reconciler:
     def _render(
         self, spec: specs.TauSpec, ref: rendering.RunRef, attempt: int, status: Mapping[str, Any]
     ) -> list[dict[str, Any]]:
-        checkpoints = status.get("checkpoints") or []
-        previous = (status.get("attempts") or [{}])[-1] if attempt > 1 else {}
+        """Render attempt `attempt`; what differs between attempts is read back from the
+        status (its attempt record), so re-creating a lost object renders it the same."""
+        record = next((a for a in status.get("attempts") or [] if a.get("number") == attempt),
+                      None)  # fmt: skip
+        if record is not None and "resumeFrom" in record:
+            resume_from = str(record.get("resumeFrom") or "")
+        else:
+            latest = checkpoints.latest(status) if attempt > 1 else None
+            resume_from = str(latest.get("path", "")) if latest else ""
+        previous: Mapping[str, Any] = next((a for a in status.get("attempts") or []
+                         if a.get("number") == attempt - 1), {})  # fmt: skip
+        failure = str(previous.get("failureClass") or previous.get("phase") or "")
         ctx = rendering.AttemptContext(
             run=ref, attempt=attempt,
             token_secret=rendering.token_secret_name(ref.name),
             checkpoint_configmap=rendering.checkpoint_configmap_name(ref.name),
-            resume_from=str(checkpoints[-1].get("path", "")) if checkpoints else "",
-            failure_reason=str(previous.get("failureClass", "")) if attempt > 1 else "",
+            resume_from=resume_from,
+            failure_reason=failure if attempt > 1 else "",
+            priority_class=(record or {}).get("priorityClass"),
         )  # fmt: skip
         objects = rendering.render_attempt(spec, ctx, self.render)
         if self.pod_annotations:
@@ -453,13 +624,25 @@ class Reconciler:
         status: dict[str, Any],
         attempt: int,
         now: dt.datetime,
+        *,
+        priority_class: str | None = None,
+        resume_from: str | None = None,
     ) -> None:
-        await self._create_attempt_objects(spec, ref, attempt, status)
+        """Create attempt `attempt` and record it; it resumes from `resume_from`, else from
+        the latest checkpoint (attempts after the first)."""
         kind = "RayJob" if spec.kind == specs.RunKind.RAY else "Job"
-        status["attempts"].append(
-            {"number": attempt, "objectKind": kind, "phase": runs.Phase.QUEUED,
-             "objectName": rendering.attempt_name(ref.name, attempt), "createdTime": runs.iso(now)}
-        )  # fmt: skip
+        if resume_from is None:
+            latest = checkpoints.latest(status) if attempt > 1 else None
+            resume_from = str(latest.get("path", "")) if latest else ""
+        entry: dict[str, Any] = {
+            "number": attempt, "objectKind": kind, "phase": runs.Phase.QUEUED,
+            "objectName": rendering.attempt_name(ref.name, attempt), "createdTime": runs.iso(now),
+            "resumeFrom": resume_from,
+        }  # fmt: skip
+        if priority_class:
+            entry["priorityClass"] = priority_class
+        status["attempts"].append(entry)
+        await self._create_attempt_objects(spec, ref, attempt, status)
         status.update(currentAttempt=attempt, phase=runs.Phase.QUEUED, reason="Submitted",
                       message=f"submitted to queue {spec.queue!r}; waiting for Kueue")  # fmt: skip
         status.setdefault("startTime", runs.iso(now))
@@ -477,10 +660,21 @@ class Reconciler:
         now: dt.datetime,
     ) -> None:
         ended = runs.parse_time(record.get("endTime")) or now
-        if spec.retry.backoff_s and (now - ended).total_seconds() < spec.retry.backoff_s:
-            return
         current = int(status.get("currentAttempt") or 1)
-        await self._start_attempt(spec, ref, status, current + 1, now)
+        retries = current - 1 - int(status.get("attemptBudgetFrom") or 0)
+        wait = runs.retry_backoff_s(spec, retries)
+        if wait and (now - ended).total_seconds() < wait:
+            due = runs.iso(ended + dt.timedelta(seconds=wait))
+            status["message"] = (
+                f"attempt {current} failed ({record.get('failureClass')}: {record.get('message')})"
+                f"; attempt {current + 1} starts at {due} (retry.backoff, doubled per retry)"
+            )
+            return
+        failure = str(record.get("failureClass") or "")
+        priority = runs.resume_priority_class(spec, failure, self.resume_priority_class)
+        if priority is not None and not await self._priority_class_exists(priority):
+            priority = None
+        await self._start_attempt(spec, ref, status, current + 1, now, priority_class=priority)
 
     async def _delete_attempt(
         self, spec: specs.TauSpec, ref: rendering.RunRef, attempt: int
@@ -526,6 +720,15 @@ class Reconciler:
             log.info("run phase", run=f"{namespace}/{name}", phase=status.get("phase"),
                      attempt=status.get("currentAttempt"), reason=status.get("reason"))  # fmt: skip
         return written
+
+
+def _run_ref(item: Mapping[str, Any]) -> rendering.RunRef:
+    meta = item.get("metadata") or {}
+    return rendering.RunRef(
+        name=str(meta.get("name", "")),
+        namespace=str(meta.get("namespace", "")),
+        uid=str(meta.get("uid", "")),
+    )
 
 
 def _clean(value: Any) -> Any:

@@ -96,6 +96,9 @@ class AttemptContext:
     """Checkpoint path the attempt starts from (`TAU_RESUME_FROM`); empty on a fresh start."""
     failure_reason: str = ""
     """Failure class of the previous attempt (`TAU_FAILURE_REASON`); empty on attempt 1."""
+    priority_class: str | None = None
+    """WorkloadPriorityClass for this attempt instead of the spec's (a resumed attempt's
+    place in line, `controller.runs.resume_priority_class`); None keeps the spec's."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -210,8 +213,9 @@ def _run_labels(spec: specs.TauSpec, ctx: AttemptContext) -> dict[str, str]:
 def _workload_labels(spec: specs.TauSpec, ctx: AttemptContext) -> dict[str, str]:
     """Labels of the object Kueue manages: the run labels plus queue and priority."""
     labels = {**_run_labels(spec, ctx), LABEL_QUEUE: spec.queue}
-    if spec.priority is not None:
-        labels[LABEL_PRIORITY] = spec.priority
+    priority = ctx.priority_class or spec.priority
+    if priority is not None:
+        labels[LABEL_PRIORITY] = priority
     return labels
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import enum
+import json
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -34,6 +35,8 @@ LABEL_RUN = "taugrid.dev/run"
 LABEL_ATTEMPT = "taugrid.dev/attempt"
 COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 QUARANTINED_BY_ANNOTATION = "taugrid.dev/quarantined-by"
+QUARANTINE_ANNOTATION = "taugrid.dev/quarantine"
+"""The quarantine record (JSON); `"failed": true` when a GPU on the node failed."""
 
 
 class Phase(enum.StrEnum):
@@ -320,23 +323,41 @@ def parse_attempt_object(raw: Mapping[str, Any]) -> AttemptObjectView:
 
 @dataclasses.dataclass(frozen=True)
 class NodeFacts:
-    """What the classifier must know about nodes: which exist and which we quarantined."""
+    """What the classifier must know about nodes: which exist, which we quarantined, and
+    on which of those a GPU failed (their pods are lost at once, not at eviction)."""
 
     existing: frozenset[str]
     quarantined: frozenset[str] = frozenset()
+    failed: frozenset[str] = frozenset()
+    """Quarantined because a GPU failed (a Failed verdict: Xid 79, a lost GPU...)."""
 
 
 def node_facts(raw_nodes: Iterable[Mapping[str, Any]]) -> NodeFacts:
-    """Build NodeFacts from raw Nodes (quarantined = carries our quarantined-by annotation)."""
+    """Build NodeFacts from raw Nodes (quarantined = carries our quarantined-by annotation;
+    failed = its quarantine record says a GPU failed)."""
     existing: set[str] = set()
     quarantined: set[str] = set()
+    failed: set[str] = set()
     for node in raw_nodes:
         meta = node.get("metadata") or {}
         name = str(meta.get("name", ""))
         existing.add(name)
-        if (meta.get("annotations") or {}).get(QUARANTINED_BY_ANNOTATION):
+        annotations = meta.get("annotations") or {}
+        if annotations.get(QUARANTINED_BY_ANNOTATION):
             quarantined.add(name)
-    return NodeFacts(frozenset(existing), frozenset(quarantined))
+            if _record_says_failed(annotations.get(QUARANTINE_ANNOTATION)):
+                failed.add(name)
+    return NodeFacts(frozenset(existing), frozenset(quarantined), frozenset(failed))
+
+
+def _record_says_failed(raw: object) -> bool:
+    if not isinstance(raw, str):
+        return False
+    try:
+        record = json.loads(raw)
+    except json.JSONDecodeError:
+        return False
+    return isinstance(record, dict) and record.get("failed") is True
 
 
 # ---------------------------------------------------------------- one attempt
@@ -422,6 +443,16 @@ def attempt_outcome(
     failed_pods = [p for p in pods if p.phase == "Failed"]
     object_failed, object_reason = _object_failed(obj)
     admitted = workload is not None and workload.holds("Admitted")
+    lost = [p for p in pods if p.node in nodes.failed and p.phase not in {"Succeeded", "Failed"}]
+    if lost and not obj.suspended and not object_failed:
+        # A GPU under this pod failed: the attempt cannot finish (a collective hangs on the
+        # lost rank). End it now rather than after the eviction grace.
+        return dataclasses.replace(
+            base, phase=Phase.FAILED, failure_class=specs.FailureClass.NODE_FAILURE,
+            reason=str(specs.FailureClass.NODE_FAILURE),
+            message=f"pod {lost[0].name} was lost: a GPU on node {lost[0].node} failed and the"
+            " node was quarantined", ended=ended,
+        )  # fmt: skip
     if object_failed or (failed_pods and not obj.suspended and admitted):
         failure, why = classify_failure(pods, nodes, object_reason=object_reason)
         return dataclasses.replace(
@@ -721,11 +752,55 @@ def evidence(
     return out
 
 
-def should_retry(spec: specs.TauSpec, failure: specs.FailureClass, attempt: int) -> bool:
-    """Whether the controller starts another attempt after `attempt` failed with `failure`."""
+def should_retry(
+    spec: specs.TauSpec, failure: specs.FailureClass, attempt: int, *, budget_from: int = 0
+) -> bool:
+    """Whether the controller starts another attempt after `attempt` failed with `failure`.
+
+    `maxAttempts` counts the attempts since `budget_from` (the attempt a person resumed
+    after: a manual resume grants a fresh budget). Unknown is never retried.
+    """
     if failure == specs.FailureClass.UNKNOWN:
         return False
-    return str(failure) in spec.retry.when and attempt < spec.retry.max_attempts
+    return str(failure) in spec.retry.when and attempt - budget_from < spec.retry.max_attempts
+
+
+MAX_BACKOFF_S = 3600.0
+"""The longest wait between two attempts, however many have failed."""
+
+
+def retry_backoff_s(spec: specs.TauSpec, retries_so_far: int) -> float:
+    """The wait before the next attempt: `retry.backoff`, doubled for each retry already made
+    (`backoff`, 2×, 4×...), capped at an hour. 0 stays 0: a node failure is not the run's
+    fault and it resumes at once."""
+    base = float(spec.retry.backoff_s)
+    if base <= 0:
+        return 0.0
+    return min(base * 2.0 ** max(retries_so_far, 0), MAX_BACKOFF_S)
+
+
+INFRASTRUCTURE_FAILURES = frozenset({specs.FailureClass.NODE_FAILURE, specs.FailureClass.EVICTED})
+"""Failures that are not the run's fault: its next attempt keeps its place in line."""
+
+
+def resume_priority_class(
+    spec: specs.TauSpec, failure: str, resume_class: str | None
+) -> str | None:
+    """The WorkloadPriorityClass of the next attempt, or None for the run's own.
+
+    A new attempt is a new Workload, which Kueue would queue behind everything submitted
+    since the run first started. After an infrastructure failure (NodeFailure, Evicted) the
+    next attempt of a run in the default band (no `priority`) gets `resume_class`, one step
+    above that band, so it goes ahead of its peers. Runs with a priority class of their own
+    keep it: they already stand ahead of the default band, and a bump could make them
+    preempt work at their own level. Failures of the run's own making (AppError, OOMKilled,
+    Timeout) queue normally.
+    """
+    if not resume_class or spec.priority is not None:
+        return None
+    if failure not in {str(f) for f in INFRASTRUCTURE_FAILURES}:
+        return None
+    return resume_class
 
 
 def timed_out(spec: specs.TauSpec, first_start: dt.datetime | None, now: dt.datetime) -> bool:

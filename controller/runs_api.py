@@ -17,8 +17,11 @@ import asyncio
 import dataclasses
 import datetime as dt
 import hashlib
+import hmac
+import json
 import pathlib
 import re
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -26,7 +29,7 @@ import structlog
 from aiohttp import web
 
 from controller import app as controller_app
-from controller import auth, errors, reconciling, rendering, runs
+from controller import auth, checkpoints, errors, reconciling, rendering, runs
 from controller.kube import runs as kube_runs
 from shared import spec as specs
 
@@ -43,6 +46,8 @@ _STATUS_BY_KIND = {
     specs.SpecErrorKind.INVALID: 422,
 }
 LOG_POLL_S = 0.5
+RUN_TOKEN_TTL_S = 60.0
+MAX_CACHED_RUN_TOKENS = 10_000
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -53,6 +58,24 @@ class RunsContext:
 
     store: kube_runs.RunStore
     reconciler: reconciling.Reconciler
+    run_tokens: dict[tuple[str, str], tuple[str, float]] = dataclasses.field(default_factory=dict)
+    """(namespace, run) -> (the digest of its run-scoped token, when read)."""
+
+    async def run_token_digest(self, namespace: str, name: str) -> str | None:
+        """The SHA-256 of the run's token, from its status; cached for RUN_TOKEN_TTL_S (a
+        run without one yet is not cached: its first reconcile is about to record it)."""
+        now = time.monotonic()
+        cached = self.run_tokens.get((namespace, name))
+        if cached is not None and now - cached[1] < RUN_TOKEN_TTL_S:
+            return cached[0]
+        item = await self.store.get_run(namespace, name)
+        digest = str(((item or {}).get("status") or {}).get(reconciling.TOKEN_DIGEST_FIELD) or "")
+        if not digest:
+            return None
+        if len(self.run_tokens) >= MAX_CACHED_RUN_TOKENS:
+            self.run_tokens.clear()
+        self.run_tokens[(namespace, name)] = (digest, now)
+        return digest
 
 
 RUNS = web.AppKey("runs", RunsContext)
@@ -74,7 +97,11 @@ def start(app: web.Application, api: Any, st: controller_app.ControllerState) ->
         ttl_after_finished_s=s.run_ttl_after_finished_s,
         pod_annotations=s.run_pod_annotations,
         manager=s.run_manager,
+        resume_priority_class=s.resume_priority_class,
+        checkpoints_kept=s.run_checkpoints_kept,
+        gate_message=st.gate.message_for,
     )  # fmt: skip
+    st.quarantiner.on_quarantine.append(reconciler.poke)
     app[RUNS] = RunsContext(store, reconciler)
     return asyncio.create_task(reconciler.run(), name="runs")
 
@@ -87,6 +114,10 @@ def add_routes(app: web.Application) -> None:
     app.router.add_delete("/v1/runs/{namespace}/{name}", cancel_run)
     app.router.add_get("/v1/runs/{namespace}/{name}/logs", get_logs)
     app.router.add_get("/v1/runs/{namespace}/{name}/evidence", get_evidence)
+    app.router.add_post("/v1/runs/{namespace}/{name}/checkpoints", post_checkpoint)
+    app.router.add_get("/v1/runs/{namespace}/{name}/checkpoints", list_checkpoints)
+    app.router.add_get("/v1/runs/{namespace}/{name}/checkpoints/latest", get_latest_checkpoint)
+    app.router.add_post("/v1/runs/{namespace}/{name}/resume", post_resume)
     app.router.add_get("/v1/queues", get_queues)
     app.router.add_get("/v1/schema/run", get_schema)
     app.router.add_get("/tau", get_client)
@@ -347,6 +378,125 @@ async def cancel_run(request: web.Request) -> web.StreamResponse:
         )
         item = await ctx.reconciler.reconcile_now(namespace, name) or item
         log.info("run cancelled", run=f"{namespace}/{name}", user=identity.username)
+    return web.json_response(run_json(item))
+
+
+# ---------------------------------------------------------------------- checkpoints
+async def _run_caller(request: web.Request, verb: str, subresource: str = "") -> str:
+    """Authenticate a checkpoint call: the run's own token (from its pods), or a Kubernetes
+    identity allowed `verb` on the TauRun (a person). Return who called, for the log.
+
+    Run-scoped tokens carry a prefix, so one is never sent to TokenReview, and one run's
+    token used on another run is refused with 403 at once.
+    """
+    namespace = _check_namespace(request.match_info["namespace"])
+    name = request.match_info["name"]
+    header = request.headers.get("Authorization") or ""
+    token = header.removeprefix("Bearer ").strip() if header.startswith("Bearer ") else ""
+    if token.startswith(reconciling.RUN_TOKEN_PREFIX):
+        expected = await _ctx(request).run_token_digest(namespace, name)
+        got = reconciling.token_digest(token)
+        if expected is None or not hmac.compare_digest(got.encode(), expected.encode()):
+            msg = (
+                f"this run-scoped token does not belong to run {namespace}/{name}: a run's"
+                " token works only for that run"
+            )
+            raise errors.ApiError(403, "Forbidden", msg, "Authorization")
+        return f"run {namespace}/{name}"
+    identity = await _identity(request)
+    await _allow(request, identity, verb, namespace, subresource=subresource)
+    return identity.username
+
+
+async def _json_body(request: web.Request, *, optional: bool = False) -> Any:
+    limit = controller_app.state_of(request).settings.max_body_bytes
+    raw = await controller_app.read_body(request, limit)
+    if not raw.strip():
+        if optional:
+            return {}
+        raise errors.ApiError(400, "Malformed", "the body is empty; send a JSON object", "body")
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as err:
+        msg = f"the body is not JSON: {err}"
+        raise errors.ApiError(400, "Malformed", msg, "body") from err
+
+
+@_leader_only
+async def post_checkpoint(request: web.Request) -> web.StreamResponse:
+    """A run's pod reports a checkpoint it saved (`tau checkpoint --step N --path P`)."""
+    caller = await _run_caller(request, "update", "status")
+    namespace, name = request.match_info["namespace"], request.match_info["name"]
+    try:
+        report = checkpoints.parse_report(await _json_body(request))
+    except checkpoints.ReportError as err:
+        raise errors.ApiError(422, "Invalid", str(err), err.field) from err
+    try:
+        entry = await _ctx(request).reconciler.record_checkpoint(namespace, name, report)
+    except reconciling.RunNotFoundError as err:
+        msg = f"no run named {name!r} in namespace {namespace}"
+        raise errors.ApiError(404, "NotFound", msg, "name") from err
+    except checkpoints.FencedError as err:
+        raise errors.ApiError(409, err.reason, str(err), "attempt") from err
+    log.debug("checkpoint reported", run=f"{namespace}/{name}", by=caller)
+    return web.json_response(entry, status=201)
+
+
+async def _checkpoints_of(request: web.Request) -> list[dict[str, Any]]:
+    await _run_caller(request, "get")
+    namespace, name = request.match_info["namespace"], request.match_info["name"]
+    item = await _ctx(request).store.get_run(namespace, name)
+    if item is None:
+        msg = f"no run named {name!r} in namespace {namespace}"
+        raise errors.ApiError(404, "NotFound", msg, "name")
+    return list((item.get("status") or {}).get("checkpoints") or [])
+
+
+async def list_checkpoints(request: web.Request) -> web.StreamResponse:
+    """The checkpoints the run's status keeps, oldest first."""
+    return web.json_response({"items": await _checkpoints_of(request)})
+
+
+async def get_latest_checkpoint(request: web.Request) -> web.StreamResponse:
+    """The newest checkpoint (`tau checkpoint latest`); 404 when none was reported."""
+    kept = await _checkpoints_of(request)
+    if not kept:
+        name = request.match_info["name"]
+        raise errors.ApiError(404, "NoCheckpoint", f"run {name!r} has reported no checkpoint")
+    return web.json_response(kept[-1])
+
+
+@_leader_only
+async def post_resume(request: web.Request) -> web.StreamResponse:
+    """Start the next attempt of a Failed or Cancelled run, from the latest checkpoint or
+    the one named in the body (`{"checkpoint": "/ckpt/step-100"}`)."""
+    identity = await _identity(request)
+    namespace = _check_namespace(request.match_info["namespace"])
+    name = request.match_info["name"]
+    await _allow(request, identity, "patch", namespace)
+    body = await _json_body(request, optional=True)
+    if not isinstance(body, dict):
+        raise errors.ApiError(422, "Invalid", "the body must be a JSON object", "body")
+    unknown = sorted(set(body) - {"checkpoint"})
+    if unknown:
+        msg = f"unknown field {unknown[0]!r}; allowed: checkpoint"
+        raise errors.ApiError(422, "Invalid", msg, unknown[0])
+    checkpoint = body.get("checkpoint")
+    if checkpoint is not None and (
+        not isinstance(checkpoint, str) or not checkpoint.strip()
+        or len(checkpoint) > checkpoints.MAX_PATH or "\n" in checkpoint
+    ):  # fmt: skip
+        msg = f"checkpoint must be a path of at most {checkpoints.MAX_PATH} characters"
+        raise errors.ApiError(422, "Invalid", msg, "checkpoint")
+    try:
+        item = await _ctx(request).reconciler.request_resume(
+            namespace, name, checkpoint=checkpoint, by=identity.username[:200]
+        )
+    except reconciling.RunNotFoundError as err:
+        msg = f"no run named {name!r} in namespace {namespace}"
+        raise errors.ApiError(404, "NotFound", msg, "name") from err
+    except reconciling.ResumeRefusedError as err:
+        raise errors.ApiError(409, "NotResumable", str(err), "name") from err
     return web.json_response(run_json(item))
 
 

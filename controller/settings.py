@@ -91,6 +91,19 @@ class ControllerSettings(pydantic_settings.BaseSettings):
     eviction_retry_s: float = pydantic.Field(default=5.0, gt=0)
     """Back-off between eviction attempts refused with 429 (a PodDisruptionBudget) or 409."""
 
+    admission_check: str = pydantic.Field(default="taugrid-gpu-health", min_length=1)
+    """Name of the AdmissionCheck this controller answers (DESIGN.md section 7); it must name
+    `taugrid.dev/gpu-health` as its `spec.controllerName`. Another name lets a second
+    controller (a test) answer a check of its own on the same cluster."""
+    admission_pass_interval_s: float = pydantic.Field(default=1.0, gt=0)
+    """Upper bound between two passes of the admission gate. A Workload holds reserved quota
+    while it waits for our check, so a second is short enough not to waste it and long
+    enough that listing Workloads stays cheap; node changes trigger a pass at once."""
+    admission_retry_after_s: float = pydantic.Field(default=15.0, gt=0, le=86400)
+    """`requeueAfterSeconds` of a Retry (rounded up to whole seconds): how long Kueue waits
+    before it queues a Workload that did not fit on healthy nodes again. Without it Kueue
+    retries at once, a hot loop; 15 s lets a quarantine or a release settle first."""
+
     run_pass_interval_s: float = pydantic.Field(default=2.0, gt=0)
     """Upper bound between two full passes of the run reconciler (it lists TauRuns, their
     objects, Workloads and pods). Submissions and cancels are reconciled at once, not here."""
@@ -112,3 +125,10 @@ class ControllerSettings(pydantic_settings.BaseSettings):
     """Name of the run manager: a replica reconciles only TauRuns whose
     `taugrid.dev/managed-by` annotation names it (none means this default), and stamps it on
     the runs it accepts. Lets a second controller (a canary, a test) share a cluster."""
+    resume_priority_class: str = "taugrid-resume"
+    """WorkloadPriorityClass of an attempt resumed after an infrastructure failure
+    (NodeFailure, Evicted) of a run without a priority of its own, so it does not queue
+    behind work submitted since (docs/researcher.md, "Resume"). Empty: no boost. When the
+    class does not exist, resumed attempts queue normally."""
+    run_checkpoints_kept: int = pydantic.Field(default=10, ge=1, le=100)
+    """Checkpoints kept in a TauRun's status (the newest)."""

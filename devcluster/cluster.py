@@ -574,8 +574,19 @@ def fake_gpu_node(name: str, gpus: int = 8, labels: dict[str, str] | None = None
     }
 
 
-def default_queues(nodes: int, namespace: str = "default") -> list[dict[str, Any]]:
-    """The ResourceFlavor, ClusterQueue and LocalQueue of the dev cluster."""
+ADMISSION_CHECK = "taugrid-gpu-health"
+RESUME_PRIORITY_CLASS = "taugrid-resume"
+
+
+def default_queues(
+    nodes: int, namespace: str = "default", *, gated: bool = False
+) -> list[dict[str, Any]]:
+    """The ResourceFlavor, ClusterQueue and LocalQueue of the dev cluster. `gated`: the
+    ClusterQueue waits on TauGrid's AdmissionCheck (only while TauGrid's controller runs,
+    since Kueue stops a ClusterQueue whose check is not Active)."""
+    cq = _dev_cluster_queue(nodes)
+    if gated:
+        cq["spec"]["admissionChecksStrategy"] = {"admissionChecks": [{"name": ADMISSION_CHECK}]}
     return [
         {
             "apiVersion": "kueue.x-k8s.io/v1beta2",
@@ -583,30 +594,7 @@ def default_queues(nodes: int, namespace: str = "default") -> list[dict[str, Any
             "metadata": {"name": FLAVOR},
             "spec": {"nodeLabels": {"nvidia.com/gpu.product": GPU_PRODUCT}},
         },
-        {
-            "apiVersion": "kueue.x-k8s.io/v1beta2",
-            "kind": "ClusterQueue",
-            "metadata": {"name": CLUSTER_QUEUE},
-            "spec": {
-                "namespaceSelector": {},
-                "queueingStrategy": "BestEffortFIFO",
-                "resourceGroups": [
-                    {
-                        "coveredResources": ["cpu", "memory", "nvidia.com/gpu"],
-                        "flavors": [
-                            {
-                                "name": FLAVOR,
-                                "resources": [
-                                    {"name": "cpu", "nominalQuota": str(96 * nodes)},
-                                    {"name": "memory", "nominalQuota": f"{nodes}Ti"},
-                                    {"name": "nvidia.com/gpu", "nominalQuota": str(8 * nodes)},
-                                ],
-                            }
-                        ],
-                    }
-                ],
-            },
-        },
+        cq,
         {
             "apiVersion": "kueue.x-k8s.io/v1beta2",
             "kind": "LocalQueue",
@@ -614,6 +602,52 @@ def default_queues(nodes: int, namespace: str = "default") -> list[dict[str, Any
             "spec": {"clusterQueue": CLUSTER_QUEUE},
         },
     ]
+
+
+def taugrid_kueue_objects() -> list[dict[str, Any]]:
+    """What TauGrid adds to Kueue: its AdmissionCheck and the resume priority class."""
+    return [
+        {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "AdmissionCheck",
+            "metadata": {"name": ADMISSION_CHECK},
+            "spec": {"controllerName": "taugrid.dev/gpu-health"},
+        },
+        {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "WorkloadPriorityClass",
+            "metadata": {"name": RESUME_PRIORITY_CLASS},
+            "value": 1,
+            "description": "attempts resumed after a node failure keep their place in line",
+        },
+    ]
+
+
+def _dev_cluster_queue(nodes: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "ClusterQueue",
+        "metadata": {"name": CLUSTER_QUEUE},
+        "spec": {
+            "namespaceSelector": {},
+            "queueingStrategy": "BestEffortFIFO",
+            "resourceGroups": [
+                {
+                    "coveredResources": ["cpu", "memory", "nvidia.com/gpu"],
+                    "flavors": [
+                        {
+                            "name": FLAVOR,
+                            "resources": [
+                                {"name": "cpu", "nominalQuota": str(96 * nodes)},
+                                {"name": "memory", "nominalQuota": f"{nodes}Ti"},
+                                {"name": "nvidia.com/gpu", "nominalQuota": str(8 * nodes)},
+                            ],
+                        }
+                    ],
+                }
+            ],
+        },
+    }
 
 
 def kueue_webhooks(assets: pathlib.Path, ca_file: pathlib.Path, port: int) -> list[dict[str, Any]]:

@@ -200,6 +200,11 @@ def agent_env(
 def start(c: cluster.Cluster, bin_dir: pathlib.Path, nodes: list[str]) -> None:
     """Start the controller and one agent per node, each recorded by PID."""
     c.apply(bin_dir, _bootstrap_objects())
+    # TauGrid's AdmissionCheck, then the dev ClusterQueue waiting on it (the controller
+    # started below makes the check Active; until then Kueue holds the queue).
+    c.apply(bin_dir, cluster.taugrid_kueue_objects())
+    c.apply(bin_dir, [q for q in cluster.default_queues(len(nodes), gated=True)
+                      if q["kind"] == "ClusterQueue"])  # fmt: skip
     c.apply(bin_dir, [agent_pod(n) for n in nodes])
     lib_dir = fakenvml.build()
     c.table.start(

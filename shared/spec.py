@@ -347,8 +347,9 @@ class Retry(SpecModel):
     """Failure classes to retry: NodeFailure, Evicted, OOMKilled, AppError, Timeout.
     Unknown is never retried. Kueue preemption is not a failure and needs no entry."""
     backoff: Duration = "0s"
-    """Wait before the next attempt. 0s by default: a node failure is not the run's fault,
-    and resuming at once is the point; set one when retrying AppError."""
+    """Wait before the next attempt, doubled for each retry already made (at most an hour).
+    0s by default: a node failure is not the run's fault, and resuming at once is the point;
+    set one when retrying AppError."""
 
     @pydantic.field_validator("when", mode="before")
     @classmethod

@@ -74,6 +74,9 @@ async def start_controller(
         # Only this test's nodes: a controller without a selector would manage the shared
         # dev fleet and fight the dev controller (and other tests) over it.
         "node_selector": f"taugrid.dev/test-fleet={namespace}",
+        # An AdmissionCheck of its own: answering the dev cluster's `taugrid-gpu-health` would
+        # fight the dev controller over it.
+        "admission_check": f"gh-{namespace}"[:63],
     }
     values.update(overrides)
     settings = ControllerSettings(**values)

@@ -15,9 +15,18 @@ from devcluster import cluster
 KUEUE = ("kueue.x-k8s.io", "v1beta2")
 
 
-def cluster_queue(name: str, namespace: str, gpus: int, cpu: int = 64) -> dict[str, Any]:
-    """A ClusterQueue serving only `namespace`, with `gpus` GPUs of the dev flavor."""
-    return {
+def cluster_queue(
+    name: str,
+    namespace: str,
+    gpus: int,
+    cpu: int = 64,
+    *,
+    flavor: str = cluster.FLAVOR,
+    checks: tuple[str, ...] = (),
+) -> dict[str, Any]:
+    """A ClusterQueue serving only `namespace`, with `gpus` GPUs of `flavor` (the dev
+    flavor by default), waiting on the admission checks named in `checks`."""
+    cq: dict[str, Any] = {
         "apiVersion": "kueue.x-k8s.io/v1beta2",
         "kind": "ClusterQueue",
         "metadata": {"name": name},
@@ -30,7 +39,7 @@ def cluster_queue(name: str, namespace: str, gpus: int, cpu: int = 64) -> dict[s
                     "coveredResources": ["cpu", "memory", "nvidia.com/gpu"],
                     "flavors": [
                         {
-                            "name": cluster.FLAVOR,
+                            "name": flavor,
                             "resources": [
                                 {"name": "cpu", "nominalQuota": str(cpu)},
                                 {"name": "memory", "nominalQuota": "512Gi"},
@@ -41,6 +50,19 @@ def cluster_queue(name: str, namespace: str, gpus: int, cpu: int = 64) -> dict[s
                 }
             ],
         },
+    }
+    if checks:
+        cq["spec"]["admissionChecksStrategy"] = {"admissionChecks": [{"name": c} for c in checks]}
+    return cq
+
+
+def resource_flavor(name: str, node_labels: dict[str, str]) -> dict[str, Any]:
+    """A ResourceFlavor pinning admitted pods to nodes with `node_labels`."""
+    return {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "ResourceFlavor",
+        "metadata": {"name": name},
+        "spec": {"nodeLabels": node_labels},
     }
 
 

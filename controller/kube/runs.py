@@ -107,9 +107,9 @@ class RunStore:
             raise
 
     async def annotate_run(
-        self, namespace: str, name: str, annotations: dict[str, str]
+        self, namespace: str, name: str, annotations: dict[str, str | None]
     ) -> dict[str, Any] | None:
-        """Merge annotations into a TauRun; None if it is gone."""
+        """Merge annotations into a TauRun (None removes one); None if it is gone."""
         try:
             resp = await self._custom.patch_namespaced_custom_object(
                 *TAURUN[:2], namespace, TAURUN[2], name,
@@ -151,6 +151,32 @@ class RunStore:
                 return False
             raise
         return True
+
+    async def write_configmap(self, body: dict[str, Any]) -> None:
+        """Merge a ConfigMap's `data` into the stored one, creating it from `body` if missing."""
+        meta = body["metadata"]
+        try:
+            resp = await self._core.patch_namespaced_config_map(
+                meta["name"], meta["namespace"], {"data": body.get("data") or {}},
+                _preload_content=False, _content_type="application/merge-patch+json",
+            )  # fmt: skip
+            await _json(resp)
+        except client.ApiException as err:
+            if err.status != 404:
+                raise
+            await self.create(body)
+
+    async def write_secret(self, body: dict[str, Any]) -> None:
+        """Create a Secret, or replace the data of an existing one (a run whose token was
+        made but never recorded: no pod can hold it yet). Secrets are never read."""
+        meta = body["metadata"]
+        if await self.create(body):
+            return
+        resp = await self._core.patch_namespaced_secret(
+            meta["name"], meta["namespace"], {"stringData": body.get("stringData") or {}},
+            _preload_content=False, _content_type="application/merge-patch+json",
+        )  # fmt: skip
+        await _json(resp)
 
     async def delete(self, kind: str, namespace: str, name: str) -> bool:
         """Delete a Job, Service or RayJob with its dependents (background); False if gone."""

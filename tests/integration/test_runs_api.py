@@ -7,10 +7,14 @@ needs, and an in-process controller that tells KWOK to keep pods running (`run-f
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import dataclasses
 import io
 import json
+import os
 import pathlib
+import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -291,3 +295,99 @@ async def test_cancel_frees_quota_for_the_run_behind(env: Env) -> None:
         assert "holder-a1" not in names, names
 
     await support.eventually(job_gone, what="the cancelled Job to go")
+
+
+# ---------------------------------------------------------------------- checkpoints
+TAU = pathlib.Path(__file__).parents[2] / "controller/assets/tau"
+
+
+async def run_token(api: client.ApiClient, namespace: str, run: str) -> str:
+    """The run-scoped token from the run's Secret (what its pods get as TAU_TOKEN)."""
+
+    async def read() -> str:
+        secret = await client.CoreV1Api(api).read_namespaced_secret(f"{run}-token", namespace)
+        return base64.b64decode(secret.data["token"]).decode()
+
+    return await support.eventually(support.not_found_is_not_yet(read), what=f"{run}'s token")
+
+
+async def tau(env: Env, token: str, run: str, attempt: int, *argv: str) -> tuple[int, str]:
+    """Run the `tau` client the way a run's pod does: everything from TAU_* variables."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, str(TAU), *argv,
+        env={"TAU_URL": env.url, "TAU_TOKEN": token, "TAU_NAMESPACE": env.namespace,
+             "TAU_RUN": run, "TAU_ATTEMPT": str(attempt), "PATH": os.environ["PATH"]},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    out, _ = await proc.communicate()
+    return int(proc.returncode or 0), out.decode()
+
+
+async def report(env: Env, token: str, run: str, body: Any) -> tuple[int, dict[str, Any]]:
+    """POST a checkpoint report with a given token."""
+    async with env.http.post(
+        f"{env.url}/v1/runs/{env.namespace}/{run}/checkpoints", json=body,
+        headers={"Authorization": f"Bearer {token}"},
+    ) as resp:  # fmt: skip
+        return resp.status, await resp.json()
+
+
+async def test_a_run_token_reports_checkpoints_for_its_own_run_only(env: Env) -> None:
+    """`tau checkpoint` inside a run is recorded in the status and in the mounted file;
+    the same token is refused (403) for another run, and bad reports name their field."""
+    for name in ("mine", "theirs"):
+        status, _ = await env.submit(job_spec(name))
+        assert status == 201
+    token = await run_token(env.api, env.namespace, "mine")
+
+    code, out = await tau(env, token, "mine", 1, "checkpoint", "--step", "100", "--path", "/c/100")
+    assert code == 0, out
+    code, out = await tau(env, token, "mine", 1, "checkpoint", "latest", "--path-only")
+    assert (code, out.strip()) == (0, "/c/100")
+    cm = await client.CoreV1Api(env.api).read_namespaced_config_map("mine-checkpoint",
+                                                                    env.namespace)  # fmt: skip
+    assert cm.data["latest"] == "/c/100"
+    assert [c["step"] for c in (await env.run("mine"))["checkpoints"]] == [100]
+
+    status, body = await report(env, token, "theirs", {"attempt": 1, "step": 1, "path": "/x"})
+    assert (status, body["error"]["code"]) == (403, "Forbidden"), body
+    code, out = await tau(env, token, "theirs", 1, "checkpoint", "--step", "1", "--path", "/x")
+    assert code == 4, out
+    assert (await env.run("theirs"))["checkpoints"] == []
+
+    status, body = await report(env, token, "mine", {"attempt": 1, "step": -5, "path": "/x"})
+    assert (status, body["error"]["field"]) == (422, "step"), body
+
+
+async def test_a_stale_attempt_cannot_report_after_a_resume(env: Env) -> None:
+    """Cancel, then resume by hand from a named checkpoint: attempt 2 starts from it, and
+    attempt 1's late report is refused (409) while attempt 2's is taken."""
+    status, _ = await env.submit(job_spec("again"))
+    assert status == 201
+    token = await run_token(env.api, env.namespace, "again")
+    assert (await report(env, token, "again", {"attempt": 1, "step": 100, "path": "/c/100"}))[
+        0
+    ] == 201
+    async with env.http.post(f"{env.url}/v1/runs/{env.namespace}/again/resume",
+                             headers=env.headers()) as resp:  # fmt: skip
+        assert resp.status == 409, await resp.text()  # still queued: nothing to resume
+    async with env.http.delete(f"{env.url}/v1/runs/{env.namespace}/again",
+                               headers=env.headers()) as resp:  # fmt: skip
+        assert resp.status == 200
+    resume = f"{env.url}/v1/runs/{env.namespace}/again/resume"
+    async with env.http.post(resume, json={"checkpoint": "/c/50"}, headers=env.headers()) as resp:
+        run = await resp.json()
+        assert resp.status == 200, run
+    assert (run["phase"], run["attempt"]) == ("Queued", 2)
+    job = await read_job(env.api, env.namespace, "again-a2")
+    env_vars = {e["name"]: e.get("value") for e in
+                job["spec"]["template"]["spec"]["containers"][0]["env"]}  # fmt: skip
+    assert (env_vars["TAU_RESUME_FROM"], env_vars["TAU_ATTEMPT"]) == ("/c/50", "2")
+
+    status, body = await report(env, token, "again", {"attempt": 1, "step": 150, "path": "/late"})
+    assert (status, body["error"]["code"]) == (409, "StaleAttempt"), body
+    status, _ = await report(env, token, "again", {"attempt": 2, "step": 200, "path": "/c/200"})
+    assert status == 201
+    latest = await env.get(f"/v1/runs/{env.namespace}/again/checkpoints/latest")
+    assert latest == (200, {"attempt": 2, "step": 200, "path": "/c/200",
+                            "time": latest[1]["time"]})  # fmt: skip

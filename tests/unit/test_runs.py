@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from controller import leading, metrics, reconciling, rendering, runs
+from controller import checkpoints, leading, metrics, reconciling, rendering, runs
 from controller.kube import runs as kube_runs
 from shared import spec as specs
 
@@ -559,6 +559,7 @@ class FakeStore:
         ]
         self.local_queues = [{"metadata": {"name": "q", "namespace": "team"},
                               "spec": {"clusterQueue": "cq"}}]  # fmt: skip
+        self.priority_classes = ["taugrid-resume"]
         self.rv = 1
 
     def admit(self, *conds: dict[str, Any]) -> None:
@@ -607,6 +608,8 @@ class FakeStore:
         return [copy.deepcopy(o) for (_, k, _), o in self.objects.items() if k == kind]
 
     async def list_kueue(self, plural: str, namespace: str | None = None) -> list[dict[str, Any]]:
+        if plural == "workloadpriorityclasses":
+            return [{"metadata": {"name": n}} for n in self.priority_classes]
         return copy.deepcopy(self.workloads if plural == "workloads" else self.local_queues)
 
     async def list_nodes(self) -> list[dict[str, Any]]:
@@ -614,6 +617,25 @@ class FakeStore:
 
     async def pending_workloads(self, namespace: str, queue: str) -> None:
         return None
+
+    async def annotate_run(
+        self, namespace: str, name: str, annotations: dict[str, str | None]
+    ) -> dict[str, Any] | None:
+        meta = self.runs[(namespace, name)]["metadata"]
+        for key, value in annotations.items():
+            if value is None:
+                meta["annotations"].pop(key, None)
+            else:
+                meta["annotations"][key] = value
+        return copy.deepcopy(self.runs[(namespace, name)])
+
+    async def write_secret(self, body: dict[str, Any]) -> None:
+        key = (body["metadata"]["namespace"], "Secret", body["metadata"]["name"])
+        self.objects[key] = copy.deepcopy(body)
+
+    async def write_configmap(self, body: dict[str, Any]) -> None:
+        key = (body["metadata"]["namespace"], "ConfigMap", body["metadata"]["name"])
+        self.objects.setdefault(key, copy.deepcopy(body))["data"].update(body["data"])
 
 
 class FakeElector:
@@ -635,6 +657,7 @@ def _reconciler(store: FakeStore, now: dt.datetime = T0) -> reconciling.Reconcil
         pass_interval_s=1.0,
         ttl_after_finished_s=60.0,
         pod_annotations={"kwok.taugrid.dev/run-for": "5s"},
+        resume_priority_class="taugrid-resume",
         clock=lambda: now,
     )
 
@@ -776,3 +799,208 @@ async def test_a_reconciler_leaves_runs_of_another_manager_alone() -> None:
     await _reconciler(store).reconcile_now("team", "demo")
     assert "status" not in store.runs[("team", "demo")]
     assert store.objects == {}
+
+
+# ---------------------------------------------------------------- resilience
+
+
+def _env(store: FakeStore, job: str) -> dict[str, str]:
+    container = store.objects[("team", "Job", job)]["spec"]["template"]["spec"]["containers"][0]
+    return {e["name"]: e.get("value", "") for e in container["env"]}
+
+
+def _retrying(when: str, max_attempts: int = 3) -> specs.TauSpec:
+    return specs.parse_spec(
+        b"name: demo\nimage: reg/train@sha256:" + b"a" * 64 + b"\ncommand: [python, t.py]\n"
+        b"resources: {gpus: 8}\nqueue: q\nretry: {when: [" + when.encode()
+        + b"], maxAttempts: " + str(max_attempts).encode() + b"}\n"
+    ).spec  # fmt: skip
+
+
+def test_a_running_pod_on_a_node_whose_gpu_failed_ends_the_attempt() -> None:
+    """The node was quarantined Failed: the attempt is a NodeFailure now, before eviction;
+    a Degraded quarantine lets it run, and a suspended (preempted) Job is never failed."""
+    by = runs.QUARANTINED_BY_ANNOTATION
+    record = runs.QUARANTINE_ANNOTATION
+    facts = runs.node_facts([
+        {"metadata": {"name": "dead", "annotations": {by: "t", record: '{"failed":true}'}}},
+        {"metadata": {"name": "sick", "annotations": {by: "t", record: '{"x":1}'}}},
+    ])  # fmt: skip
+    assert (facts.failed, facts.quarantined) == (frozenset({"dead"}), frozenset({"dead", "sick"}))
+    admitted = _workload(_cond("QuotaReserved"), _cond("Admitted"), cq="cq")
+    lost = runs.attempt_outcome(_job(), admitted, [_pod(node="dead"), _pod(node="n0")], facts)
+    assert (lost.phase, lost.failure_class) == (runs.Phase.FAILED, specs.FailureClass.NODE_FAILURE)
+    assert "dead" in lost.message
+    degraded = runs.attempt_outcome(_job(), admitted, [_pod(node="sick")], facts)
+    assert degraded.phase == runs.Phase.RUNNING
+    preempted = runs.attempt_outcome(_job(suspended=True), admitted, [_pod(node="dead")], facts)
+    assert preempted.phase != runs.Phase.FAILED
+
+
+@pytest.mark.parametrize(
+    ("attempt", "budget_from", "expected"), [(2, 0, True), (3, 0, False), (3, 1, True)]
+)
+def test_a_manual_resume_grants_a_fresh_attempt_budget(
+    attempt: int, budget_from: int, expected: bool
+) -> None:
+    """maxAttempts (3 by default) counts the attempts since the last manual resume."""
+    node = specs.FailureClass.NODE_FAILURE
+    assert runs.should_retry(SPEC, node, attempt, budget_from=budget_from) is expected
+
+
+def test_the_backoff_doubles_per_retry_up_to_an_hour() -> None:
+    """retry.backoff, 2x, 4x... capped; 0s stays 0 (a node failure resumes at once)."""
+    spec = specs.parse_spec(
+        b"name: d\nimage: i\ncommand: [x]\nretry: {when: [AppError], backoff: 30s}\n"
+    ).spec
+    assert [runs.retry_backoff_s(spec, n) for n in range(4)] == [30, 60, 120, 240]
+    assert runs.retry_backoff_s(spec, 20) == runs.MAX_BACKOFF_S
+    assert runs.retry_backoff_s(SPEC, 3) == 0
+
+
+@pytest.mark.parametrize(
+    ("priority", "failure", "expected"),
+    [
+        (None, "NodeFailure", "taugrid-resume"),
+        (None, "Evicted", "taugrid-resume"),
+        (None, "AppError", None),
+        (None, "OOMKilled", None),
+        ("high", "NodeFailure", None),
+    ],
+)
+def test_only_infrastructure_failures_keep_their_place_in_line(
+    priority: str | None, failure: str, expected: str | None
+) -> None:
+    """The resume class applies after NodeFailure/Evicted to runs without their own class."""
+    spec = SPEC.model_copy(update={"priority": priority})
+    assert runs.resume_priority_class(spec, failure, "taugrid-resume") == expected
+    assert runs.resume_priority_class(spec, failure, "") is None
+
+
+async def _running_attempt_1(store: FakeStore, spec: specs.TauSpec = SPEC) -> None:
+    store.add_run(spec)
+    await _reconciler(store).reconcile_now("team", "demo")
+    store.admit()
+    store.pods = [_raw_pod("Running")]
+    await _reconciler(store).pass_once()
+
+
+async def test_checkpoints_are_kept_and_written_to_the_file_the_pods_read() -> None:
+    """A report lands in status.checkpoints and in the ConfigMap mounted into the pods."""
+    store = FakeStore()
+    await _running_attempt_1(store)
+    rec = _reconciler(store)
+    for step in (100, 200):
+        await rec.record_checkpoint("team", "demo", checkpoints.Report(1, step, f"/c/{step}"))
+    status = store.runs[("team", "demo")]["status"]
+    assert [c["step"] for c in status["checkpoints"]] == [100, 200]
+    assert store.objects[("team", "ConfigMap", "demo-checkpoint")]["data"]["latest"] == "/c/200"
+    with pytest.raises(checkpoints.FencedError):
+        await rec.record_checkpoint("team", "demo", checkpoints.Report(2, 300, "/c/300"))
+
+
+async def test_after_a_node_failure_the_next_attempt_resumes_ahead_in_line() -> None:
+    """Attempt 2 gets TAU_RESUME_FROM = the latest checkpoint and the resume priority class;
+    attempt 1's late reports are refused from then on."""
+    store = FakeStore()
+    await _running_attempt_1(store)
+    await _reconciler(store).record_checkpoint("team", "demo", checkpoints.Report(1, 200, "/c/2"))
+    store.pods = [_raw_pod("Failed", node="bad", exit_code=143)]
+    await _reconciler(store).pass_once()
+    env = _env(store, "demo-a2")
+    assert (env["TAU_RESUME_FROM"], env["TAU_ATTEMPT"], env["TAU_FAILURE_REASON"]) == (
+        "/c/2", "2", "NodeFailure",
+    )  # fmt: skip
+    labels = store.objects[("team", "Job", "demo-a2")]["metadata"]["labels"]
+    assert labels[rendering.LABEL_PRIORITY] == "taugrid-resume"
+    with pytest.raises(checkpoints.FencedError) as err:
+        await _reconciler(store).record_checkpoint("team", "demo", checkpoints.Report(1, 250, "/x"))
+    assert err.value.reason == "StaleAttempt"
+
+
+async def test_a_missing_resume_class_leaves_the_priority_alone() -> None:
+    """Naming a WorkloadPriorityClass that does not exist would strand the Job: skip it."""
+    store = FakeStore()
+    store.priority_classes = []
+    await _running_attempt_1(store)
+    store.pods = [_raw_pod("Failed", node="bad", exit_code=143)]
+    await _reconciler(store).pass_once()
+    labels = store.objects[("team", "Job", "demo-a2")]["metadata"]["labels"]
+    assert rendering.LABEL_PRIORITY not in labels
+
+
+@pytest.mark.parametrize(
+    ("when", "exit_code", "node", "phase"),
+    [
+        ("AppError", 3, "n0", "Queued"),
+        ("NodeFailure", 3, "n0", "Failed"),
+        ("AppError", 143, "gone", "Failed"),
+    ],
+)
+async def test_the_retry_policy_decides_by_failure_class(
+    when: str, exit_code: int, node: str, phase: str
+) -> None:
+    """AppError is retried only when retry.when lists it; a pod on a vanished node is a
+    NodeFailure, which a `when` without NodeFailure does not retry."""
+    store = FakeStore()
+    spec = _retrying(when)
+    await _running_attempt_1(store, spec)
+    store.pods = [_raw_pod("Failed", node=node, exit_code=exit_code)]
+    await _reconciler(store).pass_once()
+    status = store.runs[("team", "demo")]["status"]
+    assert status["phase"] == phase, status["message"]
+    if phase == "Failed":
+        assert "not retried" in status["message"]
+
+
+async def test_max_attempts_is_honoured() -> None:
+    """With maxAttempts 2 the second NodeFailure ends the run, saying why."""
+    store = FakeStore()
+    await _running_attempt_1(store, _retrying("NodeFailure", max_attempts=2))
+    store.pods = [_raw_pod("Failed", node="bad", exit_code=143)]
+    await _reconciler(store).pass_once()
+    store.admit()
+    for (_, kind, name), obj in store.objects.items():
+        if kind == "Job" and name == "demo-a2":
+            obj["spec"]["suspend"] = False
+    store.workloads = [_raw_workload(*ADMITTED, job="demo-a2")]
+    store.pods = [_raw_pod("Failed", node="bad", exit_code=143, attempt=2)]
+    await _reconciler(store).pass_once()
+    status = store.runs[("team", "demo")]["status"]
+    assert (status["phase"], status["currentAttempt"]) == ("Failed", 2)
+    assert "all 2 of retry.maxAttempts=2 used" in status["message"]
+
+
+async def test_a_failed_run_resumes_by_hand_from_a_named_checkpoint() -> None:
+    """`tau resume demo --checkpoint P`: attempt 2 starts from P; a running run refuses."""
+    store = FakeStore()
+    await _running_attempt_1(store)
+    rec = _reconciler(store)
+    with pytest.raises(reconciling.ResumeRefusedError):
+        await rec.request_resume("team", "demo", checkpoint=None, by="ada")
+    store.pods = [_raw_pod("Failed", exit_code=3)]
+    await rec.pass_once()
+    assert store.runs[("team", "demo")]["status"]["phase"] == "Failed"
+    run = await rec.request_resume("team", "demo", checkpoint="/c/100", by="ada")
+    status = run["status"]
+    assert (status["phase"], status["currentAttempt"], status["attemptBudgetFrom"]) == (
+        "Queued", 2, 1,
+    )  # fmt: skip
+    assert "endTime" not in status
+    assert _env(store, "demo-a2")["TAU_RESUME_FROM"] == "/c/100"
+    failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+    assert (failed["status"], failed["reason"]) == ("False", "Resumed")
+
+
+async def test_a_cancelled_run_resumes_and_stays_resumed() -> None:
+    """Resuming clears the cancel request, so the next pass does not cancel it again."""
+    store = FakeStore()
+    store.add_run(SPEC)
+    await _reconciler(store).reconcile_now("team", "demo")
+    store.runs[("team", "demo")]["metadata"]["annotations"][reconciling.CANCEL_ANNOTATION] = "me"
+    await _reconciler(store).reconcile_now("team", "demo")
+    await _reconciler(store).request_resume("team", "demo", checkpoint=None, by="ada")
+    await _reconciler(store).pass_once()
+    status = store.runs[("team", "demo")]["status"]
+    assert (status["phase"], status["currentAttempt"]) == ("Queued", 2)
+    assert _env(store, "demo-a2")["TAU_FAILURE_REASON"] == "Cancelled"

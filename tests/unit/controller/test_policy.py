@@ -105,6 +105,23 @@ def test_degraded_then_failed_brings_the_eviction_forward() -> None:
     assert expected == (record.clears_with, record.evict_after, world.evictions)
 
 
+def test_the_quarantine_record_says_whether_a_gpu_failed() -> None:
+    """Runs on a node whose GPU failed are lost at once: the record says so, and keeps
+    saying so after a Degraded node escalates to Failed (the run reconciler reads it)."""
+    world = _world()
+    _run(world, 50, bad={"n1": {0: [fakes.xid79()]}, "n2": {0: [fakes.ecc_rising()]}})
+    failed, degraded = world.view("n1").quarantine, world.view("n2").quarantine
+    assert failed is not None
+    assert degraded is not None
+    assert (failed.failed, degraded.failed) == (True, False)
+    assert '"failed":true' in failed.to_annotation()
+
+    _run_from(world, 60, 60, bad={"n1": {0: [fakes.xid79()]}, "n2": {0: [fakes.xid79(at(60))]}})
+    escalated = world.view("n2").quarantine
+    assert escalated is not None
+    assert escalated.failed
+
+
 def test_a_silent_node_is_unknown_then_quarantined_after_the_set_time() -> None:
     """Stale: condition Unknown after staleAfter; taint and cordon only after staleQuarantineAfter;
     its work is not evicted."""

@@ -1,0 +1,197 @@
+"""The admission gate loop: our AdmissionCheck (`taugrid.dev/gpu-health`) answered on Workloads.
+
+Each pass, on the leader only:
+1. reads the AdmissionCheck named by the `admission_check` setting; a check that does not
+   exist or names another controller is left alone (and nothing else happens);
+2. keeps its `Active` condition True (Kueue deactivates every ClusterQueue that references an
+   inactive check);
+3. lists the ClusterQueues whose `admissionChecksStrategy` names the check and every
+   Workload; when some Workload admitted through one of them waits on our check, it lists
+   nodes, pods, ResourceFlavors and the runs' Jobs/RayJobs, asks the pure `gating.plan`
+   what each check should say, and applies only the differences.
+
+Level-triggered: nothing depends on which event woke the pass. A pass runs every
+`admission_pass_interval_s` and at once after `poke()` (the app pokes on node changes, so a
+quarantine or a release is seen at once). Every write checks that the lease is still held.
+Kueue resets a check to Pending after a Retry and drops its message, so the last message we
+wrote per Workload is kept in memory for the run reconciler (`message_for`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import structlog
+
+from controller import gating, leading
+from controller import metrics as metrics_mod
+from controller.kube import admission as kube_admission
+
+log = structlog.get_logger()
+
+MIN_PASS_GAP_S = 0.2
+"""Pokes come with every node change; passes are spaced at least this much."""
+RETRY_EVENT_REASON = "GPUHealthRetry"
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+class Gate:
+    """Answer one AdmissionCheck on every Workload that waits on it; see the module."""
+
+    def __init__(
+        self,
+        store: kube_admission.AdmissionStore,
+        elector: leading.Elector,
+        metrics: metrics_mod.ControllerMetrics,
+        *,
+        check: str = gating.DEFAULT_CHECK,
+        retry_after_s: float = gating.DEFAULT_RETRY_AFTER_S,
+        pass_interval_s: float = 1.0,
+        controller_name: str = gating.CONTROLLER_NAME,
+        clock: Callable[[], dt.datetime] = _now,
+    ) -> None:
+        self.store = store
+        self.elector = elector
+        self.metrics = metrics
+        self.check = check
+        self.retry_after_s = retry_after_s
+        self.pass_interval_s = pass_interval_s
+        self.controller_name = controller_name
+        self._clock = clock
+        self._wake = asyncio.Event()
+        self._messages: dict[tuple[str, str], str] = {}
+        self._evented: dict[tuple[str, str], str] = {}
+        self._refusal = ""
+
+    # ------------------------------------------------------------------ API
+    def poke(self) -> None:
+        """Ask for a pass as soon as possible (a node changed)."""
+        self._wake.set()
+
+    def message_for(self, namespace: str, workload: str) -> str | None:
+        """The last message this leader wrote on the Workload's check (None: none yet).
+
+        It outlives Kueue's reset of the check to Pending after a Retry, so the run
+        reconciler can say why a run waits.
+        """
+        return self._messages.get((namespace, workload))
+
+    async def run(self) -> None:
+        """Pass after pass until cancelled; an API failure costs one pass, never the loop."""
+        while True:
+            self._wake.clear()  # before the pass: a poke during it asks for another
+            if self.elector.is_leader():
+                try:
+                    await self.pass_once()
+                except asyncio.CancelledError:
+                    raise
+                except leading.NotLeaderError:
+                    log.warning("lost the lease during an admission pass; stopping writes")
+                except Exception as err:  # noqa: BLE001  (any API failure: next pass retries)
+                    log.warning("admission pass failed", check=self.check, error=repr(err))
+            else:
+                self.metrics.admission_check_active.set(0)
+            await asyncio.sleep(min(MIN_PASS_GAP_S, self.pass_interval_s))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.pass_interval_s)
+
+    # ------------------------------------------------------------------ one pass
+    async def pass_once(self) -> None:
+        """Keep the check Active and answer every Workload waiting on it."""
+        now = self._clock()
+        raw_check = await self.store.get_admission_check(self.check)
+        if raw_check is None or not gating.owns_check(raw_check, self.controller_name):
+            self._refuse(raw_check)
+            return
+        self._refusal = ""
+        await self._keep_active(raw_check, now)
+        queues = gating.queues_with_check(await self.store.list_kueue("clusterqueues"), self.check)
+        raw_workloads = await self.store.list_kueue("workloads")
+        seen = [gating.parse_workload(w) for w in raw_workloads]
+        self._forget({(w.namespace, w.name) for w in seen})
+        if not queues or not any(self._waits(w, queues) for w in seen):
+            return
+        raw_nodes = await self.store.list_nodes()
+        raw_pods = await self.store.list_pods()
+        raw_flavors = await self.store.list_kueue("resourceflavors")
+        owners = await self.store.owner_labels()
+        parsed = (gating.parse_workload(r, owners.get(gating.owner_ref(r))) for r in raw_workloads)
+        workloads = {(w.namespace, w.name): w for w in parsed}
+        flavors = {f.name: f for f in map(gating.parse_flavor, raw_flavors)}
+        decisions = gating.plan(
+            list(workloads.values()),
+            [gating.parse_node(n) for n in raw_nodes],
+            flavors,
+            [gating.parse_pod(p) for p in raw_pods],
+            now,
+            check=self.check,
+            retry_after_s=self.retry_after_s,
+            queues=queues,
+        )
+        for key, decision in decisions.items():
+            await self._write(workloads[key], decision)
+
+    def _waits(self, w: gating.Workload, queues: frozenset[str]) -> bool:
+        """Whether the Workload may need a decision: cheap, before the expensive lists."""
+        ours = w.check(self.check)
+        return (
+            ours is not None
+            and ours.state in {gating.CheckState.PENDING, ""}
+            and w.cluster_queue in queues
+            and w.quota_reserved
+            and not (w.evicted or w.finished or w.admitted)
+        )
+
+    def _refuse(self, raw_check: Mapping[str, Any] | None) -> None:
+        """Log once why the configured check is not ours to answer."""
+        self.metrics.admission_check_active.set(0)
+        if raw_check is None:
+            why = "it does not exist"
+        else:
+            other = (raw_check.get("spec") or {}).get("controllerName")
+            why = f"its controllerName is {other!r}, not {self.controller_name!r}"
+        if why != self._refusal:
+            log.warning("admission check not answered", check=self.check, reason=why)
+            self._refusal = why
+
+    async def _keep_active(self, raw_check: Mapping[str, Any], now: dt.datetime) -> None:
+        message = f"answered by the TauGrid controller {self.elector.identity}"
+        condition = gating.active_condition(raw_check, now, message)
+        if condition is not None:
+            self.elector.ensure_leader()
+            if await self.store.apply_active(self.check, condition) is None:
+                self.metrics.admission_check_active.set(0)
+                return  # deleted meanwhile
+            log.info("admission check active", check=self.check)
+        self.metrics.admission_check_active.set(1)
+
+    def _forget(self, present: set[tuple[str, str]]) -> None:
+        """Drop what we remember of Workloads that are gone."""
+        for memory in (self._messages, self._evented):
+            for key in [k for k in memory if k not in present]:
+                del memory[key]
+
+    async def _write(self, w: gating.Workload, decision: gating.Decision) -> None:
+        self.elector.ensure_leader()
+        body = gating.check_state_body(self.check, decision)
+        written = await self.store.apply_check_state(w.namespace, w.name, w.resource_version, body)
+        if written is None:
+            self.poke()  # changed since we read it (or gone): the next pass decides again
+            return
+        key = (w.namespace, w.name)
+        self._messages[key] = decision.message
+        self.metrics.admission_decisions.labels(str(decision.state)).inc()
+        log.info("admission decision", workload=f"{w.namespace}/{w.name}", check=self.check,
+                 state=str(decision.state), reason=decision.message, run=w.run or None,
+                 attempt=w.attempt)  # fmt: skip
+        if decision.state == gating.CheckState.RETRY and self._evented.get(key) != decision.message:
+            self._evented[key] = decision.message
+            await self.store.workload_event(w.namespace, w.name, w.uid, RETRY_EVENT_REASON,
+                                            decision.message, warning=True)  # fmt: skip

@@ -1,0 +1,141 @@
+"""Checkpoint reports, computed: validation, attempt fencing, the kept list, the file.
+
+Purely computational (DESIGN.md section 7): the run's pods report each checkpoint they save
+(`POST /v1/runs/{ns}/{name}/checkpoints` with the run-scoped token); these functions decide
+whether a report is accepted and what the TauRun's `status.checkpoints` and the per-run
+ConfigMap become. `now` is always an argument.
+
+Fencing: a report names the attempt that wrote it (`TAU_ATTEMPT`). Once attempt N+1
+exists, attempt N is over, even while its pods still run out their SIGTERM grace: a report
+from it is refused, so a late writer can never replace the checkpoint the next attempt
+resumes from. A report from an attempt that does not exist yet is refused too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+MAX_PATH = 4096
+MAX_STEP = 2**63 - 1
+DEFAULT_KEEP = 10
+"""Checkpoints kept in the TauRun's status (the newest; older ones stay in the storage)."""
+
+FILE_KEY = "latest"
+"""ConfigMap key (and file name) holding the latest checkpoint's path, nothing else."""
+JSON_KEY = "latest.json"
+"""ConfigMap key (and file name) holding the latest checkpoint as JSON."""
+
+
+class ReportError(ValueError):
+    """A report the API answers with 422; `field` names what is wrong."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class FencedError(Exception):
+    """A report from an attempt that is not the current one (HTTP 409)."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclasses.dataclass(frozen=True)
+class Report:
+    """One checkpoint as a run reports it."""
+
+    attempt: int
+    step: int
+    path: str
+
+
+def _int(body: Mapping[str, Any], field: str, low: int) -> int:
+    value = body.get(field)
+    if isinstance(value, bool) or not isinstance(value, int):
+        msg = f"{field} must be an integer"
+        raise ReportError(field, msg)
+    if not low <= value <= MAX_STEP:
+        msg = f"{field} must be at least {low}"
+        raise ReportError(field, msg)
+    return value
+
+
+def parse_report(body: object) -> Report:
+    """Validate a report body (`{"attempt": 2, "step": 200, "path": "/ckpt/step-200"}`)."""
+    if not isinstance(body, Mapping):
+        msg = "the body must be a JSON object with attempt, step and path"
+        raise ReportError("body", msg)
+    unknown = sorted(set(body) - {"attempt", "step", "path"})
+    if unknown:
+        msg = f"unknown field {unknown[0]!r}; allowed: attempt, step, path"
+        raise ReportError(unknown[0], msg)
+    attempt = _int(body, "attempt", 1)
+    step = _int(body, "step", 0)
+    path = body.get("path")
+    if not isinstance(path, str) or not path.strip():
+        msg = "path must be a non-empty string"
+        raise ReportError("path", msg)
+    if len(path) > MAX_PATH or "\n" in path or "\x00" in path:
+        msg = f"path must be one line of at most {MAX_PATH} characters"
+        raise ReportError("path", msg)
+    return Report(attempt=attempt, step=step, path=path)
+
+
+def fence(report: Report, current_attempt: int) -> None:
+    """Refuse a report that is not from the current attempt (see the module docstring)."""
+    if report.attempt < current_attempt:
+        msg = (
+            f"attempt {report.attempt} is over: attempt {current_attempt} is the run's current"
+            " one, and only it may report checkpoints"
+        )
+        raise FencedError("StaleAttempt", msg)
+    if report.attempt > current_attempt:
+        msg = (
+            f"attempt {report.attempt} does not exist: the run's current attempt is"
+            f" {current_attempt}"
+        )
+        raise FencedError("UnknownAttempt", msg)
+
+
+def record(report: Report, now: dt.datetime) -> dict[str, Any]:
+    """The wire form of an accepted checkpoint (`status.checkpoints[]`)."""
+    return {
+        "attempt": report.attempt,
+        "step": report.step,
+        "path": report.path,
+        "time": now.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+
+
+def add(
+    kept: Sequence[Mapping[str, Any]], new: Mapping[str, Any], keep: int = DEFAULT_KEEP
+) -> list[dict[str, Any]]:
+    """Append `new` and keep the newest `keep` (the list is in report order: newest last)."""
+    out = [dict(c) for c in kept if isinstance(c, Mapping)]
+    out.append(dict(new))
+    return out[-max(keep, 1) :]
+
+
+def latest(status: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The newest checkpoint in a TauRun status, or None."""
+    kept = status.get("checkpoints") or []
+    if not kept or not isinstance(kept[-1], Mapping):
+        return None
+    return dict(kept[-1])
+
+
+def configmap_data(checkpoint: Mapping[str, Any] | None) -> dict[str, str]:
+    """The per-run ConfigMap's data: the path alone (easy to read from a shell) and the
+    whole record as JSON. Empty strings mean no checkpoint yet."""
+    if checkpoint is None:
+        return {FILE_KEY: "", JSON_KEY: ""}
+    return {
+        FILE_KEY: str(checkpoint.get("path", "")),
+        JSON_KEY: json.dumps(dict(checkpoint), sort_keys=True, separators=(",", ":")),
+    }

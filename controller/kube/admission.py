@@ -1,0 +1,171 @@
+"""The admission gate's adapter: Kueue objects, nodes and pods as raw JSON, and its writes.
+
+Reads use `_preload_content=False` and return plain dicts, which `controller.gating` parses;
+kubernetes_asyncio checks the HTTP status only when it preloads the content, so every raw
+response goes through `read_json`, which raises on an error status.
+
+Writes are server-side apply with our own field manager and `force`:
+- a Workload's `status.admissionChecks` is a map keyed by name, so applying our one entry
+  leaves Kueue's and other controllers' entries alone. The apply carries the
+  `resourceVersion` the decision was made on: if the Workload changed since (Kueue evicted
+  it, say), the API server answers 409 and nothing is written, which is what keeps a Retry
+  off a Workload that was evicted a moment ago;
+- the AdmissionCheck's `status.conditions` is a map keyed by type: we apply `Active`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import secrets
+from collections.abc import Mapping
+from typing import Any
+
+import structlog
+from kubernetes_asyncio import client
+
+from controller.kube import nodes as kube_nodes
+
+log = structlog.get_logger()
+
+KUEUE = ("kueue.x-k8s.io", "v1beta2")
+FIELD_MANAGER = "taugrid-gpu-health"
+APPLY = "application/apply-patch+yaml"
+RUN_LABEL = "taugrid.dev/run"
+RAYJOB = ("ray.io", "v1", "rayjobs")
+REPORTING_CONTROLLER = "taugrid.dev/gpu-health"
+
+read_json = kube_nodes.read_json
+
+
+class AdmissionStore:
+    """Every API call the admission gate makes."""
+
+    def __init__(self, api: client.ApiClient, component: str = "taugrid-controller") -> None:
+        self._custom = client.CustomObjectsApi(api)
+        self._core = client.CoreV1Api(api)
+        self._batch = client.BatchV1Api(api)
+        self._events = client.EventsV1Api(api)
+        self.component = component
+
+    # ------------------------------------------------------------------ reads
+    async def get_admission_check(self, name: str) -> dict[str, Any] | None:
+        """Return an AdmissionCheck, None when it does not exist."""
+        try:
+            resp = await self._custom.get_cluster_custom_object(
+                *KUEUE, "admissionchecks", name, _preload_content=False
+            )
+            return dict(await read_json(resp))
+        except client.ApiException as err:
+            if err.status == 404:
+                return None
+            raise
+
+    async def list_kueue(self, plural: str) -> list[dict[str, Any]]:
+        """List Workloads (all namespaces), ClusterQueues or ResourceFlavors."""
+        resp = await self._custom.list_cluster_custom_object(*KUEUE, plural, _preload_content=False)
+        return list((await read_json(resp)).get("items") or [])
+
+    async def list_nodes(self) -> list[dict[str, Any]]:
+        """List every node."""
+        resp = await self._core.list_node(_preload_content=False)
+        return list((await read_json(resp)).get("items") or [])
+
+    async def list_pods(self) -> list[dict[str, Any]]:
+        """List every pod (the gate counts the bound ones per node and fences on run pods)."""
+        resp = await self._core.list_pod_for_all_namespaces(_preload_content=False)
+        return list((await read_json(resp)).get("items") or [])
+
+    async def owner_labels(self) -> dict[tuple[str, str, str], dict[str, str]]:
+        """Labels of every run's Job and RayJob, keyed by (namespace, kind, name): they name
+        the run and attempt of the Workload Kueue made for them."""
+        jobs = await self._batch.list_job_for_all_namespaces(
+            label_selector=RUN_LABEL, _preload_content=False
+        )
+        job_items = (await read_json(jobs)).get("items") or []
+        rayjobs = await self._custom.list_cluster_custom_object(
+            *RAYJOB, label_selector=RUN_LABEL, _preload_content=False
+        )
+        try:
+            ray_items = (await read_json(rayjobs)).get("items") or []
+        except client.ApiException as err:
+            if err.status != 404:
+                raise
+            ray_items = []  # no KubeRay: no RayJobs
+        out: dict[tuple[str, str, str], dict[str, str]] = {}
+        for kind, items in (("Job", job_items), ("RayJob", ray_items)):
+            for item in items:
+                meta = item.get("metadata") or {}
+                key = (str(meta.get("namespace", "")), kind, str(meta.get("name", "")))
+                out[key] = dict(meta.get("labels") or {})
+        return out
+
+    # ------------------------------------------------------------------ writes
+    async def apply_check_state(
+        self, namespace: str, name: str, resource_version: str, state: Mapping[str, Any]
+    ) -> dict[str, Any] | None:
+        """Apply our entry of a Workload's `status.admissionChecks`, on the condition that the
+        Workload is still at `resource_version`; None on a conflict (changed since) or when
+        it is gone."""
+        body = {
+            "apiVersion": "/".join(KUEUE),
+            "kind": "Workload",
+            "metadata": {"name": name, "namespace": namespace,
+                         "resourceVersion": resource_version},
+            "status": {"admissionChecks": [dict(state)]},
+        }  # fmt: skip
+        try:
+            resp = await self._custom.patch_namespaced_custom_object_status(
+                *KUEUE, namespace, "workloads", name, body,
+                field_manager=FIELD_MANAGER, force=True, _content_type=APPLY,
+                _preload_content=False,
+            )  # fmt: skip
+            return dict(await read_json(resp))
+        except client.ApiException as err:
+            if err.status in (404, 409):
+                return None
+            raise
+
+    async def apply_active(self, name: str, condition: Mapping[str, Any]) -> dict[str, Any] | None:
+        """Apply the `Active` condition on an AdmissionCheck; None when it is gone."""
+        body = {
+            "apiVersion": "/".join(KUEUE),
+            "kind": "AdmissionCheck",
+            "metadata": {"name": name},
+            "status": {"conditions": [dict(condition)]},
+        }
+        try:
+            resp = await self._custom.patch_cluster_custom_object_status(
+                *KUEUE, "admissionchecks", name, body,
+                field_manager=FIELD_MANAGER, force=True, _content_type=APPLY,
+                _preload_content=False,
+            )  # fmt: skip
+            return dict(await read_json(resp))
+        except client.ApiException as err:
+            if err.status == 404:
+                return None
+            raise
+
+    async def workload_event(
+        self, namespace: str, name: str, uid: str, reason: str, note: str, *, warning: bool
+    ) -> None:
+        """Record an Event on a Workload (best effort: never blocks a decision)."""
+        now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        body = {
+            "apiVersion": "events.k8s.io/v1",
+            "kind": "Event",
+            "metadata": {"name": f"{name[:200]}.{secrets.token_hex(8)}", "namespace": namespace},
+            "eventTime": now,
+            "reportingController": REPORTING_CONTROLLER,
+            "reportingInstance": self.component[:128],
+            "action": reason,
+            "reason": reason,
+            "note": note[:1024],
+            "type": "Warning" if warning else "Normal",
+            "regarding": {"apiVersion": "/".join(KUEUE), "kind": "Workload",
+                          "name": name, "namespace": namespace, "uid": uid},
+        }  # fmt: skip
+        try:
+            await self._events.create_namespaced_event(namespace, body)
+        except client.ApiException as err:
+            log.warning("event not recorded", workload=f"{namespace}/{name}", reason=reason,
+                        status=err.status)  # fmt: skip

@@ -1,0 +1,268 @@
+"""The gpu-health AdmissionCheck on the real control plane (real Kueue, KWOK nodes).
+
+Each test brings its own AdmissionCheck (`gh-<namespace>`, the controller's default in
+tests), ResourceFlavor (selecting only this test's nodes by a label of their own),
+ClusterQueue that references the check, LocalQueue `q`, and two fake 8-GPU nodes. Node
+health is set by hand, as the quarantine would set it (condition `GPUHealthy=False`, our
+taint); the test controller's quarantine loop is pointed at no node so it cannot undo that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import datetime as dt
+import pathlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from kubernetes_asyncio import client
+
+from controller import admitting, gating
+from devcluster import cluster
+from tests import controllerkit, kueue, support
+
+pytestmark = pytest.mark.cluster
+
+KUEUE = ("kueue.x-k8s.io", "v1beta2")
+GATE_LABEL = "taugrid.dev/gate-test"
+SMP = "application/strategic-merge-patch+json"
+RETRY_AFTER_S = 5
+WINDOW_S = 15.0
+"""How long the hot-loop check watches a Workload that keeps being retried."""
+MAX_RETRIES_IN_WINDOW = 6
+"""Generous: with a 5 s delay about 3 retries fit in the window; a hot loop (no
+`requeueAfterSeconds`) makes one per gate pass, a dozen or more."""
+
+
+@dataclasses.dataclass
+class World:
+    """One test's Kueue objects, nodes and controller."""
+
+    api: client.ApiClient
+    namespace: str
+    check: str
+    flavor: str
+    cluster_queue: str
+    nodes: list[str]
+    controller: controllerkit.RunningController
+
+    @property
+    def custom(self) -> client.CustomObjectsApi:
+        return client.CustomObjectsApi(self.api)
+
+
+def kueue_objects(namespace: str, check: str, flavor: str, cq: str) -> list[dict[str, Any]]:
+    """AdmissionCheck, ResourceFlavor (this test's nodes only), ClusterQueue with the check."""
+    queue = kueue.cluster_queue(cq, namespace, gpus=32)
+    queue["spec"]["resourceGroups"][0]["flavors"][0]["name"] = flavor
+    queue["spec"]["admissionChecksStrategy"] = {"admissionChecks": [{"name": check}]}
+    return [
+        {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "AdmissionCheck",
+         "metadata": {"name": check}, "spec": {"controllerName": gating.CONTROLLER_NAME}},
+        {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor",
+         "metadata": {"name": flavor}, "spec": {"nodeLabels": {GATE_LABEL: namespace}}},
+        queue,
+    ]  # fmt: skip
+
+
+PLURALS = {"AdmissionCheck": "admissionchecks", "ResourceFlavor": "resourceflavors",
+           "ClusterQueue": "clusterqueues"}  # fmt: skip
+
+
+@pytest_asyncio.fixture
+async def world(
+    k8s: client.ApiClient, dev_cluster: cluster.Cluster, bin_dir: pathlib.Path, namespace: str
+) -> AsyncIterator[World]:
+    """Queues with our check, two healthy 8-GPU nodes of the flavor, a leading controller."""
+    check, flavor, cq = (f"{p}-{namespace}"[:63] for p in ("gh", "fl", "cq"))
+    custom = client.CustomObjectsApi(k8s)
+    objects = kueue_objects(namespace, check, flavor, cq)
+    nodes: list[str] = []
+    ctl: controllerkit.RunningController | None = None
+    try:
+        for obj in objects:
+            await custom.create_cluster_custom_object(*KUEUE, PLURALS[obj["kind"]], obj)
+        await custom.create_namespaced_custom_object(
+            *KUEUE, namespace, "localqueues", kueue.local_queue("q", namespace, cq)
+        )
+        prefix = f"g-{namespace}"[:50].rstrip("-") + "-"
+        nodes = await asyncio.to_thread(
+            dev_cluster.ensure_nodes, bin_dir, 2, prefix=prefix,
+            labels={"taugrid.dev/test-fleet": namespace, GATE_LABEL: namespace},
+        )  # fmt: skip
+        ctl = await controllerkit.start_controller(
+            dev_cluster.kubeconfig, namespace,
+            admission_retry_after_s=RETRY_AFTER_S,
+            # The gate is under test, not the quarantine: it must not rewrite by hand-set health.
+            node_selector="taugrid.dev/quarantine-in-test=none",
+        )  # fmt: skip
+        assert ctl.settings.admission_check == check
+        await controllerkit.wait_leader(ctl)
+        yield World(k8s, namespace, check, flavor, cq, nodes, ctl)
+    finally:
+        if ctl is not None:
+            await ctl.stop()
+        core = client.CoreV1Api(k8s)
+        for n in nodes:
+            with contextlib.suppress(client.ApiException):
+                await core.delete_node(n)
+        for obj in reversed(objects):
+            with contextlib.suppress(client.ApiException):
+                await custom.delete_cluster_custom_object(
+                    *KUEUE, PLURALS[obj["kind"]], obj["metadata"]["name"]
+                )
+
+
+# ---------------------------------------------------------------- helpers
+
+
+async def make_unhealthy(api: client.ApiClient, node: str) -> None:
+    """Mark a node as the quarantine does for Xid 79: condition False and our taint."""
+    core = client.CoreV1Api(api)
+    cond = {"type": "GPUHealthy", "status": "False", "reason": "XidFallenOffBus",
+            "message": f"GPU-{node}-3: Xid 79",
+            "lastTransitionTime": gating.iso(dt.datetime.now(dt.UTC))}  # fmt: skip
+    await core.patch_node_status(node, {"status": {"conditions": [cond]}}, _content_type=SMP)
+    await core.patch_node(
+        node,
+        {"spec": {"taints": [{"key": "taugrid.dev/gpu-unhealthy", "effect": "NoSchedule"}]}},
+        _content_type="application/merge-patch+json",
+    )
+
+
+async def make_healthy(api: client.ApiClient, node: str) -> None:
+    """Release a node as the quarantine does: condition True, taint removed."""
+    core = client.CoreV1Api(api)
+    cond = {"type": "GPUHealthy", "status": "True", "reason": "Healthy", "message": "released"}
+    await core.patch_node_status(node, {"status": {"conditions": [cond]}}, _content_type=SMP)
+    await core.patch_node(node, {"spec": {"taints": None}},
+                          _content_type="application/merge-patch+json")  # fmt: skip
+
+
+async def submit(w: World, name: str) -> None:
+    """A suspended 2-pod × 8-GPU Job in the test's queue."""
+    job = kueue.gpu_job(name, "q", 8, run_for="1s", parallelism=2)
+    await client.BatchV1Api(w.api).create_namespaced_job(w.namespace, job)
+
+
+def our_check(wl: dict[str, Any], check: str) -> dict[str, Any]:
+    """Our entry of the Workload's `status.admissionChecks` (AssertionError: not there yet)."""
+    for c in (wl.get("status") or {}).get("admissionChecks") or []:
+        if c.get("name") == check:
+            return dict(c)
+    msg = f"no {check} entry on {wl['metadata']['name']} yet"
+    raise AssertionError(msg)
+
+
+def holds(wl: dict[str, Any], kind: str) -> bool:
+    cond = support.condition(wl, kind)
+    return cond is not None and cond.get("status") == "True"
+
+
+async def admitted(w: World, job: str) -> dict[str, Any]:
+    """Wait until the Job's Workload is Admitted with our check Ready; return it."""
+
+    async def probe() -> dict[str, Any]:
+        wl = await kueue.workload_of(w.api, w.namespace, job)
+        check = our_check(wl, w.check)
+        assert check["state"] == "Ready", check
+        assert holds(wl, "Admitted"), wl["status"].get("conditions")
+        return wl
+
+    return await support.eventually(probe, what=f"{job} admitted through {w.check}")
+
+
+async def retry_events(w: World, workload: str) -> list[dict[str, Any]]:
+    """Our Retry Events on a Workload."""
+    events = await client.EventsV1Api(w.api).list_namespaced_event(
+        w.namespace, _preload_content=False
+    )
+    items = (await events.json()).get("items") or []
+    return [
+        e
+        for e in items
+        if e.get("reason") == admitting.RETRY_EVENT_REASON
+        and (e.get("regarding") or {}).get("name") == workload
+    ]
+
+
+def retry_decisions(w: World) -> float:
+    """How many Retry states the controller has written (its metric)."""
+    registry = w.controller.state.metrics.registry
+    value = registry.get_sample_value("taugrid_admission_decisions_total", {"state": "Retry"})
+    return value or 0.0
+
+
+# ---------------------------------------------------------------- the test
+
+
+async def test_the_gate_admits_on_healthy_nodes_and_retries_without_a_hot_loop(
+    world: World,
+) -> None:
+    """Active check; 2 × 8 GPUs admitted on two healthy nodes; with one node unhealthy the
+    next 2 × 8 Job is retried (requeueAfterSeconds set, a message naming the sick node, one
+    Event, a bounded number of retries) and stays unadmitted; released, it is admitted."""
+    w = world
+    gate = w.controller.state.gate
+
+    async def active() -> None:
+        ac = await w.custom.get_cluster_custom_object(*KUEUE, "admissionchecks", w.check)
+        cond = support.condition(ac, "Active")
+        assert cond is not None, "no Active condition yet"
+        assert (cond["status"], cond["reason"]) == ("True", gating.ACTIVE_REASON)
+        registry = w.controller.state.metrics.registry
+        assert registry.get_sample_value("taugrid_admission_check_active") == 1
+
+    await support.eventually(active, what=f"{w.check} Active")
+
+    await submit(w, "first")
+    first = await admitted(w, "first")
+    assert our_check(first, w.check)["message"].startswith("fits on healthy nodes")
+
+    async def finished() -> None:
+        wl = await kueue.workload_of(w.api, w.namespace, "first")
+        assert holds(wl, "Finished"), "first is still running"
+
+    await support.eventually(finished, what="the first Job to finish and free its nodes")
+
+    healthy, sick = w.nodes
+    await make_unhealthy(w.api, sick)
+    await submit(w, "second")
+
+    async def retried() -> dict[str, Any]:
+        wl = await kueue.workload_of(w.api, w.namespace, "second")
+        check = our_check(wl, w.check)
+        assert int(check.get("retryCount") or 0) >= 1, check
+        return wl
+
+    wl = await support.eventually(retried, what="second to be retried by the gate")
+    name = wl["metadata"]["name"]
+    check = our_check(wl, w.check)
+    assert check["requeueAfterSeconds"] == RETRY_AFTER_S
+    assert not holds(wl, "Admitted")
+    message = gate.message_for(w.namespace, name)
+    assert message is not None
+    assert "needs 2 nodes with 8 free GPUs" in message
+    assert f"only 1 healthy node has them: {healthy}" in message
+    assert f"{sick} XidFallenOffBus" in message
+
+    # No hot loop: over a window the retries stay few, and every one waited its delay.
+    retries_before = int(check.get("retryCount") or 0)
+    decided_before = retry_decisions(w)
+    await asyncio.sleep(WINDOW_S)
+    wl = await kueue.workload_of(w.api, w.namespace, "second")
+    retries = int(our_check(wl, w.check).get("retryCount") or 0) - retries_before
+    decided = retry_decisions(w)
+    assert retries <= MAX_RETRIES_IN_WINDOW, f"{retries} retries in {WINDOW_S:g}s"
+    assert decided - decided_before <= MAX_RETRIES_IN_WINDOW
+    assert not holds(wl, "Admitted")
+    assert len(await retry_events(w, name)) == 1, "one Event per distinct message"
+
+    await make_healthy(w.api, sick)
+    second = await admitted(w, "second")
+    assert our_check(second, w.check)["message"].startswith("fits on healthy nodes")
+    assert (gate.message_for(w.namespace, name) or "").startswith("fits on healthy nodes")
