@@ -1,0 +1,117 @@
+{{/* Names, labels and URLs shared by every template. */}}
+
+{{- define "taugrid.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/*
+The prefix of every object name, cluster-scoped ones included, so two releases with different
+names never collide. Kept to 45 characters so "<fullname>-controller-auth-delegator" fits 63.
+*/}}
+{{- define "taugrid.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 45 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 45 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 45 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "taugrid.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "taugrid.labels" -}}
+helm.sh/chart: {{ include "taugrid.chart" . }}
+app.kubernetes.io/name: {{ include "taugrid.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: taugrid
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* Selector labels of one component: call with (dict "ctx" $ "component" "controller"). */}}
+{{- define "taugrid.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "taugrid.name" .ctx }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "taugrid.componentLabels" -}}
+{{ include "taugrid.labels" .ctx }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "taugrid.controller.fullname" -}}
+{{- printf "%s-controller" (include "taugrid.fullname" .) -}}
+{{- end -}}
+
+{{- define "taugrid.agent.fullname" -}}
+{{- printf "%s-agent" (include "taugrid.fullname" .) -}}
+{{- end -}}
+
+{{- define "taugrid.controller.serviceAccountName" -}}
+{{- default (include "taugrid.controller.fullname" .) .Values.controller.serviceAccount.name -}}
+{{- end -}}
+
+{{- define "taugrid.agent.serviceAccountName" -}}
+{{- default (include "taugrid.agent.fullname" .) .Values.agent.serviceAccount.name -}}
+{{- end -}}
+
+{{- define "taugrid.leaseName" -}}
+{{- default (include "taugrid.controller.fullname" .) .Values.controller.leaseName -}}
+{{- end -}}
+
+{{- define "taugrid.tlsSecretName" -}}
+{{- default (printf "%s-tls" (include "taugrid.controller.fullname" .)) .Values.tls.secretName -}}
+{{- end -}}
+
+{{/* The controller Service's in-cluster DNS name. */}}
+{{- define "taugrid.controller.host" -}}
+{{- printf "%s.%s.svc.%s" (include "taugrid.controller.fullname" .) .Release.Namespace .Values.clusterDomain -}}
+{{- end -}}
+
+{{/* URL of the controller Service, the default for heartbeats and run pods. */}}
+{{- define "taugrid.controller.serviceUrl" -}}
+{{- printf "%s://%s:%v" (ternary "https" "http" .Values.tls.enabled) (include "taugrid.controller.host" .) .Values.controller.service.port -}}
+{{- end -}}
+
+{{/* image reference: call with (dict "ctx" $ "image" .Values.controller.image). */}}
+{{- define "taugrid.image" -}}
+{{- printf "%s:%s" .image.repository (default .ctx.Chart.AppVersion .image.tag) -}}
+{{- end -}}
+
+{{/*
+"true" when the prerequisites are checked: always, or (auto) when Helm talks to a cluster.
+Offline rendering (lint, template) cannot see the cluster's APIs, and `lookup` answers nothing
+there, so a lookup of kube-system tells the two apart.
+*/}}
+{{- define "taugrid.checkPrerequisites" -}}
+{{- $mode := toString .Values.prerequisites.check -}}
+{{- if eq $mode "always" -}}
+true
+{{- else if eq $mode "auto" -}}
+{{- if lookup "v1" "Namespace" "" "kube-system" -}}
+true
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+Environment variables from a settings map: call with (dict "prefix" "TAUGRID_AGENT_" "settings"
+map). Keys are snake_case setting names; maps and lists are JSON, as pydantic-settings reads them.
+*/}}
+{{- define "taugrid.settingsEnv" -}}
+{{- $prefix := .prefix -}}
+{{- range $key, $value := .settings }}
+- name: {{ printf "%s%s" $prefix (upper $key) }}
+  value: {{ if or (kindIs "map" $value) (kindIs "slice" $value) }}{{ toJson $value | quote }}{{ else }}{{ toString $value | quote }}{{ end }}
+{{- end }}
+{{- end -}}

@@ -1,0 +1,194 @@
+"""The Helm chart installed on the real dev cluster, next to the dev cluster's own objects: the
+API server validates every object, the DaemonSet puts one agent on each fake GPU node (KWOK
+runs them), RBAC answers as designed, and `helm uninstall` takes the cluster-scoped objects
+away again."""
+
+from __future__ import annotations
+
+import asyncio
+import pathlib
+import subprocess
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from kubernetes_asyncio import client
+
+from devcluster import chart, cluster, stack
+from tests import support
+
+pytestmark = pytest.mark.cluster
+
+_KEY, _VALUE = stack.DEV_FLEET_SELECTOR.split("=", 1)
+DEV_FLEET = {_KEY: _VALUE}
+"""The label of the nodes `taugrid dev up` made; other tests' fake nodes come and go."""
+
+
+class Release:
+    """One test release of the chart: its name, namespace and the names it was given."""
+
+    def __init__(self, name: str, namespace: str) -> None:
+        self.name = name
+        self.namespace = namespace
+        self.check = f"{name}-gpu-health"
+        self.priority = f"{name}-resume"
+
+    def values(self) -> dict[str, Any]:
+        """Unique cluster-scoped names, no queues, pods only on the dev fleet's nodes."""
+        return {
+            "admissionCheck": {"name": self.check},
+            "resumePriorityClass": {"name": self.priority},
+            "queues": {"enabled": False},
+            "agent": {"nodeSelector": DEV_FLEET, "stateHostPath": f"/var/lib/taugrid/{self.name}"},
+            "controller": {
+                "nodeSelector": DEV_FLEET,
+                # Were it to run, it would manage no node of anyone else's.
+                "managedNodeSelector": f"taugrid.dev/test-fleet={self.namespace}",
+            },
+        }
+
+    def service_account(self, component: str) -> str:
+        """`system:serviceaccount:…` user of a component's ServiceAccount."""
+        return f"system:serviceaccount:{self.namespace}:{self.name}-{component}"
+
+
+@pytest_asyncio.fixture
+async def release(
+    dev_cluster: cluster.Cluster, bin_dir: pathlib.Path, namespace: str
+) -> AsyncIterator[Release]:
+    """The chart installed into the test's namespace (CRDs skipped: the cluster has them),
+    uninstalled afterwards even when the test fails."""
+    rel = Release(support.unique_name("taugrid-e2e", max_len=30), namespace)
+    await asyncio.to_thread(
+        chart.install, dev_cluster.kubeconfig, rel.name, namespace, rel.values(),
+        skip_crds=True, bin_dir=bin_dir,
+    )  # fmt: skip
+    try:
+        yield rel
+    finally:
+        await asyncio.to_thread(
+            chart.uninstall, dev_cluster.kubeconfig, rel.name, namespace, wait=True,
+            bin_dir=bin_dir,
+        )  # fmt: skip
+
+
+def can_i(dev: cluster.Cluster, bin_dir: pathlib.Path, user: str, *args: str) -> bool:
+    """`kubectl auth can-i <args> --as=<user>`: True for yes, False for no."""
+    proc = subprocess.run(
+        [str(bin_dir / "kubectl"), f"--kubeconfig={dev.kubeconfig}", "auth", "can-i", *args,
+         f"--as={user}"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    answer = proc.stdout.strip()
+    assert answer in ("yes", "no"), f"kubectl auth can-i {' '.join(args)}: {proc.stderr}"
+    return answer == "yes"
+
+
+async def dev_fleet_nodes(k8s: client.ApiClient) -> set[str]:
+    """Names of the dev fleet's nodes."""
+    nodes = await client.CoreV1Api(k8s).list_node(label_selector=stack.DEV_FLEET_SELECTOR)
+    return {n.metadata.name for n in nodes.items}
+
+
+async def test_the_chart_installs_an_agent_on_every_gpu_node_and_a_two_replica_controller(
+    k8s: client.ApiClient, release: Release
+) -> None:
+    """The release's workloads exist as rendered; each dev-fleet node runs one agent pod."""
+    apps = client.AppsV1Api(k8s)
+    core = client.CoreV1Api(k8s)
+    deploy = await apps.read_namespaced_deployment(f"{release.name}-controller", release.namespace)
+    assert deploy.spec.replicas == 2
+    await apps.read_namespaced_daemon_set(f"{release.name}-agent", release.namespace)
+    nodes = await dev_fleet_nodes(k8s)
+    assert nodes, "the dev cluster has no dev-fleet nodes"
+
+    async def one_agent_per_node() -> None:
+        pods = await core.list_namespaced_pod(
+            release.namespace, label_selector="app.kubernetes.io/component=agent"
+        )
+        running = [p for p in pods.items if p.status.phase == "Running"]
+        placed = sorted(p.spec.node_name for p in running)
+        assert sorted(nodes) == placed, f"agents on {placed}, dev fleet {sorted(nodes)}"
+
+    await support.eventually(one_agent_per_node, what="one running agent pod per dev-fleet node")
+
+
+async def test_the_chart_makes_its_own_cluster_scoped_kueue_objects_and_removes_them(
+    k8s: client.ApiClient, dev_cluster: cluster.Cluster, bin_dir: pathlib.Path, release: Release
+) -> None:
+    """The AdmissionCheck and priority class carry the release's names; uninstall deletes them
+    and the ClusterRole again."""
+    custom = client.CustomObjectsApi(k8s)
+    rbac = client.RbacAuthorizationV1Api(k8s)
+    kueue = ("kueue.x-k8s.io", "v1beta2")
+    check = await custom.get_cluster_custom_object(*kueue, "admissionchecks", release.check)
+    assert check["spec"]["controllerName"] == "taugrid.dev/gpu-health"
+    wpc = await custom.get_cluster_custom_object(
+        *kueue, "workloadpriorityclasses", release.priority
+    )
+    assert wpc["value"] == 1
+    await rbac.read_cluster_role(f"{release.name}-controller")
+
+    await asyncio.to_thread(
+        chart.uninstall, dev_cluster.kubeconfig, release.name, release.namespace, wait=True,
+        bin_dir=bin_dir,
+    )  # fmt: skip
+
+    async def gone() -> None:
+        reads = {
+            "AdmissionCheck": custom.get_cluster_custom_object(
+                *kueue, "admissionchecks", release.check
+            ),
+            "WorkloadPriorityClass": custom.get_cluster_custom_object(
+                *kueue, "workloadpriorityclasses", release.priority
+            ),
+            "ClusterRole": rbac.read_cluster_role(f"{release.name}-controller"),
+        }
+        for kind, read in reads.items():
+            try:
+                await read
+            except client.ApiException as err:
+                if err.status != 404:
+                    raise
+                continue
+            msg = f"{kind} still there"
+            raise support.NotYetError(msg)
+
+    await support.eventually(gone, what="the release's cluster-scoped objects to go")
+
+
+RBAC_TABLE = [
+    ("agent", ("patch", "nodes"), False),
+    ("agent", ("patch", "nodes", "--subresource=status"), False),
+    ("agent", ("create", "pods", "--subresource=eviction", "-n", "default"), False),
+    ("agent", ("get", "secrets", "-n", "default"), False),
+    ("agent", ("create", "tokenreviews.authentication.k8s.io"), True),
+    ("controller", ("patch", "nodes"), True),
+    ("controller", ("patch", "nodes", "--subresource=status"), True),
+    ("controller", ("create", "pods", "--subresource=eviction", "-n", "default"), True),
+    ("controller", ("patch", "workloads.kueue.x-k8s.io", "--subresource=status", "-n", "default"),
+     True),
+    ("controller", ("create", "subjectaccessreviews.authorization.k8s.io"), True),
+    ("controller", ("list", "secrets", "-n", "default"), False),
+    ("controller", ("delete", "nodes"), False),
+]  # fmt: skip
+"""(component, `kubectl auth can-i` arguments, expected answer)."""
+
+
+async def test_rbac_answers_as_designed(
+    dev_cluster: cluster.Cluster, bin_dir: pathlib.Path, release: Release
+) -> None:
+    """The API server's own authorizer agrees with the chart's least-privilege design: the
+    agent may not patch nodes or evict, the controller may; neither reads what it need not."""
+
+    async def answered() -> None:
+        wrong = []
+        for component, args, allowed in RBAC_TABLE:
+            user = release.service_account(component)
+            if await asyncio.to_thread(can_i, dev_cluster, bin_dir, user, *args) is not allowed:
+                wrong.append(f"{component} can-i {' '.join(args)} should be {allowed}")
+        assert wrong == []
+
+    # The authorizer's caches pick up new bindings within moments; poll rather than race.
+    await support.eventually(answered, what="RBAC answers as designed")

@@ -1,0 +1,820 @@
+"""The Helm chart `deploy/helm/taugrid`, rendered offline by the built Helm binary: lint, the
+objects with defaults and with every option on, least-privilege RBAC (checked against the API
+calls the controller's adapters actually make), the agent DaemonSet's privileges, and values
+that stay documented."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+import re
+import shutil
+from collections.abc import Iterator
+from typing import Any, NamedTuple
+
+import pytest
+import yaml
+
+from agent import settings as agent_settings
+from controller import settings as controller_settings
+from devcluster import build, chart
+
+pytestmark = pytest.mark.cluster  # needs the built Helm binary, not a running cluster
+
+RELEASE = "taugrid"
+NAMESPACE = "taugrid-system"
+TAINT_KEY = "taugrid.dev/gpu-unhealthy"
+EVERY_API = (
+    *chart.DEV_API_VERSIONS,
+    "cert-manager.io/v1",
+    "monitoring.coreos.com/v1",
+)
+EVERYTHING_ON: dict[str, Any] = {
+    "prerequisites": {"check": "always"},
+    "tls": {"certManager": {"enabled": True, "extraDnsNames": ["taugrid.example.com"]}},
+    "queues": {"enabled": True},
+    "serviceMonitor": {"enabled": True},
+    "prometheusRule": {"enabled": True},
+    "grafanaDashboard": {"enabled": True},
+    "agent": {"service": {"enabled": True}, "runtimeClassName": "nvidia"},
+    "controller": {"maxQuarantined": 3, "rayVersion": "2.41.0"},
+}
+
+
+# ---------------------------------------------------------------------- rendering helpers
+def render(values: dict[str, Any] | None = None, **kwargs: Any) -> list[dict[str, Any]]:
+    """Render the chart with these values (release `taugrid` in `taugrid-system`)."""
+    kwargs.setdefault("release", RELEASE)
+    kwargs.setdefault("namespace", NAMESPACE)
+    return chart.template(values or {}, **kwargs)
+
+
+def objects(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    """Every rendered object of one kind."""
+    return [d for d in docs if d["kind"] == kind]
+
+
+def one(docs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
+    """The single rendered object of a kind (and name); fail when there is not exactly one."""
+    found = [d for d in objects(docs, kind) if name is None or d["metadata"]["name"] == name]
+    assert len(found) == 1, f"{kind} {name or ''}: {[d['metadata']['name'] for d in found]}"
+    return found[0]
+
+
+def container(workload: dict[str, Any]) -> dict[str, Any]:
+    """The one container of a Deployment's or DaemonSet's pod template."""
+    containers = workload["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1
+    return dict(containers[0])
+
+
+def env_of(workload: dict[str, Any]) -> dict[str, str]:
+    """The literal (non-fieldRef) environment of a workload's container."""
+    return {e["name"]: e["value"] for e in container(workload).get("env", []) if "value" in e}
+
+
+@pytest.fixture(scope="module")
+def defaults() -> list[dict[str, Any]]:
+    """The chart rendered with its default values."""
+    return render()
+
+
+@pytest.fixture(scope="module")
+def everything() -> list[dict[str, Any]]:
+    """The chart rendered with every optional feature on, on a cluster serving every API."""
+    return render(EVERYTHING_ON, api_versions=EVERY_API)
+
+
+# ---------------------------------------------------------------------- RBAC model
+class Right(NamedTuple):
+    """One API permission: verb on group/resource (optionally one object by name)."""
+
+    group: str
+    resource: str
+    verb: str
+    name: str | None = None
+
+
+AUTH_DELEGATOR_RULES = [
+    {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]},
+    {"apiGroups": ["authorization.k8s.io"], "resources": ["subjectaccessreviews"],
+     "verbs": ["create"]},
+]  # fmt: skip
+"""Kubernetes' built-in `system:auth-delegator` ClusterRole."""
+
+
+def _matches(values: list[str], wanted: str) -> bool:
+    return "*" in values or wanted in values
+
+
+def allows(rules: list[dict[str, Any]], right: Right) -> bool:
+    """Whether any RBAC rule grants the right, as the API server's RBAC authorizer decides."""
+    for rule in rules:
+        names = rule.get("resourceNames") or []
+        if (
+            _matches(rule.get("apiGroups", []), right.group)
+            and _matches(rule.get("resources", []), right.resource)
+            and _matches(rule.get("verbs", []), right.verb)
+            and (not names or right.name in names)
+        ):
+            return True
+    return False
+
+
+def rules_of(docs: list[dict[str, Any]], service_account: str) -> tuple[list[Any], set[str]]:
+    """Every rule bound to a ServiceAccount of the release, and the names of the roles bound."""
+    roles = {
+        (d["kind"], d["metadata"]["name"]): d.get("rules", [])
+        for d in docs
+        if d["kind"] in ("ClusterRole", "Role")
+    }
+    roles[("ClusterRole", "system:auth-delegator")] = AUTH_DELEGATOR_RULES
+    rules: list[Any] = []
+    bound: set[str] = set()
+    for binding in docs:
+        if binding["kind"] not in ("ClusterRoleBinding", "RoleBinding"):
+            continue
+        subjects = binding.get("subjects") or []
+        if not any(
+            s["kind"] == "ServiceAccount"
+            and s["name"] == service_account
+            and s["namespace"] == NAMESPACE
+            for s in subjects
+        ):
+            continue
+        ref = binding["roleRef"]
+        bound.add(ref["name"])
+        rules.extend(roles[(ref["kind"], ref["name"])])
+    return rules, bound
+
+
+@pytest.fixture(scope="module")
+def controller_rules(defaults: list[dict[str, Any]]) -> list[Any]:
+    """The rules bound to the controller's ServiceAccount with default values."""
+    return rules_of(defaults, "taugrid-controller")[0]
+
+
+# ---------------------------------------------------------------------- lint and render
+@pytest.mark.parametrize(
+    "values",
+    [{}, EVERYTHING_ON | {"prerequisites": {"check": "auto"}}, {"agent": {"privileged": True}}],
+    ids=["with defaults", "with every option on", "with a privileged agent"],
+)
+def test_helm_lint_is_clean(values: dict[str, Any]) -> None:
+    """`helm lint --strict` finds no error and no warning."""
+    report = chart.lint(values)
+    assert "[ERROR]" not in report
+    assert "[WARNING]" not in report
+
+
+def test_defaults_render_the_core_objects_and_nothing_optional(
+    defaults: list[dict[str, Any]],
+) -> None:
+    """Defaults: the two components, their RBAC, Service, PDB, AdmissionCheck, priority class."""
+    expected = {
+        "ClusterRole": 1, "ClusterRoleBinding": 3, "DaemonSet": 1, "Deployment": 1,
+        "PodDisruptionBudget": 1, "Role": 1, "RoleBinding": 1, "Service": 1,
+        "ServiceAccount": 2, "AdmissionCheck": 1, "WorkloadPriorityClass": 1,
+    }  # fmt: skip
+    kinds: dict[str, int] = {}
+    for d in defaults:
+        kinds[d["kind"]] = kinds.get(d["kind"], 0) + 1
+    assert expected == kinds
+
+
+def test_every_option_on_renders_every_optional_object(everything: list[dict[str, Any]]) -> None:
+    """With every option on: cert-manager chain, queues, agent Service, ServiceMonitors."""
+    kinds = {d["kind"] for d in everything}
+    for kind in (
+        "Certificate",
+        "Issuer",
+        "ResourceFlavor",
+        "ClusterQueue",
+        "LocalQueue",
+        "ServiceMonitor",
+    ):
+        assert kind in kinds, kind
+    assert len(objects(everything, "ServiceMonitor")) == 2
+    one(everything, "Service", "taugrid-agent")
+
+
+def test_the_charts_crd_is_the_projects_crd() -> None:
+    """crds/taurun.yaml is a byte-for-byte copy of deploy/crds/taurun.yaml."""
+    ours = build.REPO / "deploy" / "crds" / "taurun.yaml"
+    charted = chart.CHART_DIR / "crds" / "taurun.yaml"
+    assert ours.read_bytes() == charted.read_bytes()
+
+
+def test_the_crd_is_rendered_only_when_asked() -> None:
+    """Helm installs crds/ itself; `--include-crds` shows the TauRun CRD in a rendering."""
+    docs = render(include_crds=True)
+    crd = one(docs, "CustomResourceDefinition")
+    assert crd["metadata"]["name"] == "tauruns.taugrid.dev"
+
+
+# ---------------------------------------------------------------------- prerequisites
+@pytest.mark.parametrize(
+    ("values", "apis", "message"),
+    [
+        ({}, (), "Kueue v0.17"),
+        ({}, ("kueue.x-k8s.io/v1beta2",), "KubeRay v1.5"),
+        ({"tls": {"certManager": {"enabled": True}}}, chart.DEV_API_VERSIONS, "cert-manager"),
+        ({"prerequisites": {"check": "sometimes"}}, chart.DEV_API_VERSIONS, "auto, always"),
+    ],
+    ids=["without Kueue", "without KubeRay", "without cert-manager", "with a bad mode"],
+)
+def test_a_missing_prerequisite_fails_with_a_message_that_names_it(
+    values: dict[str, Any], apis: tuple[str, ...], message: str
+) -> None:
+    """The check fails the rendering and says what to install."""
+    with pytest.raises(chart.ChartError, match=message):
+        render({"prerequisites": {"check": "always"}} | values, api_versions=apis)
+
+
+@pytest.mark.parametrize(
+    ("values", "apis"),
+    [
+        ({"prerequisites": {"check": "always"}}, chart.DEV_API_VERSIONS),
+        ({"prerequisites": {"check": "always"}, "ray": {"enabled": False}},
+         ("kueue.x-k8s.io/v1beta2",)),
+        ({}, ()),
+        ({"prerequisites": {"check": "never"}}, ()),
+    ],
+    ids=["with Kueue and KubeRay", "without KubeRay when ray is off",
+         "offline in auto mode", "when the check is off"],
+)  # fmt: skip
+def test_the_prerequisite_check_passes_when_it_should(
+    values: dict[str, Any], apis: tuple[str, ...]
+) -> None:
+    """Present APIs, a Ray-less install, offline rendering and `never` all render."""
+    assert render(values, api_versions=apis)
+
+
+# ---------------------------------------------------------------------- RBAC
+def test_the_agent_may_not_patch_nodes_and_has_only_the_review_rights(
+    defaults: list[dict[str, Any]],
+) -> None:
+    """The agent's only binding is system:auth-delegator; no node write, no eviction."""
+    rules, bound = rules_of(defaults, "taugrid-agent")
+    assert {"system:auth-delegator"} == bound
+    for right in (
+        Right("", "nodes", "patch"),
+        Right("", "nodes/status", "patch"),
+        Right("", "nodes", "update"),
+        Right("", "pods/eviction", "create"),
+        Right("", "secrets", "get"),
+    ):
+        assert not allows(rules, right), right
+    assert allows(rules, Right("authentication.k8s.io", "tokenreviews", "create"))
+
+
+def test_an_agent_without_auth_has_no_binding_and_no_api_token() -> None:
+    """agent.auth.enabled=false: no binding at all and no automounted API token."""
+    docs = render({"agent": {"auth": {"enabled": False}}})
+    assert rules_of(docs, "taugrid-agent") == ([], set())
+    pod = one(docs, "DaemonSet")["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False
+    assert env_of(one(docs, "DaemonSet"))["TAUGRID_AGENT_AUTH_ENABLED"] == "false"
+
+
+CONTROLLER_RIGHTS = [
+    Right("", "nodes", "get"), Right("", "nodes", "list"), Right("", "nodes", "watch"),
+    Right("", "nodes", "patch"), Right("", "nodes/status", "patch"),
+    Right("", "pods/eviction", "create"), Right("", "pods", "list"), Right("", "pods/log", "get"),
+    Right("batch", "jobs", "create"), Right("batch", "jobs", "delete"),
+    Right("ray.io", "rayjobs", "create"), Right("ray.io", "rayjobs/status", "patch"),
+    Right("", "services", "create"), Right("", "secrets", "create"), Right("", "secrets", "patch"),
+    Right("", "configmaps", "create"), Right("", "configmaps", "patch"),
+    Right("events.k8s.io", "events", "create"), Right("events.k8s.io", "events", "patch"),
+    Right("coordination.k8s.io", "leases", "create"),
+    Right("coordination.k8s.io", "leases", "update", "taugrid-controller"),
+    Right("kueue.x-k8s.io", "workloads", "watch"),
+    Right("kueue.x-k8s.io", "workloads/status", "patch"),
+    Right("kueue.x-k8s.io", "admissionchecks", "list"),
+    Right("kueue.x-k8s.io", "admissionchecks/status", "patch"),
+    Right("kueue.x-k8s.io", "localqueues", "list"), Right("kueue.x-k8s.io", "clusterqueues", "get"),
+    Right("kueue.x-k8s.io", "resourceflavors", "list"),
+    Right("kueue.x-k8s.io", "workloadpriorityclasses", "get"),
+    Right("taugrid.dev", "tauruns", "create"), Right("taugrid.dev", "tauruns/status", "patch"),
+    Right("visibility.kueue.x-k8s.io", "clusterqueues/pendingworkloads", "get"),
+    Right("visibility.kueue.x-k8s.io", "localqueues/pendingworkloads", "get"),
+    Right("authentication.k8s.io", "tokenreviews", "create"),
+    Right("authorization.k8s.io", "subjectaccessreviews", "create"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("right", CONTROLLER_RIGHTS, ids=lambda r: f"{r.verb} {r.resource}")
+def test_the_controller_has_the_right(controller_rules: list[Any], right: Right) -> None:
+    """Each right the controller's work needs is granted."""
+    assert allows(controller_rules, right)
+
+
+@pytest.mark.parametrize(
+    "right",
+    [
+        Right("", "secrets", "get"), Right("", "secrets", "list"), Right("", "secrets", "watch"),
+        Right("", "pods", "create"),
+        Right("", "nodes", "delete"), Right("", "pods", "delete"), Right("", "namespaces", "get"),
+        Right("coordination.k8s.io", "leases", "update", "someone-elses-lease"),
+        Right("rbac.authorization.k8s.io", "clusterroles", "create"),
+        Right("kueue.x-k8s.io", "clusterqueues", "patch"),
+    ],
+    ids=lambda r: f"{r.verb} {r.resource} {r.name or ''}".strip(),
+)  # fmt: skip
+def test_the_controller_lacks_the_right(controller_rules: list[Any], right: Right) -> None:
+    """Rights the controller does not use are not granted (it never reads Secrets)."""
+    assert not allows(controller_rules, right)
+
+
+def test_without_ray_the_controller_gets_no_ray_rights() -> None:
+    """ray.enabled=false drops the ray.io rules."""
+    rules = rules_of(render({"ray": {"enabled": False}}), "taugrid-controller")[0]
+    assert not allows(rules, Right("ray.io", "rayjobs", "create"))
+    assert allows(rules, Right("batch", "jobs", "create"))
+
+
+# The API calls in controller/kube/*.py, keyed by (receiver attribute, method, custom-object
+# target), and the rights each needs (Kueue calls are read from their arguments instead). A
+# call missing here fails the test below: add it here and grant it in the chart's
+# templates/rbac-controller.yaml.
+TAURUN, RAYJOB = ("taugrid.dev", "tauruns"), ("ray.io", "rayjobs")
+CALL_RIGHTS: dict[tuple[str, str, str], tuple[Right, ...]] = {
+    ("_core", "list_node", ""): (Right("", "nodes", "list"), Right("", "nodes", "watch")),
+    ("_core", "patch_node", ""): (Right("", "nodes", "patch"),),
+    ("_core", "patch_node_status", ""): (Right("", "nodes/status", "patch"),),
+    ("_core", "list_pod_for_all_namespaces", ""): (Right("", "pods", "list"),),
+    ("_core", "list_namespaced_pod", ""): (Right("", "pods", "list"),),
+    ("_core", "create_namespaced_pod_eviction", ""): (Right("", "pods/eviction", "create"),),
+    ("_core", "read_namespaced_pod_log", ""): (Right("", "pods/log", "get"),),
+    ("_core", "create_namespaced_service", ""): (Right("", "services", "create"),),
+    ("_core", "delete_namespaced_service", ""): (Right("", "services", "delete"),),
+    ("_core", "create_namespaced_secret", ""): (Right("", "secrets", "create"),),
+    ("_core", "create_namespaced_config_map", ""): (Right("", "configmaps", "create"),),
+    ("_core", "patch_namespaced_config_map", ""): (Right("", "configmaps", "patch"),),
+    ("_core", "patch_namespaced_secret", ""): (Right("", "secrets", "patch"),),
+    ("_events", "create_namespaced_event", ""): (Right("events.k8s.io", "events", "create"),),
+    ("_batch", "create_namespaced_job", ""): (Right("batch", "jobs", "create"),),
+    ("_batch", "delete_namespaced_job", ""): (Right("batch", "jobs", "delete"),),
+    ("_batch", "list_job_for_all_namespaces", ""): (Right("batch", "jobs", "list"),),
+    ("_api", "read_namespaced_lease", ""): (
+        Right("coordination.k8s.io", "leases", "get", "taugrid-controller"),),
+    ("_api", "create_namespaced_lease", ""): (Right("coordination.k8s.io", "leases", "create"),),
+    ("_api", "replace_namespaced_lease", ""): (
+        Right("coordination.k8s.io", "leases", "update", "taugrid-controller"),),
+    ("_api", "patch_namespaced_lease", ""): (
+        Right("coordination.k8s.io", "leases", "patch", "taugrid-controller"),),
+    ("_authn", "create_token_review", ""): (
+        Right("authentication.k8s.io", "tokenreviews", "create"),),
+    ("_authz", "create_subject_access_review", ""): (
+        Right("authorization.k8s.io", "subjectaccessreviews", "create"),),
+    ("api", "call_api", ""): (
+        Right("visibility.kueue.x-k8s.io", "localqueues/pendingworkloads", "get"),),
+    ("_custom", "create_namespaced_custom_object", "TAURUN"): (Right(*TAURUN, "create"),),
+    ("_custom", "get_namespaced_custom_object", "TAURUN"): (Right(*TAURUN, "get"),),
+    ("_custom", "list_namespaced_custom_object", "TAURUN"): (Right(*TAURUN, "list"),),
+    ("_custom", "list_cluster_custom_object", "TAURUN"): (Right(*TAURUN, "list"),),
+    ("_custom", "patch_namespaced_custom_object", "TAURUN"): (Right(*TAURUN, "patch"),),
+    ("_custom", "patch_namespaced_custom_object_status", "TAURUN"): (
+        Right("taugrid.dev", "tauruns/status", "patch"),),
+    ("_custom", "create_namespaced_custom_object", "RAYJOB"): (Right(*RAYJOB, "create"),),
+    ("_custom", "delete_namespaced_custom_object", "RAYJOB"): (Right(*RAYJOB, "delete"),),
+    ("_custom", "list_cluster_custom_object", "RAYJOB"): (Right(*RAYJOB, "list"),),
+    ("_custom", "patch_namespaced_custom_object_status", "RAYJOB"): (
+        Right("ray.io", "rayjobs/status", "patch"),),
+}  # fmt: skip
+KUEUE_VERBS = {"get": "get", "list": "list", "create": "create", "patch": "patch",
+               "delete": "delete", "replace": "update"}  # fmt: skip
+"""The RBAC verb of a CustomObjectsApi method, by its first word (server-side apply is patch)."""
+
+
+class Call(NamedTuple):
+    """One API call in an adapter: `self.<receiver>.<method>(*<target>, …, "<plural>", …)`."""
+
+    receiver: str
+    method: str
+    target: str = ""
+    plural: str = ""
+
+
+def _custom_target(call: ast.Call) -> tuple[str, str]:
+    """The group constant a CustomObjectsApi call starts with (`*TAURUN[:2]` → TAURUN) and the
+    first string literal among its arguments (the plural of a Kueue call), if any."""
+    target = ""
+    if call.args and isinstance(call.args[0], ast.Starred):
+        node = call.args[0].value
+        if isinstance(node, ast.Subscript):
+            node = node.value
+        target = node.id if isinstance(node, ast.Name) else ""
+    literals = [
+        a.value for a in call.args if isinstance(a, ast.Constant) and isinstance(a.value, str)
+    ]
+    return target, (literals[0] if literals else "")
+
+
+def adapter_calls() -> Iterator[Call]:
+    """Every API call on `self.<api>` in controller/kube/*.py."""
+    for path in sorted((build.REPO / "controller" / "kube").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+                continue
+            receiver = node.func.value
+            if not (
+                isinstance(receiver, ast.Attribute)
+                and isinstance(receiver.value, ast.Name)
+                and receiver.value.id == "self"
+            ):
+                continue
+            if receiver.attr not in {
+                "_core",
+                "_events",
+                "_batch",
+                "_custom",
+                "_api",
+                "_authn",
+                "_authz",
+                "api",
+            }:
+                continue
+            if receiver.attr == "_custom":
+                yield Call(receiver.attr, node.func.attr, *_custom_target(node))
+            else:
+                yield Call(receiver.attr, node.func.attr)
+
+
+def kueue_plurals() -> set[str]:
+    """The Kueue plurals the controller lists (`store.list_kueue("workloads")` …)."""
+    text = "\n".join(p.read_text() for p in (build.REPO / "controller").glob("*.py"))
+    return set(re.findall(r"list_kueue\(\s*\"(\w+)\"", text))
+
+
+def kueue_rights(call: Call, plurals: set[str]) -> tuple[Right, ...]:
+    """The rights of a Kueue call: its verb on its literal plural, or on every plural the
+    callers pass when the plural is a variable (`list_kueue(plural)`)."""
+    verb = KUEUE_VERBS[call.method.split("_")[0]]
+    suffix = "/status" if call.method.endswith("_status") else ""
+    resources = {call.plural} if call.plural else (plurals if verb == "list" else set())
+    assert resources, f"cannot tell which Kueue resource {call} touches"
+    return tuple(Right("kueue.x-k8s.io", r + suffix, verb) for r in sorted(resources))
+
+
+def test_the_controller_is_granted_every_api_call_its_adapters_make(
+    controller_rules: list[Any],
+) -> None:
+    """Every call in controller/kube/*.py is known here and allowed by the chart's RBAC."""
+    calls = set(adapter_calls())
+    assert len(calls) > 20, "the adapter scan found too few calls; did the adapters move?"
+    plurals = kueue_plurals()
+    assert "workloads" in plurals
+    unknown = []
+    for call in sorted(calls):
+        if call.target == "KUEUE":
+            rights = kueue_rights(call, plurals)
+        elif call[:3] in CALL_RIGHTS:
+            rights = CALL_RIGHTS[call[:3]]
+        else:
+            unknown.append(call)
+            continue
+        for right in rights:
+            assert allows(controller_rules, right), f"{call} needs {right}"
+    assert unknown == [], "map these calls in CALL_RIGHTS and grant them in the chart"
+
+
+def test_the_lease_rights_name_the_configured_lease() -> None:
+    """controller.leaseName moves both the setting and the Role's resourceNames."""
+    docs = render({"controller": {"leaseName": "my-lease"}})
+    rules = rules_of(docs, "taugrid-controller")[0]
+    assert allows(rules, Right("coordination.k8s.io", "leases", "update", "my-lease"))
+    assert not allows(rules, Right("coordination.k8s.io", "leases", "update", "taugrid-controller"))
+    assert env_of(one(docs, "Deployment"))["TAUGRID_CONTROLLER_LEASE_NAME"] == "my-lease"
+
+
+# ---------------------------------------------------------------------- the agent DaemonSet
+def test_the_agent_tolerates_quarantine_and_runs_on_gpu_nodes(
+    defaults: list[dict[str, Any]],
+) -> None:
+    """A quarantined (tainted, cordoned) node keeps its agent; only GPU nodes get one."""
+    pod = one(defaults, "DaemonSet")["spec"]["template"]["spec"]
+    tolerations = {(t["key"], t.get("effect")) for t in pod["tolerations"]}
+    assert (TAINT_KEY, "NoSchedule") in tolerations
+    assert ("node.kubernetes.io/unschedulable", "NoSchedule") in tolerations
+    assert ("node.kubernetes.io/not-ready", "NoExecute") in tolerations
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+
+
+def test_the_agent_sends_a_projected_token_with_audience_taugrid(
+    defaults: list[dict[str, Any]],
+) -> None:
+    """The token volume has audience taugrid and lies where TAUGRID_AGENT_TOKEN_PATH says."""
+    ds = one(defaults, "DaemonSet")
+    volumes = {v["name"]: v for v in ds["spec"]["template"]["spec"]["volumes"]}
+    (source,) = volumes["taugrid-token"]["projected"]["sources"]
+    assert source["serviceAccountToken"]["audience"] == "taugrid"
+    mount = next(m for m in container(ds)["volumeMounts"] if m["name"] == "taugrid-token")
+    token_path = env_of(ds)["TAUGRID_AGENT_TOKEN_PATH"]
+    assert pathlib.PurePosixPath(mount["mountPath"], source["serviceAccountToken"]["path"]) == (
+        pathlib.PurePosixPath(token_path)
+    )
+
+
+def test_the_latched_fault_state_lives_on_a_host_path(defaults: list[dict[str, Any]]) -> None:
+    """TAUGRID_AGENT_STATE_PATH is inside a hostPath mount, so latches survive restarts."""
+    ds = one(defaults, "DaemonSet")
+    volumes = {v["name"]: v for v in ds["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["state"]["hostPath"]["path"] == "/var/lib/taugrid"
+    mount = next(m for m in container(ds)["volumeMounts"] if m["name"] == "state")
+    state = pathlib.PurePosixPath(env_of(ds)["TAUGRID_AGENT_STATE_PATH"])
+    assert state.parent == pathlib.PurePosixPath(mount["mountPath"])
+    assert not mount.get("readOnly", False)
+
+
+def test_the_agent_is_not_privileged_by_default_but_can_be() -> None:
+    """Default: NVIDIA toolkit env, CAP_SYSLOG and /dev/kmsg only; `privileged: true` on ask."""
+    ds = one(render(), "DaemonSet")
+    sc = container(ds)["securityContext"]
+    assert "privileged" not in sc
+    assert sc["capabilities"] == {"drop": ["ALL"], "add": ["SYSLOG"]}
+    assert sc["readOnlyRootFilesystem"] is True
+    assert env_of(ds)["NVIDIA_VISIBLE_DEVICES"] == "all"
+    assert env_of(ds)["NVIDIA_DRIVER_CAPABILITIES"] == "utility"
+    volumes = {v["name"]: v for v in ds["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["kmsg"]["hostPath"] == {"path": "/dev/kmsg", "type": "CharDevice"}
+    privileged = one(render({"agent": {"privileged": True}}), "DaemonSet")
+    assert container(privileged)["securityContext"]["privileged"] is True
+
+
+def test_the_agent_gets_only_the_ca_of_the_controllers_certificate(
+    defaults: list[dict[str, Any]],
+) -> None:
+    """The agents trust the controller's CA; the TLS private key is never mounted on a node."""
+    ds = one(defaults, "DaemonSet")
+    volumes = {v["name"]: v for v in ds["spec"]["template"]["spec"]["volumes"]}
+    secret = volumes["controller-ca"]["secret"]
+    assert secret["secretName"] == "taugrid-controller-tls"
+    assert secret["items"] == [{"key": "ca.crt", "path": "ca.crt"}]
+    assert env_of(ds)["TAUGRID_AGENT_CA_PATH"] == "/etc/taugrid/controller-ca/ca.crt"
+    url = "https://taugrid-controller.taugrid-system.svc.cluster.local:8080"
+    assert env_of(ds)["TAUGRID_AGENT_CONTROLLER_URL"] == url
+
+
+def test_the_dcgm_families_can_be_turned_off_where_dcgm_exporter_runs() -> None:
+    """agent.exportDcgmFamilies=false reaches TAUGRID_AGENT_EXPORT_DCGM_FAMILIES."""
+    ds = one(render({"agent": {"exportDcgmFamilies": False}}), "DaemonSet")
+    assert env_of(ds)["TAUGRID_AGENT_EXPORT_DCGM_FAMILIES"] == "false"
+
+
+# ---------------------------------------------------------------------- the controller
+def test_the_controller_runs_two_probed_replicas_over_https(
+    defaults: list[dict[str, Any]],
+) -> None:
+    """Two replicas spread by a preferred anti-affinity, probed on /healthz and /readyz."""
+    deploy = one(defaults, "Deployment")
+    pod = deploy["spec"]["template"]["spec"]
+    assert deploy["spec"]["replicas"] == 2
+    c = container(deploy)
+    assert (c["livenessProbe"]["httpGet"]["path"], c["readinessProbe"]["httpGet"]["path"]) == (
+        "/healthz",
+        "/readyz",
+    )
+    assert c["livenessProbe"]["httpGet"]["scheme"] == "HTTPS"
+    assert pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    env = env_of(deploy)
+    assert env["TAUGRID_CONTROLLER_TLS_CERT_FILE"] == "/etc/taugrid/tls/tls.crt"
+    assert "TAUGRID_CONTROLLER_ALLOW_INSECURE_HTTP" not in env
+
+
+def test_the_controller_runs_unprivileged(defaults: list[dict[str, Any]]) -> None:
+    """Non-root, read-only root filesystem, every capability dropped."""
+    deploy = one(defaults, "Deployment")
+    assert deploy["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
+    sc = container(deploy)["securityContext"]
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+
+
+def test_the_pdb_keeps_one_controller_replica(defaults: list[dict[str, Any]]) -> None:
+    """The PodDisruptionBudget selects the controller pods and keeps at least one."""
+    pdb = one(defaults, "PodDisruptionBudget")
+    labels = one(defaults, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert pdb["spec"]["minAvailable"] == 1
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items()
+
+
+def test_the_controller_knows_the_names_this_release_gives_things() -> None:
+    """Namespace, agent ServiceAccount, AdmissionCheck and priority class reach the settings."""
+    docs = render({
+        "fullnameOverride": "tg2",
+        "admissionCheck": {"name": "tg2-gpu-health"},
+        "resumePriorityClass": {"name": "tg2-resume"},
+        "controller": {"dryRun": True, "managedNodeSelector": "pool=a"},
+    })  # fmt: skip
+    env = env_of(one(docs, "Deployment"))
+    assert env["TAUGRID_CONTROLLER_NAMESPACE"] == NAMESPACE
+    assert env["TAUGRID_CONTROLLER_AGENT_SERVICE_ACCOUNT"] == "tg2-agent"
+    assert env["TAUGRID_CONTROLLER_ADMISSION_CHECK"] == "tg2-gpu-health"
+    assert env["TAUGRID_CONTROLLER_RESUME_PRIORITY_CLASS"] == "tg2-resume"
+    assert env["TAUGRID_CONTROLLER_DRY_RUN"] == "true"
+    assert env["TAUGRID_CONTROLLER_NODE_SELECTOR"] == "pool=a"
+    one(docs, "ServiceAccount", "tg2-agent")
+
+
+@pytest.mark.parametrize(
+    ("kind", "settings_class", "prefix"),
+    [
+        ("Deployment", controller_settings.ControllerSettings, "TAUGRID_CONTROLLER_"),
+        ("DaemonSet", agent_settings.Settings, "TAUGRID_AGENT_"),
+    ],
+    ids=["controller", "agent"],
+)
+def test_every_rendered_setting_exists_and_parses(
+    everything: list[dict[str, Any]],
+    monkeypatch: pytest.MonkeyPatch,
+    kind: str,
+    settings_class: type[Any],
+    prefix: str,
+) -> None:
+    """Each TAUGRID_* variable names a real setting, and the process would accept its value."""
+    env = {k: v for k, v in env_of(one(everything, kind)).items() if k.startswith(prefix)}
+    names = {k.removeprefix(prefix).lower() for k in env}
+    assert names - set(settings_class.model_fields) == set()
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    settings_class()  # raises pydantic.ValidationError on a value the process would refuse
+
+
+def test_extra_settings_become_environment_variables() -> None:
+    """extraSettings: snake_case names → TAUGRID_* variables; maps are JSON."""
+    docs = render({
+        "controller": {"extraSettings": {"pass_interval_s": 0.5,
+                                         "run_pod_annotations": {"a": "b"}}},
+        "agent": {"extraSettings": {"gauge_interval_s": 2}},
+    })  # fmt: skip
+    controller_env = env_of(one(docs, "Deployment"))
+    assert controller_env["TAUGRID_CONTROLLER_PASS_INTERVAL_S"] == "0.5"
+    assert controller_env["TAUGRID_CONTROLLER_RUN_POD_ANNOTATIONS"] == '{"a":"b"}'
+    assert env_of(one(docs, "DaemonSet"))["TAUGRID_AGENT_GAUGE_INTERVAL_S"] == "2"
+
+
+def test_without_tls_the_controller_serves_plain_http_on_purpose() -> None:
+    """tls.enabled=false: no certificate mount, insecure HTTP allowed, http:// URLs."""
+    docs = render({"tls": {"enabled": False}})
+    env = env_of(one(docs, "Deployment"))
+    assert env["TAUGRID_CONTROLLER_ALLOW_INSECURE_HTTP"] == "true"
+    assert "TAUGRID_CONTROLLER_TLS_CERT_FILE" not in env
+    assert env_of(one(docs, "DaemonSet"))["TAUGRID_AGENT_CONTROLLER_URL"].startswith("http://")
+    assert container(one(docs, "Deployment"))["livenessProbe"]["httpGet"]["scheme"] == "HTTP"
+
+
+def test_cert_manager_issues_the_secret_the_controller_mounts(
+    everything: list[dict[str, Any]],
+) -> None:
+    """The serving Certificate writes the Secret the Deployment mounts, for the Service name."""
+    cert = one(everything, "Certificate", "taugrid-controller")
+    assert cert["spec"]["secretName"] == "taugrid-controller-tls"
+    assert "taugrid-controller.taugrid-system.svc" in cert["spec"]["dnsNames"]
+    volumes = one(everything, "Deployment")["spec"]["template"]["spec"]["volumes"]
+    assert {"taugrid-controller-tls"} == {
+        v["secret"]["secretName"] for v in volumes if "secret" in v
+    }
+
+
+# ---------------------------------------------------------------------- Kueue objects, names
+def test_the_admission_check_and_priority_class_are_kueue_v1beta2(
+    defaults: list[dict[str, Any]],
+) -> None:
+    """AdmissionCheck taugrid-gpu-health for taugrid.dev/gpu-health; taugrid-resume value 1."""
+    check = one(defaults, "AdmissionCheck", "taugrid-gpu-health")
+    assert check["apiVersion"] == "kueue.x-k8s.io/v1beta2"
+    assert check["spec"] == {"controllerName": "taugrid.dev/gpu-health"}
+    wpc = one(defaults, "WorkloadPriorityClass", "taugrid-resume")
+    assert (wpc["apiVersion"], wpc["value"]) == ("kueue.x-k8s.io/v1beta2", 1)
+
+
+@pytest.mark.parametrize(
+    ("use", "expected"),
+    [(True, [{"name": "taugrid-gpu-health"}]), (False, None)],
+    ids=["by default", "when off"],
+)
+def test_the_cluster_queue_references_the_admission_check(
+    use: bool, expected: list[dict[str, str]] | None
+) -> None:
+    """queues.clusterQueue.useAdmissionCheck decides admissionChecksStrategy."""
+    docs = render({"queues": {"enabled": True, "clusterQueue": {"useAdmissionCheck": use}}})
+    spec = one(docs, "ClusterQueue")["spec"]
+    assert spec.get("admissionChecksStrategy", {}).get("admissionChecks") == expected
+    assert one(docs, "LocalQueue")["spec"]["clusterQueue"] == "taugrid"
+
+
+def test_the_cluster_scoped_objects_can_all_be_skipped() -> None:
+    """Toggles skip the AdmissionCheck, the priority class and the queues."""
+    docs = render({"admissionCheck": {"create": False}, "resumePriorityClass": {"create": False}})
+    kinds = {d["kind"] for d in docs}
+    assert not kinds & {
+        "AdmissionCheck",
+        "WorkloadPriorityClass",
+        "ClusterQueue",
+        "ResourceFlavor",
+        "LocalQueue",
+    }
+
+
+def cluster_scoped_names(docs: list[dict[str, Any]]) -> set[tuple[str, str]]:
+    """(kind, name) of every object without a namespace."""
+    return {(d["kind"], d["metadata"]["name"]) for d in docs if "namespace" not in d["metadata"]}
+
+
+def test_a_second_release_shares_no_cluster_scoped_name_with_the_first() -> None:
+    """Two releases with different names (and their own check, class and queue names) can be
+    installed side by side."""
+
+    def release(name: str) -> list[dict[str, Any]]:
+        return render(
+            {
+                "admissionCheck": {"name": f"{name}-gpu-health"},
+                "resumePriorityClass": {"name": f"{name}-resume"},
+                "queues": {
+                    "enabled": True,
+                    "resourceFlavor": {"name": f"{name}-gpu"},
+                    "clusterQueue": {"name": name},
+                },
+            },
+            release=name,
+            namespace=name,
+        )
+
+    first, second = cluster_scoped_names(release("taugrid")), cluster_scoped_names(release("tg2"))
+    assert len(first) >= 7
+    assert first & second == set()
+
+
+# ---------------------------------------------------------------------- optional files
+@pytest.fixture
+def chart_copy(tmp_path: pathlib.Path) -> pathlib.Path:
+    """A copy of the chart without files/, so each test decides what files/ holds."""
+    dest = tmp_path / "taugrid"
+    shutil.copytree(chart.CHART_DIR, dest, ignore=shutil.ignore_patterns("files"))
+    return dest
+
+
+MONITORING = {"prometheusRule": {"enabled": True}, "grafanaDashboard": {"enabled": True}}
+ALERT = {"alert": "A", "expr": "up == 0", "annotations": {"summary": "{{ $labels.node }}"}}
+RULES = {"groups": [{"name": "g", "rules": [ALERT]}]}
+
+
+def test_the_monitoring_templates_render_nothing_before_their_files_exist(
+    chart_copy: pathlib.Path,
+) -> None:
+    """Without files/alerts.yaml and files/dashboard.json the chart still renders."""
+    docs = chart.template(MONITORING, chart_dir=chart_copy, api_versions=EVERY_API)
+    assert not {"PrometheusRule", "ConfigMap"} & {d["kind"] for d in docs}
+
+
+@pytest.mark.parametrize(
+    "alerts",
+    [RULES, {"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule", "spec": RULES}],
+    ids=["as a rule file", "as a PrometheusRule"],
+)
+def test_the_monitoring_templates_load_their_files_verbatim(
+    chart_copy: pathlib.Path, alerts: dict[str, Any]
+) -> None:
+    """The rules become the PrometheusRule's spec untouched (Prometheus templates included);
+    the dashboard JSON becomes the ConfigMap's data."""
+    (chart_copy / "files").mkdir()
+    (chart_copy / "files" / "alerts.yaml").write_text(yaml.safe_dump(alerts))
+    (chart_copy / "files" / "dashboard.json").write_text('{"title": "TauGrid"}')
+    docs = chart.template(MONITORING, chart_dir=chart_copy, api_versions=EVERY_API)
+    assert one(docs, "PrometheusRule")["spec"] == RULES
+    assert one(docs, "ConfigMap")["data"] == {"taugrid.json": '{"title": "TauGrid"}'}
+    without_api = chart.template(MONITORING, chart_dir=chart_copy)
+    assert not objects(without_api, "PrometheusRule")
+
+
+def test_service_monitors_need_the_prometheus_operator() -> None:
+    """serviceMonitor.enabled renders nothing on a cluster without monitoring.coreos.com/v1."""
+    assert not objects(render({"serviceMonitor": {"enabled": True}}), "ServiceMonitor")
+
+
+# ---------------------------------------------------------------------- documentation
+def value_paths(tree: dict[str, Any], prefix: str = "") -> Iterator[str]:
+    """Dotted paths of every leaf of values.yaml (an empty map is a leaf)."""
+    for key, value in tree.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            yield from value_paths(value, f"{path}.")
+        else:
+            yield path
+
+
+def test_the_readme_documents_every_value() -> None:
+    """Each value in values.yaml has a row in the README's table, and each row is a value
+    (a free-form map such as a nodeSelector is documented as one row)."""
+    values = yaml.safe_load((chart.CHART_DIR / "values.yaml").read_text())
+    readme = (chart.CHART_DIR / "README.md").read_text()
+    documented = set(re.findall(r"^\| `([A-Za-z0-9_.]+)` \|", readme, flags=re.MULTILINE))
+    leaves = set(value_paths(values))
+    undocumented = {
+        p for p in leaves if not any(p == d or p.startswith(f"{d}.") for d in documented)
+    }
+    assert undocumented == set()
+    unknown = {d for d in documented if not any(p == d or p.startswith(f"{d}.") for p in leaves)}
+    assert unknown == set()
