@@ -20,6 +20,19 @@ check_prerequisites() {
   need openssl "openssl (Debian: apt-get install openssl)"
 }
 
+browser_prereq() {
+  # tests/e2e/test_web.py drives Debian's headless Chromium; CI machines start without it.
+  [ -x /usr/bin/chromium ] && return 0
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "[setup] installing chromium and chromium-driver (the web page's test)"
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver
+  else
+    echo "warning: /usr/bin/chromium not found: install chromium and chromium-driver" \
+      "(Debian: sudo apt-get install chromium chromium-driver); the web page test skips (fails under CI)" >&2
+  fi
+}
+
 python_env() {
   # uv installs the locked dependency set (uv.lock) into .venv; CI never drifts.
   if ! command -v uv >/dev/null 2>&1 || [ "$(uv --version | cut -d' ' -f2)" != "$UV_VERSION" ]; then
