@@ -9,11 +9,14 @@ API server.
 from __future__ import annotations
 
 import hashlib
+import os
+import pathlib
 import time
 
 from kubernetes_asyncio import client, config
 
 from agent import auth
+from shared import kubetoken
 
 _CACHE_S = 60.0
 
@@ -29,11 +32,16 @@ class KubernetesAuthenticator:
     @classmethod
     async def in_cluster(cls, *, audience: str = "") -> KubernetesAuthenticator:
         """Build one from the pod's ServiceAccount (or the local kubeconfig outside a pod)."""
+        cfg = client.Configuration()
         try:
-            config.load_incluster_config()
+            config.load_incluster_config(client_configuration=cfg)
         except config.ConfigException:
-            await config.load_kube_config()
-        return cls(client.ApiClient(), audience=audience)
+            path = os.environ.get("KUBECONFIG", "").split(os.pathsep)[0]
+            await config.load_kube_config(config_file=path or None, client_configuration=cfg)
+            rotated = kubetoken.token_file(pathlib.Path(path)) if path else None
+            if rotated is not None:  # a token renewed on disk before it expires
+                cfg.refresh_api_key_hook = kubetoken.refresh_hook(rotated)
+        return cls(client.ApiClient(cfg), audience=audience)
 
     async def close(self) -> None:
         """Close the API client."""

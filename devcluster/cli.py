@@ -1,4 +1,6 @@
-"""`taugrid dev build | up | down | status | inject`: the local, real control plane."""
+"""`taugrid dev build | up | down | status | inject`: the local, real control plane.
+
+(`taugrid dev renew-tokens` is what `up` runs to keep its host processes' tokens fresh.)"""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ import pathlib
 import sys
 from collections.abc import Sequence
 
-from devcluster import build, cluster, stack
+from devcluster import build, cluster, stack, tokens
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -40,6 +42,11 @@ def _parser() -> argparse.ArgumentParser:
     what.add_argument("--nvlink-down", type=int, metavar="LINK", help="take an NVLink down")
     what.add_argument("--clear", action="store_true", help="back to the scenario's defaults")
 
+    renew = sub.add_parser(
+        "renew-tokens", help="keep the host processes' pod-bound tokens fresh (run by `up`)"
+    )
+    renew.add_argument("nodes", nargs="+", help="the fake GPU nodes whose agents run")
+
     sub.add_parser("down", help="stop every process `up` started")
     st = sub.add_parser("status", help="report each component's health")
     st.add_argument("--json", action="store_true", help="print JSON")
@@ -70,6 +77,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(_welcome(c, bin_dir))
             else:
                 print(cluster.summary(c))
+            return 0
+        if args.command == "renew-tokens":
+            tokens.renew_forever(c, build.built_dir() / "bin", stack.NAMESPACE, stack.RELEASE,
+                                 args.nodes)  # fmt: skip
             return 0
         if args.command == "inject":
             line = stack.inject(c, args.node, args.gpu, *_inject_command(args))

@@ -575,50 +575,40 @@ def fake_gpu_node(name: str, gpus: int = 8, labels: dict[str, str] | None = None
 
 
 ADMISSION_CHECK = "taugrid-gpu-health"
+"""TauGrid's AdmissionCheck on the dev cluster (made by the chart)."""
 RESUME_PRIORITY_CLASS = "taugrid-resume"
+"""The WorkloadPriorityClass of resumed attempts (made by the chart)."""
+HELM_RELEASE = ("taugrid", "taugrid-system")
+"""(release, namespace) of TauGrid's chart on the dev cluster, which adopts the queues."""
 
 
-def default_queues(
-    nodes: int, namespace: str = "default", *, gated: bool = False
-) -> list[dict[str, Any]]:
-    """The ResourceFlavor, ClusterQueue and LocalQueue of the dev cluster. `gated`: the
-    ClusterQueue waits on TauGrid's AdmissionCheck (only while TauGrid's controller runs,
-    since Kueue stops a ClusterQueue whose check is not Active)."""
-    cq = _dev_cluster_queue(nodes)
-    if gated:
-        cq["spec"]["admissionChecksStrategy"] = {"admissionChecks": [{"name": ADMISSION_CHECK}]}
+def default_queues(nodes: int, namespace: str = "default") -> list[dict[str, Any]]:
+    """The ResourceFlavor, ClusterQueue and LocalQueue of the dev cluster.
+
+    They exist from the start (so `up --no-taugrid` has queues), labelled for TauGrid's Helm
+    release, which takes them over when `up` installs the chart: the chart's ClusterQueue then
+    waits on TauGrid's AdmissionCheck, which only works while TauGrid's controller runs.
+    """
+    helm = {
+        "labels": {"app.kubernetes.io/managed-by": "Helm"},
+        "annotations": {
+            "meta.helm.sh/release-name": HELM_RELEASE[0],
+            "meta.helm.sh/release-namespace": HELM_RELEASE[1],
+        },
+    }
     return [
         {
             "apiVersion": "kueue.x-k8s.io/v1beta2",
             "kind": "ResourceFlavor",
-            "metadata": {"name": FLAVOR},
+            "metadata": {"name": FLAVOR, **helm},
             "spec": {"nodeLabels": {"nvidia.com/gpu.product": GPU_PRODUCT}},
         },
-        cq,
+        {**_dev_cluster_queue(nodes), "metadata": {"name": CLUSTER_QUEUE, **helm}},
         {
             "apiVersion": "kueue.x-k8s.io/v1beta2",
             "kind": "LocalQueue",
-            "metadata": {"name": LOCAL_QUEUE, "namespace": namespace},
+            "metadata": {"name": LOCAL_QUEUE, "namespace": namespace, **helm},
             "spec": {"clusterQueue": CLUSTER_QUEUE},
-        },
-    ]
-
-
-def taugrid_kueue_objects() -> list[dict[str, Any]]:
-    """What TauGrid adds to Kueue: its AdmissionCheck and the resume priority class."""
-    return [
-        {
-            "apiVersion": "kueue.x-k8s.io/v1beta2",
-            "kind": "AdmissionCheck",
-            "metadata": {"name": ADMISSION_CHECK},
-            "spec": {"controllerName": "taugrid.dev/gpu-health"},
-        },
-        {
-            "apiVersion": "kueue.x-k8s.io/v1beta2",
-            "kind": "WorkloadPriorityClass",
-            "metadata": {"name": RESUME_PRIORITY_CLASS},
-            "value": 1,
-            "description": "attempts resumed after a node failure keep their place in line",
         },
     ]
 

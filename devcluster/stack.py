@@ -18,14 +18,14 @@ import sys
 import time
 from typing import Any
 
-from devcluster import cluster, fakenvml, processes
+from devcluster import chart, cluster, fakenvml, processes, tokens
 
 NAMESPACE = "taugrid-system"
 AGENT_SA = "taugrid-agent"
 CONTROLLER_PORT = 8080
 AGENT_PORT_BASE = 9400
 AGENT_TOKEN_SECONDS = 24 * 3600
-"""Agent tokens last a day on the dev cluster; `taugrid dev up` issues fresh ones each time."""
+"""Tokens of the agents tests and benches start (`bound_token`) last a day."""
 RESEARCHER_SA = "researcher"
 ONCALL_SA = "oncall"
 """An on-call identity of the dev cluster: may get, list and patch nodes (quarantine by hand)."""
@@ -39,9 +39,7 @@ def controller_url() -> str:
     return f"http://127.0.0.1:{CONTROLLER_PORT}"
 
 
-def agent_dir(c: cluster.Cluster, node: str) -> pathlib.Path:
-    """Per-node state of a host-process agent: token, boot ID, latched faults, NVML socket."""
-    return c.state / "agents" / node
+agent_dir = tokens.agent_dir
 
 
 def nvml_socket(c: cluster.Cluster, node: str) -> pathlib.Path:
@@ -52,8 +50,6 @@ def nvml_socket(c: cluster.Cluster, node: str) -> pathlib.Path:
 def _bootstrap_objects() -> list[dict[str, Any]]:
     return [
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}},
-        {"apiVersion": "v1", "kind": "ServiceAccount",
-         "metadata": {"name": AGENT_SA, "namespace": NAMESPACE}},
         {"apiVersion": "v1", "kind": "ServiceAccount",
          "metadata": {"name": RESEARCHER_SA, "namespace": "default"}},
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
@@ -165,15 +161,17 @@ def agent_env(
     node: str,
     port: int,
     controller: str,
-    token: str,
+    token: str | None,
     state_dir: pathlib.Path,
     lib_dir: pathlib.Path,
 ) -> dict[str, str]:
-    """Environment of a host-process agent for one fake node (token written to state_dir)."""
+    """Environment of a host-process agent for one fake node (a given token is written to
+    state_dir; None leaves the token the renewer keeps there)."""
     state_dir.mkdir(parents=True, exist_ok=True)
     sock = state_dir / "nvml.sock"
     sock.unlink(missing_ok=True)
-    (state_dir / "token").write_text(token)
+    if token is not None:
+        (state_dir / "token").write_text(token)
     boot = state_dir / "boot_id"
     if not boot.exists():
         boot.write_text(secrets.token_hex(16) + "\n")
@@ -197,41 +195,92 @@ def agent_env(
     }
 
 
+RELEASE = "taugrid"
+"""The dev cluster's Helm release of TauGrid (in NAMESPACE)."""
+
+
+def chart_values(nodes: int) -> dict[str, Any]:
+    """The chart's values on the dev cluster: everything but the processes is the chart's.
+
+    KWOK "runs" the controller Deployment's and the agent DaemonSet's pods on the dev fleet's
+    nodes; the processes that stand in for them run on the host, with tokens bound to those
+    pods. The dev queues are the chart's optional queues, gated by its AdmissionCheck.
+    """
+    dev_fleet = dict([DEV_FLEET_SELECTOR.split("=", 1)])
+    quota = {"cpu": str(96 * nodes), "memory": f"{nodes}Ti", "nvidia.com/gpu": str(8 * nodes)}
+    return {
+        "fullnameOverride": RELEASE,
+        "tls": {"enabled": False},
+        "controller": {"nodeSelector": dev_fleet, "managedNodeSelector": DEV_FLEET_SELECTOR},
+        "agent": {"nodeSelector": dev_fleet, "controllerUrl": controller_url()},
+        "admissionCheck": {"name": cluster.ADMISSION_CHECK},
+        "resumePriorityClass": {"name": cluster.RESUME_PRIORITY_CLASS},
+        "queues": {
+            "enabled": True,
+            "resourceFlavor": {"name": cluster.FLAVOR,
+                               "nodeLabels": {"nvidia.com/gpu.product": cluster.GPU_PRODUCT}},
+            "clusterQueue": {"name": cluster.CLUSTER_QUEUE, "nominalQuota": quota,
+                             "useAdmissionCheck": True},
+            "localQueue": {"name": cluster.LOCAL_QUEUE, "namespaces": ["default"]},
+        },
+    }  # fmt: skip
+
+
+ADOPTED_KINDS = frozenset(
+    {"ServiceAccount", "AdmissionCheck", "WorkloadPriorityClass", "ResourceFlavor",
+     "ClusterQueue", "LocalQueue"}
+)  # fmt: skip
+"""Kinds of chart objects an earlier `dev up` (or `up --no-taugrid`) may have made by hand."""
+
+
+def _adopt(c: cluster.Cluster, bin_dir: pathlib.Path, values: dict[str, Any]) -> None:
+    """Make objects an earlier `dev up` made with kubectl exactly what the chart renders,
+    marked as the release's, before installing it. Helm takes over an existing object only
+    when it carries the release's marks, and it never corrects one it takes over (it diffs
+    manifests, not the live object), so the live object must already be right. The agent
+    pods an earlier `dev up` ran by hand go: the DaemonSet runs them now."""
+    marks = {"meta.helm.sh/release-name": RELEASE, "meta.helm.sh/release-namespace": NAMESPACE}
+    docs = []
+    for doc in chart.template(values, release=RELEASE, namespace=NAMESPACE, bin_dir=bin_dir):
+        if doc.get("kind") in ADOPTED_KINDS:
+            meta = doc.setdefault("metadata", {})
+            meta["annotations"] = {**meta.get("annotations", {}), **marks}
+            docs.append(doc)
+    c.apply(bin_dir, [d for d in docs if d["kind"] != "ClusterQueue"])
+    c.apply(bin_dir, [d for d in docs if d["kind"] == "ClusterQueue"])
+    c.kubectl(bin_dir, "-n", NAMESPACE, "delete", "pod", "--ignore-not-found", "--wait=false",
+              "-l", "app.kubernetes.io/name=taugrid-agent")  # fmt: skip
+
+
 def start(c: cluster.Cluster, bin_dir: pathlib.Path, nodes: list[str]) -> None:
-    """Start the controller and one agent per node, each recorded by PID."""
+    """Install the chart, then start the controller, one agent per node and the token
+    renewer, each recorded by PID."""
     c.apply(bin_dir, _bootstrap_objects())
-    # TauGrid's AdmissionCheck, then the dev ClusterQueue waiting on it (the controller
-    # started below makes the check Active; until then Kueue holds the queue).
-    c.apply(bin_dir, cluster.taugrid_kueue_objects())
-    c.apply(bin_dir, [q for q in cluster.default_queues(len(nodes), gated=True)
-                      if q["kind"] == "ClusterQueue"])  # fmt: skip
-    c.apply(bin_dir, [agent_pod(n) for n in nodes])
-    lib_dir = fakenvml.build()
+    values = chart_values(len(nodes))
+    _adopt(c, bin_dir, values)
+    chart.install(c.kubeconfig, RELEASE, NAMESPACE, values, create_namespace=True,
+                  bin_dir=bin_dir)  # fmt: skip
+    tokens.issue(c, bin_dir, NAMESPACE, RELEASE, nodes)
     c.table.start(
-        "controller",
-        _python_entry("controller"),
-        env=controller_env(
-            c,
-            port=CONTROLLER_PORT,
-            namespace=NAMESPACE,
-            identity="dev-controller-0",
-            node_selector=DEV_FLEET_SELECTOR,
-        ),
+        "token-renewer",
+        [sys.executable, "-m", "devcluster.cli", "dev", "renew-tokens", *nodes],
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
+    lib_dir = fakenvml.build()
+    env = controller_env(
+        c, port=CONTROLLER_PORT, namespace=NAMESPACE, identity="dev-controller-0",
+        node_selector=DEV_FLEET_SELECTOR,
+    )  # fmt: skip
+    kubeconfig = str(tokens.controller_dir(c) / "kubeconfig")
+    env.update(KUBECONFIG=kubeconfig, TAUGRID_CONTROLLER_KUBECONFIG=kubeconfig)
+    c.table.start("controller", _python_entry("controller"), env=env)
     for i, node in enumerate(nodes):
-        c.table.start(
-            f"agent-{node}",
-            _python_entry("agent"),
-            env=agent_env(
-                c,
-                node=node,
-                port=AGENT_PORT_BASE + i,
-                controller=controller_url(),
-                token=bound_token(c, bin_dir, node),
-                state_dir=agent_dir(c, node),
-                lib_dir=lib_dir,
-            ),
-        )
+        env = agent_env(
+            c, node=node, port=AGENT_PORT_BASE + i, controller=controller_url(), token=None,
+            state_dir=agent_dir(c, node), lib_dir=lib_dir,
+        )  # fmt: skip
+        env["KUBECONFIG"] = str(agent_dir(c, node) / "kubeconfig")
+        c.table.start(f"agent-{node}", _python_entry("agent"), env=env)
     wait_http(c, "controller", f"{controller_url()}/readyz")
     for i, node in enumerate(nodes):
         wait_http(c, f"agent-{node}", f"http://127.0.0.1:{AGENT_PORT_BASE + i}/healthz")

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import pathlib
+
 from kubernetes_asyncio import client, config
+
+from shared import kubetoken
 
 
 class KubeError(Exception):
@@ -14,6 +18,9 @@ async def make_client(kubeconfig: str = "", *, qps_pool: int = 64) -> client.Api
     cfg = client.Configuration()
     if kubeconfig:
         await config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+        rotated = kubetoken.token_file(pathlib.Path(kubeconfig))
+        if rotated is not None:  # a token renewed on disk before it expires
+            cfg.refresh_api_key_hook = kubetoken.refresh_hook(rotated)
     else:
         config.load_incluster_config(client_configuration=cfg)
     cfg.connection_pool_maxsize = qps_pool
