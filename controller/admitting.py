@@ -76,7 +76,8 @@ class Gate:
         self._wake.set()
 
     def message_for(self, namespace: str, workload: str) -> str | None:
-        """The last message this leader wrote on the Workload's check (None: none yet).
+        """Why the check holds the Workload back: the last Retry or Pending message this
+        leader wrote on it (None when it has none, or when it last said Ready).
 
         It outlives Kueue's reset of the check to Pending after a Retry, so the run
         reconciler can say why a run waits.
@@ -186,7 +187,10 @@ class Gate:
             self.poke()  # changed since we read it (or gone): the next pass decides again
             return
         key = (w.namespace, w.name)
-        self._messages[key] = decision.message
+        if decision.state == gating.CheckState.READY:
+            self._messages.pop(key, None)  # a Ready check holds nothing back
+        else:
+            self._messages[key] = decision.message
         self.metrics.admission_decisions.labels(str(decision.state)).inc()
         log.info("admission decision", workload=f"{w.namespace}/{w.name}", check=self.check,
                  state=str(decision.state), reason=decision.message, run=w.run or None,

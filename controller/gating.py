@@ -33,6 +33,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from controller import nodes as node_marks
+from controller.runs import parse_time
 from shared import spec as specs
 
 CONTROLLER_NAME = "taugrid.dev/gpu-health"
@@ -475,17 +476,6 @@ class Workload:
         ours = self.check(check)
         passed = self.admitted or (ours is not None and ours.state == CheckState.READY)
         return passed and self.quota_reserved and not self.finished and not self.evicted
-
-
-def parse_time(value: object) -> dt.datetime | None:
-    """Parse a Kubernetes timestamp; None for anything else."""
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        parsed = dt.datetime.fromisoformat(value)
-    except ValueError:
-        return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)
 
 
 def iso(value: dt.datetime) -> str:
