@@ -21,6 +21,7 @@ import pathlib
 import re
 import secrets
 import socket
+import ssl
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -566,8 +567,9 @@ def _runtime(
     settings: ControllerSettings, reviewer: auth.Reviewer | None
 ) -> Callable[[web.Application], AsyncIterator[None]]:
     async def ctx(app: web.Application) -> AsyncIterator[None]:
+        peer_ssl = peer_ssl_context(settings)  # first: a bad CA file fails before any client
         api = await kube_client.make_client(settings.kubeconfig)
-        http = aiohttp.ClientSession()
+        http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=peer_ssl))
         m = metrics.make_metrics()
         authn = auth.Authenticator(
             reviewer or reviews.KubeReviewer(api),
@@ -646,9 +648,42 @@ def _runtime(
     return ctx
 
 
+def peer_ssl_context(settings: ControllerSettings) -> ssl.SSLContext:
+    """Build the client context for calls to other replicas: the system store plus
+    `tls_ca_file`, so a follower verifies the leader's certificate (issued by a private CA,
+    for the name in its advertised URL) instead of failing or trusting anything."""
+    context = ssl.create_default_context()
+    if settings.tls_ca_file:
+        context.load_verify_locations(cafile=settings.tls_ca_file)
+    return context
+
+
+def read_run_ca(settings: ControllerSettings) -> str:
+    """Read the PEM bundle run pods trust (`run_ca_file`, else `tls_ca_file`) once, at
+    startup; '' when neither is set. A file that holds no certificate fails here, not in
+    every run pod."""
+    path = settings.run_ca_file or settings.tls_ca_file
+    if not path:
+        return ""
+    pem = pathlib.Path(path).read_text(encoding="ascii")
+    ssl.create_default_context(cadata=pem)  # raises ssl.SSLError on anything but certificates
+    return pem
+
+
+def pod_dns_name(pod_ip: str, domain: str) -> str:
+    """Return the name DNS serves for `pod_ip` as an endpoint of the headless Service whose
+    domain is `domain` (`10.1.2.3` -> `10-1-2-3.<domain>`). A Deployment's pods get no
+    `<pod name>.<service>` record (that takes `spec.hostname`, one value for all replicas),
+    so this is the per-pod name a wildcard certificate for `*.<domain>` can cover."""
+    return f"{pod_ip.replace('.', '-').replace(':', '-')}.{domain}"
+
+
 def _default_url(settings: ControllerSettings, app: web.Application) -> str:
     scheme = "https" if settings.tls_cert_file else "http"
-    host = os.environ.get("POD_IP") or settings.host
+    pod_ip = os.environ.get("POD_IP", "")
+    host = pod_ip or settings.host
     if host in ("0.0.0.0", "", "::"):  # noqa: S104
         host = "127.0.0.1"
+    if pod_ip and settings.advertise_domain:
+        host = pod_dns_name(pod_ip, settings.advertise_domain)
     return f"{scheme}://{host}:{settings.port}"

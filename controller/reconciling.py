@@ -202,11 +202,8 @@ class Reconciler:
         """Accept a checkpoint report from the run's current attempt: keep it in the status
         (newest `checkpoints_kept`) and rewrite the per-run ConfigMap its pods read as a file.
         Raise RunNotFoundError, or checkpoints.FencedError for a stale or unknown attempt."""
-        key = (namespace, name)
-        async with self._lock(key):
-            item = await self.store.get_run(namespace, name)
-            if item is None or not self.manages(item):
-                raise RunNotFoundError(name)
+        async with self._lock((namespace, name)):
+            item = await self._managed_run(namespace, name)
             old = item.get("status") or {}
             checkpoints.fence(report, int(old.get("currentAttempt") or 0))
             entry = checkpoints.record(report, self._clock())
@@ -217,9 +214,13 @@ class Reconciler:
             await self._write(item, old, status)
             self.elector.ensure_leader()
             body = rendering.render_checkpoint_configmap(
-                _run_ref(item), rendering.checkpoint_configmap_name(name), ""
+                _run_ref(item),
+                rendering.checkpoint_configmap_name(name),
+                "",
+                ca_pem=self.render.ca_pem,
             )
-            body["data"] = checkpoints.configmap_data(entry)
+            # The CA rides along: the merge patch keeps it, and a re-created map regains it.
+            body["data"].update(checkpoints.configmap_data(entry))
             await self.store.write_configmap(body)
         self.metrics.checkpoints.inc()
         log.info("checkpoint", run=f"{namespace}/{name}", attempt=report.attempt,
@@ -232,11 +233,8 @@ class Reconciler:
         """Start the next attempt of a Failed or Cancelled run by hand, from `checkpoint`
         (else the latest reported one). It gets a fresh `retry.maxAttempts` budget.
         Raise RunNotFoundError, or ResumeRefusedError when the run has not ended badly."""
-        key = (namespace, name)
-        async with self._lock(key):
-            item = await self.store.get_run(namespace, name)
-            if item is None or not self.manages(item):
-                raise RunNotFoundError(name)
+        async with self._lock((namespace, name)):
+            item = await self._managed_run(namespace, name)
             old = item.get("status") or {}
             phase = str(old.get("phase") or runs.Phase.PENDING)
             if phase not in {runs.Phase.FAILED, runs.Phase.CANCELLED}:
@@ -281,6 +279,13 @@ class Reconciler:
                  resume_from=start_from)  # fmt: skip
         self.poke()
         return written
+
+    async def _managed_run(self, namespace: str, name: str) -> dict[str, Any]:
+        """The run, read fresh; RunNotFoundError when it is gone or another manager's."""
+        item = await self.store.get_run(namespace, name)
+        if item is None or not self.manages(item):
+            raise RunNotFoundError(name)
+        return item
 
     def manages(self, item: Mapping[str, Any]) -> bool:
         """Whether this reconciler is the run's manager (see `MANAGED_BY_ANNOTATION`)."""
@@ -565,7 +570,8 @@ class Reconciler:
 
     async def _ensure_run_objects(self, ref: rendering.RunRef, status: dict[str, Any]) -> None:
         """Create the run's token Secret (once: its digest is kept in the status, so the
-        controller checks a report without ever reading a Secret) and its ConfigMap."""
+        controller checks a report without ever reading a Secret) and its ConfigMap (with
+        the CA the pods trust for the controller, when it has one)."""
         self.elector.ensure_leader()
         if not status.get(TOKEN_DIGEST_FIELD):
             token = RUN_TOKEN_PREFIX + secrets.token_urlsafe(32)
@@ -575,7 +581,7 @@ class Reconciler:
             status[TOKEN_DIGEST_FIELD] = token_digest(token)
         await self.store.create(
             rendering.render_checkpoint_configmap(
-                ref, rendering.checkpoint_configmap_name(ref.name), ""
+                ref, rendering.checkpoint_configmap_name(ref.name), "", ca_pem=self.render.ca_pem
             )
         )
 

@@ -26,6 +26,8 @@ Choices that hold for every kind (DESIGN.md sections 2, 3 and 7):
 - **The per-run checkpoint ConfigMap is mounted as a directory**, not through `subPath`:
   the kubelet refreshes directory-mounted ConfigMaps, never `subPath` ones, and a Job that
   Kueue readmits keeps its original env, so the file is how it finds the newest checkpoint.
+  When the controller has a CA, the same ConfigMap carries it as `ca.crt` (`TAU_CA_FILE`),
+  so a pod trusts the controller's certificate without a Secret of its own.
 - **The run-scoped token** comes from the per-run Secret through `secretKeyRef`, so it never
   appears in the Job spec.
 - **Resources**: GPUs as limits (extended resources need requests == limits, and Kubernetes
@@ -64,6 +66,10 @@ TOKEN_SECRET_KEY = "token"  # noqa: S105 - the key's name, not a secret
 CHECKPOINT_CONFIGMAP_KEY = "latest"
 """Key (and file name) of the latest checkpoint in the per-run ConfigMap."""
 CHECKPOINT_FILE = f"{specs.CHECKPOINT_MOUNT_DIR}/{CHECKPOINT_CONFIGMAP_KEY}"
+CA_CONFIGMAP_KEY = "ca.crt"
+"""Key (and file name) of the controller's CA in the per-run ConfigMap, when it has one."""
+CA_FILE = f"{specs.CHECKPOINT_MOUNT_DIR}/{CA_CONFIGMAP_KEY}"
+"""Where run pods find the controller's CA (`TAU_CA_FILE`)."""
 
 GPU_RESOURCE = "nvidia.com/gpu"
 
@@ -115,6 +121,10 @@ class RenderSettings:
     """`ttlSecondsAfterFinished` for Jobs; None leaves finished Jobs to the reconciler."""
     ray_version: str | None = None
     """`rayClusterSpec.rayVersion`, when the cluster's KubeRay wants it."""
+    ca_pem: str = ""
+    """PEM bundle run pods trust for `controller_url` (read by the controller at startup):
+    the per-run ConfigMap carries it as `ca.crt` and `TAU_CA_FILE` names the mounted file.
+    Empty: no CA file, the pods' system store decides."""
 
 
 def attempt_name(run_name: str, attempt: int) -> str:
@@ -182,12 +192,18 @@ def render_token_secret(run: RunRef, name: str, token: str) -> dict[str, Any]:
     }
 
 
-def render_checkpoint_configmap(run: RunRef, name: str, latest: str) -> dict[str, Any]:
+def render_checkpoint_configmap(
+    run: RunRef, name: str, latest: str, *, ca_pem: str = ""
+) -> dict[str, Any]:
     """Return the per-run ConfigMap whose `latest` key the pods read as a file.
 
     `latest` is whatever the checkpoint reporter writes (the path, or a JSON record); an
-    empty string means no checkpoint yet.
+    empty string means no checkpoint yet. A non-empty `ca_pem` (`RenderSettings.ca_pem`)
+    goes under `ca.crt`, the file `TAU_CA_FILE` names.
     """
+    data = {CHECKPOINT_CONFIGMAP_KEY: latest}
+    if ca_pem:
+        data[CA_CONFIGMAP_KEY] = ca_pem
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
@@ -197,7 +213,7 @@ def render_checkpoint_configmap(run: RunRef, name: str, latest: str) -> dict[str
             "labels": {LABEL_RUN: run.name},
             "ownerReferences": [owner_reference(run)],
         },
-        "data": {CHECKPOINT_CONFIGMAP_KEY: latest},
+        "data": data,
     }
 
 
@@ -255,6 +271,8 @@ def _tau_env(
             {"name": "TAU_FAILURE_REASON", "value": ctx.failure_reason},
         ]
     )
+    if settings.ca_pem:
+        env.append({"name": "TAU_CA_FILE", "value": CA_FILE})
     return env
 
 
@@ -316,9 +334,10 @@ def _resources(spec: specs.TauSpec, *, gpus: int) -> dict[str, Any]:
 
 
 def _volumes_and_mounts(
-    spec: specs.TauSpec, ctx: AttemptContext
+    spec: specs.TauSpec, ctx: AttemptContext, *, with_ca: bool
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The spec's claims, the checkpoint claim, /dev/shm and the checkpoint file."""
+    """The spec's claims, the checkpoint claim, /dev/shm and the checkpoint file (and the
+    controller's CA beside it, `with_ca`)."""
     volumes: list[dict[str, Any]] = []
     mounts: list[dict[str, Any]] = []
     for index, volume in enumerate(spec.volumes):
@@ -347,6 +366,9 @@ def _volumes_and_mounts(
         {"name": VOLUME_SHM, "emptyDir": {"medium": "Memory", "sizeLimit": spec.shm_size}}
     )
     mounts.append({"name": VOLUME_SHM, "mountPath": specs.SHM_MOUNT_PATH})
+    items = [{"key": CHECKPOINT_CONFIGMAP_KEY, "path": CHECKPOINT_CONFIGMAP_KEY}]
+    if with_ca:
+        items.append({"key": CA_CONFIGMAP_KEY, "path": CA_CONFIGMAP_KEY})
     volumes.append(
         {
             "name": VOLUME_CHECKPOINT_FILE,
@@ -354,7 +376,7 @@ def _volumes_and_mounts(
                 "name": ctx.checkpoint_configmap,
                 # Optional: a pod must start even if the ConfigMap is briefly missing.
                 "optional": True,
-                "items": [{"key": CHECKPOINT_CONFIGMAP_KEY, "path": CHECKPOINT_CONFIGMAP_KEY}],
+                "items": items,
             },
         }
     )
@@ -378,7 +400,7 @@ def _pod_spec(
     settings: RenderSettings,
     container: dict[str, Any],
 ) -> dict[str, Any]:
-    volumes, mounts = _volumes_and_mounts(spec, ctx)
+    volumes, mounts = _volumes_and_mounts(spec, ctx, with_ca=bool(settings.ca_pem))
     pod: dict[str, Any] = {
         "restartPolicy": "Never",
         "terminationGracePeriodSeconds": settings.termination_grace_period_s,

@@ -90,6 +90,7 @@ def start(app: web.Application, api: Any, st: controller_app.ControllerState) ->
         controller_url=s.run_controller_url or st.url,
         termination_grace_period_s=s.run_termination_grace_s,
         ray_version=s.ray_version,
+        ca_pem=controller_app.read_run_ca(s),
     )
     reconciler = reconciling.Reconciler(
         store, st.elector, st.metrics, render,

@@ -19,12 +19,22 @@ class ControllerSettings(pydantic_settings.BaseSettings):
     """HTTP(S) port of the API (DESIGN.md section 4). 0 picks a free port (tests)."""
     advertise_url: str = ""
     """URL other replicas and agents reach this replica at; written into the Lease when leading.
-    Empty means `http(s)://<host>:<port>`."""
+    Empty means `http(s)://<POD_IP or host>:<port>`, or the name below with `advertise_domain`."""
+    advertise_domain: str = ""
+    """DNS domain of a headless Service over the replicas (the chart's
+    `<fullname>-controller-pods.<namespace>.svc.<clusterDomain>`). With it and `POD_IP`, an
+    empty `advertise_url` becomes `http(s)://<POD_IP, dots as dashes>.<domain>:<port>`: the
+    name Kubernetes DNS gives each endpoint of a headless Service, which a certificate for
+    `*.<domain>` covers, as no certificate covers a pod's IP. Empty advertises the IP."""
     tls_cert_file: str = ""
     """PEM certificate; with `tls_key_file` the API serves HTTPS. Plain HTTP is refused on
     anything but loopback unless `allow_insecure_http` is set (the dev cluster's loopback)."""
     tls_key_file: str = ""
     """PEM private key matching `tls_cert_file`."""
+    tls_ca_file: str = ""
+    """PEM bundle trusted, besides the system store, when this replica calls another (a
+    follower forwarding to the leader's advertised URL): the CA of a private certificate,
+    such as the chart's, is in no system store. Empty trusts the system store alone."""
     allow_insecure_http: bool = False
     """Serve plain HTTP on a non-loopback address; only behind a proxy that terminates TLS."""
 
@@ -69,7 +79,7 @@ class ControllerSettings(pydantic_settings.BaseSettings):
     """Start in dry-run mode: decide and record, but change no node. Settable at runtime."""
     max_quarantined_fraction: float = pydantic.Field(default=0.2, gt=0, le=1)
     """At most this share of GPU nodes quarantined by us at once (at least one node)."""
-    max_quarantined: int | None = pydantic.Field(default=None, ge=0)
+    max_quarantined: int | None = pydantic.Field(default=None, ge=1)
     """Absolute cap on quarantined nodes; overrides the fraction when set."""
     breaker_percent: float = pydantic.Field(default=50.0, gt=0, le=100)
     """The breaker opens when more than this share of nodes turn bad or stale in the window."""
@@ -117,6 +127,10 @@ class ControllerSettings(pydantic_settings.BaseSettings):
     """SIGTERM-to-SIGKILL window of run pods: the time a workload has to write a checkpoint."""
     run_controller_url: str = ""
     """URL run pods use to reach the controller (`TAU_URL`); empty means the advertised URL."""
+    run_ca_file: str = ""
+    """PEM bundle run pods trust for `TAU_URL`: read once at startup, written into each run's
+    checkpoint ConfigMap as `ca.crt` and named by `TAU_CA_FILE`. Empty means `tls_ca_file`
+    (the CA of the controller's own certificate); both empty: the pods' system store."""
     ray_version: str | None = None
     """`rayClusterSpec.rayVersion` of rendered RayJobs, when the cluster's KubeRay wants one."""
     logs_wait_s: float = pydantic.Field(default=120.0, ge=0)

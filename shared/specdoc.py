@@ -60,7 +60,8 @@ Every pod gets `TAU_RUN`, `TAU_NAMESPACE`, `TAU_ATTEMPT` (1 for the first attemp
 `TAU_CHECKPOINT_DIR` (when `checkpoint` is set), `TAU_CHECKPOINT_FILE` (a file holding the
 latest reported checkpoint, kept current even when Kueue readmits the pod),
 `TAU_RESUME_FROM` (the checkpoint a retried attempt starts from; empty otherwise) and
-`TAU_FAILURE_REASON` (why the previous attempt failed). `kind: pytorch` also sets torchrun's
+`TAU_FAILURE_REASON` (why the previous attempt failed), and `TAU_CA_FILE` (the CA to trust for
+`TAU_URL`, when the controller serves HTTPS from a private CA). `kind: pytorch` also sets torchrun's
 `PET_MASTER_ADDR`, `PET_MASTER_PORT`, `PET_NNODES`, `PET_NPROC_PER_NODE` and
 `PET_NODE_RANK` (and the same names without `PET_`), so `command: [torchrun, train.py]`
 needs no rendezvous flags. Every pod has a memory-backed `/dev/shm` of `shmSize`.

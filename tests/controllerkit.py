@@ -12,6 +12,7 @@ import dataclasses
 import datetime as dt
 import pathlib
 import socket
+import ssl
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -53,14 +54,20 @@ class RunningController:
 
 
 async def start_controller(
-    kubeconfig: pathlib.Path, namespace: str, **overrides: Any
+    kubeconfig: pathlib.Path,
+    namespace: str,
+    *,
+    ssl_context: ssl.SSLContext | None = None,
+    **overrides: Any,
 ) -> RunningController:
-    """Start a controller replica on a free loopback port with test-sized limits."""
+    """Start a controller replica on a free loopback port with test-sized limits (serving
+    HTTPS with `ssl_context`, advertised as such)."""
     port = free_port()
+    url = f"{'https' if ssl_context else 'http'}://127.0.0.1:{port}"
     values: dict[str, Any] = {
         "host": "127.0.0.1",
         "port": port,
-        "advertise_url": f"http://127.0.0.1:{port}",
+        "advertise_url": url,
         "kubeconfig": str(kubeconfig),
         "namespace": namespace,
         "lease_duration_s": 3.0,
@@ -83,9 +90,9 @@ async def start_controller(
     app = controller_app.make_app(settings)
     runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=2.0)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", port)
+    site = web.TCPSite(runner, "127.0.0.1", port, ssl_context=ssl_context)
     await site.start()
-    return RunningController(app, runner, f"http://127.0.0.1:{port}", settings)
+    return RunningController(app, runner, url, settings)
 
 
 async def wait_leader(*replicas: RunningController) -> RunningController:

@@ -170,10 +170,11 @@ def test_helm_lint_is_clean(values: dict[str, Any]) -> None:
 def test_defaults_render_the_core_objects_and_nothing_optional(
     defaults: list[dict[str, Any]],
 ) -> None:
-    """Defaults: the two components, their RBAC, Service, PDB, AdmissionCheck, priority class."""
+    """Defaults: the two components, their RBAC, Services (the API and the headless one over
+    the replicas), PDB, AdmissionCheck, priority class."""
     expected = {
         "ClusterRole": 1, "ClusterRoleBinding": 3, "DaemonSet": 1, "Deployment": 1,
-        "PodDisruptionBudget": 1, "Role": 1, "RoleBinding": 1, "Service": 1,
+        "PodDisruptionBudget": 1, "Role": 1, "RoleBinding": 1, "Service": 2,
         "ServiceAccount": 2, "AdmissionCheck": 1, "WorkloadPriorityClass": 1,
     }  # fmt: skip
     kinds: dict[str, int] = {}
@@ -661,6 +662,7 @@ def test_without_tls_the_controller_serves_plain_http_on_purpose() -> None:
     env = env_of(one(docs, "Deployment"))
     assert env["TAUGRID_CONTROLLER_ALLOW_INSECURE_HTTP"] == "true"
     assert "TAUGRID_CONTROLLER_TLS_CERT_FILE" not in env
+    assert "TAUGRID_CONTROLLER_TLS_CA_FILE" not in env
     assert env_of(one(docs, "DaemonSet"))["TAUGRID_AGENT_CONTROLLER_URL"].startswith("http://")
     assert container(one(docs, "Deployment"))["livenessProbe"]["httpGet"]["scheme"] == "HTTP"
 
@@ -676,6 +678,73 @@ def test_cert_manager_issues_the_secret_the_controller_mounts(
     assert {"taugrid-controller-tls"} == {
         v["secret"]["secretName"] for v in volumes if "secret" in v
     }
+
+
+def test_the_certificate_covers_the_name_each_replica_advertises(
+    everything: list[dict[str, Any]],
+) -> None:
+    """The wildcard under the headless Service is in the Certificate, and it is the domain the
+    controller advertises its leader URL under (`<pod IP, dashed>.<domain>`)."""
+    names = one(everything, "Certificate", "taugrid-controller")["spec"]["dnsNames"]
+    domain = env_of(one(everything, "Deployment"))["TAUGRID_CONTROLLER_ADVERTISE_DOMAIN"]
+    assert domain == "taugrid-controller-pods.taugrid-system.svc.cluster.local"
+    assert {f"*.{domain}", "*.taugrid-controller-pods.taugrid-system.svc"} <= set(names)
+    assert {"taugrid.example.com", "taugrid-controller"} <= set(names)
+
+
+def test_a_headless_service_gives_every_replica_a_name(defaults: list[dict[str, Any]]) -> None:
+    """`<fullname>-controller-pods`: headless, publishing not-ready pods (a leader that is not
+    ready must stay reachable), selecting the controller pods, which read their IP from the
+    downward API to build their name under it."""
+    headless = one(defaults, "Service", "taugrid-controller-pods")
+    deploy = one(defaults, "Deployment")
+    assert headless["spec"]["clusterIP"] == "None"
+    assert headless["spec"]["publishNotReadyAddresses"] is True
+    assert headless["spec"]["selector"] == deploy["spec"]["selector"]["matchLabels"]
+    assert headless["spec"]["ports"][0]["targetPort"] == "api"
+    env = {e["name"]: e for e in container(deploy)["env"]}
+    assert env["POD_IP"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    domain = env["TAUGRID_CONTROLLER_ADVERTISE_DOMAIN"]["value"]
+    assert domain == "taugrid-controller-pods.taugrid-system.svc.cluster.local"
+
+
+def test_the_service_monitor_scrapes_each_controller_pod_once(
+    everything: list[dict[str, Any]],
+) -> None:
+    """The controller ServiceMonitor's selector matches the API Service, not the headless one
+    over the same pods (which would scrape each pod twice)."""
+    monitor = one(everything, "ServiceMonitor", "taugrid-controller")
+    wanted = monitor["spec"]["selector"]["matchLabels"].items()
+    matched = [s["metadata"]["name"] for s in objects(everything, "Service")
+               if wanted <= s["metadata"]["labels"].items()]  # fmt: skip
+    assert matched == ["taugrid-controller"]
+
+
+@pytest.mark.parametrize(
+    ("values", "secret", "key"),
+    [
+        ({}, "taugrid-controller-tls", "ca.crt"),
+        ({"agent": {"controllerCA": {"secretName": "corp-ca", "key": "root.pem"}}}, "corp-ca",
+         "root.pem"),
+    ],
+    ids=["from the TLS Secret by default", "from the CA Secret the values name"],
+)  # fmt: skip
+def test_the_controller_trusts_the_ca_of_its_own_certificate(
+    values: dict[str, Any], secret: str, key: str
+) -> None:
+    """The replicas mount only the CA key of the CA Secret (as the agents do) and trust it for
+    forwarding (TAUGRID_CONTROLLER_TLS_CA_FILE); run pods get it from there too."""
+    deploy = one(render(values), "Deployment")
+    path = env_of(deploy)["TAUGRID_CONTROLLER_TLS_CA_FILE"]
+    assert path == "/etc/taugrid/controller-ca/ca.crt"
+    mounts = {m["name"]: m["mountPath"] for m in container(deploy)["volumeMounts"]}
+    assert mounts["controller-ca"] == "/etc/taugrid/controller-ca"
+    volumes = {v["name"]: v for v in deploy["spec"]["template"]["spec"]["volumes"]}
+    ca = volumes["controller-ca"]["secret"]
+    assert (ca["secretName"], ca["items"]) == (secret, [{"key": key, "path": "ca.crt"}])
+    ds = one(render(values), "DaemonSet")
+    agent_ca = {v["name"]: v for v in ds["spec"]["template"]["spec"]["volumes"]}["controller-ca"]
+    assert agent_ca["secret"] == {"secretName": secret, "items": ca["items"]}
 
 
 # ---------------------------------------------------------------------- Kueue objects, names

@@ -288,6 +288,43 @@ def test_checkpoint_configmap_is_mounted_as_a_directory(fixture: str) -> None:
             assert expected == actual
 
 
+CA_PEM = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
+
+
+@pytest.mark.parametrize(
+    ("ca_pem", "expected_env", "expected_items"),
+    [
+        pytest.param(
+            CA_PEM, "/var/run/taugrid/checkpoint/ca.crt", ["latest", "ca.crt"],
+            id="a controller with a CA names the mounted file in TAU_CA_FILE",
+        ),
+        pytest.param("", None, ["latest"], id="a controller without a CA sets no TAU_CA_FILE"),
+    ],
+)  # fmt: skip
+@ALL_FIXTURES
+def test_run_pods_trust_the_controllers_ca_only_when_it_has_one(
+    fixture: str, ca_pem: str, expected_env: str | None, expected_items: list[str]
+) -> None:
+    """Every pod of every kind finds the CA beside the checkpoint file when one is configured,
+    and nothing points at a file that will not exist when none is."""
+    settings = rendering.RenderSettings(controller_url="https://c:8080", ca_pem=ca_pem)
+    for obj in rendering.render_attempt(_fixture(fixture), _ctx(), settings):
+        for pod in _pod_specs(obj):
+            volumes = {v["name"]: v for v in pod["volumes"]}
+            items = volumes["taugrid-checkpoint"]["configMap"]["items"]
+            actual = (_env(pod["containers"][0]).get("TAU_CA_FILE"), [i["key"] for i in items])
+            assert (expected_env, expected_items) == actual
+
+
+def test_checkpoint_configmap_carries_the_ca_when_given() -> None:
+    """`ca_pem` goes under `ca.crt` beside `latest`; without it the map has no such key."""
+    name = rendering.checkpoint_configmap_name("demo")
+    with_ca = rendering.render_checkpoint_configmap(RUN, name, "", ca_pem=CA_PEM)
+    without = rendering.render_checkpoint_configmap(RUN, name, "")
+    expected = ({"latest": "", "ca.crt": CA_PEM}, {"latest": ""})
+    assert expected == (with_ca["data"], without["data"])
+
+
 def test_checkpoint_claim_not_listed_is_mounted_at_dir() -> None:
     """A checkpoint volume absent from `volumes` is mounted at checkpoint.dir."""
     spec = _fixture("pytorch.yaml")

@@ -8,6 +8,7 @@ import datetime as dt
 import importlib.machinery
 import json
 import pathlib
+import subprocess
 import types
 import typing
 from typing import Any
@@ -521,6 +522,52 @@ def test_tau_exit_codes(argv: list[str], expected: int, capsys: pytest.CaptureFi
     assert capsys.readouterr().err.startswith("tau: ")
 
 
+def _self_signed(d: pathlib.Path) -> pathlib.Path:
+    """A throwaway self-signed certificate (PEM) made with the openssl command."""
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
+         "-nodes", "-days", "1", "-subj", "/CN=tau-test-ca", "-keyout", str(d / "ca.key"),
+         "-out", str(d / "ca.crt")],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    return d / "ca.crt"
+
+
+@pytest.mark.parametrize("how", ["env", "flag"], ids=["from TAU_CA_FILE", "from --ca-file"])
+def test_tau_trusts_the_ca_file_it_is_given(
+    how: str, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """TAU_CA_FILE (or --ca-file) goes into the SSL context the client verifies the controller
+    with; without either the client uses the system store (None)."""
+    tau = _tau_client()
+    ca = _self_signed(tmp_path)
+    monkeypatch.delenv("TAU_CA_FILE", raising=False)
+    plain = tau.parser().parse_args(["list", "--url", "https://c"])
+    if how == "env":
+        monkeypatch.setenv("TAU_CA_FILE", str(ca))
+        args = tau.parser().parse_args(["list", "--url", "https://c"])
+    else:
+        args = tau.parser().parse_args(["list", "--url", "https://c", "--ca-file", str(ca)])
+    context = tau.Client(args.url, "", ca_file=args.ca_file).context
+    expected = (None, True)
+    actual = (
+        tau.Client(plain.url, "", ca_file=plain.ca_file).context,
+        {"commonName": "tau-test-ca"}
+        in [dict(field[0] for field in c["subject"]) for c in context.get_ca_certs()],
+    )
+    assert expected == actual
+
+
+def test_tau_refuses_a_ca_file_it_cannot_load(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A missing CA file is a usage error naming the file, not an unreachable controller."""
+    missing = tmp_path / "nope.crt"
+    code = _tau_client().main(["list", "--url", "https://c", "--ca-file", str(missing)])
+    expected = (2, True)
+    assert expected == (code, str(missing) in capsys.readouterr().err)
+
+
 @pytest.mark.parametrize(
     ("status", "body", "code", "message"),
     [
@@ -648,12 +695,14 @@ class FakeElector:
         return None
 
 
-def _reconciler(store: FakeStore, now: dt.datetime = T0) -> reconciling.Reconciler:
+def _reconciler(
+    store: FakeStore, now: dt.datetime = T0, ca_pem: str = ""
+) -> reconciling.Reconciler:
     return reconciling.Reconciler(
         typing.cast("kube_runs.RunStore", store),
         typing.cast("leading.Elector", FakeElector()),
         metrics.make_metrics(),
-        rendering.RenderSettings(controller_url="http://taugrid:8080"),
+        rendering.RenderSettings(controller_url="http://taugrid:8080", ca_pem=ca_pem),
         pass_interval_s=1.0,
         ttl_after_finished_s=60.0,
         pod_annotations={"kwok.taugrid.dev/run-for": "5s"},
@@ -897,6 +946,46 @@ async def test_checkpoints_are_kept_and_written_to_the_file_the_pods_read() -> N
     assert store.objects[("team", "ConfigMap", "demo-checkpoint")]["data"]["latest"] == "/c/200"
     with pytest.raises(checkpoints.FencedError):
         await rec.record_checkpoint("team", "demo", checkpoints.Report(2, 300, "/c/300"))
+
+
+CA_PEM = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
+
+
+async def test_the_checkpoint_configmap_carries_the_controllers_ca_through_reports() -> None:
+    """With a CA, the per-run ConfigMap is created holding it under `ca.crt` (the file the
+    Job's TAU_CA_FILE names); a checkpoint's patch keeps it, and a map deleted meanwhile is
+    re-created with it."""
+    store = FakeStore()
+    store.add_run(SPEC)
+    rec = _reconciler(store, ca_pem=CA_PEM)
+    await rec.reconcile_now("team", "demo")
+    key = ("team", "ConfigMap", "demo-checkpoint")
+    created = dict(store.objects[key]["data"])
+    await rec.record_checkpoint("team", "demo", checkpoints.Report(1, 100, "/c/100"))
+    patched = dict(store.objects[key]["data"])
+    del store.objects[key]
+    await rec.record_checkpoint("team", "demo", checkpoints.Report(1, 200, "/c/200"))
+    recreated = store.objects[key]["data"]
+    expected = ({"latest": "", "ca.crt": CA_PEM}, (CA_PEM, "/c/100"), (CA_PEM, "/c/200"),
+                "/var/run/taugrid/checkpoint/ca.crt")  # fmt: skip
+    actual = (
+        created,
+        (patched["ca.crt"], patched["latest"]),
+        (recreated["ca.crt"], recreated["latest"]),
+        _env(store, "demo-a1")["TAU_CA_FILE"],
+    )
+    assert expected == actual
+
+
+async def test_without_a_ca_the_run_objects_name_none() -> None:
+    """No CA configured: no `ca.crt` key and no TAU_CA_FILE (the pods' system store)."""
+    store = FakeStore()
+    store.add_run(SPEC)
+    await _reconciler(store).reconcile_now("team", "demo")
+    expected = ({"latest": ""}, False)
+    actual = (store.objects[("team", "ConfigMap", "demo-checkpoint")]["data"],
+              "TAU_CA_FILE" in _env(store, "demo-a1"))  # fmt: skip
+    assert expected == actual
 
 
 async def test_after_a_node_failure_the_next_attempt_resumes_ahead_in_line() -> None:

@@ -83,6 +83,28 @@ app.kubernetes.io/component: {{ .component }}
 {{- printf "%s://%s:%v" (ternary "https" "http" .Values.tls.enabled) (include "taugrid.controller.host" .) .Values.controller.service.port -}}
 {{- end -}}
 
+{{/*
+The headless Service over the controller pods. DNS names each of its endpoints
+`<pod IP, dashed>.<this Service's domain>`; the replicas advertise themselves by that name
+(TAUGRID_CONTROLLER_ADVERTISE_DOMAIN), which the certificate's wildcard covers.
+*/}}
+{{- define "taugrid.controller.podsServiceName" -}}
+{{- printf "%s-pods" (include "taugrid.controller.fullname" .) -}}
+{{- end -}}
+
+{{- define "taugrid.controller.podsDomain" -}}
+{{- printf "%s.%s.svc.%s" (include "taugrid.controller.podsServiceName" .) .Release.Namespace .Values.clusterDomain -}}
+{{- end -}}
+
+{{/* Secret and key of the CA that issued the controller's certificate, as the agents mount it. */}}
+{{- define "taugrid.controllerCA.secretName" -}}
+{{- default (include "taugrid.tlsSecretName" .) .Values.agent.controllerCA.secretName -}}
+{{- end -}}
+
+{{- define "taugrid.controllerCA.key" -}}
+{{- default .Values.tls.caKey .Values.agent.controllerCA.key -}}
+{{- end -}}
+
 {{/* image reference: call with (dict "ctx" $ "image" .Values.controller.image). */}}
 {{- define "taugrid.image" -}}
 {{- printf "%s:%s" .image.repository (default .ctx.Chart.AppVersion .image.tag) -}}
