@@ -157,7 +157,11 @@ class Bench:
 
         async def one(i: int) -> None:
             async with sem:
-                await self.trial(i)
+                try:
+                    await self.trial(i)
+                except (AssertionError, TimeoutError, KeyError, aiohttp.ClientError) as err:
+                    self.missed += 1  # counted and said, never hidden in the percentiles
+                    print(f"trial {i} failed: {err!r}", file=sys.stderr)
 
         await asyncio.gather(*(one(i) for i in range(trials)))
 
@@ -216,8 +220,10 @@ async def run(trials: int, nodes: int, parallel: int) -> None:
         names = await _setup(api, dev, ns, nodes)
         bench.token = await make_token(api, ns, "researcher", RESEARCHER_RULES)
         bench.agents = {n: kit.Agent(n, await kit.agent_token(api, ns, n)) for n in names}
-        ctl = subprocess.Popen([sys.executable, "-m", "controller"], env=_env(dev, port, ns),
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        log = dev.state / "logs" / f"{ns}-controller.log"
+        with log.open("wb") as out:  # the bench's controller logs beside the dev cluster's
+            ctl = subprocess.Popen([sys.executable, "-m", "controller"],
+                                   env=_env(dev, port, ns), stdout=out, stderr=out)  # fmt: skip
         bench.url = f"http://127.0.0.1:{port}"
         core, batch = client.CoreV1Api(api), client.BatchV1Api(api)
         async with aiohttp.ClientSession() as http:
@@ -237,7 +243,7 @@ async def run(trials: int, nodes: int, parallel: int) -> None:
         stop.set()
         for t in tasks:
             t.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            with contextlib.suppress(asyncio.CancelledError, RuntimeError):
                 await t
         if ctl is not None:
             ctl.terminate()

@@ -64,9 +64,9 @@ class Quarantiner:
         self.wake = asyncio.Event()
         self._skips_logged: set[tuple[str, str]] = set()
         self._lock = asyncio.Lock()
-        self.on_quarantine: list[Callable[[], None]] = []
-        """Called after a node is put in (or escalated within) quarantine: the run
-        reconciler ends the attempts on a node whose GPU failed at once."""
+        self.on_quarantine: list[Callable[[str], None]] = []
+        """Called with the node's name after it is put in (or escalated within) quarantine:
+        the run reconciler ends the attempts on a node whose GPU failed at once."""
 
     def poke(self) -> None:
         """Ask for a pass as soon as possible (a verdict changed, a node changed)."""
@@ -201,7 +201,7 @@ class Quarantiner:
             self.cache.put(updated)
             if isinstance(action, policy.Quarantine | policy.UpdateQuarantine):
                 for listener in self.on_quarantine:
-                    listener()
+                    listener(action.node)
             self._record(action, raw, now, decision)
             await self._event(action, raw)
         if isinstance(action, policy.EvictGpuPods):

@@ -134,6 +134,7 @@ class Reconciler:
         self._wake = asyncio.Event()
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
         self._written: dict[tuple[str, str], int] = {}
+        self._urgent: set[asyncio.Task[None]] = set()
 
     def poke(self) -> None:
         """Ask for a pass now."""
@@ -312,29 +313,53 @@ class Reconciler:
             self.store.list_kueue("localqueues"),
             self.store.list_nodes(),
         )
-        objects = {}
-        for obj in [*jobs, *rayjobs]:
-            ns, name = _key(obj)
-            objects[(ns, obj["kind"], name)] = obj
-        views = [runs.parse_workload(w) for w in workloads]
-        by_owner = {(w.namespace, w.owner_kind, w.owner_name): w for w in views}
-        by_attempt: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
-        for pod in pods:
-            labels = (pod.get("metadata") or {}).get("labels") or {}
-            attempt = str(labels.get(runs.LABEL_ATTEMPT, ""))
-            if attempt.isdigit():
-                ns, _ = _key(pod)
-                by_attempt.setdefault((ns, labels[runs.LABEL_RUN], int(attempt)), []).append(pod)
-        local = {_key(lq): str((lq.get("spec") or {}).get("clusterQueue", "")) for lq in lqs}
-        return Snapshot(
-            objects=objects,
-            workloads=by_owner,
-            all_workloads=views,
-            pods=by_attempt,
-            local_queues=local,
-            nodes=runs.node_facts(nodes),
-            positions=runs.compute_positions(views, local),
+        return _index([*jobs, *rayjobs], pods, workloads, lqs, nodes)
+
+    async def _snapshot_of_run(self, namespace: str, name: str) -> Snapshot:
+        """What one run's reconcile reads, and nothing else: its objects and pods, its
+        namespace's Workloads and queues, and the nodes its pods are on. (Queue positions
+        are then namespace-local; the next full pass corrects them.)"""
+        selector = f"{runs.LABEL_RUN}={name}"
+        jobs, rayjobs, pods, workloads, lqs = await asyncio.gather(
+            self.store.list_labelled("Job", selector),
+            self._optional(self.store.list_labelled("RayJob", selector)),
+            self.store.list_labelled("Pod", selector),
+            self.store.list_kueue("workloads", namespace),
+            self.store.list_kueue("localqueues", namespace),
         )
+        objects = [o for o in [*jobs, *rayjobs] if _key(o)[0] == namespace]
+        pods = [p for p in pods if _key(p)[0] == namespace]
+        on = sorted({str((p.get("spec") or {}).get("nodeName") or "") for p in pods} - {""})
+        nodes = await self.store.list_nodes(names=on)
+        return _index(objects, pods, workloads, lqs, nodes)
+
+    def urgent(self, node: str) -> None:
+        """A node was just quarantined: reconcile the runs with pods on it at once, each from
+        a snapshot of its own (a full pass reads the whole cluster: too slow to wait for when
+        a GPU under a run has failed). Then ask for a full pass, which confirms."""
+        task = asyncio.create_task(self._reconcile_runs_on(node), name=f"urgent-{node}")
+        self._urgent.add(task)
+        task.add_done_callback(self._urgent.discard)
+
+    async def _reconcile_runs_on(self, node: str) -> None:
+        try:
+            pods = await self.store.list_labelled(
+                "Pod", runs.LABEL_RUN, field_selector=f"spec.nodeName={node}"
+            )
+            hit = sorted({(_key(p)[0], str(p["metadata"]["labels"][runs.LABEL_RUN])) for p in pods})
+            for namespace, name in hit:
+                async with self._lock((namespace, name)):
+                    item = await self.store.get_run(namespace, name)
+                    if item is None or not self.manages(item):
+                        continue
+                    await self._reconcile(item, await self._snapshot_of_run(namespace, name))
+        except asyncio.CancelledError:
+            raise
+        except leading.NotLeaderError:
+            return
+        except Exception as err:  # noqa: BLE001  (the full pass below tries again)
+            log.warning("urgent reconcile failed", node=node, error=repr(err))
+        self.poke()
 
     @staticmethod
     async def _optional(call: Any) -> list[dict[str, Any]]:
@@ -726,6 +751,36 @@ class Reconciler:
             log.info("run phase", run=f"{namespace}/{name}", phase=status.get("phase"),
                      attempt=status.get("currentAttempt"), reason=status.get("reason"))  # fmt: skip
         return written
+
+
+def _index(
+    objects: list[dict[str, Any]],
+    pods: list[dict[str, Any]],
+    workloads: list[dict[str, Any]],
+    local_queues: list[dict[str, Any]],
+    nodes: list[dict[str, Any]],
+) -> Snapshot:
+    """Index what a pass read for the per-run work."""
+    by_kind = {(_key(o)[0], o["kind"], _key(o)[1]): o for o in objects}
+    views = [runs.parse_workload(w) for w in workloads]
+    by_owner = {(w.namespace, w.owner_kind, w.owner_name): w for w in views}
+    by_attempt: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
+    for pod in pods:
+        labels = (pod.get("metadata") or {}).get("labels") or {}
+        attempt = str(labels.get(runs.LABEL_ATTEMPT, ""))
+        if attempt.isdigit():
+            ns, _ = _key(pod)
+            by_attempt.setdefault((ns, labels[runs.LABEL_RUN], int(attempt)), []).append(pod)
+    local = {_key(lq): str((lq.get("spec") or {}).get("clusterQueue", "")) for lq in local_queues}
+    return Snapshot(
+        objects=by_kind,
+        workloads=by_owner,
+        all_workloads=views,
+        pods=by_attempt,
+        local_queues=local,
+        nodes=runs.node_facts(nodes),
+        positions=runs.compute_positions(views, local),
+    )
 
 
 def _run_ref(item: Mapping[str, Any]) -> rendering.RunRef:

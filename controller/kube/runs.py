@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from kubernetes_asyncio import client
@@ -206,8 +206,11 @@ class RunStore:
             _content_type="application/merge-patch+json",
         )  # fmt: skip
 
-    async def list_labelled(self, kind: str, selector: str) -> list[dict[str, Any]]:
-        """List Jobs, RayJobs or Pods in every namespace carrying the selector."""
+    async def list_labelled(
+        self, kind: str, selector: str, *, field_selector: str = ""
+    ) -> list[dict[str, Any]]:
+        """List Jobs, RayJobs or Pods in every namespace carrying the selector (Pods also by
+        a field selector, such as `spec.nodeName=N`)."""
         if kind == "Job":
             resp = await self._batch.list_job_for_all_namespaces(
                 label_selector=selector, _preload_content=False
@@ -217,8 +220,9 @@ class RunStore:
                 *RAYJOB, label_selector=selector, _preload_content=False
             )
         elif kind == "Pod":
+            extra = {"field_selector": field_selector} if field_selector else {}
             resp = await self._core.list_pod_for_all_namespaces(
-                label_selector=selector, _preload_content=False
+                label_selector=selector, _preload_content=False, **extra
             )
         else:
             msg = f"cannot list {kind}"
@@ -235,10 +239,18 @@ class RunStore:
         )
         return list((await _json(resp)).get("items") or [])
 
-    async def list_nodes(self) -> list[dict[str, Any]]:
-        """List nodes (only names and annotations are used)."""
-        resp = await self._core.list_node(_preload_content=False)
-        return list((await _json(resp)).get("items") or [])
+    async def list_nodes(self, names: Sequence[str] | None = None) -> list[dict[str, Any]]:
+        """List nodes, or only those named (only names and annotations are used)."""
+        if names is None:
+            resp = await self._core.list_node(_preload_content=False)
+            return list((await _json(resp)).get("items") or [])
+        out: list[dict[str, Any]] = []
+        for name in names:
+            resp = await self._core.list_node(
+                field_selector=f"metadata.name={name}", _preload_content=False
+            )
+            out.extend((await _json(resp)).get("items") or [])
+        return out
 
     # ------------------------------------------------------------------ Kueue
     async def list_kueue(self, plural: str, namespace: str | None = None) -> list[dict[str, Any]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import dataclasses
 import datetime as dt
@@ -607,6 +608,7 @@ class FakeStore:
         self.local_queues = [{"metadata": {"name": "q", "namespace": "team"},
                               "spec": {"clusterQueue": "cq"}}]  # fmt: skip
         self.priority_classes = ["taugrid-resume"]
+        self.lists: list[tuple[str, str, str]] = []
         self.rv = 1
 
     def admit(self, *conds: dict[str, Any]) -> None:
@@ -649,9 +651,14 @@ class FakeStore:
     async def delete(self, kind: str, namespace: str, name: str) -> bool:
         return self.objects.pop((namespace, kind, name), None) is not None
 
-    async def list_labelled(self, kind: str, selector: str) -> list[dict[str, Any]]:
+    async def list_labelled(
+        self, kind: str, selector: str, *, field_selector: str = ""
+    ) -> list[dict[str, Any]]:
+        self.lists.append((kind, selector, field_selector))
         if kind == "Pod":
-            return copy.deepcopy(self.pods)
+            node = field_selector.removeprefix("spec.nodeName=")
+            return [copy.deepcopy(p) for p in self.pods
+                    if not field_selector or p["spec"]["nodeName"] == node]  # fmt: skip
         return [copy.deepcopy(o) for (_, k, _), o in self.objects.items() if k == kind]
 
     async def list_kueue(self, plural: str, namespace: str | None = None) -> list[dict[str, Any]]:
@@ -659,8 +666,8 @@ class FakeStore:
             return [{"metadata": {"name": n}} for n in self.priority_classes]
         return copy.deepcopy(self.workloads if plural == "workloads" else self.local_queues)
 
-    async def list_nodes(self) -> list[dict[str, Any]]:
-        return self.nodes
+    async def list_nodes(self, names: list[str] | None = None) -> list[dict[str, Any]]:
+        return [n for n in self.nodes if names is None or n["metadata"]["name"] in names]
 
     async def pending_workloads(self, namespace: str, queue: str) -> None:
         return None
@@ -1093,3 +1100,31 @@ async def test_a_cancelled_run_resumes_and_stays_resumed() -> None:
     status = store.runs[("team", "demo")]["status"]
     assert (status["phase"], status["currentAttempt"]) == ("Queued", 2)
     assert _env(store, "demo-a2")["TAU_FAILURE_REASON"] == "Cancelled"
+
+
+async def test_a_quarantined_node_resumes_its_runs_without_a_full_pass() -> None:
+    """`urgent(node)` reconciles just the runs with pods on that node, from their own
+    snapshot (no cluster-wide list), and the next attempt exists when it returns."""
+    store = FakeStore()
+    await _running_attempt_1(store)
+    store.nodes.append(
+        {
+            "metadata": {
+                "name": "n0",
+                "annotations": {
+                    runs.QUARANTINED_BY_ANNOTATION: "t",
+                    runs.QUARANTINE_ANNOTATION: '{"failed":true}',
+                },
+            }
+        }
+    )
+    store.nodes = store.nodes[1:]  # n0 is now the quarantined one
+    store.lists.clear()
+    rec = _reconciler(store)
+    rec.urgent("n0")
+    await asyncio.gather(*rec._urgent)  # wait for the background reconcile
+    status = store.runs[("team", "demo")]["status"]
+    assert (status["currentAttempt"], status["attempts"][0]["failureClass"]) == (2, "NodeFailure")
+    assert ("team", "Job", "demo-a2") in store.objects
+    assert ("Pod", runs.LABEL_RUN, "spec.nodeName=n0") in store.lists
+    assert all(sel != runs.LABEL_RUN or field for _, sel, field in store.lists), store.lists
