@@ -31,6 +31,9 @@ class ControllerSettings(pydantic_settings.BaseSettings):
     anything but loopback unless `allow_insecure_http` is set (the dev cluster's loopback)."""
     tls_key_file: str = ""
     """PEM private key matching `tls_cert_file`."""
+    tls_reload_interval_s: float = pydantic.Field(default=60.0, gt=0)
+    """How often the certificate files are checked; a renewed pair (cert-manager, a replaced
+    Secret) is served from the next handshake on, without a restart."""
     tls_ca_file: str = ""
     """PEM bundle trusted, besides the system store, when this replica calls another (a
     follower forwarding to the leader's advertised URL): the CA of a private certificate,
