@@ -9,7 +9,12 @@ watches of the API server, on one clock: the node carrying our taint (the quaran
 Job `<run>-a2` appearing (the next attempt). Then it cancels the run and reboots the node's
 agent (a new boot ID releases it) for the next trial. Trials run a few at a time.
 
-Run: `.venv/bin/python -m bench.resume --trials 100 [--nodes 10]`
+Both paths run side by side in one run, on the same fleet, one controller process after the
+other: the urgent path (the quarantiner hands the node to the reconciler, which reconciles the
+runs on it from their own snapshot) and, for comparison, the full reconcile pass it replaced
+(`TAUGRID_CONTROLLER_RUN_URGENT_RESUME=false`: the quarantine only pokes the pass).
+
+Run: `.venv/bin/python -m bench.resume --trials 100 [--nodes 10]` (trials per path)
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import secrets
 import subprocess
@@ -203,29 +209,24 @@ async def _teardown(api: client.ApiClient, dev: cluster.Cluster, ns: str) -> Non
     await client.CoreV1Api(api).delete_namespace(ns)
 
 
-async def run(trials: int, nodes: int, parallel: int) -> None:
-    dev = cluster.Cluster()
-    if not dev.is_up():
-        sys.exit("the dev cluster is not running: start it with scripts/up")
-    cfg = client.Configuration()
-    await config.load_kube_config(config_file=str(dev.kubeconfig), client_configuration=cfg)
-    api = client.ApiClient(cfg)
-    ns = f"bench-resume-{secrets.token_hex(2)}"
+async def _phase(
+    api: client.ApiClient, dev: cluster.Cluster, ns: str, fleet: Fleet, *, urgent: bool,
+    trials: int, parallel: int,
+) -> Bench:  # fmt: skip
+    """Run `trials` against a fresh controller process, its urgent path on or off."""
     bench = Bench(api, dev, ns)
+    bench.token, bench.agents = fleet.token, fleet.agents
     port = kit.free_port()
-    ctl: subprocess.Popen[bytes] | None = None
+    env = {**_env(dev, port, ns), "TAUGRID_CONTROLLER_RUN_URGENT_RESUME": str(urgent).lower()}
+    log = dev.state / "logs" / f"{ns}-controller-{'urgent' if urgent else 'pass'}.log"
+    with log.open("wb") as out:  # the bench's controller logs beside the dev cluster's
+        ctl = subprocess.Popen([sys.executable, "-m", "controller"], env=env, stdout=out,
+                               stderr=out)  # fmt: skip
+    bench.url = f"http://127.0.0.1:{port}"
+    core, batch = client.CoreV1Api(api), client.BatchV1Api(api)
     stop = asyncio.Event()
     tasks: list[asyncio.Task[None]] = []
     try:
-        names = await _setup(api, dev, ns, nodes)
-        bench.token = await make_token(api, ns, "researcher", RESEARCHER_RULES)
-        bench.agents = {n: kit.Agent(n, await kit.agent_token(api, ns, n)) for n in names}
-        log = dev.state / "logs" / f"{ns}-controller.log"
-        with log.open("wb") as out:  # the bench's controller logs beside the dev cluster's
-            ctl = subprocess.Popen([sys.executable, "-m", "controller"],
-                                   env=_env(dev, port, ns), stdout=out, stderr=out)  # fmt: skip
-        bench.url = f"http://127.0.0.1:{port}"
-        core, batch = client.CoreV1Api(api), client.BatchV1Api(api)
         async with aiohttp.ClientSession() as http:
             bench.http = http
             await _until(lambda: _leader(http, bench.url))
@@ -245,16 +246,59 @@ async def run(trials: int, nodes: int, parallel: int) -> None:
             t.cancel()
             with contextlib.suppress(asyncio.CancelledError, RuntimeError):
                 await t
-        if ctl is not None:
-            ctl.terminate()
-            ctl.wait(timeout=15)
+        ctl.terminate()  # it gives its Lease up, so the next phase's controller leads at once
+        ctl.wait(timeout=15)
+    return bench
+
+
+@dataclasses.dataclass
+class Fleet:
+    """What both phases share: the researcher token and one scripted agent per node."""
+
+    token: str
+    agents: dict[str, kit.Agent]
+
+
+def _summary(label: str, bench: Bench) -> str:
+    ok = bench.samples
+    return (
+        f"  {label:<44} n={len(ok):<3} p50 {fleetkit.pct(ok, 50):5.0f} ms  "
+        f"p99 {fleetkit.pct(ok, 99):5.0f} ms  max {max(ok, default=float('nan')) * 1000:5.0f} ms"
+        f"  missed {bench.missed}"
+    )
+
+
+async def run(trials: int, nodes: int, parallel: int) -> None:
+    dev = cluster.Cluster()
+    if not dev.is_up():
+        sys.exit("the dev cluster is not running: start it with scripts/up")
+    cfg = client.Configuration()
+    await config.load_kube_config(config_file=str(dev.kubeconfig), client_configuration=cfg)
+    api = client.ApiClient(cfg)
+    ns = f"bench-resume-{secrets.token_hex(2)}"
+    results: dict[bool, Bench] = {}
+    try:
+        names = await _setup(api, dev, ns, nodes)
+        token = await make_token(api, ns, "researcher", RESEARCHER_RULES)
+        fleet = Fleet(token, {n: kit.Agent(n, await kit.agent_token(api, ns, n)) for n in names})
+        for urgent in (True, False):
+            results[urgent] = await _phase(api, dev, ns, fleet, urgent=urgent, trials=trials,
+                                           parallel=parallel)  # fmt: skip
+            # Each phase starts from an empty namespace: the runs a pass walks are its own.
+            await client.CustomObjectsApi(api).delete_collection_namespaced_custom_object(
+                "taugrid.dev", "v1alpha1", ns, "tauruns"
+            )
+    finally:
         await _teardown(api, dev, ns)
         await api.close()
-    ok = bench.samples
-    print(f"quarantine -> next attempt created, {len(ok)} trials on {nodes} nodes "
-          f"({parallel} at a time):")  # fmt: skip
-    print(f"  p50 {fleetkit.pct(ok, 50):.0f} ms  p99 {fleetkit.pct(ok, 99):.0f} ms  "
-          f"max {max(ok, default=float('nan')) * 1000:.0f} ms  missed {bench.missed}")  # fmt: skip
+    print(f"quarantine -> next attempt created, {trials} trials per path on {nodes} nodes "
+          f"({parallel} at a time), side by side:")  # fmt: skip
+    print(_summary("the runs on that node, from their own snapshot", results[True]))
+    print(_summary("the full reconcile pass, poked (urgent off)", results[False]))
+    fast, slow = results[True].samples, results[False].samples
+    for q in (50, 99):
+        ratio = fleetkit.pct(slow, q) / fleetkit.pct(fast, q)
+        print(f"  p{q}: the urgent path is {ratio:.2f}x faster")
 
 
 async def _leader(http: aiohttp.ClientSession, url: str) -> None:

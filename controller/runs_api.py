@@ -102,7 +102,10 @@ def start(app: web.Application, api: Any, st: controller_app.ControllerState) ->
         checkpoints_kept=s.run_checkpoints_kept,
         gate_message=st.gate.message_for,
     )  # fmt: skip
-    st.quarantiner.on_quarantine.append(reconciler.urgent)
+    if s.run_urgent_resume:
+        st.quarantiner.on_quarantine.append(reconciler.urgent)
+    else:
+        st.quarantiner.on_quarantine.append(lambda _node: reconciler.poke())
     app[RUNS] = RunsContext(store, reconciler)
     return asyncio.create_task(reconciler.run(), name="runs")
 

@@ -147,5 +147,9 @@ class ControllerSettings(pydantic_settings.BaseSettings):
     (NodeFailure, Evicted) of a run without a priority of its own, so it does not queue
     behind work submitted since (docs/researcher.md, "Resume"). Empty: no boost. When the
     class does not exist, resumed attempts queue normally."""
+    run_urgent_resume: bool = True
+    """When a node is quarantined because a GPU failed, reconcile the runs on it at once from
+    their own snapshot, instead of poking the full reconcile pass (which reads the whole
+    cluster). Off only to compare the two (bench/resume.py) or to rule the fast path out."""
     run_checkpoints_kept: int = pydantic.Field(default=10, ge=1, le=100)
     """Checkpoints kept in a TauRun's status (the newest)."""
