@@ -218,6 +218,11 @@ async def test_a_node_failure_resumes_the_run_from_its_newest_checkpoint(world: 
     )  # fmt: skip
     run = await world.run("llm")
     assert run["attempts"][0]["failureClass"] == "NodeFailure", run["attempts"][0]
+    code, out = await world.tau("status", "llm")  # what the researcher sees in the morning
+    assert code == 0, out
+    assert "/ckpt/step-200" in out, out
+    assert "attempt 1: pod llm-a1-" in out, out
+    assert bad in out, out
 
     for pod in second:
         await finish(world.api, pod)
