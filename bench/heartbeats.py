@@ -20,6 +20,7 @@ import datetime as dt
 import os
 import pathlib
 import secrets
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -66,10 +67,14 @@ def _bodies(tokens: dict[str, str], rounds: int, start_seq: int) -> list[tuple[s
     ]
 
 
+Result = tuple[float, float, float, int]
+"""Requests per second, p50 ms, p99 ms, non-2xx answers."""
+
+
 async def _drive(
     url: str, requests: list[tuple[str, bytes]], seconds: float, concurrency: int
-) -> tuple[float, list[float], int]:
-    """Send the requests in order, wrapping around; return rate, latencies, errors."""
+) -> Result:
+    """Send the requests in order from aiohttp workers, wrapping around."""
     latencies: list[float] = []
     errors = 0
     counter = 0
@@ -99,7 +104,62 @@ async def _drive(
         started = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         elapsed = time.perf_counter() - started
-    return len(latencies) / elapsed, latencies, errors
+    p50, p99 = fleetkit.pct(latencies, 50), fleetkit.pct(latencies, 99)
+    return len(latencies) / elapsed, p50, p99, errors
+
+
+WRK_SCRIPT = """
+local reqs, i = {}, 0
+init = function(args)
+  for line in io.lines(args[1]) do
+    local tab = line:find("\\t")
+    reqs[#reqs + 1] = wrk.format("POST", "/v1/heartbeats", {
+      ["Authorization"] = "Bearer " .. line:sub(1, tab - 1),
+      ["Content-Type"] = "application/json"}, line:sub(tab + 1))
+  end
+end
+request = function() i = i % #reqs + 1; return reqs[i] end
+"""
+"""wrk's request generator: the same pre-serialised (token, body) pairs, in order, wrapping."""
+
+_UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3}
+
+
+def _ms(text: str) -> float:
+    """`1.23ms` / `850.00us` / `1.02s` in milliseconds."""
+    for unit in ("us", "ms", "s"):
+        if text.endswith(unit):
+            return float(text[: -len(unit)]) * _UNITS[unit]
+    return float("nan")
+
+
+def _drive_wrk(
+    url: str, requests: list[tuple[str, bytes]], seconds: float, concurrency: int
+) -> Result:
+    """Drive with wrk (C, one thread): the load generator is no longer the bottleneck."""
+    with tempfile.TemporaryDirectory() as tmp:
+        lines = pathlib.Path(tmp) / "requests.tsv"
+        lines.write_bytes(b"".join(t.encode() + b"\t" + b + b"\n" for t, b in requests))
+        script = pathlib.Path(tmp) / "heartbeats.lua"
+        script.write_text(WRK_SCRIPT)
+        out = subprocess.run(
+            ["wrk", "-t1", f"-c{concurrency}", f"-d{int(seconds)}s", "--latency",
+             "-s", str(script), f"{url}/v1/heartbeats", "--", str(lines)],
+            capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+    rate = p50 = p99 = float("nan")
+    errors = 0
+    for line in out.splitlines():
+        words = line.split()
+        if line.startswith("Requests/sec:"):
+            rate = float(words[1])
+        elif words[:1] == ["50%"]:
+            p50 = _ms(words[1])
+        elif words[:1] == ["99%"]:
+            p99 = _ms(words[1])
+        elif line.startswith("Non-2xx or 3xx responses:"):
+            errors = int(words[-1])
+    return rate, p50, p99, errors
 
 
 async def _warm(url: str, requests: list[tuple[str, bytes]], concurrency: int) -> None:
@@ -144,7 +204,7 @@ async def _wait(url: str) -> None:
     raise RuntimeError(msg)
 
 
-async def run(sizes: list[int], seconds: float, concurrency: int) -> None:
+async def run(sizes: list[int], seconds: float, concurrency: int, generator: str) -> None:
     dev = cluster.Cluster()
     if not dev.is_up():
         sys.exit("the dev cluster is not running: start it with scripts/up")
@@ -174,14 +234,18 @@ async def run(sizes: list[int], seconds: float, concurrency: int) -> None:
                     # warm-up: one heartbeat per node fills the token cache (one TokenReview each)
                     await _warm(f"http://127.0.0.1:{port}", _bodies(tokens, 1, 1), concurrency)
                     requests = _bodies(tokens, max(1, 40_000 // n), 10)
-                    results = {}
+                    results: dict[str, Result] = {}
                     for name, url in (("baseline", f"http://127.0.0.1:{base_port}"),
                                       ("controller", f"http://127.0.0.1:{port}")):  # fmt: skip
-                        results[name] = await _drive(url, requests, seconds, concurrency)
+                        if generator == "wrk":
+                            results[name] = await asyncio.to_thread(
+                                _drive_wrk, url, requests, seconds, concurrency
+                            )
+                        else:
+                            results[name] = await _drive(url, requests, seconds, concurrency)
                     rss = _rss_mb(ctl.pid)
-                    for name, (rate, lat, errs) in results.items():
+                    for name, (rate, p50, p99, errs) in results.items():
                         shown_rss = f"{rss:7.0f}" if name == "controller" else f"{'':>7}"
-                        p50, p99 = fleetkit.pct(lat, 50), fleetkit.pct(lat, 99)
                         row = f"{n:>6} {name:<11} {rate:8.0f} {p50:8.2f} {p99:8.2f} {errs:>7}"
                         print(f"{row} {shown_rss}")
                     ratio = results["controller"][0] / results["baseline"][0]
@@ -202,9 +266,14 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, nargs="+", default=[1000, 5000])
     parser.add_argument("--seconds", type=float, default=15.0)
     parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument(
+        "--generator", choices=["wrk", "aiohttp"], default="wrk" if shutil.which("wrk") else
+        "aiohttp", help="load generator: wrk (C; Debian's wrk) or Python aiohttp workers",
+    )  # fmt: skip
     args = parser.parse_args()
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    asyncio.run(run(args.nodes, args.seconds, args.concurrency))
+    print(f"load generator: {args.generator}")
+    asyncio.run(run(args.nodes, args.seconds, args.concurrency, args.generator))
 
 
 if __name__ == "__main__":

@@ -189,12 +189,14 @@ class Authenticator:
             msg = "empty bearer token"
             raise Unauthenticated(msg)
         key = (hashlib.sha256(token.encode()).hexdigest(), audiences)
-        expiry = token_expiry(token)
 
         def ttl(identity: Identity | None) -> float:
+            # Only on a cache miss: decoding the token's expiry on every hit would cost a
+            # base64 and a JSON decode per heartbeat.
             if identity is None:
                 return NEGATIVE_TTL_S
             limit = self._token_ttl_s
+            expiry = token_expiry(token)
             if expiry is not None:
                 limit = min(limit, expiry - EXPIRY_MARGIN_S - self._clock())
             return max(limit, 0.0)

@@ -18,6 +18,8 @@ TAURUN = ("taugrid.dev", "v1alpha1", "tauruns")
 KUEUE = ("kueue.x-k8s.io", "v1beta2")
 RAYJOB = ("ray.io", "v1", "rayjobs")
 VISIBILITY_VERSIONS = ("v1beta2", "v1beta1")
+NODE_METADATA = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
+"""Accept header asking the API server for object metadata only."""
 VISIBILITY_RETRY_S = 60.0
 """After the visibility API fails, use the computed fallback this long before asking again."""
 
@@ -240,9 +242,17 @@ class RunStore:
         return list((await _json(resp)).get("items") or [])
 
     async def list_nodes(self, names: Sequence[str] | None = None) -> list[dict[str, Any]]:
-        """List nodes, or only those named (only names and annotations are used)."""
+        """List nodes, or only those named (only names and annotations are used).
+
+        The whole list comes as metadata only (a PartialObjectMetadataList): a node's status
+        (images, conditions, addresses) is most of its bytes, and decoding it for every node
+        on every pass cost the controller more CPU than its heartbeats."""
         if names is None:
-            resp = await self._core.list_node(_preload_content=False)
+            resp = await self.api.call_api(
+                "/api/v1/nodes", "GET",
+                header_params={"Accept": NODE_METADATA}, auth_settings=["BearerToken"],
+                _preload_content=False, _return_http_data_only=True,
+            )  # fmt: skip
             return list((await _json(resp)).get("items") or [])
         out: list[dict[str, Any]] = []
         for name in names:

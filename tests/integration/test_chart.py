@@ -368,8 +368,9 @@ CALL_RIGHTS: dict[tuple[str, str, str], tuple[Right, ...]] = {
         Right("authentication.k8s.io", "tokenreviews", "create"),),
     ("_authz", "create_subject_access_review", ""): (
         Right("authorization.k8s.io", "subjectaccessreviews", "create"),),
-    ("api", "call_api", ""): (
-        Right("visibility.kueue.x-k8s.io", "localqueues/pendingworkloads", "get"),),
+    ("api", "call_api", ""): (  # the visibility API, and the metadata-only node list
+        Right("visibility.kueue.x-k8s.io", "localqueues/pendingworkloads", "get"),
+        Right("", "nodes", "list")),
     ("_custom", "create_namespaced_custom_object", "TAURUN"): (Right(*TAURUN, "create"),),
     ("_custom", "get_namespaced_custom_object", "TAURUN"): (Right(*TAURUN, "get"),),
     ("_custom", "list_namespaced_custom_object", "TAURUN"): (Right(*TAURUN, "list"),),
