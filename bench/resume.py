@@ -241,13 +241,14 @@ async def _phase(
             await asyncio.sleep(3)  # every node has reported healthy
             await bench.run(trials, parallel)
     finally:
+        ctl.terminate()  # it gives its Lease up, so the next phase's controller leads at once
+        ctl.wait(timeout=15)
         stop.set()
         for t in tasks:
             t.cancel()
+        for t in tasks:
             with contextlib.suppress(asyncio.CancelledError, RuntimeError):
                 await t
-        ctl.terminate()  # it gives its Lease up, so the next phase's controller leads at once
-        ctl.wait(timeout=15)
     return bench
 
 
