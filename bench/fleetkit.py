@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 import pathlib
 import statistics
+import sys
 from typing import Any
 
-from kubernetes_asyncio import client
+from kubernetes_asyncio import client, config
 
 from devcluster import build, cluster, stack
 
@@ -15,6 +16,16 @@ from devcluster import build, cluster, stack
 def bin_dir() -> pathlib.Path:
     """The built control-plane binaries."""
     return build.built_dir() / "bin"
+
+
+async def dev_api() -> tuple[cluster.Cluster, client.ApiClient]:
+    """The running dev cluster and an admin client for it; exit with a hint when it is down."""
+    dev = cluster.Cluster()
+    if not dev.is_up():
+        sys.exit("the dev cluster is not running: start it with scripts/up")
+    cfg = client.Configuration()
+    await config.load_kube_config(config_file=str(dev.kubeconfig), client_configuration=cfg)
+    return dev, client.ApiClient(cfg)
 
 
 async def make_fleet(

@@ -27,10 +27,9 @@ import tempfile
 import time
 
 import aiohttp
-from kubernetes_asyncio import client, config
 
 from bench import fleetkit
-from devcluster import cluster, stack
+from devcluster import stack
 from shared import heartbeat
 from tests import controllerkit as kit
 
@@ -205,12 +204,7 @@ async def _wait(url: str) -> None:
 
 
 async def run(sizes: list[int], seconds: float, concurrency: int, generator: str) -> None:
-    dev = cluster.Cluster()
-    if not dev.is_up():
-        sys.exit("the dev cluster is not running: start it with scripts/up")
-    cfg = client.Configuration()
-    await config.load_kube_config(config_file=str(dev.kubeconfig), client_configuration=cfg)
-    api = client.ApiClient(cfg)
+    dev, api = await fleetkit.dev_api()
     header = ("nodes", "server", "hb/s", "p50 ms", "p99 ms", "errors", "RSS MB")
     print("{:>6} {:<11} {:>8} {:>8} {:>8} {:>7} {:>7}".format(*header))
     try:

@@ -25,7 +25,7 @@ import sys
 import time
 
 import aiohttp
-from kubernetes_asyncio import client, config
+from kubernetes_asyncio import client
 
 from bench import fleetkit
 from devcluster import cluster, stack
@@ -133,12 +133,7 @@ async def _trial_run(
 
 
 async def run(nodes: int, burst: tuple[int, int] | None) -> None:
-    dev = cluster.Cluster()
-    if not dev.is_up():
-        sys.exit("the dev cluster is not running: start it with scripts/up")
-    cfg = client.Configuration()
-    await config.load_kube_config(config_file=str(dev.kubeconfig), client_configuration=cfg)
-    api = client.ApiClient(cfg)
+    dev, api = await fleetkit.dev_api()
     try:
         times = await _trial_run(api, dev, nodes, nodes, burst=False)
         ok = [t for t in times if t != float("inf")]

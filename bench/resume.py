@@ -32,7 +32,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
-from kubernetes_asyncio import client, config
+from kubernetes_asyncio import client
 
 from bench import fleetkit
 from devcluster import cluster, stack
@@ -186,23 +186,12 @@ async def _setup(api: client.ApiClient, dev: cluster.Cluster, ns: str, nodes: in
     names = await asyncio.to_thread(
         dev.ensure_nodes, fleetkit.bin_dir(), nodes, prefix=f"{ns}-n", labels={LABEL: ns}
     )
-    custom = client.CustomObjectsApi(api)
-    flavor = kueue.resource_flavor(f"f-{ns}", {LABEL: ns})
-    await custom.create_cluster_custom_object(*kueue.KUEUE, "resourceflavors", flavor)
-    cq = kueue.cluster_queue(f"cq-{ns}", ns, gpus=8 * nodes, cpu=8 * nodes, flavor=f"f-{ns}")
-    await custom.create_cluster_custom_object(*kueue.KUEUE, "clusterqueues", cq)
-    await custom.create_namespaced_custom_object(
-        *kueue.KUEUE, ns, "localqueues", kueue.local_queue("q", ns, f"cq-{ns}")
-    )
+    await kueue.create_queues(api, ns, gpus=8 * nodes, cpu=8 * nodes, node_labels={LABEL: ns})
     return names
 
 
 async def _teardown(api: client.ApiClient, dev: cluster.Cluster, ns: str) -> None:
-    for plural, name in (("clusterqueues", f"cq-{ns}"), ("resourceflavors", f"f-{ns}")):
-        with contextlib.suppress(client.ApiException):
-            await client.CustomObjectsApi(api).delete_cluster_custom_object(
-                *kueue.KUEUE, plural, name
-            )
+    await kueue.delete_queues(api, ns)
     await asyncio.to_thread(
         dev.kubectl, fleetkit.bin_dir(), "delete", "nodes", "-l", f"{LABEL}={ns}", "--wait=false"
     )
@@ -270,12 +259,7 @@ def _summary(label: str, bench: Bench) -> str:
 
 
 async def run(trials: int, nodes: int, parallel: int) -> None:
-    dev = cluster.Cluster()
-    if not dev.is_up():
-        sys.exit("the dev cluster is not running: start it with scripts/up")
-    cfg = client.Configuration()
-    await config.load_kube_config(config_file=str(dev.kubeconfig), client_configuration=cfg)
-    api = client.ApiClient(cfg)
+    dev, api = await fleetkit.dev_api()
     ns = f"bench-resume-{secrets.token_hex(2)}"
     results: dict[bool, Bench] = {}
     try:

@@ -161,6 +161,18 @@ class _TTLCache:
             self._data.pop(next(iter(self._data)))
 
 
+def bearer_token(header: str | None) -> str:
+    """The token of an `Authorization: Bearer <token>` header; Unauthenticated otherwise."""
+    if not header or not header.startswith("Bearer "):
+        msg = "missing bearer token: send `Authorization: Bearer <token>`"
+        raise Unauthenticated(msg)
+    token = header.removeprefix("Bearer ").strip()
+    if not token:
+        msg = "empty bearer token"
+        raise Unauthenticated(msg)
+    return token
+
+
 class Authenticator:
     """Authenticate bearer tokens and authorise calls, with caches in front of the reviews."""
 
@@ -181,13 +193,7 @@ class Authenticator:
 
     async def authenticate(self, header: str | None, audiences: tuple[str, ...] = ()) -> Identity:
         """Return the identity behind an `Authorization: Bearer` header, or raise."""
-        if not header or not header.startswith("Bearer "):
-            msg = "missing bearer token: send `Authorization: Bearer <token>`"
-            raise Unauthenticated(msg)
-        token = header.removeprefix("Bearer ").strip()
-        if not token:
-            msg = "empty bearer token"
-            raise Unauthenticated(msg)
+        token = bearer_token(header)
         key = (hashlib.sha256(token.encode()).hexdigest(), audiences)
 
         def ttl(identity: Identity | None) -> float:

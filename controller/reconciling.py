@@ -237,14 +237,9 @@ class Reconciler:
         async with self._lock((namespace, name)):
             item = await self._managed_run(namespace, name)
             old = item.get("status") or {}
-            phase = str(old.get("phase") or runs.Phase.PENDING)
-            if phase not in {runs.Phase.FAILED, runs.Phase.CANCELLED}:
-                msg = (
-                    f"run {name!r} is {phase}; only a Failed or Cancelled run can be resumed"
-                    + (" (cancel it first to restart it)" if phase not in runs.TERMINAL_PHASES
-                       else "")
-                )  # fmt: skip
-                raise ResumeRefusedError(msg)
+            refusal = runs.resume_refusal(name, str(old.get("phase") or runs.Phase.PENDING))
+            if refusal:
+                raise ResumeRefusedError(refusal)
             try:
                 spec = specs.validate_spec(item.get("spec") or {}).spec
             except specs.SpecError as err:
@@ -256,18 +251,11 @@ class Reconciler:
                 cleared = await self.store.annotate_run(namespace, name, {CANCEL_ANNOTATION: None})
                 item = cleared or item
             now = self._clock()
-            status: dict[str, Any] = copy.deepcopy(old)
-            status.setdefault("conditions", [])
-            status.setdefault("attempts", [])
+            status = runs.reopened(old, by=by, now=now)
             current = int(status.get("currentAttempt") or 0)
             latest = checkpoints.latest(status)
             start_from = checkpoint if checkpoint is not None else (
                 str(latest.get("path", "")) if latest else "")  # fmt: skip
-            for c in status["conditions"]:
-                if c.get("type") in {str(p) for p in runs.TERMINAL_PHASES}:
-                    c.update(status="False", reason="Resumed", lastTransitionTime=runs.iso(now),
-                             message=f"resumed by {by}")  # fmt: skip
-            status.update(attemptBudgetFrom=current, endTime=None, objectsDeleted=None)
             await self._ensure_run_objects(_run_ref(item), status)
             await self._start_attempt(spec, _run_ref(item), status, current + 1, now,
                                       resume_from=start_from)  # fmt: skip

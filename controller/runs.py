@@ -21,6 +21,7 @@ pods and later readmits the same Job, so pods ending under a suspension are not 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import datetime as dt
 import enum
@@ -749,6 +750,31 @@ def evidence(
         out["experiment"] = spec.experiment.model_dump(mode="json", by_alias=True,
                                                        exclude_none=True)  # fmt: skip
     out["attempts"] = [{k: a[k] for k in _EVIDENCE_ATTEMPT_KEYS if k in a} for a in attempts]
+    return out
+
+
+def resume_refusal(name: str, phase: str) -> str:
+    """Why a run in `phase` cannot be resumed by hand ('' when it can: Failed or Cancelled)."""
+    if phase in {Phase.FAILED, Phase.CANCELLED}:
+        return ""
+    hint = "" if phase in TERMINAL_PHASES else " (cancel it first to restart it)"
+    return f"run {name!r} is {phase}; only a Failed or Cancelled run can be resumed{hint}"
+
+
+def reopened(status: Mapping[str, Any], *, by: str, now: dt.datetime) -> dict[str, Any]:
+    """A copy of an ended run's status, reopened for a manual resume: the end conditions
+    turn False (reason Resumed, who and when), the end time and the TTL clean-up are
+    forgotten, and `retry.maxAttempts` counts afresh from the current attempt."""
+    out = copy.deepcopy(dict(status))
+    out.setdefault("conditions", [])
+    out.setdefault("attempts", [])
+    ended = {str(p) for p in TERMINAL_PHASES}
+    for c in out["conditions"]:
+        if c.get("type") in ended:
+            c.update(status="False", reason="Resumed", lastTransitionTime=iso(now),
+                     message=f"resumed by {by}")  # fmt: skip
+    out.update(attemptBudgetFrom=int(out.get("currentAttempt") or 0), endTime=None,
+               objectsDeleted=None)  # fmt: skip
     return out
 
 

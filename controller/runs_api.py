@@ -395,8 +395,7 @@ async def _run_caller(request: web.Request, verb: str, subresource: str = "") ->
     """
     namespace = _check_namespace(request.match_info["namespace"])
     name = request.match_info["name"]
-    header = request.headers.get("Authorization") or ""
-    token = header.removeprefix("Bearer ").strip() if header.startswith("Bearer ") else ""
+    token = auth.bearer_token(request.headers.get("Authorization"))
     if token.startswith(reconciling.RUN_TOKEN_PREFIX):
         expected = await _ctx(request).run_token_digest(namespace, name)
         got = reconciling.token_digest(token)

@@ -109,13 +109,37 @@ def gpu_job(
     }
 
 
-async def create_queues(api: client.ApiClient, namespace: str, gpus: int) -> str:
-    """Create a private ClusterQueue and a LocalQueue in `namespace`; return the queue name."""
+def flavor_name(namespace: str) -> str:
+    """The private ResourceFlavor `create_queues` makes for `namespace` (given node labels)."""
+    return f"rf-{namespace}"[:63]
+
+
+async def create_queues(
+    api: client.ApiClient,
+    namespace: str,
+    gpus: int,
+    *,
+    cpu: int = 64,
+    node_labels: dict[str, str] | None = None,
+    checks: tuple[str, ...] = (),
+) -> str:
+    """Create a private ClusterQueue and a LocalQueue `q` in `namespace`; return `q`.
+
+    With `node_labels`, the queue gets a ResourceFlavor of its own that pins admitted pods to
+    the nodes carrying them (`flavor_name`); `checks` are AdmissionChecks it waits on.
+    """
     custom = client.CustomObjectsApi(api)
     cq = f"cq-{namespace}"[:63]
+    flavor = cluster.FLAVOR
+    if node_labels is not None:
+        flavor = flavor_name(namespace)
+        await custom.create_cluster_custom_object(
+            *KUEUE, "resourceflavors", resource_flavor(flavor, node_labels)
+        )
     await custom.create_cluster_custom_object(
-        *KUEUE, "clusterqueues", cluster_queue(cq, namespace, gpus)
-    )
+        *KUEUE, "clusterqueues",
+        cluster_queue(cq, namespace, gpus, cpu, flavor=flavor, checks=checks),
+    )  # fmt: skip
     await custom.create_namespaced_custom_object(
         *KUEUE, namespace, "localqueues", local_queue("q", namespace, cq)
     )
@@ -123,13 +147,16 @@ async def create_queues(api: client.ApiClient, namespace: str, gpus: int) -> str
 
 
 async def delete_queues(api: client.ApiClient, namespace: str) -> None:
-    """Delete the private ClusterQueue made by `create_queues` (the namespace takes the rest)."""
+    """Delete the private ClusterQueue and ResourceFlavor made by `create_queues` (the
+    namespace takes the rest); those never made are not an error."""
     custom = client.CustomObjectsApi(api)
-    try:
-        await custom.delete_cluster_custom_object(*KUEUE, "clusterqueues", f"cq-{namespace}"[:63])
-    except client.ApiException as err:
-        if err.status != 404:
-            raise
+    for plural, name in (("clusterqueues", f"cq-{namespace}"[:63]),
+                         ("resourceflavors", flavor_name(namespace))):  # fmt: skip
+        try:
+            await custom.delete_cluster_custom_object(*KUEUE, plural, name)
+        except client.ApiException as err:
+            if err.status != 404:
+                raise
 
 
 async def workload_of(api: client.ApiClient, namespace: str, job: str) -> dict[str, Any]:

@@ -35,22 +35,7 @@ async def env(
     The queue's own ResourceFlavor pins its pods to `gpu-node-1`: other tests make and
     delete fake GPU nodes of their own, and a pod on one of those would lose its log.
     """
-    custom = client.CustomObjectsApi(k8s)
-    flavor = f"rf-{namespace}"[:63]
-    await custom.create_cluster_custom_object(*kueue.KUEUE, "resourceflavors", {
-        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor",
-        "metadata": {"name": flavor},
-        "spec": {"nodeLabels": {"kubernetes.io/hostname": NODE}},
-    })  # fmt: skip
-    cq = kueue.cluster_queue(f"cq-{namespace}"[:63], namespace, gpus=8)
-    cq["spec"]["resourceGroups"][0]["flavors"][0]["name"] = flavor
-    await custom.create_cluster_custom_object(*kueue.KUEUE, "clusterqueues", cq)
-    await custom.create_namespaced_custom_object(
-        *kueue.KUEUE,
-        namespace,
-        "localqueues",
-        kueue.local_queue("q", namespace, cq["metadata"]["name"]),
-    )
+    await kueue.create_queues(k8s, namespace, gpus=8, node_labels={"kubernetes.io/hostname": NODE})
     token = await kit.make_token(k8s, namespace, "researcher", kit.RESEARCHER_RULES)
     ctl = await controllerkit.start_controller(
         dev_cluster.kubeconfig, namespace,
@@ -66,7 +51,6 @@ async def env(
         await http.close()
         await ctl.stop()
         await kueue.delete_queues(k8s, namespace)
-        await custom.delete_cluster_custom_object(*kueue.KUEUE, "resourceflavors", flavor)
 
 
 async def tau(env: kit.Env, *args: str) -> tuple[int, str, str]:
@@ -161,7 +145,7 @@ async def test_single_gpu_run_from_queue_to_success(
     assert status == 200
     assert ev["nodes"] == [NODE]
     assert ev["kueue"]["clusterQueue"] == f"cq-{env.namespace}"[:63]
-    assert ev["kueue"]["flavors"]["nvidia.com/gpu"] == f"rf-{env.namespace}"[:63]
+    assert ev["kueue"]["flavors"]["nvidia.com/gpu"] == kueue.flavor_name(env.namespace)
     assert ev["image"] == kit.IMAGE
     assert ev["specHash"].startswith("sha256:")
 

@@ -93,20 +93,13 @@ async def world(
         dev_cluster.ensure_nodes, bin_dir, 3, prefix=prefix, labels={FLEET_LABEL: namespace}
     )
     custom = client.CustomObjectsApi(k8s)
-    check, flavor, cq = (f"gh-{namespace}"[:63], f"f-{namespace}"[:63], f"cq-{namespace}"[:63])
-    kind = {"apiVersion": "kueue.x-k8s.io/v1beta2"}
-    cluster_objects: list[tuple[str, dict[str, Any]]] = [
-        ("admissionchecks", {**kind, "kind": "AdmissionCheck", "metadata": {"name": check},
-                             "spec": {"controllerName": "taugrid.dev/gpu-health"}}),
-        ("resourceflavors", kueue.resource_flavor(flavor, {FLEET_LABEL: namespace})),
-        ("clusterqueues", kueue.cluster_queue(cq, namespace, gpus=24, flavor=flavor,
-                                              checks=(check,))),
-    ]  # fmt: skip
-    for plural, body in cluster_objects:
-        await custom.create_cluster_custom_object(*kueue.KUEUE, plural, body)
-    await custom.create_namespaced_custom_object(
-        *kueue.KUEUE, namespace, "localqueues", kueue.local_queue("q", namespace, cq)
-    )
+    check = f"gh-{namespace}"[:63]
+    await custom.create_cluster_custom_object(*kueue.KUEUE, "admissionchecks", {
+        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "AdmissionCheck",
+        "metadata": {"name": check}, "spec": {"controllerName": "taugrid.dev/gpu-health"},
+    })  # fmt: skip
+    await kueue.create_queues(k8s, namespace, gpus=24, node_labels={FLEET_LABEL: namespace},
+                              checks=(check,))  # fmt: skip
     token = await make_token(k8s, namespace, "researcher", RESEARCHER_RULES)
     oncall = await kit.admin_token(k8s, namespace)
     agents = {n: kit.Agent(n, await kit.agent_token(k8s, namespace, n)) for n in nodes}
@@ -125,11 +118,9 @@ async def world(
         ) as (ctl, http, _):  # fmt: skip
             yield World(namespace, nodes, agents, k8s, http, ctl.url, token, oncall)
     finally:
-        for plural, body in reversed(cluster_objects):
-            with contextlib.suppress(client.ApiException):
-                await custom.delete_cluster_custom_object(
-                    *kueue.KUEUE, plural, body["metadata"]["name"]
-                )
+        await kueue.delete_queues(k8s, namespace)
+        with contextlib.suppress(client.ApiException):
+            await custom.delete_cluster_custom_object(*kueue.KUEUE, "admissionchecks", check)
         core = client.CoreV1Api(k8s)
         for n in nodes:
             with contextlib.suppress(client.ApiException):

@@ -82,32 +82,6 @@ class World:
     http: aiohttp.ClientSession
 
 
-async def _queue_on_node(api: client.ApiClient, namespace: str, node: str) -> None:
-    """A private ClusterQueue, LocalQueue `q` and a ResourceFlavor that pins pods to `node`."""
-    custom = client.CustomObjectsApi(api)
-    flavor = f"rf-{namespace}"[:63]
-    await custom.create_cluster_custom_object(*kueue.KUEUE, "resourceflavors", {
-        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor",
-        "metadata": {"name": flavor},
-        "spec": {"nodeLabels": {"kubernetes.io/hostname": node}},
-    })  # fmt: skip
-    cq = kueue.cluster_queue(f"cq-{namespace}"[:63], namespace, gpus=8)
-    cq["spec"]["resourceGroups"][0]["flavors"][0]["name"] = flavor
-    await custom.create_cluster_custom_object(*kueue.KUEUE, "clusterqueues", cq)
-    await custom.create_namespaced_custom_object(
-        *kueue.KUEUE, namespace, "localqueues",
-        kueue.local_queue("q", namespace, cq["metadata"]["name"]),
-    )  # fmt: skip
-
-
-async def _delete_queue(api: client.ApiClient, namespace: str) -> None:
-    await kueue.delete_queues(api, namespace)
-    with contextlib.suppress(client.ApiException):
-        await client.CustomObjectsApi(api).delete_cluster_custom_object(
-            *kueue.KUEUE, "resourceflavors", f"rf-{namespace}"[:63]
-        )
-
-
 async def _oncall_researcher_token(api: client.ApiClient, namespace: str) -> str:
     """The on-call token of `controllerkit.admin_token`, also bound to the researcher Role."""
     token = await kit.admin_token(api, namespace)
@@ -135,7 +109,9 @@ async def world(
         labels={"taugrid.dev/test-fleet": namespace},
     )  # fmt: skip
     try:
-        await _queue_on_node(k8s, namespace, nodes[1])
+        await kueue.create_queues(
+            k8s, namespace, gpus=8, node_labels={"kubernetes.io/hostname": nodes[1]}
+        )
         researcher = await runs_kit.make_token(
             k8s, namespace, "researcher", runs_kit.RESEARCHER_RULES
         )
@@ -151,7 +127,7 @@ async def world(
             await _submit(w)
             yield w
     finally:
-        await _delete_queue(k8s, namespace)
+        await kueue.delete_queues(k8s, namespace)
         await kit.delete_test_rbac(k8s, namespace)
         core = client.CoreV1Api(k8s)
         for n in nodes:

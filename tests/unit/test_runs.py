@@ -1128,3 +1128,32 @@ async def test_a_quarantined_node_resumes_its_runs_without_a_full_pass() -> None
     assert ("team", "Job", "demo-a2") in store.objects
     assert ("Pod", runs.LABEL_RUN, "spec.nodeName=n0") in store.lists
     assert all(sel != runs.LABEL_RUN or field for _, sel, field in store.lists), store.lists
+
+
+@pytest.mark.parametrize(
+    ("phase", "words"),
+    [("Failed", ""), ("Cancelled", ""), ("Running", "cancel it first"),
+     ("Succeeded", "only a Failed or Cancelled run")],
+)  # fmt: skip
+def test_only_failed_or_cancelled_runs_resume_by_hand(phase: str, words: str) -> None:
+    """A running run must be cancelled first; a succeeded one has nothing to resume."""
+    refusal = runs.resume_refusal("demo", phase)
+    assert (refusal == "") == (words == ""), refusal
+    assert words in refusal
+
+
+def test_a_reopened_status_forgets_its_end_and_counts_attempts_afresh() -> None:
+    """End conditions turn False with who resumed; the original status is not touched."""
+    ended: dict[str, Any] = {"phase": "Failed", "currentAttempt": 2, "endTime": _ts(9),
+             "objectsDeleted": True,
+             "conditions": [_cond("Queued"), _cond("Failed", reason="AppError")]}  # fmt: skip
+    status = runs.reopened(ended, by="ada", now=T0)
+    failed = status["conditions"][1]
+    assert (failed["status"], failed["reason"], failed["message"]) == (
+        "False", "Resumed", "resumed by ada",
+    )  # fmt: skip
+    assert status["conditions"][0]["status"] == "True"
+    assert (status["attemptBudgetFrom"], status["endTime"], status["objectsDeleted"]) == (
+        2, None, None,
+    )  # fmt: skip
+    assert ended["conditions"][1]["status"] == "True"
