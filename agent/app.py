@@ -16,7 +16,8 @@ from typing import Any
 import structlog
 from aiohttp import web
 
-from agent import auth, dcgm, latching, metrics, monitoring, readings, reporting, settings
+from agent import auth, latching, metrics, monitoring, readings, reporting, settings, snapshots
+from agent.probing import dcgm
 from shared import health
 
 log = structlog.get_logger("agent.app")
@@ -95,7 +96,7 @@ async def handle_readyz(request: web.Request) -> web.Response:
 
 
 def gpus_document(
-    view: monitoring.View, reporter: reporting.Reporter | None, *, dcgm_enabled: bool
+    view: snapshots.View, reporter: reporting.Reporter | None, *, dcgm_enabled: bool
 ) -> dict[str, Any]:
     """Build the `/v1/gpus` document an on-call engineer reads."""
     by_index = {s.index: s for s in view.snapshots}

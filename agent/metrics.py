@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from agent import monitoring, readings
+from agent import readings, snapshots
 from shared import health
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -85,7 +85,7 @@ def _number(value: float | bool) -> str:
     return repr(float(value))
 
 
-def render(view: monitoring.View, *, export_dcgm: bool = True, hostname_label: bool = True) -> str:
+def render(view: snapshots.View, *, export_dcgm: bool = True, hostname_label: bool = True) -> str:
     """Render the whole `/metrics` body from one view."""
     lines: list[str] = []
     snapshots = sorted(view.snapshots, key=lambda s: s.index)

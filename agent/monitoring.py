@@ -3,8 +3,9 @@
 It owns NVML (`agent.probing.nvml`), the event thread, the kernel-log reader, DCGM and the
 state file. Each pass reads the due tiers, folds new Xids and DCGM results into the node state
 with `verdicts.evaluate_node`, writes the state file when it changed and publishes an immutable
-`View` that metrics, `/v1/gpus` and heartbeats read; nothing reads NVML at scrape time. A new
-event wakes the loop at once, so an Xid reaches the verdict without waiting for the next tick.
+`snapshots.View` that metrics, `/v1/gpus` and heartbeats read; nothing reads NVML at scrape time.
+A new event wakes the loop at once, so an Xid reaches the verdict without waiting for the next
+tick.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from typing import Any
 
 import structlog
 
-from agent import dcgm, dedupe, latching, readings, settings, statefile, verdicts
-from agent.probing import kmsg, nvml
+from agent import dedupe, latching, readings, settings, snapshots, statefile, verdicts
+from agent.probing import dcgm, kmsg, nvml
 from shared import health
 
 log = structlog.get_logger("agent.monitoring")
@@ -31,40 +32,6 @@ _REGISTRATION_RETRY_S = 30.0
 
 _COUNTER_TRIGGERS = {48, 63, 64, 92, 94, 95, 154}
 """Xids after which the counters (ECC, remap, recovery action) are read at once."""
-
-
-@dataclasses.dataclass(frozen=True)
-class View:
-    """The last probe pass, as everything that serves data reads it."""
-
-    node_name: str
-    boot_id: str
-    taken_at: dt.datetime | None = None
-    driver_version: str = ""
-    nvml_available: bool = False
-    nvml_detail: str = "not started"
-    snapshots: tuple[readings.GpuSnapshot, ...] = ()
-    verdicts: tuple[verdicts.GpuVerdict, ...] = ()
-    state: latching.NodeState = dataclasses.field(default_factory=latching.NodeState)
-    recent_events: dict[int, tuple[readings.XidEvent, ...]] = dataclasses.field(
-        default_factory=dict
-    )
-    last_xid: dict[int, int] = dataclasses.field(default_factory=dict)
-    last_diag: readings.DiagResult | None = None
-    last_health: readings.HealthCheck | None = None
-    dcgm_status: dcgm.Status = dataclasses.field(
-        default_factory=lambda: dcgm.Status(False, "not started", "")
-    )
-    diag_running: int | None = None
-    probe_seconds: dict[str, float] = dataclasses.field(default_factory=dict)
-    probe_errors: dict[str, int] = dataclasses.field(default_factory=dict)
-    kmsg_detail: str = ""
-    events_registered: int = 0
-    """GPUs whose NVML event registration succeeded (Xid events before that are kmsg-only)."""
-    enumeration_errors: dict[int, str] = dataclasses.field(default_factory=dict)
-    """GPU index -> why NVML could not enumerate it (retried every counter pass)."""
-    state_detail: str = ""
-    """What is wrong with the state file (set aside at start, or not writable); '' when fine."""
 
 
 def utcnow() -> dt.datetime:
@@ -78,7 +45,7 @@ def read_boot_id(path: Any) -> str:
 
 
 class Monitor:
-    """Run the probe tiers and keep the `View` current."""
+    """Run the probe tiers and keep the `snapshots.View` current."""
 
     def __init__(
         self,
@@ -112,7 +79,7 @@ class Monitor:
         self._last_diag: readings.DiagResult | None = None
         self._last_health: readings.HealthCheck | None = None
         self._boot_time = kmsg.boot_time_now()
-        self._listeners: list[Callable[[View], None]] = []
+        self._listeners: list[Callable[[snapshots.View], None]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._nvml_retry_at = 0.0
         self._kmsg_seq: int | None = None
@@ -122,10 +89,10 @@ class Monitor:
         self._start_future: asyncio.Future[None] | None = None
         self._hung_pass: asyncio.Future[tuple[list[readings.GpuSnapshot], float]] | None = None
         boot_id = read_boot_id(config.boot_id_path)
-        self.view = View(node_name=config.node_name, boot_id=boot_id)
+        self.view = snapshots.View(node_name=config.node_name, boot_id=boot_id)
         self.passes = 0
 
-    def subscribe(self, listener: Callable[[View], None]) -> None:
+    def subscribe(self, listener: Callable[[snapshots.View], None]) -> None:
         """Call `listener(view)` from the event loop whenever a verdict or action changes."""
         self._listeners.append(listener)
 
@@ -327,7 +294,7 @@ class Monitor:
             snapshots.append(snap)
         return snapshots, time.perf_counter() - started
 
-    async def probe_once(self) -> View:
+    async def probe_once(self) -> snapshots.View:
         """Run one pass: read the due tiers, fold events and DCGM results, publish the view."""
         if not self.view.nvml_available and time.monotonic() >= self._nvml_retry_at:
             await self._start_nvml()

@@ -7,6 +7,7 @@ is an absence, never an error.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import enum
 from typing import Literal
@@ -149,3 +150,12 @@ class HealthCheck(heartbeat.WireModel):
     at: dt.datetime
     overall: HealthValue
     gpus: tuple[GpuHealth, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DcgmStatus:
+    """What `/v1/gpus` says about DCGM."""
+
+    available: bool
+    detail: str
+    hostengine: str

@@ -22,66 +22,9 @@ from collections.abc import Awaitable, Callable
 import aiohttp
 import structlog
 
-from agent import monitoring, settings
-from shared import heartbeat
+from agent import monitoring, settings, snapshots
 
 log = structlog.get_logger("agent.reporting")
-
-
-def build_heartbeat(
-    view: monitoring.View,
-    *,
-    interval_s: float,
-    agent_url: str,
-    sequence: int,
-    now: dt.datetime,
-) -> heartbeat.Heartbeat:
-    """Turn a view into the wire heartbeat (pure)."""
-    by_index = {s.index: s for s in view.snapshots}
-    gpus: list[heartbeat.GpuReport] = []
-    for v in view.verdicts:
-        s = by_index.get(v.index)
-        readings = heartbeat.GpuReadings()
-        if s is not None and s.nvml_error is None:
-            down = (
-                sum(1 for up in s.nvlink_up.values() if not up) if s.nvlink_up is not None else None
-            )
-            readings = heartbeat.GpuReadings(
-                temperature_c=s.temperature_c,
-                power_w=s.power_w,
-                utilization_pct=s.utilization_gpu_pct,
-                memory_used_mib=s.fb_used_mib,
-                ecc_uncorrected_volatile=s.ecc_dbe_volatile,
-                ecc_corrected_volatile=s.ecc_sbe_volatile,
-                remapped_rows_pending=s.remap_pending,
-                remapped_rows_failure=s.remap_failure,
-                pcie_replay_count=s.pcie_replay_count,
-                nvlinks_down=down,
-            )
-        gpus.append(
-            heartbeat.GpuReport(
-                index=v.index,
-                uuid=v.uuid,
-                name=s.name if s else "",
-                pci_bus_id=s.pci_bus_id if s else "",
-                verdict=v.verdict,
-                action=v.action,
-                reasons=list(v.reasons),
-                readings=readings,
-            )
-        )
-    return heartbeat.Heartbeat(
-        schema_version=heartbeat.SCHEMA_VERSION,
-        node_name=view.node_name,
-        boot_id=view.boot_id[:64],
-        agent_url=agent_url,
-        interval_s=interval_s,
-        sequence=sequence,
-        sent_at=now,
-        driver_version=view.driver_version,
-        dcgm_available=view.dcgm_status.available,
-        gpus=gpus,
-    )
 
 
 def leader_hint(headers: dict[str, str], body: bytes) -> str:
@@ -257,7 +200,7 @@ class Reporter:
         if self._monitor.view.taken_at is None:
             return True
         self._sequence += 1
-        body = build_heartbeat(
+        body = snapshots.build_heartbeat(
             self._monitor.view,
             interval_s=self._settings.heartbeat_interval_s,
             agent_url=self._settings.effective_agent_url(),

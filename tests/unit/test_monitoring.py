@@ -25,7 +25,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent import latching, monitoring, readings, verdicts
+from agent import latching, readings, snapshots, verdicts
 from agent import metrics as agent_metrics
 from controller import fleet, gating, policy, runs
 from controller import metrics as controller_metrics
@@ -221,7 +221,7 @@ def agent_series() -> dict[str, frozenset[str]]:
         boot_id="b",
         gpus={UUID: latching.GpuState(uuid=UUID, index=0, xid_counts={79: 1})},
     )
-    view = monitoring.View(
+    view = snapshots.View(
         node_name="gpu-node-0", boot_id="b", taken_at=T0, driver_version="550.54.15",
         nvml_available=True, snapshots=(snapshot,),
         verdicts=(verdicts.GpuVerdict(UUID, 0, health.Verdict.HEALTHY, health.Action.NONE, ()),),

@@ -27,7 +27,7 @@ import pytest
 from aiohttp import test_utils
 
 from agent import app as agent_app
-from agent import auth, monitoring, readings, settings
+from agent import auth, monitoring, readings, settings, snapshots
 from agent.probing import nvml
 from devcluster import fakenvml
 from shared import health
@@ -321,7 +321,7 @@ class Rig:
     control: fakenvml.InProcessControl
     monitor: monitoring.Monitor
 
-    async def until(self, check: Callable[[monitoring.View], bool], what: str) -> monitoring.View:
+    async def until(self, check: Callable[[snapshots.View], bool], what: str) -> snapshots.View:
         """Step probe passes until `check(view)` holds, against a generous deadline."""
         deadline = time.monotonic() + DEADLINE_S
         while True:
@@ -353,13 +353,13 @@ async def make_rig(
         await rig.monitor.stop()
 
 
-def verdict_of(view: monitoring.View, index: int) -> tuple[health.Verdict, health.Action]:
+def verdict_of(view: snapshots.View, index: int) -> tuple[health.Verdict, health.Action]:
     """The (verdict, action) of one GPU."""
     v = next(v for v in view.verdicts if v.index == index)
     return v.verdict, v.action
 
 
-def latched_codes(view: monitoring.View, index: int) -> set[str]:
+def latched_codes(view: snapshots.View, index: int) -> set[str]:
     """The latched fault codes of one GPU."""
     uuid = next(v.uuid for v in view.verdicts if v.index == index)
     return {f.code for f in view.state.gpus[uuid].latched}

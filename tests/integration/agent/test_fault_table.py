@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent import metrics, monitoring, settings
+from agent import metrics, monitoring, settings, snapshots
 from devcluster import fakenvml
 from shared import health
 
@@ -50,7 +50,7 @@ class Rig:
         self.monitor = monitoring.Monitor(self.config)
         await self.monitor.start(loops=False)
 
-    async def until(self, check: Callable[[monitoring.View], bool]) -> monitoring.View:
+    async def until(self, check: Callable[[snapshots.View], bool]) -> snapshots.View:
         """Step probe passes until `check(view)` holds, against a generous deadline."""
         deadline = time.monotonic() + DEADLINE_S
         while True:
@@ -94,13 +94,13 @@ async def rig(fake: fakenvml.InProcessControl, tmp_path: pathlib.Path) -> AsyncI
         await r.monitor.stop()
 
 
-def gpu_verdict(view: monitoring.View, index: int = GPU) -> tuple[health.Verdict, health.Action]:
+def gpu_verdict(view: snapshots.View, index: int = GPU) -> tuple[health.Verdict, health.Action]:
     """The (verdict, action) of one GPU."""
     v = next(v for v in view.verdicts if v.index == index)
     return v.verdict, v.action
 
 
-def metric_value(view: monitoring.View, name: str, **labels: str) -> float | None:
+def metric_value(view: snapshots.View, name: str, **labels: str) -> float | None:
     """Parse `/metrics` and return one sample's value."""
     text = metrics.render(view)
     for family in text_string_to_metric_families(text):

@@ -7,7 +7,7 @@ import pathlib
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent import latching, metrics, monitoring, readings, verdicts
+from agent import latching, metrics, readings, snapshots, verdicts
 from shared import health
 
 GOLDEN = pathlib.Path(__file__).parents[2] / "fixtures" / "metrics" / "agent_metrics.prom"
@@ -15,7 +15,7 @@ T0 = dt.datetime(2026, 5, 1, 12, 0, tzinfo=dt.UTC)
 UUIDS = ("GPU-11111111-2222-3333-4444-555555555555", "GPU-66666666-7777-8888-9999-000000000000")
 
 
-def view() -> monitoring.View:
+def view() -> snapshots.View:
     """Two GPUs with fixed readings; GPU 1 has a latched Xid 79 and an Xid 13 count."""
     snaps = tuple(
         readings.GpuSnapshot(
@@ -63,7 +63,7 @@ def view() -> monitoring.View:
             ),
         },
     )
-    return monitoring.View(
+    return snapshots.View(
         node_name="gpu-node-1",
         boot_id="b",
         taken_at=T0,

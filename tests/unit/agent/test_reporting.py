@@ -21,7 +21,7 @@ import pytest
 from aiohttp import test_utils, web
 
 from agent import app as agent_app
-from agent import monitoring, reporting, settings, verdicts
+from agent import monitoring, reporting, settings, snapshots, verdicts
 from shared import health, heartbeat
 
 DEADLINE_S = 30.0
@@ -38,7 +38,7 @@ class StubMonitor(monitoring.Monitor):
     async def stop(self) -> None:
         """Stop nothing."""
 
-    def publish(self, view: monitoring.View) -> None:
+    def publish(self, view: snapshots.View) -> None:
         """Install `view` and tell the subscribers, as a probe pass with a changed verdict does."""
         self.view = view
         for listener in self._listeners:
@@ -55,9 +55,9 @@ def gpu(index: int, verdict: health.Verdict, action: health.Action) -> verdicts.
     return verdicts.GpuVerdict(f"GPU-{index:04d}", index, verdict, action, reasons)
 
 
-def view(*gpus: verdicts.GpuVerdict) -> monitoring.View:
+def view(*gpus: verdicts.GpuVerdict) -> snapshots.View:
     """A probe view taken at T0."""
-    return monitoring.View(node_name="gpu-node-1", boot_id="boot-1", taken_at=T0, verdicts=gpus)
+    return snapshots.View(node_name="gpu-node-1", boot_id="boot-1", taken_at=T0, verdicts=gpus)
 
 
 HEALTHY = gpu(0, health.Verdict.HEALTHY, health.Action.NONE)

@@ -8,9 +8,10 @@ import pathlib
 
 import pytest
 
-from agent import dcgm, readings
+from agent import readings
+from agent.probing import dcgm
 
-FIXTURES = pathlib.Path(__file__).parents[2] / "fixtures" / "dcgm"
+FIXTURES = pathlib.Path(__file__).parents[3] / "fixtures" / "dcgm"
 T0 = dt.datetime(2026, 5, 1, tzinfo=dt.UTC)
 P, F, S = readings.DiagStatus.PASS, readings.DiagStatus.FAIL, readings.DiagStatus.SKIP
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import datetime as dt
 import json
 import shutil
@@ -226,15 +225,6 @@ def _health_value(raw: object) -> readings.HealthValue:
     return "Healthy"
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Status:
-    """What `/v1/gpus` says about DCGM."""
-
-    available: bool
-    detail: str
-    hostengine: str
-
-
 class Dcgm:
     """Run `dcgmi` as a subprocess: watches at start, health reads, one diagnostic at a time."""
 
@@ -253,7 +243,7 @@ class Dcgm:
         self._diag_timeout_s = diag_timeout_s
         self._clock = clock
         self._diag_lock = asyncio.Lock()
-        self.status = Status(
+        self.status = readings.DcgmStatus(
             available=False,
             detail=f"dcgmi not found ({dcgmi})" if self._dcgmi is None else "not started",
             hostengine=hostengine,
@@ -299,20 +289,22 @@ class Dcgm:
             raise
         return proc.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace")
 
-    async def start(self) -> Status:
+    async def start(self) -> readings.DcgmStatus:
         """Set health watches on every system (`dcgmi health -s a`)."""
         if self._dcgmi is None:
             return self.status
         try:
             rc, out, err = await self._run(["health", "-s", "a"], self._command_timeout_s)
         except DcgmError as exc:
-            self.status = Status(False, str(exc), self._hostengine)
+            self.status = readings.DcgmStatus(False, str(exc), self._hostengine)
             return self.status
         if rc != 0:
             detail = (err or out).strip().splitlines()[-1:] or [f"exit code {rc}"]
-            self.status = Status(False, f"dcgmi health -s a failed: {detail[0]}", self._hostengine)
+            self.status = readings.DcgmStatus(
+                False, f"dcgmi health -s a failed: {detail[0]}", self._hostengine
+            )
         else:
-            self.status = Status(True, "health watches set", self._hostengine)
+            self.status = readings.DcgmStatus(True, "health watches set", self._hostengine)
         return self.status
 
     async def health(self) -> readings.HealthCheck:
