@@ -82,6 +82,19 @@ def state_root() -> pathlib.Path:
     )
 
 
+def port_offset() -> int:
+    """Return `$TAUGRID_PORT_OFFSET` (default 0), added to every loopback port of the cluster.
+
+    Two dev clusters can then run side by side on one machine (each with its own
+    `$TAUGRID_STATE`), e.g. one for a long benchmark and one for the test tiers.
+    """
+    raw = os.environ.get("TAUGRID_PORT_OFFSET", "0").strip() or "0"
+    if not raw.isdigit() or int(raw) > 20000:
+        msg = f"TAUGRID_PORT_OFFSET must be a whole number from 0 to 20000, not {raw!r}"
+        raise ClusterError(msg)
+    return int(raw)
+
+
 @dataclasses.dataclass(frozen=True)
 class Ports:
     """Loopback ports of every component; the defaults follow each project's own defaults."""
@@ -98,6 +111,12 @@ class Ports:
     kuberay_metrics: int = 18080
     kuberay_health: int = 18082
 
+    @classmethod
+    def from_env(cls) -> Ports:
+        """Return the default ports shifted by `port_offset()`."""
+        offset = port_offset()
+        return cls(**{f.name: getattr(cls(), f.name) + offset for f in dataclasses.fields(cls)})
+
 
 @dataclasses.dataclass(frozen=True)
 class Component:
@@ -112,7 +131,7 @@ class Cluster:
 
     def __init__(self, state: pathlib.Path | None = None, ports: Ports | None = None) -> None:
         self.state = state or state_root()
-        self.ports = ports or Ports()
+        self.ports = ports or Ports.from_env()
         self.pki = self.state / "pki"
         self.kubeconfig = self.state / "kubeconfig"
         self.table = processes.ProcessTable(self.state)

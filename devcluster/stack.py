@@ -23,7 +23,9 @@ from devcluster import chart, cluster, fakenvml, processes, tokens
 NAMESPACE = "taugrid-system"
 AGENT_SA = "taugrid-agent"
 CONTROLLER_PORT = 8080
+"""The dev controller's port, before `cluster.port_offset()` is added."""
 AGENT_PORT_BASE = 9400
+"""The first host-process agent's port, before `cluster.port_offset()` is added."""
 AGENT_TOKEN_SECONDS = 24 * 3600
 """Tokens of the agents tests and benches start (`bound_token`) last a day."""
 RESEARCHER_SA = "researcher"
@@ -36,7 +38,17 @@ own nodes and controllers never share a fleet with it."""
 
 def controller_url() -> str:
     """Where the dev controller listens (loopback only: the dev cluster serves plain HTTP)."""
-    return f"http://127.0.0.1:{CONTROLLER_PORT}"
+    return f"http://127.0.0.1:{controller_port()}"
+
+
+def controller_port() -> int:
+    """The dev controller's loopback port."""
+    return CONTROLLER_PORT + cluster.port_offset()
+
+
+def agent_port(i: int) -> int:
+    """The loopback port of the host-process agent of the i-th dev node."""
+    return AGENT_PORT_BASE + cluster.port_offset() + i
 
 
 agent_dir = tokens.agent_dir
@@ -268,7 +280,7 @@ def start(c: cluster.Cluster, bin_dir: pathlib.Path, nodes: list[str]) -> None:
     )
     lib_dir = fakenvml.build()
     env = controller_env(
-        c, port=CONTROLLER_PORT, namespace=NAMESPACE, identity="dev-controller-0",
+        c, port=controller_port(), namespace=NAMESPACE, identity="dev-controller-0",
         node_selector=DEV_FLEET_SELECTOR,
     )  # fmt: skip
     kubeconfig = str(tokens.controller_dir(c) / "kubeconfig")
@@ -276,14 +288,14 @@ def start(c: cluster.Cluster, bin_dir: pathlib.Path, nodes: list[str]) -> None:
     c.table.start("controller", _python_entry("controller"), env=env)
     for i, node in enumerate(nodes):
         env = agent_env(
-            c, node=node, port=AGENT_PORT_BASE + i, controller=controller_url(), token=None,
+            c, node=node, port=agent_port(i), controller=controller_url(), token=None,
             state_dir=agent_dir(c, node), lib_dir=lib_dir,
         )  # fmt: skip
         env["KUBECONFIG"] = str(agent_dir(c, node) / "kubeconfig")
         c.table.start(f"agent-{node}", _python_entry("agent"), env=env)
     wait_http(c, "controller", f"{controller_url()}/readyz")
     for i, node in enumerate(nodes):
-        wait_http(c, f"agent-{node}", f"http://127.0.0.1:{AGENT_PORT_BASE + i}/healthz")
+        wait_http(c, f"agent-{node}", f"http://127.0.0.1:{agent_port(i)}/healthz")
 
 
 def wait_http(c: cluster.Cluster, name: str, url: str, timeout_s: float = 60.0) -> None:
