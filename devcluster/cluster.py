@@ -16,6 +16,7 @@ import datetime as dt
 import json
 import os
 import pathlib
+import re
 import shutil
 import ssl
 import subprocess
@@ -88,8 +89,8 @@ def port_offset() -> int:
     Two dev clusters can then run side by side on one machine (each with its own
     `$TAUGRID_STATE`), e.g. one for a long benchmark and one for the test tiers.
     """
-    raw = os.environ.get("TAUGRID_PORT_OFFSET", "0").strip() or "0"
-    if not raw.isdigit() or int(raw) > 20000:
+    raw = os.environ.get("TAUGRID_PORT_OFFSET", "") or "0"
+    if not re.fullmatch(r"[0-9]{1,5}", raw) or int(raw) > 20000:
         msg = f"TAUGRID_PORT_OFFSET must be a whole number from 0 to 20000, not {raw!r}"
         raise ClusterError(msg)
     return int(raw)
