@@ -38,7 +38,7 @@ from bench import fleetkit
 from devcluster import cluster, stack
 from tests import controllerkit as kit
 from tests import kueue
-from tests.integration.test_runs_api import IMAGE, RESEARCHER_RULES, make_token
+from tests.runskit import IMAGE, RESEARCHER_RULES, make_token
 
 TAINT_KEY = "taugrid.dev/gpu-unhealthy"
 LABEL = "taugrid.dev/bench"

@@ -32,7 +32,7 @@ from controller import rendering
 from devcluster import build, cluster
 from shared import spec as specs
 from tests import controllerkit, kueue
-from tests.integration import test_runs_api as kit
+from tests import runskit as kit
 
 IMAGE = "registry.example/train@sha256:" + "0" * 64
 

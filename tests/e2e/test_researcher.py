@@ -17,7 +17,7 @@ from kubernetes_asyncio import client
 
 from devcluster import cluster
 from tests import controllerkit, kueue, support
-from tests.integration import test_runs_api as kit
+from tests import runskit as kit
 
 pytestmark = pytest.mark.cluster
 

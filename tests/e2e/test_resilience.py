@@ -29,7 +29,7 @@ from devcluster import cluster
 from shared import health, heartbeat
 from tests import controllerkit as kit
 from tests import kueue, support
-from tests.integration.test_runs_api import IMAGE, RESEARCHER_RULES, make_token
+from tests.runskit import IMAGE, RESEARCHER_RULES, make_token
 
 pytestmark = pytest.mark.cluster
 

@@ -25,7 +25,7 @@ from devcluster import cluster
 from shared import health, heartbeat
 from tests import browser, kueue, support
 from tests import controllerkit as kit
-from tests.integration import test_runs_api as runs_kit
+from tests import runskit as runs_kit
 
 pytestmark = pytest.mark.cluster
 

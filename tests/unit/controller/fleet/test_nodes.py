@@ -7,8 +7,8 @@ import datetime as dt
 import pytest
 
 from controller import history, nodes
-from tests.unit.controller import fakes
-from tests.unit.controller.fakes import at
+from tests.unit.controller.fleet import fakes
+from tests.unit.controller.fleet.fakes import at
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ import yaml
 from shared import spec as specs
 from shared import specdoc
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+ROOT = pathlib.Path(__file__).resolve().parents[3]
 FIXTURES = ROOT / "tests" / "fixtures" / "specs"
 DIGEST = "@sha256:" + "ab" * 32
 BASE = f"name: demo\nimage: registry.example.com/train{DIGEST}\ncommand: [python, train.py]\n"

@@ -26,7 +26,7 @@ import pytest
 
 from shared import spec as specs
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
+REPO = pathlib.Path(__file__).resolve().parents[3]
 EXAMPLES = REPO / "examples"
 SCRIPT = EXAMPLES / "train_with_checkpoints.py"
 TOKEN = "tau-run-token-for-demo"

@@ -12,8 +12,8 @@ import pytest
 
 from controller import nodes, policy
 from shared import health, heartbeat
-from tests.unit.controller import fakes
-from tests.unit.controller.fakes import at
+from tests.unit.controller.fleet import fakes
+from tests.unit.controller.fleet.fakes import at
 
 SETTINGS = policy.Settings(
     failed_evict_grace_s=60,

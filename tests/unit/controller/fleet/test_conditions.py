@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from controller import conditions, fleet, nodes, policy
-from tests.unit.controller import fakes
-from tests.unit.controller.fakes import at
+from tests.unit.controller.fleet import fakes
+from tests.unit.controller.fleet.fakes import at
 
 FAILED = nodes.Condition(nodes.ConditionStatus.FALSE, "XidFallenOffBus", "GPU-a: XidFallenOffBus")
 RECORD = nodes.QuarantineRecord(

@@ -10,7 +10,7 @@ import pytest
 from controller import rendering
 from shared import spec as specs
 
-FIXTURES = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "specs"
+FIXTURES = pathlib.Path(__file__).resolve().parents[3] / "fixtures" / "specs"
 RUN = rendering.RunRef(name="demo", namespace="team-a", uid="0b5e7c1e-uid")
 SETTINGS = rendering.RenderSettings(
     controller_url="http://taugrid.taugrid-system:8080", termination_grace_period_s=90

@@ -32,7 +32,7 @@ from controller import metrics as controller_metrics
 from shared import health, xid
 from shared import spec as specs
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
+REPO = pathlib.Path(__file__).resolve().parents[3]
 FILES = REPO / "deploy" / "helm" / "taugrid" / "files"
 DASHBOARD = FILES / "dashboard.json"
 ALERTS = FILES / "alerts.yaml"

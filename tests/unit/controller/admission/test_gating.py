@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from controller import gating
-from tests.unit.controller.fakes import T0, at
+from tests.unit.controller.fleet.fakes import T0, at
 
 CHECK = "taugrid-gpu-health"
 FLAVOR = "h100"

@@ -9,8 +9,8 @@ import pytest
 
 from controller import fleet
 from shared import health
-from tests.unit.controller import fakes
-from tests.unit.controller.fakes import at
+from tests.unit.controller.fleet import fakes
+from tests.unit.controller.fleet.fakes import at
 
 
 def _assess(state: fleet.FleetState, now: dt.datetime, node: str = "n1") -> fleet.NodeHealth:

@@ -25,7 +25,7 @@ from devcluster import cluster, pki
 from tests import controllerkit as kit
 from tests import support
 
-TAU = pathlib.Path(__file__).parents[2] / "controller/assets/tau"
+TAU = pathlib.Path(__file__).parents[3] / "controller/assets/tau"
 IMAGE = "registry.example/train@sha256:" + "0" * 64
 
 

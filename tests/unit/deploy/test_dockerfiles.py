@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import yaml
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
+REPO = pathlib.Path(__file__).resolve().parents[3]
 DOCKER = REPO / "deploy" / "docker"
 CHART = REPO / "deploy" / "helm" / "taugrid"
 DOCKERIGNORE = REPO / ".dockerignore"
