@@ -13,7 +13,8 @@ import statistics
 import sys
 import time
 
-from controller import fleet, nodes, policy
+from controller.fleet import nodes, policy
+from controller.fleet import state as fleet
 from shared import health, heartbeat
 
 T0 = dt.datetime(2025, 3, 1, tzinfo=dt.UTC)

@@ -28,7 +28,7 @@ import aiohttp
 import yaml
 from kubernetes_asyncio import client, config
 
-from controller import rendering
+from controller.runs import rendering
 from devcluster import build, cluster
 from shared import spec as specs
 from tests import controllerkit, kueue

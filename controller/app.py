@@ -32,22 +32,14 @@ import pydantic
 import structlog
 from aiohttp import web
 
-from controller import (
-    admitting,
-    auth,
-    errors,
-    fleet,
-    leading,
-    metrics,
-    nodes,
-    policy,
-    quarantining,
-    runs_api,
-)
+from controller import auth, errors, leading, metrics
+from controller.admission import admitting
+from controller.fleet import nodes, policy, quarantining, state
 from controller.kube import admission as kube_admission
 from controller.kube import client as kube_client
 from controller.kube import leases, reviews
 from controller.kube import nodes as kube_nodes
+from controller.runs import api as runs_api
 from controller.settings import ControllerSettings
 from shared import heartbeat
 
@@ -62,7 +54,7 @@ class ControllerState:
 
     settings: ControllerSettings
     metrics: metrics.ControllerMetrics
-    fleet: fleet.FleetState
+    fleet: state.FleetState
     authn: auth.Authenticator
     elector: leading.Elector
     quarantiner: quarantining.Quarantiner
@@ -229,7 +221,7 @@ def _explain_bad_heartbeat(raw: bytes) -> heartbeat.Heartbeat:
         raise errors.validation_error(err) from err
 
 
-def _verdict_key(record: fleet.NodeRecord | None) -> object:
+def _verdict_key(record: state.NodeRecord | None) -> object:
     if record is None:
         return None
     return (record.verdict, record.action, record.faults, record.heartbeat.boot_id)
@@ -257,7 +249,7 @@ def _node_json(st: ControllerState, name: str, *, detail: bool) -> dict[str, Any
         "state": h.state.value if h else "Unknown",
         "reason": h.reason if h else "",
         "message": h.message if h else "",
-        "lastHeartbeat": fleet.iso(rec.received_at) if rec else None,
+        "lastHeartbeat": state.iso(rec.received_at) if rec else None,
         "bootId": rec.heartbeat.boot_id if rec else None,
         "agentUrl": rec.heartbeat.agent_url if rec else None,
         "managed": view.managed if view else True,
@@ -273,10 +265,10 @@ def _node_json(st: ControllerState, name: str, *, detail: bool) -> dict[str, Any
         out["quarantine"] = {
             "mode": q.mode.value,
             "by": q.by,
-            "at": fleet.iso(q.at),
+            "at": state.iso(q.at),
             "reason": q.reason,
             "clearsWith": q.clears_with.value,
-            "evictAfter": fleet.iso(q.evict_after) or None,
+            "evictAfter": state.iso(q.evict_after) or None,
         }
     if detail:
         out["gpus"] = [_gpu_json(g) for g in rec.heartbeat.gpus] if rec else []
@@ -301,9 +293,9 @@ async def list_nodes(request: web.Request) -> web.StreamResponse:
     st = state_of(request)
     names = sorted(set(st.cache.nodes) | set(st.fleet))
     items = [_node_json(st, n, detail=False) for n in names]
-    state = request.query.get("state")
-    if state:
-        items = [i for i in items if i["state"] == state]
+    wanted = request.query.get("state")
+    if wanted:
+        items = [i for i in items if i["state"] == wanted]
     return web.json_response({"items": items}, dumps=_dumps)
 
 
@@ -577,7 +569,7 @@ def _runtime(
             access_ttl_s=settings.auth_cache_ttl_s,
         )
         pol = policy_settings(settings)
-        state_fleet = fleet.FleetState(
+        state_fleet = state.FleetState(
             leader_since=_now(), stale_multiplier=settings.stale_multiplier
         )
         url = settings.advertise_url or _default_url(settings, app)

@@ -18,7 +18,7 @@ from typing import Any
 import structlog
 from kubernetes_asyncio import client
 
-from controller import conditions
+from controller.fleet import conditions
 
 log = structlog.get_logger()
 

@@ -27,8 +27,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from agent import latching, readings, snapshots, verdicts
 from agent import metrics as agent_metrics
-from controller import fleet, gating, policy, runs
 from controller import metrics as controller_metrics
+from controller.admission import gating
+from controller.fleet import policy, state
+from controller.runs import lifecycle
 from shared import health, xid
 from shared import spec as specs
 
@@ -265,15 +267,15 @@ LITERAL_LABEL_VALUES: dict[tuple[str, str], tuple[pathlib.Path, frozenset[str]]]
         frozenset({"accepted", "forwarded", "rejected"}),
     ),
     ("taugrid_evictions_total", "outcome"): (
-        REPO / "controller" / "quarantining.py",
+        REPO / "controller" / "fleet" / "quarantining.py",
         frozenset({"evicted", "blocked", "failed"}),
     ),
     ("taugrid_quarantine_actions_total", "dry_run"): (
-        REPO / "controller" / "quarantining.py",
+        REPO / "controller" / "fleet" / "quarantining.py",
         frozenset({"true", "false"}),
     ),
     ("taugrid_run_attempts_total", "outcome"): (
-        REPO / "controller" / "reconciling.py",
+        REPO / "controller" / "runs" / "reconciling.py",
         frozenset({"started", "Succeeded"}),
     ),
 }
@@ -281,11 +283,11 @@ LITERAL_LABEL_VALUES: dict[tuple[str, str], tuple[pathlib.Path, frozenset[str]]]
 
 _ROLES = frozenset({"leader", "follower", "standalone"})
 LABEL_VALUES: dict[tuple[str, str], frozenset[str]] = {
-    ("taugrid_nodes", "state"): frozenset(fleet.NodeState),
+    ("taugrid_nodes", "state"): frozenset(state.NodeState),
     ("taugrid_gpu_verdict", "verdict"): frozenset(health.Verdict),
     ("taugrid_gpu_action", "action"): frozenset(health.Action),
     ("taugrid_quarantine_actions_total", "action"): frozenset(policy.ActionKind),
-    ("taugrid_runs", "phase"): frozenset(runs.Phase),
+    ("taugrid_runs", "phase"): frozenset(lifecycle.Phase),
     ("taugrid_run_resumes_total", "failure_class"): frozenset(specs.FailureClass),
     ("taugrid_admission_decisions_total", "state"): frozenset(gating.CheckState),
     ("taugrid_gpu_xid_total", "xid"): frozenset(str(code) for code in xid.CATALOG),
@@ -887,5 +889,5 @@ def test_stale_alert_counts_the_stale_state() -> None:
     """Stale is the node state whose condition reason is HeartbeatStale."""
     (sel,) = [s for s in parse(rule("TauGridHeartbeatsStale")["expr"]).selectors
               if s.metric == "taugrid_nodes"]  # fmt: skip
-    assert (("state", "=", str(fleet.NodeState.STALE)),) == sel.matchers
-    assert fleet.REASON_HEARTBEAT_STALE == "HeartbeatStale"
+    assert (("state", "=", str(state.NodeState.STALE)),) == sel.matchers
+    assert state.REASON_HEARTBEAT_STALE == "HeartbeatStale"

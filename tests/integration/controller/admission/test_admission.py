@@ -22,7 +22,7 @@ import pytest
 import pytest_asyncio
 from kubernetes_asyncio import client
 
-from controller import admitting, gating
+from controller.admission import admitting, gating
 from devcluster import cluster
 from tests import controllerkit, kueue, support
 

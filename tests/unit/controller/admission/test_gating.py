@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from controller import gating
+from controller.admission import gating
 from tests.unit.controller.fleet.fakes import T0, at
 
 CHECK = "taugrid-gpu-health"

@@ -7,7 +7,7 @@ import datetime as dt
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from controller import conditions, fleet, nodes, policy
+from controller.fleet import conditions, nodes, policy, state
 from shared import health, heartbeat
 
 T0 = dt.datetime(2025, 3, 1, 12, 0, 0, tzinfo=dt.UTC)
@@ -181,7 +181,7 @@ class World:
         raw: Mapping[str, dict[str, Any]] | None = None,
     ) -> None:
         self.settings = settings
-        self.fleet = fleet.FleetState(
+        self.fleet = state.FleetState(
             leader_since=leader_since, stale_multiplier=settings.stale_multiplier
         )
         self.nodes: dict[str, dict[str, Any]] = {name: raw_node(name) for name in names}

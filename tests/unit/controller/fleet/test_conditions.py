@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from controller import conditions, fleet, nodes, policy
+from controller.fleet import conditions, nodes, policy, state
 from tests.unit.controller.fleet import fakes
 from tests.unit.controller.fleet.fakes import at
 
@@ -19,7 +19,7 @@ RECORD = nodes.QuarantineRecord(
     reason="XidFallenOffBus",
     clears_with=nodes.Clearing.NEW_BOOT_ID,
     boot_id="boot-1",
-    faults=frozenset({fleet.FaultKey("GPU-a", "XidFallenOffBus", "2025-03-01T12:00:00Z")}),
+    faults=frozenset({state.FaultKey("GPU-a", "XidFallenOffBus", "2025-03-01T12:00:00Z")}),
     evict_after=at(60),
 )
 FOREIGN_TAINT = {"key": "example.com/maintenance", "effect": "NoSchedule"}
@@ -150,7 +150,7 @@ def test_last_transition_time_moves_only_with_status(
 
     changed = conditions.set_condition(entries, second, at(50))
 
-    assert (True, fleet.iso(expected_time)) == (changed, entries[0]["lastTransitionTime"])  # type: ignore[arg-type]
+    assert (True, state.iso(expected_time)) == (changed, entries[0]["lastTransitionTime"])  # type: ignore[arg-type]
 
 
 def test_condition_patch_merges_by_type_and_leaves_kubelet_conditions() -> None:

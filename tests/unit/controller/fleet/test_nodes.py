@@ -6,7 +6,7 @@ import datetime as dt
 
 import pytest
 
-from controller import history, nodes
+from controller.fleet import history, nodes
 from tests.unit.controller.fleet import fakes
 from tests.unit.controller.fleet.fakes import at
 

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Mapping
 
 import pytest
 
-from controller import nodes, policy
+from controller.fleet import nodes, policy
 from shared import health, heartbeat
 from tests.unit.controller.fleet import fakes
 from tests.unit.controller.fleet.fakes import at

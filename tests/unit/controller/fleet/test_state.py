@@ -7,7 +7,7 @@ import datetime as dt
 
 import pytest
 
-from controller import fleet
+from controller.fleet import state as fleet
 from shared import health
 from tests.unit.controller.fleet import fakes
 from tests.unit.controller.fleet.fakes import at

@@ -5,11 +5,11 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from controller import runs
+from controller.runs import lifecycle
 from shared import spec as specs
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
-NODES = runs.NodeFacts(existing=frozenset({"n0", "n1", "bad"}), quarantined=frozenset({"bad"}))
+NODES = lifecycle.NodeFacts(existing=frozenset({"n0", "n1", "bad"}), quarantined=frozenset({"bad"}))
 SPEC = specs.parse_spec(
     b"name: demo\nimage: reg/train@sha256:" + b"a" * 64 + b"\ncommand: [python, t.py]\n"
     b"resources: {gpus: 8}\nqueue: q\nexperiment: {project: p}\n"
@@ -17,7 +17,7 @@ SPEC = specs.parse_spec(
 
 
 def ts(seconds: float) -> str:
-    return runs.iso(T0 + dt.timedelta(seconds=seconds)) or ""
+    return lifecycle.iso(T0 + dt.timedelta(seconds=seconds)) or ""
 
 
 def cond(kind: str, status: str = "True", reason: str = "", message: str = "", at: float = 0
@@ -35,14 +35,14 @@ def a_workload(
     created: float = 0,
     active: bool = True,
     cq: str = "",
-) -> runs.WorkloadView:
+) -> lifecycle.WorkloadView:
     status: dict[str, Any] = {"conditions": list(conds)}
     if cq:
         status["admission"] = {
             "clusterQueue": cq,
             "podSetAssignments": [{"name": "main", "flavors": {"nvidia.com/gpu": "h100"}}],
         }
-    return runs.parse_workload(
+    return lifecycle.parse_workload(
         {
             "metadata": {"name": name, "namespace": ns, "creationTimestamp": ts(created),
                          "ownerReferences": [{"kind": "Job", "name": "demo-a1"}]},
@@ -61,7 +61,7 @@ def a_pod(
     exit_code: int | None = None,
     reason: str = "",
     disruption: str = "",
-) -> runs.PodView:
+) -> lifecycle.PodView:
     status: dict[str, Any] = {"phase": phase, "startTime": ts(1), "conditions": []}
     if exit_code is not None:
         status["containerStatuses"] = [
@@ -71,21 +71,21 @@ def a_pod(
         ]  # fmt: skip
     if disruption:
         status["conditions"].append(cond("DisruptionTarget", reason=disruption))
-    return runs.parse_pod(
-        {"metadata": {"name": name, "labels": {runs.LABEL_ATTEMPT: "1"}},
+    return lifecycle.parse_pod(
+        {"metadata": {"name": name, "labels": {lifecycle.LABEL_ATTEMPT: "1"}},
          "spec": {"nodeName": node, "containers": [{"name": "main"}]}, "status": status}
     )  # fmt: skip
 
 
-def a_job(*conds: dict[str, Any], suspended: bool = False) -> runs.AttemptObjectView:
-    return runs.parse_attempt_object(
+def a_job(*conds: dict[str, Any], suspended: bool = False) -> lifecycle.AttemptObjectView:
+    return lifecycle.parse_attempt_object(
         {"kind": "Job", "metadata": {"name": "demo-a1"}, "spec": {"suspend": suspended},
          "status": {"conditions": list(conds)}}
     )  # fmt: skip
 
 
-def a_rayjob(job_status: str, deployment: str, reason: str = "") -> runs.AttemptObjectView:
-    return runs.parse_attempt_object(
+def a_rayjob(job_status: str, deployment: str, reason: str = "") -> lifecycle.AttemptObjectView:
+    return lifecycle.parse_attempt_object(
         {"kind": "RayJob", "metadata": {"name": "demo-a1"}, "spec": {"suspend": False},
          "status": {"jobStatus": job_status, "jobDeploymentStatus": deployment,
                     "reason": reason}}

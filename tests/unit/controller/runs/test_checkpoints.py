@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from controller import checkpoints
+from controller.runs import checkpoints
 
 T0 = dt.datetime(2026, 1, 1, 3, 0, tzinfo=dt.UTC)
 

@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
-from controller import checkpoints, leading, metrics, reconciling, rendering, runs
+from controller import leading, metrics
 from controller.kube import runs as kube_runs
+from controller.runs import checkpoints, lifecycle, reconciling, rendering
 from shared import spec as specs
 from tests.unit.controller.runs.builders import (
     ADMITTED,
@@ -36,7 +37,12 @@ class FakeStore:
         self.pods: list[dict[str, Any]] = []
         self.nodes: list[dict[str, Any]] = [
             {"metadata": {"name": "n0"}},
-            {"metadata": {"name": "bad", "annotations": {runs.QUARANTINED_BY_ANNOTATION: "x"}}},
+            {
+                "metadata": {
+                    "name": "bad",
+                    "annotations": {lifecycle.QUARANTINED_BY_ANNOTATION: "x"},
+                }
+            },
         ]
         self.local_queues = [{"metadata": {"name": "q", "namespace": "team"},
                               "spec": {"clusterQueue": "cq"}}]  # fmt: skip
@@ -170,7 +176,7 @@ def _raw_pod(phase: str, *, node: str = "n0", exit_code: int | None = None, atte
     if exit_code is not None:
         status["containerStatuses"] = [{"name": "main", "imageID": "img@sha256:1", "state": {
             "terminated": {"exitCode": exit_code, "finishedAt": ts(8)}}}]  # fmt: skip
-    labels = {runs.LABEL_RUN: "demo", runs.LABEL_ATTEMPT: str(attempt)}
+    labels = {lifecycle.LABEL_RUN: "demo", lifecycle.LABEL_ATTEMPT: str(attempt)}
     return {
         "metadata": {"name": f"demo-a{attempt}-x", "namespace": "team", "labels": labels},
         "spec": {"nodeName": node, "containers": [{"name": "main"}]},
@@ -485,8 +491,8 @@ async def test_a_quarantined_node_resumes_its_runs_without_a_full_pass() -> None
             "metadata": {
                 "name": "n0",
                 "annotations": {
-                    runs.QUARANTINED_BY_ANNOTATION: "t",
-                    runs.QUARANTINE_ANNOTATION: '{"failed":true}',
+                    lifecycle.QUARANTINED_BY_ANNOTATION: "t",
+                    lifecycle.QUARANTINE_ANNOTATION: '{"failed":true}',
                 },
             }
         }
@@ -499,5 +505,5 @@ async def test_a_quarantined_node_resumes_its_runs_without_a_full_pass() -> None
     status = store.runs[("team", "demo")]["status"]
     assert (status["currentAttempt"], status["attempts"][0]["failureClass"]) == (2, "NodeFailure")
     assert ("team", "Job", "demo-a2") in store.objects
-    assert ("Pod", runs.LABEL_RUN, "spec.nodeName=n0") in store.lists
-    assert all(sel != runs.LABEL_RUN or field for _, sel, field in store.lists), store.lists
+    assert ("Pod", lifecycle.LABEL_RUN, "spec.nodeName=n0") in store.lists
+    assert all(sel != lifecycle.LABEL_RUN or field for _, sel, field in store.lists), store.lists

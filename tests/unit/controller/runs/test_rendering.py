@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from controller import rendering
+from controller.runs import rendering
 from shared import spec as specs
 
 FIXTURES = pathlib.Path(__file__).resolve().parents[3] / "fixtures" / "specs"

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from controller import runs
+from controller.runs import lifecycle
 from shared import spec as specs
 from tests.unit.controller.runs.builders import (
     ADMITTED,
@@ -28,101 +28,101 @@ from tests.unit.controller.runs.builders import (
 @pytest.mark.parametrize(
     ("obj", "workload", "pods", "expected"),
     [
-        pytest.param(None, None, [], runs.Phase.QUEUED, id="no object yet is queued"),
+        pytest.param(None, None, [], lifecycle.Phase.QUEUED, id="no object yet is queued"),
         pytest.param(
             a_job(suspended=True),
             None,
             [],
-            runs.Phase.QUEUED,
+            lifecycle.Phase.QUEUED,
             id="a job without a workload is queued",
         ),
         pytest.param(
             a_job(suspended=True),
             a_workload(cond("QuotaReserved", "False", "Pending", "insufficient quota")),
             [],
-            runs.Phase.QUEUED,
+            lifecycle.Phase.QUEUED,
             id="a workload without reserved quota is queued",
         ),
         pytest.param(
             a_job(),
             a_workload(*ADMITTED),
             [a_pod(phase="Pending")],
-            runs.Phase.ADMITTED,
+            lifecycle.Phase.ADMITTED,
             id="an admitted workload with pending pods is admitted",
         ),
         pytest.param(
             a_job(),
             a_workload(*ADMITTED, cond("PodsReady")),
             [],
-            runs.Phase.RUNNING,
+            lifecycle.Phase.RUNNING,
             id="pods ready means running",
         ),
         pytest.param(
             a_job(),
             a_workload(*ADMITTED),
             [a_pod()],
-            runs.Phase.RUNNING,
+            lifecycle.Phase.RUNNING,
             id="a running pod means running even before PodsReady",
         ),
         pytest.param(
             a_job(cond("Complete")),
             a_workload(*ADMITTED, cond("Finished")),
             [a_pod(phase="Succeeded", exit_code=0)],
-            runs.Phase.SUCCEEDED,
+            lifecycle.Phase.SUCCEEDED,
             id="a complete job succeeded",
         ),
         pytest.param(
             a_job(cond("Failed", reason="BackoffLimitExceeded")),
             a_workload(*ADMITTED),
             [a_pod(phase="Failed", exit_code=1)],
-            runs.Phase.FAILED,
+            lifecycle.Phase.FAILED,
             id="a failed job failed",
         ),
         pytest.param(
             a_job(),
             a_workload(*ADMITTED),
             [a_pod(phase="Failed", exit_code=2)],
-            runs.Phase.FAILED,
+            lifecycle.Phase.FAILED,
             id="a failed pod of an admitted job fails the attempt before the job controller does",
         ),
         pytest.param(
             a_job(suspended=True),
             a_workload(cond("Evicted", reason="Preempted"), cond("Requeued")),
             [a_pod(phase="Failed", exit_code=143, disruption="PreemptionByKueue")],
-            runs.Phase.QUEUED,
+            lifecycle.Phase.QUEUED,
             id="kueue preemption suspends the job and is not a failure",
         ),
         pytest.param(
             a_rayjob("SUCCEEDED", "Complete"),
             a_workload(*ADMITTED),
             [],
-            runs.Phase.SUCCEEDED,
+            lifecycle.Phase.SUCCEEDED,
             id="a succeeded rayjob succeeded",
         ),
         pytest.param(
             a_rayjob("FAILED", "Failed", "AppFailed"),
             a_workload(*ADMITTED),
             [],
-            runs.Phase.FAILED,
+            lifecycle.Phase.FAILED,
             id="a failed rayjob failed",
         ),
         pytest.param(
             a_rayjob("RUNNING", "Running"),
             a_workload(*ADMITTED, cond("PodsReady")),
             [],
-            runs.Phase.RUNNING,
+            lifecycle.Phase.RUNNING,
             id="a running rayjob with ready pods is running",
         ),
     ],
 )
 def test_attempt_phase(
-    obj: runs.AttemptObjectView | None,
-    workload: runs.WorkloadView | None,
-    pods: list[runs.PodView],
-    expected: runs.Phase,
+    obj: lifecycle.AttemptObjectView | None,
+    workload: lifecycle.WorkloadView | None,
+    pods: list[lifecycle.PodView],
+    expected: lifecycle.Phase,
 ) -> None:
     """The attempt's phase follows the Workload conditions, then the object and its pods."""
-    assert expected == runs.attempt_outcome(obj, workload, pods, NODES).phase
+    assert expected == lifecycle.attempt_outcome(obj, workload, pods, NODES).phase
 
 
 @pytest.mark.parametrize(
@@ -173,20 +173,20 @@ def test_attempt_phase(
     ],
 )
 def test_failure_class(
-    pods: list[runs.PodView], object_reason: str, expected: specs.FailureClass
+    pods: list[lifecycle.PodView], object_reason: str, expected: specs.FailureClass
 ) -> None:
     """Infrastructure causes win over the application's exit code; no evidence is Unknown."""
-    failure, message = runs.classify_failure(pods, NODES, object_reason=object_reason)
+    failure, message = lifecycle.classify_failure(pods, NODES, object_reason=object_reason)
     assert expected == failure
     assert message
 
 
 def test_failed_attempt_records_exit_codes_and_nodes() -> None:
     """A failed attempt carries its exit codes, nodes and class into the status record."""
-    outcome = runs.attempt_outcome(
+    outcome = lifecycle.attempt_outcome(
         a_job(), a_workload(*ADMITTED, cq="cq"), [a_pod(phase="Failed", exit_code=3)], NODES
     )
-    record = runs.attempt_record(
+    record = lifecycle.attempt_record(
         1, object_kind="Job", object_name="demo-a1", outcome=outcome,
         workload=a_workload(*ADMITTED, cq="cq"),
     )  # fmt: skip
@@ -242,14 +242,14 @@ def test_failed_attempt_records_exit_codes_and_nodes() -> None:
     ],
 )
 def test_computed_positions(
-    workloads: list[runs.WorkloadView], expected: dict[str, tuple[int, int]]
+    workloads: list[lifecycle.WorkloadView], expected: dict[str, tuple[int, int]]
 ) -> None:
     """Positions follow Kueue's order: priority, then the queue-order timestamp."""
     mapping = {("team", "q"): "cq", ("team", "other"): "cq"}
-    positions = runs.compute_positions(workloads, mapping)
+    positions = lifecycle.compute_positions(workloads, mapping)
     actual = {name: (p.in_cluster_queue, p.in_local_queue) for (_, name), p in positions.items()}
     assert expected == actual
-    assert all(p.source == runs.PositionSource.COMPUTED for p in positions.values())
+    assert all(p.source == lifecycle.PositionSource.COMPUTED for p in positions.values())
 
 
 def test_position_from_visibility() -> None:
@@ -258,28 +258,28 @@ def test_position_from_visibility() -> None:
         {"metadata": {"name": "x", "namespace": "team"}, "positionInClusterQueue": 4,
          "positionInLocalQueue": 1},
     ]  # fmt: skip
-    expected = runs.QueuePosition(4, 1, runs.PositionSource.VISIBILITY)
-    assert expected == runs.position_from_visibility(items, "team", "x")
-    assert runs.position_from_visibility(items, "team", "y") is None
+    expected = lifecycle.QueuePosition(4, 1, lifecycle.PositionSource.VISIBILITY)
+    assert expected == lifecycle.position_from_visibility(items, "team", "x")
+    assert lifecycle.position_from_visibility(items, "team", "y") is None
 
 
 @pytest.mark.parametrize(
     ("ctx", "workload", "expected"),
     [
         pytest.param(
-            runs.WaitContext("q", "team", queue_exists=False),
+            lifecycle.WaitContext("q", "team", queue_exists=False),
             None,
             "queue 'q' does not exist in namespace team; set `queue:` to one that `tau queues`"
             " lists, or ask your platform team for one",
             id="a missing queue is named",
         ),
         pytest.param(
-            runs.WaitContext(
+            lifecycle.WaitContext(
                 "q",
                 "team",
                 True,
                 gpus_per_worker=8,
-                position=runs.QueuePosition(2, 1, runs.PositionSource.COMPUTED),
+                position=lifecycle.QueuePosition(2, 1, lifecycle.PositionSource.COMPUTED),
             ),
             a_workload(cond("QuotaReserved", "False", "Pending", QUOTA_MSG)),
             "waiting for quota: queue 'q' has not enough free GPUs for the 8 GPUs this run asks"
@@ -287,12 +287,12 @@ def test_position_from_visibility() -> None:
             id="missing quota is said in GPUs with the position",
         ),
         pytest.param(
-            runs.WaitContext(
+            lifecycle.WaitContext(
                 "q",
                 "team",
                 True,
                 gpus_per_worker=8,
-                position=runs.QueuePosition(0, 0, runs.PositionSource.COMPUTED),
+                position=lifecycle.QueuePosition(0, 0, lifecycle.PositionSource.COMPUTED),
             ),
             a_workload(cond("QuotaReserved", "False", "Pending", QUOTA_MSG)),
             "waiting for quota: queue 'q' has not enough free GPUs for the 8 GPUs this run asks"
@@ -300,7 +300,7 @@ def test_position_from_visibility() -> None:
             id="the first in line is told so",
         ),
         pytest.param(
-            runs.WaitContext("q", "team", True),
+            lifecycle.WaitContext("q", "team", True),
             a_workload(
                 cond(
                     "QuotaReserved",
@@ -316,7 +316,7 @@ def test_position_from_visibility() -> None:
             id="a run larger than the queue is told it can never fit",
         ),
         pytest.param(
-            runs.WaitContext("q", "team", True),
+            lifecycle.WaitContext("q", "team", True),
             dataclasses.replace(
                 a_workload(cond("QuotaReserved"), cond("Admitted", "False")),
                 admission_checks=(("taugrid-gpu-health", "Retry", "no healthy node"),),
@@ -325,7 +325,7 @@ def test_position_from_visibility() -> None:
             id="pending admission checks are named with their message",
         ),
         pytest.param(
-            runs.WaitContext("q", "team", True),
+            lifecycle.WaitContext("q", "team", True),
             None,
             "submitted to queue 'q'; waiting for Kueue to pick it up",
             id="no workload yet says so",
@@ -333,20 +333,20 @@ def test_position_from_visibility() -> None:
     ],
 )
 def test_waiting_message(
-    ctx: runs.WaitContext, workload: runs.WorkloadView | None, expected: str
+    ctx: lifecycle.WaitContext, workload: lifecycle.WorkloadView | None, expected: str
 ) -> None:
     """Why a run waits is said in words a researcher uses, with Kueue's numbers."""
-    assert expected == runs.waiting_message(ctx, workload)
+    assert expected == lifecycle.waiting_message(ctx, workload)
 
 
 def test_evidence_names_where_and_what_ran() -> None:
     """Evidence holds the spec hash, image and ID, cluster queue, flavors and nodes."""
     pod = a_pod(phase="Succeeded", exit_code=0)
     workload = a_workload(*ADMITTED, cq="cq")
-    outcome = runs.attempt_outcome(a_job(cond("Complete")), workload, [pod], NODES)
-    record = runs.attempt_record(1, object_kind="Job", object_name="demo-a1", outcome=outcome,
+    outcome = lifecycle.attempt_outcome(a_job(cond("Complete")), workload, [pod], NODES)
+    record = lifecycle.attempt_record(1, object_kind="Job", object_name="demo-a1", outcome=outcome,
                                  workload=workload)  # fmt: skip
-    ev = runs.evidence(SPEC, "team", attempts=[record], pods=[pod], workload=workload)
+    ev = lifecycle.evidence(SPEC, "team", attempts=[record], pods=[pod], workload=workload)
     assert specs.spec_hash(SPEC) == ev["specHash"]
     assert SPEC.image == ev["image"]
     assert ev["imageID"] == "reg/train@sha256:abc"
@@ -358,9 +358,9 @@ def test_evidence_names_where_and_what_ran() -> None:
 
 def test_evidence_keeps_what_its_sources_no_longer_show() -> None:
     """Once pods are gone, the image ID and flavors recorded earlier remain."""
-    first = runs.evidence(SPEC, "team", attempts=[], pods=[a_pod(exit_code=0)],
+    first = lifecycle.evidence(SPEC, "team", attempts=[], pods=[a_pod(exit_code=0)],
                           workload=a_workload(*ADMITTED, cq="cq"))  # fmt: skip
-    later = runs.evidence(SPEC, "team", attempts=[], pods=[], workload=None, previous=first)
+    later = lifecycle.evidence(SPEC, "team", attempts=[], pods=[], workload=None, previous=first)
     assert first["imageID"] == later["imageID"]
     assert later["kueue"]["clusterQueue"] == "cq"
 
@@ -376,16 +376,18 @@ def test_evidence_keeps_what_its_sources_no_longer_show() -> None:
 )
 def test_should_retry(failure: specs.FailureClass, attempt: int, expected: bool) -> None:
     """Retry follows `retry.when` and `retry.maxAttempts` (default: NodeFailure, 3)."""
-    assert expected == runs.should_retry(SPEC, failure, attempt)
+    assert expected == lifecycle.should_retry(SPEC, failure, attempt)
 
 
 def test_phase_conditions_keep_the_first_time_reached() -> None:
     """Reaching a phase again changes nothing; a new phase adds a condition."""
     conditions: list[dict[str, Any]] = []
-    assert runs.set_phase_condition(conditions, runs.Phase.QUEUED, "", "", T0)
+    assert lifecycle.set_phase_condition(conditions, lifecycle.Phase.QUEUED, "", "", T0)
     later = T0 + dt.timedelta(seconds=5)
-    assert not runs.set_phase_condition(conditions, runs.Phase.QUEUED, "", "", later)
-    assert runs.set_phase_condition(conditions, runs.Phase.ADMITTED, "Admitted", "", later)
+    assert not lifecycle.set_phase_condition(conditions, lifecycle.Phase.QUEUED, "", "", later)
+    assert lifecycle.set_phase_condition(
+        conditions, lifecycle.Phase.ADMITTED, "Admitted", "", later
+    )
     assert [("Queued", ts(0)), ("Admitted", ts(5))] == [
         (c["type"], c["lastTransitionTime"]) for c in conditions
     ]
@@ -402,27 +404,34 @@ def test_phase_conditions_keep_the_first_time_reached() -> None:
 )
 def test_ttl(ended: dt.datetime | None, ttl: float | None, expected: bool) -> None:
     """Finished runs' objects are deleted once the TTL has passed since they ended."""
-    assert expected == runs.ttl_expired(ended, ttl, T0 + dt.timedelta(seconds=120))
+    assert expected == lifecycle.ttl_expired(ended, ttl, T0 + dt.timedelta(seconds=120))
 
 
 def test_a_running_pod_on_a_node_whose_gpu_failed_ends_the_attempt() -> None:
     """The node was quarantined Failed: the attempt is a NodeFailure now, before eviction;
     a Degraded quarantine lets it run, and a suspended (preempted) Job is never failed."""
-    by = runs.QUARANTINED_BY_ANNOTATION
-    record = runs.QUARANTINE_ANNOTATION
-    facts = runs.node_facts([
+    by = lifecycle.QUARANTINED_BY_ANNOTATION
+    record = lifecycle.QUARANTINE_ANNOTATION
+    facts = lifecycle.node_facts([
         {"metadata": {"name": "dead", "annotations": {by: "t", record: '{"failed":true}'}}},
         {"metadata": {"name": "sick", "annotations": {by: "t", record: '{"x":1}'}}},
     ])  # fmt: skip
     assert (facts.failed, facts.quarantined) == (frozenset({"dead"}), frozenset({"dead", "sick"}))
     admitted = a_workload(cond("QuotaReserved"), cond("Admitted"), cq="cq")
-    lost = runs.attempt_outcome(a_job(), admitted, [a_pod(node="dead"), a_pod(node="n0")], facts)
-    assert (lost.phase, lost.failure_class) == (runs.Phase.FAILED, specs.FailureClass.NODE_FAILURE)
+    lost = lifecycle.attempt_outcome(
+        a_job(), admitted, [a_pod(node="dead"), a_pod(node="n0")], facts
+    )
+    assert (lost.phase, lost.failure_class) == (
+        lifecycle.Phase.FAILED,
+        specs.FailureClass.NODE_FAILURE,
+    )
     assert "dead" in lost.message
-    degraded = runs.attempt_outcome(a_job(), admitted, [a_pod(node="sick")], facts)
-    assert degraded.phase == runs.Phase.RUNNING
-    preempted = runs.attempt_outcome(a_job(suspended=True), admitted, [a_pod(node="dead")], facts)
-    assert preempted.phase != runs.Phase.FAILED
+    degraded = lifecycle.attempt_outcome(a_job(), admitted, [a_pod(node="sick")], facts)
+    assert degraded.phase == lifecycle.Phase.RUNNING
+    preempted = lifecycle.attempt_outcome(
+        a_job(suspended=True), admitted, [a_pod(node="dead")], facts
+    )
+    assert preempted.phase != lifecycle.Phase.FAILED
 
 
 @pytest.mark.parametrize(
@@ -433,7 +442,7 @@ def test_a_manual_resume_grants_a_fresh_attempt_budget(
 ) -> None:
     """maxAttempts (3 by default) counts the attempts since the last manual resume."""
     node = specs.FailureClass.NODE_FAILURE
-    assert runs.should_retry(SPEC, node, attempt, budget_from=budget_from) is expected
+    assert lifecycle.should_retry(SPEC, node, attempt, budget_from=budget_from) is expected
 
 
 def test_the_backoff_doubles_per_retry_up_to_an_hour() -> None:
@@ -441,9 +450,9 @@ def test_the_backoff_doubles_per_retry_up_to_an_hour() -> None:
     spec = specs.parse_spec(
         b"name: d\nimage: i\ncommand: [x]\nretry: {when: [AppError], backoff: 30s}\n"
     ).spec
-    assert [runs.retry_backoff_s(spec, n) for n in range(4)] == [30, 60, 120, 240]
-    assert runs.retry_backoff_s(spec, 20) == runs.MAX_BACKOFF_S
-    assert runs.retry_backoff_s(SPEC, 3) == 0
+    assert [lifecycle.retry_backoff_s(spec, n) for n in range(4)] == [30, 60, 120, 240]
+    assert lifecycle.retry_backoff_s(spec, 20) == lifecycle.MAX_BACKOFF_S
+    assert lifecycle.retry_backoff_s(SPEC, 3) == 0
 
 
 @pytest.mark.parametrize(
@@ -461,8 +470,8 @@ def test_only_infrastructure_failures_keep_their_place_in_line(
 ) -> None:
     """The resume class applies after NodeFailure/Evicted to runs without their own class."""
     spec = SPEC.model_copy(update={"priority": priority})
-    assert runs.resume_priority_class(spec, failure, "taugrid-resume") == expected
-    assert runs.resume_priority_class(spec, failure, "") is None
+    assert lifecycle.resume_priority_class(spec, failure, "taugrid-resume") == expected
+    assert lifecycle.resume_priority_class(spec, failure, "") is None
 
 
 @pytest.mark.parametrize(
@@ -472,7 +481,7 @@ def test_only_infrastructure_failures_keep_their_place_in_line(
 )  # fmt: skip
 def test_only_failed_or_cancelled_runs_resume_by_hand(phase: str, words: str) -> None:
     """A running run must be cancelled first; a succeeded one has nothing to resume."""
-    refusal = runs.resume_refusal("demo", phase)
+    refusal = lifecycle.resume_refusal("demo", phase)
     assert (refusal == "") == (words == ""), refusal
     assert words in refusal
 
@@ -482,7 +491,7 @@ def test_a_reopened_status_forgets_its_end_and_counts_attempts_afresh() -> None:
     ended: dict[str, Any] = {"phase": "Failed", "currentAttempt": 2, "endTime": ts(9),
              "objectsDeleted": True,
              "conditions": [cond("Queued"), cond("Failed", reason="AppError")]}  # fmt: skip
-    status = runs.reopened(ended, by="ada", now=T0)
+    status = lifecycle.reopened(ended, by="ada", now=T0)
     failed = status["conditions"][1]
     assert (failed["status"], failed["reason"], failed["message"]) == (
         "False", "Resumed", "resumed by ada",

@@ -27,8 +27,9 @@ from typing import Any
 
 import structlog
 
-from controller import gating, leading
+from controller import leading
 from controller import metrics as metrics_mod
+from controller.admission import gating
 from controller.kube import admission as kube_admission
 
 log = structlog.get_logger()

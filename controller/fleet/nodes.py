@@ -28,7 +28,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from controller import fleet, history
+from controller.fleet import history, state
 from shared import health
 
 CONDITION_TYPE = "GPUHealthy"
@@ -128,7 +128,7 @@ class QuarantineRecord:
     clears_with: Clearing
     boot_id: str | None
     """The boot ID reported when the quarantine began (NewBootId compares against it)."""
-    faults: frozenset[fleet.FaultKey]
+    faults: frozenset[state.FaultKey]
     evict_after: dt.datetime | None
     """When GPU pods may be evicted; None for no eviction (silence, manual quarantine)."""
     evicted_at: dt.datetime | None = None
@@ -143,8 +143,8 @@ class QuarantineRecord:
             "clearsWith": self.clears_with.value,
             "bootId": self.boot_id,
             "faults": sorted(list(key) for key in self.faults),
-            "evictAfter": fleet.iso(self.evict_after) or None,
-            "evictedAt": fleet.iso(self.evicted_at) or None,
+            "evictAfter": state.iso(self.evict_after) or None,
+            "evictedAt": state.iso(self.evicted_at) or None,
         }
         if self.failed:
             record["failed"] = True
@@ -166,7 +166,7 @@ class NodeView:
     """Our NoSchedule taint is present."""
     condition: Condition | None = None
     quarantine: QuarantineRecord | None = None
-    released_faults: frozenset[fleet.FaultKey] | None = None
+    released_faults: frozenset[state.FaultKey] | None = None
     """Faults an on-call engineer released by hand; None when there was no such release."""
     history: tuple[history.Entry, ...] = ()
     problems: tuple[str, ...] = ()
@@ -329,14 +329,14 @@ def _parse_quarantine(annotations: Mapping[str, Any]) -> QuarantineRecord | None
     )
 
 
-def render_released(faults: frozenset[fleet.FaultKey]) -> str:
+def render_released(faults: frozenset[state.FaultKey]) -> str:
     """Return the `taugrid.dev/released-faults` value: a sorted JSON list of [uuid, code, since]."""
     return json.dumps(
         sorted(list(key) for key in faults)[:MAX_RELEASED_FAULTS], separators=(",", ":")
     )
 
 
-def _parse_released(raw: str | None) -> frozenset[fleet.FaultKey] | None:
+def _parse_released(raw: str | None) -> frozenset[state.FaultKey] | None:
     if raw is None:
         return None
     try:
@@ -347,17 +347,17 @@ def _parse_released(raw: str | None) -> frozenset[fleet.FaultKey] | None:
     return _parse_keys(data, RELEASED_FAULTS_ANNOTATION)
 
 
-def _parse_keys(data: Any, field: str) -> frozenset[fleet.FaultKey]:
+def _parse_keys(data: Any, field: str) -> frozenset[state.FaultKey]:
     if not isinstance(data, list):
         msg = f"{field}: expected a JSON list of [gpuUuid, code, since]"
         raise ValueError(msg)
-    keys: set[fleet.FaultKey] = set()
+    keys: set[state.FaultKey] = set()
     for index, item in enumerate(data):
         valid = isinstance(item, list) and len(item) == 3
         if not (valid and all(isinstance(v, str) for v in item)):
             msg = f"{field}[{index}]: expected [gpuUuid, code, since] strings"
             raise ValueError(msg)
-        keys.add(fleet.FaultKey(item[0], item[1], item[2]))
+        keys.add(state.FaultKey(item[0], item[1], item[2]))
     return frozenset(keys)
 
 

@@ -26,8 +26,9 @@ from typing import Any
 
 import structlog
 
-from controller import checkpoints, leading, metrics, rendering, runs
+from controller import leading, metrics
 from controller.kube import runs as kube_runs
+from controller.runs import checkpoints, lifecycle, rendering
 from shared import spec as specs
 
 log = structlog.get_logger()
@@ -87,15 +88,15 @@ class Snapshot:
 
     objects: dict[tuple[str, str, str], dict[str, Any]]
     """(namespace, kind, name) -> Job/RayJob/Service."""
-    workloads: dict[tuple[str, str, str], runs.WorkloadView]
+    workloads: dict[tuple[str, str, str], lifecycle.WorkloadView]
     """(namespace, owner kind, owner name) -> Workload."""
-    all_workloads: list[runs.WorkloadView]
+    all_workloads: list[lifecycle.WorkloadView]
     pods: dict[tuple[str, str, int], list[dict[str, Any]]]
     """(namespace, run, attempt) -> pods."""
     local_queues: dict[tuple[str, str], str]
     """(namespace, LocalQueue) -> ClusterQueue."""
-    nodes: runs.NodeFacts
-    positions: dict[tuple[str, str], runs.QueuePosition]
+    nodes: lifecycle.NodeFacts
+    positions: dict[tuple[str, str], lifecycle.QueuePosition]
 
 
 class Reconciler:
@@ -180,7 +181,7 @@ class Reconciler:
                     result = item
             status = (result or item).get("status") or {}
             queue = str(((result or item).get("spec") or {}).get("queue") or specs.DEFAULT_QUEUE)
-            phase = str(status.get("phase") or runs.Phase.PENDING)
+            phase = str(status.get("phase") or lifecycle.Phase.PENDING)
             counts[(phase, queue)] = counts.get((phase, queue), 0) + 1
         self.metrics.runs.clear()
         for (phase, queue), n in counts.items():
@@ -237,7 +238,9 @@ class Reconciler:
         async with self._lock((namespace, name)):
             item = await self._managed_run(namespace, name)
             old = item.get("status") or {}
-            refusal = runs.resume_refusal(name, str(old.get("phase") or runs.Phase.PENDING))
+            refusal = lifecycle.resume_refusal(
+                name, str(old.get("phase") or lifecycle.Phase.PENDING)
+            )
             if refusal:
                 raise ResumeRefusedError(refusal)
             try:
@@ -251,7 +254,7 @@ class Reconciler:
                 cleared = await self.store.annotate_run(namespace, name, {CANCEL_ANNOTATION: None})
                 item = cleared or item
             now = self._clock()
-            status = runs.reopened(old, by=by, now=now)
+            status = lifecycle.reopened(old, by=by, now=now)
             current = int(status.get("currentAttempt") or 0)
             latest = checkpoints.latest(status)
             start_from = checkpoint if checkpoint is not None else (
@@ -292,7 +295,7 @@ class Reconciler:
         return not rv.isdigit() or int(rv) < written
 
     async def _snapshot(self, items: list[dict[str, Any]]) -> Snapshot:
-        selector = runs.LABEL_RUN
+        selector = lifecycle.LABEL_RUN
         jobs, rayjobs, pods, workloads, lqs, nodes = await asyncio.gather(
             self.store.list_labelled("Job", selector),
             self._optional(self.store.list_labelled("RayJob", selector)),
@@ -307,7 +310,7 @@ class Reconciler:
         """What one run's reconcile reads, and nothing else: its objects and pods, its
         namespace's Workloads and queues, and the nodes its pods are on. (Queue positions
         are then namespace-local; the next full pass corrects them.)"""
-        selector = f"{runs.LABEL_RUN}={name}"
+        selector = f"{lifecycle.LABEL_RUN}={name}"
         jobs, rayjobs, pods, workloads, lqs = await asyncio.gather(
             self.store.list_labelled("Job", selector),
             self._optional(self.store.list_labelled("RayJob", selector)),
@@ -332,9 +335,11 @@ class Reconciler:
     async def _reconcile_runs_on(self, node: str) -> None:
         try:
             pods = await self.store.list_labelled(
-                "Pod", runs.LABEL_RUN, field_selector=f"spec.nodeName={node}"
+                "Pod", lifecycle.LABEL_RUN, field_selector=f"spec.nodeName={node}"
             )
-            hit = sorted({(_key(p)[0], str(p["metadata"]["labels"][runs.LABEL_RUN])) for p in pods})
+            hit = sorted(
+                {(_key(p)[0], str(p["metadata"]["labels"][lifecycle.LABEL_RUN])) for p in pods}
+            )
             for namespace, name in hit:
                 async with self._lock((namespace, name)):
                     item = await self.store.get_run(namespace, name)
@@ -369,30 +374,35 @@ class Reconciler:
         status: dict[str, Any] = copy.deepcopy(old)
         status.setdefault("conditions", [])
         status.setdefault("attempts", [])
-        phase = runs.Phase(status.get("phase") or runs.Phase.PENDING)
+        phase = lifecycle.Phase(status.get("phase") or lifecycle.Phase.PENDING)
         try:
             spec = specs.validate_spec(item.get("spec") or {}).spec
         except specs.SpecError as err:
-            if phase not in runs.TERMINAL_PHASES:
-                status.update(phase=runs.Phase.FAILED, reason="InvalidSpec", endTime=runs.iso(now),
-                              message=f"the spec is not valid: {err}")  # fmt: skip
-                runs.set_phase_condition(status["conditions"], runs.Phase.FAILED, "InvalidSpec",
-                                         str(err), now)  # fmt: skip
+            if phase not in lifecycle.TERMINAL_PHASES:
+                status.update(
+                    phase=lifecycle.Phase.FAILED,
+                    reason="InvalidSpec",
+                    endTime=lifecycle.iso(now),
+                    message=f"the spec is not valid: {err}",
+                )
+                lifecycle.set_phase_condition(
+                    status["conditions"], lifecycle.Phase.FAILED, "InvalidSpec", str(err), now
+                )
             return await self._write(item, old, status)
         ref = rendering.RunRef(name=name, namespace=namespace, uid=str(meta.get("uid", "")))
         current = int(status.get("currentAttempt") or 0)
 
-        if phase in runs.TERMINAL_PHASES:
+        if phase in lifecycle.TERMINAL_PHASES:
             await self._cleanup(spec, ref, status, now)
             return await self._write(item, old, status)
 
         if (meta.get("annotations") or {}).get(CANCEL_ANNOTATION):
             await self._delete_attempt(spec, ref, current)
-            self._end(status, runs.Phase.CANCELLED, "Cancelled",
+            self._end(status, lifecycle.Phase.CANCELLED, "Cancelled",
                       "cancelled on request; its quota is freed", now=now)  # fmt: skip
             if status["attempts"]:
-                status["attempts"][-1].setdefault("endTime", runs.iso(now))
-                status["attempts"][-1]["phase"] = runs.Phase.CANCELLED
+                status["attempts"][-1].setdefault("endTime", lifecycle.iso(now))
+                status["attempts"][-1]["phase"] = lifecycle.Phase.CANCELLED
             return await self._write(item, old, status)
 
         if current == 0:
@@ -407,10 +417,10 @@ class Reconciler:
         obj_name = rendering.attempt_name(name, current)
         raw_obj = snap.objects.get((namespace, kind, obj_name))
         workload = snap.workloads.get((namespace, kind, obj_name))
-        pods = [runs.parse_pod(p) for p in snap.pods.get((namespace, name, current), [])]
+        pods = [lifecycle.parse_pod(p) for p in snap.pods.get((namespace, name, current), [])]
         record = status["attempts"][-1] if status["attempts"] else {"number": current}
 
-        if phase == runs.Phase.RESUMING:
+        if phase == lifecycle.Phase.RESUMING:
             await self._resume_if_due(spec, ref, status, record, now)
             return await self._write(item, old, status)
 
@@ -418,53 +428,61 @@ class Reconciler:
             # Gone while the attempt lives (listed before it was created, or deleted by
             # hand): make sure it exists; a 409 means it was there all along.
             await self._create_attempt_objects(spec, ref, current, status)
-        obj = runs.parse_attempt_object(raw_obj) if raw_obj is not None else None
-        outcome = runs.attempt_outcome(obj, workload, pods, snap.nodes)
-        record = runs.attempt_record(
+        obj = lifecycle.parse_attempt_object(raw_obj) if raw_obj is not None else None
+        outcome = lifecycle.attempt_outcome(obj, workload, pods, snap.nodes)
+        record = lifecycle.attempt_record(
             current, object_kind=kind, object_name=obj_name, outcome=outcome,
             workload=workload, previous=record,
         )  # fmt: skip
         status["attempts"][-1:] = [record]
-        status["evidence"] = runs.evidence(
+        status["evidence"] = lifecycle.evidence(
             spec, namespace, attempts=status["attempts"], pods=pods, workload=workload,
             previous=status.get("evidence"),
         )  # fmt: skip
-        first_start = runs.parse_time(status["attempts"][0].get("startTime"))
-        if runs.timed_out(spec, first_start, now) and outcome.phase not in runs.TERMINAL_PHASES:
+        first_start = lifecycle.parse_time(status["attempts"][0].get("startTime"))
+        if (
+            lifecycle.timed_out(spec, first_start, now)
+            and outcome.phase not in lifecycle.TERMINAL_PHASES
+        ):
             await self._delete_attempt(spec, ref, current)
-            record.update(phase=runs.Phase.FAILED, failureClass=specs.FailureClass.TIMEOUT,
-                          endTime=runs.iso(now))  # fmt: skip
+            record.update(phase=lifecycle.Phase.FAILED, failureClass=specs.FailureClass.TIMEOUT,
+                          endTime=lifecycle.iso(now))  # fmt: skip
             self.metrics.run_attempts.labels(str(specs.FailureClass.TIMEOUT)).inc()
-            self._end(status, runs.Phase.FAILED, "Timeout",
+            self._end(status, lifecycle.Phase.FAILED, "Timeout",
                       f"the run exceeded its timeout of {spec.timeout}", now=now)  # fmt: skip
             return await self._write(item, old, status)
         self._phase_conditions(status, outcome, workload, now)
         visible = None
-        if outcome.phase == runs.Phase.QUEUED and workload is not None and workload.pending:
+        if outcome.phase == lifecycle.Phase.QUEUED and workload is not None and workload.pending:
             visible = await self.visibility_position(namespace, spec.queue, workload.name)
         self._position(status, spec=spec, snap=snap, workload=workload, outcome=outcome,
                        namespace=namespace, visible=visible)  # fmt: skip
-        if outcome.phase == runs.Phase.SUCCEEDED:
+        if outcome.phase == lifecycle.Phase.SUCCEEDED:
             self.metrics.run_attempts.labels("Succeeded").inc()
-            self._end(status, runs.Phase.SUCCEEDED, "Completed", outcome.message, now=now,
+            self._end(status, lifecycle.Phase.SUCCEEDED, "Completed", outcome.message, now=now,
                       ended=outcome.ended)  # fmt: skip
-        elif outcome.phase == runs.Phase.FAILED:
+        elif outcome.phase == lifecycle.Phase.FAILED:
             failure = outcome.failure_class or specs.FailureClass.UNKNOWN
             self.metrics.run_attempts.labels(str(failure)).inc()
             budget_from = int(status.get("attemptBudgetFrom") or 0)
-            if runs.should_retry(spec, failure, current, budget_from=budget_from):
+            if lifecycle.should_retry(spec, failure, current, budget_from=budget_from):
                 await self._delete_attempt(spec, ref, current)
-                record.setdefault("endTime", runs.iso(now))  # the backoff counts from here
+                record.setdefault("endTime", lifecycle.iso(now))  # the backoff counts from here
                 self.metrics.run_resumes.labels(str(failure)).inc()
-                status.update(phase=runs.Phase.RESUMING, reason=str(failure),
+                status.update(phase=lifecycle.Phase.RESUMING, reason=str(failure),
                               message=f"attempt {current} failed ({outcome.message}); starting"
                               f" attempt {current + 1}")  # fmt: skip
-                runs.set_phase_condition(status["conditions"], runs.Phase.RESUMING, str(failure),
-                                         outcome.message, now)  # fmt: skip
+                lifecycle.set_phase_condition(
+                    status["conditions"],
+                    lifecycle.Phase.RESUMING,
+                    str(failure),
+                    outcome.message,
+                    now,
+                )
                 await self._resume_if_due(spec, ref, status, record, now)
             else:
                 # Kueue frees the quota of a finished Job; the object stays for logs (TTL).
-                self._end(status, runs.Phase.FAILED, str(failure),
+                self._end(status, lifecycle.Phase.FAILED, str(failure),
                           _final_message(spec, failure, current, budget_from, outcome.message),
                           now=now, ended=outcome.ended)  # fmt: skip
         else:
@@ -476,8 +494,8 @@ class Reconciler:
     def _phase_conditions(
         self,
         status: dict[str, Any],
-        outcome: runs.AttemptOutcome,
-        workload: runs.WorkloadView | None,
+        outcome: lifecycle.AttemptOutcome,
+        workload: lifecycle.WorkloadView | None,
         now: dt.datetime,
     ) -> None:
         """Keep one condition per phase reached, at the time Kueue or the pods say so."""
@@ -485,18 +503,18 @@ class Reconciler:
         if workload is not None and workload.holds("Admitted"):
             admitted = workload.condition("Admitted")
             at = admitted.time if admitted is not None and admitted.time else now
-            if runs.set_phase_condition(conds, runs.Phase.ADMITTED, "Admitted",
+            if lifecycle.set_phase_condition(conds, lifecycle.Phase.ADMITTED, "Admitted",
                                         f"admitted by cluster queue {workload.cluster_queue}",
                                         at):  # fmt: skip
-                queued = runs.parse_time(
+                queued = lifecycle.parse_time(
                     next((c.get("lastTransitionTime") for c in conds if c["type"] == "Queued"),
                          None))  # fmt: skip
                 if queued is not None:
                     self.metrics.run_queue_seconds.observe(max((at - queued).total_seconds(), 0))
-        if outcome.phase in {runs.Phase.RUNNING, runs.Phase.SUCCEEDED}:
+        if outcome.phase in {lifecycle.Phase.RUNNING, lifecycle.Phase.SUCCEEDED}:
             ready = workload.condition("PodsReady") if workload is not None else None
             running_at = ready.time if ready is not None and ready.true else None
-            runs.set_phase_condition(conds, runs.Phase.RUNNING, "PodsReady", "",
+            lifecycle.set_phase_condition(conds, lifecycle.Phase.RUNNING, "PodsReady", "",
                                      running_at or outcome.started or now)  # fmt: skip
 
     def _position(
@@ -505,27 +523,27 @@ class Reconciler:
         *,
         spec: specs.TauSpec,
         snap: Snapshot,
-        workload: runs.WorkloadView | None,
-        outcome: runs.AttemptOutcome,
+        workload: lifecycle.WorkloadView | None,
+        outcome: lifecycle.AttemptOutcome,
         namespace: str,
-        visible: runs.QueuePosition | None,
+        visible: lifecycle.QueuePosition | None,
     ) -> None:
-        if outcome.phase != runs.Phase.QUEUED:
+        if outcome.phase != lifecycle.Phase.QUEUED:
             status.update(queuePosition=None, queuePositionInLocalQueue=None,
                           queuePositionSource=None)  # fmt: skip
-            if outcome.phase in {runs.Phase.ADMITTED, runs.Phase.RUNNING}:
+            if outcome.phase in {lifecycle.Phase.ADMITTED, lifecycle.Phase.RUNNING}:
                 status["message"] = ""
             return
         position = visible
         if position is None and workload is not None:
             position = snap.positions.get((namespace, workload.name))
         cq = snap.local_queues.get((namespace, spec.queue))
-        ctx = runs.WaitContext(
+        ctx = lifecycle.WaitContext(
             queue=spec.queue, namespace=namespace, queue_exists=cq is not None,
             cluster_queue=cq or "", gpus_per_worker=spec.resources.gpus, workers=spec.workers,
             position=position,
         )  # fmt: skip
-        message = runs.waiting_message(ctx, workload)
+        message = lifecycle.waiting_message(ctx, workload)
         held = (
             self.gate_message(namespace, workload.name)
             if self.gate_message is not None and workload is not None
@@ -540,17 +558,17 @@ class Reconciler:
 
     async def visibility_position(
         self, namespace: str, queue: str, workload: str
-    ) -> runs.QueuePosition | None:
+    ) -> lifecycle.QueuePosition | None:
         """Ask Kueue's visibility API for one Workload's position (None when it cannot)."""
         items = await self.store.pending_workloads(namespace, queue)
         if items is None:
             return None
-        return runs.position_from_visibility(items, namespace, workload)
+        return lifecycle.position_from_visibility(items, namespace, workload)
 
     def _end(
         self,
         status: dict[str, Any],
-        phase: runs.Phase,
+        phase: lifecycle.Phase,
         reason: str,
         message: str,
         *,
@@ -558,10 +576,10 @@ class Reconciler:
         ended: dt.datetime | None = None,
     ) -> None:
         status.update(phase=phase, reason=reason, message=message,
-                      endTime=status.get("endTime") or runs.iso(ended or now),
+                      endTime=status.get("endTime") or lifecycle.iso(ended or now),
                       queuePosition=None, queuePositionInLocalQueue=None,
                       queuePositionSource=None)  # fmt: skip
-        runs.set_phase_condition(status["conditions"], phase, reason, message, ended or now)
+        lifecycle.set_phase_condition(status["conditions"], phase, reason, message, ended or now)
 
     async def _priority_class_exists(self, name: str) -> bool:
         """Whether a WorkloadPriorityClass exists (a Job naming a missing one would never get
@@ -654,18 +672,21 @@ class Reconciler:
             latest = checkpoints.latest(status) if attempt > 1 else None
             resume_from = str(latest.get("path", "")) if latest else ""
         entry: dict[str, Any] = {
-            "number": attempt, "objectKind": kind, "phase": runs.Phase.QUEUED,
-            "objectName": rendering.attempt_name(ref.name, attempt), "createdTime": runs.iso(now),
+            "number": attempt,
+            "objectKind": kind,
+            "phase": lifecycle.Phase.QUEUED,
+            "objectName": rendering.attempt_name(ref.name, attempt),
+            "createdTime": lifecycle.iso(now),
             "resumeFrom": resume_from,
-        }  # fmt: skip
+        }
         if priority_class:
             entry["priorityClass"] = priority_class
         status["attempts"].append(entry)
         await self._create_attempt_objects(spec, ref, attempt, status)
-        status.update(currentAttempt=attempt, phase=runs.Phase.QUEUED, reason="Submitted",
+        status.update(currentAttempt=attempt, phase=lifecycle.Phase.QUEUED, reason="Submitted",
                       message=f"submitted to queue {spec.queue!r}; waiting for Kueue")  # fmt: skip
-        status.setdefault("startTime", runs.iso(now))
-        runs.set_phase_condition(status["conditions"], runs.Phase.QUEUED, "Submitted",
+        status.setdefault("startTime", lifecycle.iso(now))
+        lifecycle.set_phase_condition(status["conditions"], lifecycle.Phase.QUEUED, "Submitted",
                                  f"attempt {attempt} created", now)  # fmt: skip
         self.metrics.run_attempts.labels("started").inc()
         log.info("attempt started", run=f"{ref.namespace}/{ref.name}", attempt=attempt)
@@ -678,19 +699,19 @@ class Reconciler:
         record: Mapping[str, Any],
         now: dt.datetime,
     ) -> None:
-        ended = runs.parse_time(record.get("endTime")) or now
+        ended = lifecycle.parse_time(record.get("endTime")) or now
         current = int(status.get("currentAttempt") or 1)
         retries = current - 1 - int(status.get("attemptBudgetFrom") or 0)
-        wait = runs.retry_backoff_s(spec, retries)
+        wait = lifecycle.retry_backoff_s(spec, retries)
         if wait and (now - ended).total_seconds() < wait:
-            due = runs.iso(ended + dt.timedelta(seconds=wait))
+            due = lifecycle.iso(ended + dt.timedelta(seconds=wait))
             status["message"] = (
                 f"attempt {current} failed ({record.get('failureClass')}: {record.get('message')})"
                 f"; attempt {current + 1} starts at {due} (retry.backoff, doubled per retry)"
             )
             return
         failure = str(record.get("failureClass") or "")
-        priority = runs.resume_priority_class(spec, failure, self.resume_priority_class)
+        priority = lifecycle.resume_priority_class(spec, failure, self.resume_priority_class)
         if priority is not None and not await self._priority_class_exists(priority):
             priority = None
         await self._start_attempt(spec, ref, status, current + 1, now, priority_class=priority)
@@ -715,8 +736,9 @@ class Reconciler:
         """Delete a finished run's objects after the TTL (once; the TauRun stays)."""
         if status.get("objectsDeleted"):
             return
-        if not runs.ttl_expired(runs.parse_time(status.get("endTime")), self.ttl_after_finished_s,
-                                now):  # fmt: skip
+        if not lifecycle.ttl_expired(
+            lifecycle.parse_time(status.get("endTime")), self.ttl_after_finished_s, now
+        ):
             return
         for record in status.get("attempts") or []:
             await self._delete_attempt(spec, ref, int(record.get("number") or 0))
@@ -750,15 +772,15 @@ def _index(
 ) -> Snapshot:
     """Index what a pass read for the per-run work."""
     by_kind = {(_key(o)[0], o["kind"], _key(o)[1]): o for o in objects}
-    views = [runs.parse_workload(w) for w in workloads]
+    views = [lifecycle.parse_workload(w) for w in workloads]
     by_owner = {(w.namespace, w.owner_kind, w.owner_name): w for w in views}
     by_attempt: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
     for pod in pods:
         labels = (pod.get("metadata") or {}).get("labels") or {}
-        attempt = str(labels.get(runs.LABEL_ATTEMPT, ""))
+        attempt = str(labels.get(lifecycle.LABEL_ATTEMPT, ""))
         if attempt.isdigit():
             ns, _ = _key(pod)
-            by_attempt.setdefault((ns, labels[runs.LABEL_RUN], int(attempt)), []).append(pod)
+            by_attempt.setdefault((ns, labels[lifecycle.LABEL_RUN], int(attempt)), []).append(pod)
     local = {_key(lq): str((lq.get("spec") or {}).get("clusterQueue", "")) for lq in local_queues}
     return Snapshot(
         objects=by_kind,
@@ -766,8 +788,8 @@ def _index(
         all_workloads=views,
         pods=by_attempt,
         local_queues=local,
-        nodes=runs.node_facts(nodes),
-        positions=runs.compute_positions(views, local),
+        nodes=lifecycle.node_facts(nodes),
+        positions=lifecycle.compute_positions(views, local),
     )
 
 
@@ -786,7 +808,7 @@ def _clean(value: Any) -> Any:
         return {k: _clean(v) for k, v in value.items() if v is not None}
     if isinstance(value, list):
         return [_clean(v) for v in value]
-    return str(value) if isinstance(value, runs.Phase) else value
+    return str(value) if isinstance(value, lifecycle.Phase) else value
 
 
 def _pod_templates(obj: dict[str, Any]) -> list[dict[str, Any]]:

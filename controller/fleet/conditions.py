@@ -23,7 +23,7 @@ import datetime as dt
 from collections.abc import Mapping, MutableSequence
 from typing import Any, Literal
 
-from controller import fleet, history, nodes, policy
+from controller.fleet import history, nodes, policy, state
 
 MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
@@ -60,7 +60,7 @@ def set_condition(
         changed = False
         if entry.get("status") != desired.status.value:
             entry["status"] = desired.status.value
-            entry["lastTransitionTime"] = fleet.iso(now)
+            entry["lastTransitionTime"] = state.iso(now)
             changed = True
         if entry.get("reason") != desired.reason:
             entry["reason"] = desired.reason
@@ -75,7 +75,7 @@ def set_condition(
             "status": desired.status.value,
             "reason": desired.reason,
             "message": desired.message,
-            "lastTransitionTime": fleet.iso(now),
+            "lastTransitionTime": state.iso(now),
         }
     )
     return True
@@ -113,7 +113,7 @@ def patch_for(
         marks.annotate(
             {
                 nodes.QUARANTINED_BY_ANNOTATION: record.by,
-                nodes.QUARANTINED_AT_ANNOTATION: fleet.iso(record.at),
+                nodes.QUARANTINED_AT_ANNOTATION: state.iso(record.at),
                 nodes.QUARANTINED_REASON_ANNOTATION: record.reason,
                 nodes.QUARANTINE_ANNOTATION: record.to_annotation(),
                 nodes.RELEASED_FAULTS_ANNOTATION: None,
@@ -130,7 +130,7 @@ def patch_for(
             action.record.reason,
             nodes.CONTROLLER_IDENTITY,
             f"clears with {action.record.clears_with.value}; "
-            f"evict after {fleet.iso(action.record.evict_after) or 'never'}",
+            f"evict after {state.iso(action.record.evict_after) or 'never'}",
         )
     elif isinstance(action, policy.RestoreTaint):
         if view.quarantine is None:
@@ -150,7 +150,7 @@ def patch_for(
             action.kind.value,
             action.reason,
             nodes.CONTROLLER_IDENTITY,
-            f"due since {fleet.iso(action.deadline)}",
+            f"due since {state.iso(action.deadline)}",
         )
     elif isinstance(action, policy.Release):
         _end_quarantine(marks, view, uncordon=action.uncordon)

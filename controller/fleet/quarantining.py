@@ -18,8 +18,9 @@ from typing import Any
 
 import structlog
 
-from controller import conditions, fleet, leading, nodes, policy
+from controller import leading
 from controller import metrics as metrics_mod
+from controller.fleet import conditions, nodes, policy, state
 from controller.kube import nodes as kube_nodes
 
 log = structlog.get_logger()
@@ -36,7 +37,7 @@ class Quarantiner:
 
     def __init__(
         self,
-        fleet_state: fleet.FleetState,
+        fleet_state: state.FleetState,
         *,
         cache: kube_nodes.NodeCache,
         writer: kube_nodes.NodeWriter,
@@ -153,17 +154,17 @@ class Quarantiner:
         self._saved = self.durable_state()
 
     async def _persist(self) -> None:
-        state = self.durable_state()
-        if self._save_state is None or state == self._saved:
+        durable = self.durable_state()
+        if self._save_state is None or durable == self._saved:
             return
         self.elector.ensure_leader()
-        await self._save_state(state)
-        self._saved = state
+        await self._save_state(durable)
+        self._saved = durable
 
     def _export(self, decision: policy.Decision, views: list[nodes.NodeView]) -> None:
         counts = collections.Counter(h.state.value for h in decision.health.values())
-        for state in fleet.NodeState:
-            self.metrics.node_verdicts.labels(state.value).set(counts.get(state.value, 0))
+        for kind in state.NodeState:
+            self.metrics.node_verdicts.labels(kind.value).set(counts.get(kind.value, 0))
         # The views parsed for this pass: no second parse of every node.
         self.metrics.quarantined_nodes.set(sum(1 for v in views if v.quarantine is not None))
         self.metrics.breaker_open.set(1 if decision.breaker.open else 0)

@@ -29,8 +29,9 @@ import structlog
 from aiohttp import web
 
 from controller import app as controller_app
-from controller import auth, checkpoints, errors, reconciling, rendering, runs
+from controller import auth, errors
 from controller.kube import runs as kube_runs
+from controller.runs import checkpoints, lifecycle, reconciling, rendering
 from shared import spec as specs
 
 log = structlog.get_logger()
@@ -190,7 +191,7 @@ def run_json(item: dict[str, Any], *, with_spec: bool = True) -> dict[str, Any]:
         "namespace": meta.get("namespace", ""),
         "kind": spec.get("kind", str(specs.RunKind.JOB)),
         "queue": spec.get("queue", specs.DEFAULT_QUEUE),
-        "phase": status.get("phase", str(runs.Phase.PENDING)),
+        "phase": status.get("phase", str(lifecycle.Phase.PENDING)),
         "reason": status.get("reason", ""),
         "message": status.get("message", ""),
         "attempt": status.get("currentAttempt", 0),
@@ -347,7 +348,7 @@ async def get_evidence(request: web.Request) -> web.StreamResponse:
         "name": meta.get("name"),
         "namespace": meta.get("namespace"),
         "uid": meta.get("uid"),
-        "phase": status.get("phase", str(runs.Phase.PENDING)),
+        "phase": status.get("phase", str(lifecycle.Phase.PENDING)),
         **(status.get("evidence") or {}),
         "attempts": status.get("attempts") or [],
     }
@@ -371,10 +372,10 @@ async def cancel_run(request: web.Request) -> web.StreamResponse:
         msg = f"no run named {name!r} in namespace {namespace}"
         raise errors.ApiError(404, "NotFound", msg, "name")
     phase = (item.get("status") or {}).get("phase")
-    if phase in {runs.Phase.SUCCEEDED, runs.Phase.FAILED}:
+    if phase in {lifecycle.Phase.SUCCEEDED, lifecycle.Phase.FAILED}:
         msg = f"run {name!r} has already ended ({phase}); there is nothing to cancel"
         raise errors.ApiError(409, "AlreadyEnded", msg, "name")
-    if phase != runs.Phase.CANCELLED:
+    if phase != lifecycle.Phase.CANCELLED:
         stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         controller_app.state_of(request).elector.ensure_leader()
         await ctx.store.annotate_run(
@@ -509,7 +510,7 @@ def _pick_pod(
 ) -> tuple[dict[str, Any], str] | None:
     """The pod and container of worker `worker` (ray: 0 is the head, 1.. the workers)."""
     views = sorted(
-        ((runs.parse_pod(p), p) for p in pods),
+        ((lifecycle.parse_pod(p), p) for p in pods),
         key=lambda vp: (vp[0].index if vp[0].index is not None else 0, vp[0].created or
                         dt.datetime.min.replace(tzinfo=dt.UTC), vp[0].name),
     )  # fmt: skip
@@ -556,12 +557,12 @@ async def get_logs(request: web.Request) -> web.StreamResponse:
         status = item.get("status") or {}
         number = attempt or int(status.get("currentAttempt") or 0)
         kind = str((item.get("spec") or {}).get("kind") or specs.RunKind.JOB)
-        selector = f"{runs.LABEL_RUN}={name},{runs.LABEL_ATTEMPT}={number}"
+        selector = f"{lifecycle.LABEL_RUN}={name},{lifecycle.LABEL_ATTEMPT}={number}"
         picked = _pick_pod(kind, await ctx.store.list_pods(namespace, selector), worker)
-        started = picked is not None and runs.parse_pod(picked[0]).phase != "Pending"
+        started = picked is not None and lifecycle.parse_pod(picked[0]).phase != "Pending"
         if started or asyncio.get_running_loop().time() >= deadline:
             break
-        if status.get("phase") in {runs.Phase.CANCELLED, runs.Phase.FAILED}:
+        if status.get("phase") in {lifecycle.Phase.CANCELLED, lifecycle.Phase.FAILED}:
             break
         await asyncio.sleep(LOG_POLL_S)
     if picked is None:
@@ -613,7 +614,7 @@ async def get_queues(request: web.Request) -> web.StreamResponse:
         waiting = [
             run_json(i, with_spec=False) for i in items
             if (i.get("spec") or {}).get("queue", specs.DEFAULT_QUEUE) == name
-            and (i.get("status") or {}).get("phase") == runs.Phase.QUEUED
+            and (i.get("status") or {}).get("phase") == lifecycle.Phase.QUEUED
         ]  # fmt: skip
         waiting.sort(key=lambda r: (r["queuePosition"] is None, r["queuePosition"] or 0))
         lq_status = lq.get("status") or {}

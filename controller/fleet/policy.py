@@ -28,7 +28,7 @@ from typing import ClassVar
 import pydantic
 from pydantic import alias_generators
 
-from controller import fleet, nodes
+from controller.fleet import nodes, state
 
 
 class Settings(pydantic.BaseModel):
@@ -42,7 +42,7 @@ class Settings(pydantic.BaseModel):
         use_attribute_docstrings=True,
     )
 
-    stale_multiplier: float = pydantic.Field(default=fleet.DEFAULT_STALE_MULTIPLIER, gt=0)
+    stale_multiplier: float = pydantic.Field(default=state.DEFAULT_STALE_MULTIPLIER, gt=0)
     """staleAfter = this × the agent's `intervalS`; 3 tolerates two lost reports in a row."""
     default_interval_s: float = pydantic.Field(default=10.0, gt=0)
     """Seconds; the agent interval assumed for a node that never reported to this leader."""
@@ -201,7 +201,7 @@ class ManualRelease:
     node: str
     by: str
     reason: str
-    released_faults: frozenset[fleet.FaultKey]
+    released_faults: frozenset[state.FaultKey]
     uncordon: bool
 
 
@@ -265,7 +265,7 @@ class Decision:
     """The breaker state to keep for the next pass (changes even without Open/Close actions)."""
     next_deadline: dt.datetime | None
     """The earliest future time a pass would decide differently with no new input."""
-    health: Mapping[str, fleet.NodeHealth]
+    health: Mapping[str, state.NodeHealth]
     """Health of every managed GPU node at `now`, for metrics and the on-call API."""
     quarantined: int
     """Nodes in automatic quarantine before this pass's actions."""
@@ -277,16 +277,16 @@ class ManualRequestError(ValueError):
 
 
 _QUARANTINE_PRIORITY = {
-    fleet.NodeState.FAILED: 0,
-    fleet.NodeState.DEGRADED: 1,
-    fleet.NodeState.STALE: 2,
-    fleet.NodeState.MISSING: 2,
+    state.NodeState.FAILED: 0,
+    state.NodeState.DEGRADED: 1,
+    state.NodeState.STALE: 2,
+    state.NodeState.MISSING: 2,
 }
-_SILENT = (fleet.NodeState.STALE, fleet.NodeState.MISSING)
+_SILENT = (state.NodeState.STALE, state.NodeState.MISSING)
 
 
 def decide(
-    fleet_state: fleet.FleetState,
+    fleet_state: state.FleetState,
     node_views: Iterable[nodes.NodeView],
     settings: Settings,
     breaker: BreakerState,
@@ -376,7 +376,7 @@ def reset_breaker(breaker: BreakerState, *, by: str, now: dt.datetime) -> Breake
 
 def manual_quarantine(
     view: nodes.NodeView,
-    node_health: fleet.NodeHealth | None,
+    node_health: state.NodeHealth | None,
     *,
     by: str,
     reason: str,
@@ -406,7 +406,7 @@ def manual_quarantine(
 
 def manual_release(
     view: nodes.NodeView,
-    node_health: fleet.NodeHealth | None,
+    node_health: state.NodeHealth | None,
     *,
     by: str,
     reason: str,
@@ -435,7 +435,7 @@ def manual_release(
 
 def _judge_breaker(
     views: list[nodes.NodeView],
-    healths: Mapping[str, fleet.NodeHealth],
+    healths: Mapping[str, state.NodeHealth],
     settings: Settings,
     breaker: BreakerState,
     *,
@@ -460,7 +460,7 @@ def _judge_breaker(
     turned = sorted(
         name
         for name, h in healths.items()
-        if h.state in fleet.BAD_STATES and h.bad_since is not None and h.bad_since > counted_after
+        if h.state in state.BAD_STATES and h.bad_since is not None and h.bad_since > counted_after
     )
     share = 100 * len(turned) / len(views) if views else 0.0
     if share > settings.breaker_percent and len(turned) >= settings.breaker_min_nodes:
@@ -480,33 +480,33 @@ def _judge_breaker(
     return breaker
 
 
-def _contained(view: nodes.NodeView, h: fleet.NodeHealth) -> bool:
+def _contained(view: nodes.NodeView, h: state.NodeHealth) -> bool:
     """Return True when the node gives the breaker no reason to stay open."""
     if h.state in _SILENT:
         return False
-    if h.state not in fleet.BAD_STATES:
+    if h.state not in state.BAD_STATES:
         return True
     if view.quarantine is not None:
         return True
     return view.released_faults is not None and h.fault_keys <= view.released_faults
 
 
-def _desired_condition(h: fleet.NodeHealth, view: nodes.NodeView) -> nodes.Condition | None:
-    state = h.state
-    if state is fleet.NodeState.WARMING_UP:
+def _desired_condition(h: state.NodeHealth, view: nodes.NodeView) -> nodes.Condition | None:
+    node_state = h.state
+    if node_state is state.NodeState.WARMING_UP:
         return None
-    if state is fleet.NodeState.MISSING and view.condition is None:
+    if node_state is state.NodeState.MISSING and view.condition is None:
         return None  # never reported to any leader: not ours yet (no agent installed)
-    if state is fleet.NodeState.HEALTHY:
+    if node_state is state.NodeState.HEALTHY:
         status = nodes.ConditionStatus.TRUE
-    elif state in (fleet.NodeState.FAILED, fleet.NodeState.DEGRADED):
+    elif node_state in (state.NodeState.FAILED, state.NodeState.DEGRADED):
         status = nodes.ConditionStatus.FALSE
     else:
         status = nodes.ConditionStatus.UNKNOWN
     return nodes.Condition(status=status, reason=h.reason, message=h.message)
 
 
-def _clearing(h: fleet.NodeHealth) -> nodes.Clearing:
+def _clearing(h: state.NodeHealth) -> nodes.Clearing:
     clearing = nodes.Clearing.HEALTHY_REPORTS
     for fault in h.faults:
         if fault.latched:
@@ -516,17 +516,17 @@ def _clearing(h: fleet.NodeHealth) -> nodes.Clearing:
     return clearing
 
 
-def _evict_after(h: fleet.NodeHealth, settings: Settings, now: dt.datetime) -> dt.datetime | None:
-    if h.state is fleet.NodeState.FAILED:
+def _evict_after(h: state.NodeHealth, settings: Settings, now: dt.datetime) -> dt.datetime | None:
+    if h.state is state.NodeState.FAILED:
         return now + dt.timedelta(seconds=settings.failed_evict_grace_s)
-    if h.state is fleet.NodeState.DEGRADED:
+    if h.state is state.NodeState.DEGRADED:
         return now + dt.timedelta(seconds=settings.degraded_drain_after_s)
     return None
 
 
 def _candidate(
     view: nodes.NodeView,
-    h: fleet.NodeHealth,
+    h: state.NodeHealth,
     settings: Settings,
     *,
     now: dt.datetime,
@@ -536,13 +536,13 @@ def _candidate(
     """Return the quarantine a node not yet in quarantine should get, if any."""
     released = view.released_faults
     if released is not None:
-        if h.state is fleet.NodeState.HEALTHY:
+        if h.state is state.NodeState.HEALTHY:
             actions.append(ForgetManualRelease(view.name))
             return None
         if h.fault_keys <= released:
             return None
     if h.state in _SILENT:
-        if h.state is fleet.NodeState.MISSING and view.condition is None:
+        if h.state is state.NodeState.MISSING and view.condition is None:
             return None
         if h.stale_at is None:  # a silent node always has its onset; be safe regardless
             return None
@@ -550,7 +550,7 @@ def _candidate(
         if now < due:
             deadlines.append(due)
             return None
-    elif h.state not in (fleet.NodeState.FAILED, fleet.NodeState.DEGRADED):
+    elif h.state not in (state.NodeState.FAILED, state.NodeState.DEGRADED):
         return None
     record = nodes.QuarantineRecord(
         mode=nodes.QuarantineMode.AUTOMATIC,
@@ -561,7 +561,7 @@ def _candidate(
         boot_id=h.boot_id,
         faults=h.fault_keys,
         evict_after=_evict_after(h, settings, now),
-        failed=h.state is fleet.NodeState.FAILED,
+        failed=h.state is state.NodeState.FAILED,
     )
     return Quarantine(view.name, record, message=h.message, cordon=not view.unschedulable)
 
@@ -569,7 +569,7 @@ def _candidate(
 def _keep_quarantine(
     view: nodes.NodeView,
     record: nodes.QuarantineRecord,
-    h: fleet.NodeHealth,
+    h: state.NodeHealth,
     settings: Settings,
     *,
     breaker: BreakerState,
@@ -594,7 +594,7 @@ def _keep_quarantine(
         out.append(RestoreTaint(view.name))
     if record.mode is nodes.QuarantineMode.MANUAL:
         return out
-    if h.state is fleet.NodeState.HEALTHY:
+    if h.state is state.NodeState.HEALTHY:
         release_at = _release_at(record, h, settings)
         if release_at is not None:
             if now >= release_at:
@@ -602,12 +602,12 @@ def _keep_quarantine(
                     Release(
                         view.name,
                         reason="FaultCleared",
-                        message=f"healthy since {fleet.iso(h.healthy_since)}: {h.message}",
+                        message=f"healthy since {state.iso(h.healthy_since)}: {h.message}",
                         uncordon=view.cordoned_by_us,
                     )
                 ]
             deadlines.append(release_at)
-    elif h.state is not fleet.NodeState.WARMING_UP:
+    elif h.state is not state.NodeState.WARMING_UP:
         escalated = _escalate(record, h, settings, now)
         if escalated != record:
             out.append(UpdateQuarantine(view.name, escalated))
@@ -629,7 +629,7 @@ def _keep_quarantine(
 
 
 def _release_at(
-    record: nodes.QuarantineRecord, h: fleet.NodeHealth, settings: Settings
+    record: nodes.QuarantineRecord, h: state.NodeHealth, settings: Settings
 ) -> dt.datetime | None:
     """Return when a healthy node may be released, or None while its fault has not cleared."""
     start = h.healthy_since or h.received_at
@@ -646,7 +646,7 @@ def _release_at(
 
 
 def _escalate(
-    record: nodes.QuarantineRecord, h: fleet.NodeHealth, settings: Settings, now: dt.datetime
+    record: nodes.QuarantineRecord, h: state.NodeHealth, settings: Settings, now: dt.datetime
 ) -> nodes.QuarantineRecord:
     """Return the record made at least as strict as the node's current faults demand."""
     clears_with = record.clears_with
@@ -662,7 +662,7 @@ def _escalate(
     faults = record.faults | {f.key for f in h.faults}
     return dataclasses.replace(
         record, clears_with=clears_with, boot_id=boot_id, evict_after=evict_after, faults=faults,
-        failed=record.failed or h.state is fleet.NodeState.FAILED,
+        failed=record.failed or h.state is state.NodeState.FAILED,
     )  # fmt: skip
 
 

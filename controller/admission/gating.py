@@ -32,8 +32,8 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from controller import nodes as node_marks
-from controller.runs import parse_time
+from controller.fleet import nodes as node_marks
+from controller.runs.lifecycle import parse_time
 from shared import spec as specs
 
 CONTROLLER_NAME = "taugrid.dev/gpu-health"
