@@ -32,7 +32,7 @@ import pydantic
 import structlog
 from aiohttp import web
 
-from controller import auth, errors, leading, metrics
+from controller import auth, errors, leading, metrics, timestamps
 from controller.admission import admitting
 from controller.fleet import nodes, policy, quarantining, state
 from controller.kube import admission as kube_admission
@@ -249,7 +249,7 @@ def _node_json(st: ControllerState, name: str, *, detail: bool) -> dict[str, Any
         "state": h.state.value if h else "Unknown",
         "reason": h.reason if h else "",
         "message": h.message if h else "",
-        "lastHeartbeat": state.iso(rec.received_at) if rec else None,
+        "lastHeartbeat": timestamps.rfc3339_exact(rec.received_at) if rec else None,
         "bootId": rec.heartbeat.boot_id if rec else None,
         "agentUrl": rec.heartbeat.agent_url if rec else None,
         "managed": view.managed if view else True,
@@ -265,10 +265,10 @@ def _node_json(st: ControllerState, name: str, *, detail: bool) -> dict[str, Any
         out["quarantine"] = {
             "mode": q.mode.value,
             "by": q.by,
-            "at": state.iso(q.at),
+            "at": timestamps.rfc3339_exact(q.at),
             "reason": q.reason,
             "clearsWith": q.clears_with.value,
-            "evictAfter": state.iso(q.evict_after) or None,
+            "evictAfter": timestamps.rfc3339_exact(q.evict_after),
         }
     if detail:
         out["gpus"] = [_gpu_json(g) for g in rec.heartbeat.gpus] if rec else []

@@ -32,8 +32,8 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from controller import timestamps
 from controller.fleet import nodes as node_marks
-from controller.runs.lifecycle import parse_time
 from shared import spec as specs
 
 CONTROLLER_NAME = "taugrid.dev/gpu-health"
@@ -404,14 +404,14 @@ def active_condition(
         return None
     since = now
     if current is not None and current.get("status") == "True":
-        since = parse_time(current.get("lastTransitionTime")) or now
+        since = timestamps.parse(current.get("lastTransitionTime")) or now
     return {
         "type": ACTIVE,
         "status": "True",
         "reason": ACTIVE_REASON,
         "message": message,
         "observedGeneration": generation,
-        "lastTransitionTime": iso(since),
+        "lastTransitionTime": timestamps.rfc3339(since),
     }
 
 
@@ -478,11 +478,6 @@ class Workload:
         return passed and self.quota_reserved and not self.finished and not self.evicted
 
 
-def iso(value: dt.datetime) -> str:
-    """Format a time the way Kubernetes does (whole seconds, `Z`)."""
-    return value.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def _true(raw: Mapping[str, Any], kind: str) -> bool:
     return any(
         isinstance(c, Mapping) and c.get("type") == kind and c.get("status") == "True"
@@ -529,7 +524,7 @@ def _checks(raw: Mapping[str, Any]) -> tuple[CheckStatus, ...]:
                 name=str(c.get("name", "")),
                 state=str(c.get("state", "")),
                 message=str(c.get("message") or ""),
-                last_transition=parse_time(c.get("lastTransitionTime")),
+                last_transition=timestamps.parse(c.get("lastTransitionTime")),
                 requeue_after_s=int(after) if after is not None else None,
                 retry_count=int(c.get("retryCount") or 0),
             )
@@ -560,7 +555,7 @@ def parse_workload(
         checks=_checks(raw),
         cluster_queue=str(admission.get("clusterQueue", "")),
         priority=int(spec.get("priority") or 0),
-        created=parse_time(meta.get("creationTimestamp")),
+        created=timestamps.parse(meta.get("creationTimestamp")),
         quota_reserved=_true(raw, "QuotaReserved"),
         admitted=_true(raw, "Admitted"),
         evicted=_true(raw, "Evicted"),
@@ -876,7 +871,7 @@ def check_state_body(check: str, decision: Decision) -> dict[str, Any]:
         "name": check,
         "state": str(decision.state),
         "message": decision.message[:32768],
-        "lastTransitionTime": iso(decision.since) if decision.since else None,
+        "lastTransitionTime": timestamps.rfc3339(decision.since) if decision.since else None,
     }
     if decision.requeue_after_s is not None:
         body["requeueAfterSeconds"] = decision.requeue_after_s

@@ -23,7 +23,8 @@ import datetime as dt
 from collections.abc import Mapping, MutableSequence
 from typing import Any, Literal
 
-from controller.fleet import history, nodes, policy, state
+from controller import timestamps
+from controller.fleet import history, nodes, policy
 
 MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
@@ -60,7 +61,7 @@ def set_condition(
         changed = False
         if entry.get("status") != desired.status.value:
             entry["status"] = desired.status.value
-            entry["lastTransitionTime"] = state.iso(now)
+            entry["lastTransitionTime"] = timestamps.rfc3339_exact(now)
             changed = True
         if entry.get("reason") != desired.reason:
             entry["reason"] = desired.reason
@@ -75,7 +76,7 @@ def set_condition(
             "status": desired.status.value,
             "reason": desired.reason,
             "message": desired.message,
-            "lastTransitionTime": state.iso(now),
+            "lastTransitionTime": timestamps.rfc3339_exact(now),
         }
     )
     return True
@@ -113,7 +114,7 @@ def patch_for(
         marks.annotate(
             {
                 nodes.QUARANTINED_BY_ANNOTATION: record.by,
-                nodes.QUARANTINED_AT_ANNOTATION: state.iso(record.at),
+                nodes.QUARANTINED_AT_ANNOTATION: timestamps.rfc3339_exact(record.at),
                 nodes.QUARANTINED_REASON_ANNOTATION: record.reason,
                 nodes.QUARANTINE_ANNOTATION: record.to_annotation(),
                 nodes.RELEASED_FAULTS_ANNOTATION: None,
@@ -130,7 +131,7 @@ def patch_for(
             action.record.reason,
             nodes.CONTROLLER_IDENTITY,
             f"clears with {action.record.clears_with.value}; "
-            f"evict after {state.iso(action.record.evict_after) or 'never'}",
+            f"evict after {timestamps.rfc3339_exact(action.record.evict_after) or 'never'}",
         )
     elif isinstance(action, policy.RestoreTaint):
         if view.quarantine is None:
@@ -150,7 +151,7 @@ def patch_for(
             action.kind.value,
             action.reason,
             nodes.CONTROLLER_IDENTITY,
-            f"due since {state.iso(action.deadline)}",
+            f"due since {timestamps.rfc3339_exact(action.deadline)}",
         )
     elif isinstance(action, policy.Release):
         _end_quarantine(marks, view, uncordon=action.uncordon)

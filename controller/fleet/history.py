@@ -14,6 +14,8 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from controller import timestamps
+
 ANNOTATION = "taugrid.dev/history"
 MAX_ENTRIES = 20
 MAX_TEXT_CHARS = 256
@@ -38,7 +40,7 @@ class Entry:
     def to_json(self) -> dict[str, str]:
         """Return the entry as the camelCase JSON object stored in the annotation."""
         return {
-            "at": _format_time(self.at),
+            "at": timestamps.rfc3339_exact(self.at),
             "action": _bound(self.action),
             "reason": _bound(self.reason),
             "by": _bound(self.by),
@@ -82,13 +84,9 @@ def _parse_entry(index: int, item: Any) -> Entry:
         msg = f"{where}.message: expected a string"
         raise HistoryError(msg)
     try:
-        at = dt.datetime.fromisoformat(fields["at"])
+        at = timestamps.parse_strict(fields["at"], f"{where}.at")
     except ValueError as err:
-        msg = f"{where}.at: not an RFC 3339 time: {fields['at']!r}"
-        raise HistoryError(msg) from err
-    if at.tzinfo is None:
-        msg = f"{where}.at: time without a zone: {fields['at']!r}"
-        raise HistoryError(msg)
+        raise HistoryError(str(err)) from err
     return Entry(
         at=at, action=fields["action"], reason=fields["reason"], by=fields["by"], message=message
     )
@@ -106,7 +104,3 @@ def render(entries: Sequence[Entry]) -> str:
 
 def _bound(text: str) -> str:
     return text if len(text) <= MAX_TEXT_CHARS else text[: MAX_TEXT_CHARS - 1] + "…"
-
-
-def _format_time(when: dt.datetime) -> str:
-    return when.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ").replace(".000000Z", "Z")

@@ -28,6 +28,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from controller import timestamps
 from controller.fleet import history, state
 from shared import health
 
@@ -143,8 +144,8 @@ class QuarantineRecord:
             "clearsWith": self.clears_with.value,
             "bootId": self.boot_id,
             "faults": sorted(list(key) for key in self.faults),
-            "evictAfter": state.iso(self.evict_after) or None,
-            "evictedAt": state.iso(self.evicted_at) or None,
+            "evictAfter": timestamps.rfc3339_exact(self.evict_after),
+            "evictedAt": timestamps.rfc3339_exact(self.evicted_at),
         }
         if self.failed:
             record["failed"] = True
@@ -251,27 +252,11 @@ def find_condition(conditions: Any) -> Condition | None:
                 status=status,
                 reason=str(item.get("reason") or ""),
                 message=str(item.get("message") or ""),
-                last_transition_time=parse_time(when, f"{field}.lastTransitionTime")
+                last_transition_time=timestamps.parse_strict(when, f"{field}.lastTransitionTime")
                 if when
                 else None,
             )
     return None
-
-
-def parse_time(value: Any, field: str) -> dt.datetime:
-    """Read an RFC 3339 time, raising ValueError naming `field` when it is not one."""
-    if not isinstance(value, str):
-        msg = f"{field}: expected an RFC 3339 time string, got {type(value).__name__}"
-        raise ValueError(msg)
-    try:
-        when = dt.datetime.fromisoformat(value)
-    except ValueError as err:
-        msg = f"{field}: not an RFC 3339 time: {value!r}"
-        raise ValueError(msg) from err
-    if when.tzinfo is None:
-        msg = f"{field}: time without a zone: {value!r}"
-        raise ValueError(msg)
-    return when
 
 
 def _parse_quarantine(annotations: Mapping[str, Any]) -> QuarantineRecord | None:
@@ -279,7 +264,9 @@ def _parse_quarantine(annotations: Mapping[str, Any]) -> QuarantineRecord | None
     if by is None:
         return None
     raw_record = annotations.get(QUARANTINE_ANNOTATION)
-    at = parse_time(annotations.get(QUARANTINED_AT_ANNOTATION), QUARANTINED_AT_ANNOTATION)
+    at = timestamps.parse_strict(
+        annotations.get(QUARANTINED_AT_ANNOTATION), QUARANTINED_AT_ANNOTATION
+    )
     reason = str(annotations.get(QUARANTINED_REASON_ANNOTATION) or "")
     if not isinstance(raw_record, str):
         # Someone else's `quarantined-by` without our record: treat as a hand-made quarantine,
@@ -319,10 +306,10 @@ def _parse_quarantine(annotations: Mapping[str, Any]) -> QuarantineRecord | None
         clears_with=clears_with,
         boot_id=boot_id if isinstance(boot_id, str) else None,
         faults=_parse_keys(record.get("faults"), f"{QUARANTINE_ANNOTATION}.faults"),
-        evict_after=parse_time(evict_after, f"{QUARANTINE_ANNOTATION}.evictAfter")
+        evict_after=timestamps.parse_strict(evict_after, f"{QUARANTINE_ANNOTATION}.evictAfter")
         if evict_after
         else None,
-        evicted_at=parse_time(evicted_at, f"{QUARANTINE_ANNOTATION}.evictedAt")
+        evicted_at=timestamps.parse_strict(evicted_at, f"{QUARANTINE_ANNOTATION}.evictedAt")
         if evicted_at
         else None,
         failed=record.get("failed") is True,

@@ -28,6 +28,7 @@ from typing import ClassVar
 import pydantic
 from pydantic import alias_generators
 
+from controller import timestamps
 from controller.fleet import nodes, state
 
 
@@ -602,7 +603,7 @@ def _keep_quarantine(
                     Release(
                         view.name,
                         reason="FaultCleared",
-                        message=f"healthy since {state.iso(h.healthy_since)}: {h.message}",
+                        message=f"healthy since {_when(h.healthy_since)}: {h.message}",
                         uncordon=view.cordoned_by_us,
                     )
                 ]
@@ -664,6 +665,10 @@ def _escalate(
         record, clears_with=clears_with, boot_id=boot_id, evict_after=evict_after, faults=faults,
         failed=record.failed or h.state is state.NodeState.FAILED,
     )  # fmt: skip
+
+
+def _when(at: dt.datetime | None) -> str:
+    return timestamps.rfc3339_exact(at) or ""
 
 
 def _dry(action: Action) -> Action:

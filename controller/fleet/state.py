@@ -18,6 +18,7 @@ import enum
 from collections.abc import Iterator
 from typing import NamedTuple
 
+from controller import timestamps
 from shared import health, heartbeat
 
 DEFAULT_STALE_MULTIPLIER = 3.0
@@ -61,7 +62,7 @@ class Fault:
     @property
     def key(self) -> FaultKey:
         """Return the identity used to tell a new fault from one already handled."""
-        return FaultKey(self.gpu_uuid, self.code, iso(self.since))
+        return FaultKey(self.gpu_uuid, self.code, timestamps.rfc3339_exact(self.since) or "")
 
 
 class NodeState(enum.StrEnum):
@@ -133,7 +134,9 @@ class NodeHealth:
         """Return the identities of the current faults, including a silence."""
         keys = {fault.key for fault in self.faults}
         if self.state in (NodeState.STALE, NodeState.MISSING) and self.stale_at is not None:
-            keys.add(FaultKey("", REASON_HEARTBEAT_STALE, iso(self.stale_at)))
+            keys.add(
+                FaultKey("", REASON_HEARTBEAT_STALE, timestamps.rfc3339_exact(self.stale_at) or "")
+            )
         return frozenset(keys)
 
 
@@ -261,7 +264,8 @@ class FleetState:
                 node=node,
                 state=NodeState.MISSING,
                 reason=REASON_HEARTBEAT_MISSING,
-                message=f"no heartbeat received since {iso(self.leader_since)}",
+                message="no heartbeat received since"
+                f" {timestamps.rfc3339_exact(self.leader_since)}",
                 bad_since=missing_at,
                 stale_at=missing_at,
             )
@@ -273,7 +277,7 @@ class FleetState:
                 state=NodeState.STALE,
                 reason=REASON_HEARTBEAT_STALE,
                 message=(
-                    f"last heartbeat received {iso(record.received_at)}, "
+                    f"last heartbeat received {timestamps.rfc3339_exact(record.received_at)}, "
                     f"agent interval {hb.interval_s:g}s"
                 ),
                 faults=record.faults,
@@ -385,13 +389,6 @@ def describe_faults(faults: tuple[Fault, ...]) -> str:
     if len(message) > MAX_MESSAGE_CHARS:
         message = message[: MAX_MESSAGE_CHARS - 1] + "…"
     return message
-
-
-def iso(when: dt.datetime | None) -> str:
-    """Format a timestamp as RFC 3339 UTC with a `Z` (microseconds only when set), "" for None."""
-    if when is None:
-        return ""
-    return when.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ").replace(".000000Z", "Z")
 
 
 def _require_aware(field: str, when: dt.datetime) -> None:

@@ -23,6 +23,7 @@ from typing import Any
 import structlog
 from kubernetes_asyncio import client
 
+from controller import timestamps
 from controller.kube import nodes as kube_nodes
 
 log = structlog.get_logger()
@@ -149,7 +150,7 @@ class AdmissionStore:
         self, namespace: str, name: str, uid: str, reason: str, note: str, *, warning: bool
     ) -> None:
         """Record an Event on a Workload (best effort: never blocks a decision)."""
-        now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        now = timestamps.rfc3339_micro(dt.datetime.now(dt.UTC))
         body = {
             "apiVersion": "events.k8s.io/v1",
             "kind": "Event",

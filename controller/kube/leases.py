@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import datetime as dt
 from typing import Any
 
 from kubernetes_asyncio import client
 
-from controller import leading
+from controller import leading, timestamps
 
 
 def _record(lease: Any) -> leading.LeaseRecord:
@@ -29,10 +28,6 @@ def _record(lease: Any) -> leading.LeaseRecord:
             )
         ),
     )
-
-
-def _micro(t: dt.datetime | None) -> str | None:
-    return t.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ") if t else None
 
 
 class KubeLeaseStore:
@@ -71,8 +66,8 @@ class KubeLeaseStore:
             "spec": {
                 "holderIdentity": record.holder,
                 "leaseDurationSeconds": max(1, round(record.duration_s)),
-                "renewTime": _micro(record.renew_time),
-                "acquireTime": _micro(record.acquire_time),
+                "renewTime": timestamps.rfc3339_micro(record.renew_time),
+                "acquireTime": timestamps.rfc3339_micro(record.acquire_time),
                 "leaseTransitions": record.transitions,
             },
         }

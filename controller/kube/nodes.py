@@ -18,6 +18,7 @@ from typing import Any
 import structlog
 from kubernetes_asyncio import client
 
+from controller import timestamps
 from controller.fleet import conditions
 
 log = structlog.get_logger()
@@ -216,7 +217,7 @@ class NodeWriter:
     async def _emit(
         self, namespace: str, regarding: dict[str, Any], reason: str, note: str, *, warning: bool
     ) -> None:
-        now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        now = timestamps.rfc3339_micro(dt.datetime.now(dt.UTC))
         body = {
             "apiVersion": "events.k8s.io/v1",
             "kind": "Event",

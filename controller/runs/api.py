@@ -29,7 +29,7 @@ import structlog
 from aiohttp import web
 
 from controller import app as controller_app
-from controller import auth, errors
+from controller import auth, errors, timestamps
 from controller.kube import runs as kube_runs
 from controller.runs import checkpoints, lifecycle, reconciling, rendering
 from shared import spec as specs
@@ -376,7 +376,7 @@ async def cancel_run(request: web.Request) -> web.StreamResponse:
         msg = f"run {name!r} has already ended ({phase}); there is nothing to cancel"
         raise errors.ApiError(409, "AlreadyEnded", msg, "name")
     if phase != lifecycle.Phase.CANCELLED:
-        stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        stamp = timestamps.rfc3339(dt.datetime.now(dt.UTC))
         controller_app.state_of(request).elector.ensure_leader()
         await ctx.store.annotate_run(
             namespace, name, {reconciling.CANCEL_ANNOTATION: f"{identity.username[:200]} {stamp}"}

@@ -19,6 +19,8 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from controller import timestamps
+
 MAX_PATH = 4096
 MAX_STEP = 2**63 - 1
 DEFAULT_KEEP = 10
@@ -109,7 +111,7 @@ def record(report: Report, now: dt.datetime) -> dict[str, Any]:
         "attempt": report.attempt,
         "step": report.step,
         "path": report.path,
-        "time": now.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "time": timestamps.rfc3339(now),
     }
 
 

@@ -30,6 +30,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from controller import timestamps
 from shared import spec as specs
 
 LABEL_RUN = "taugrid.dev/run"
@@ -70,24 +71,6 @@ class PositionSource(enum.StrEnum):
 # ---------------------------------------------------------------- views of raw objects
 
 
-def parse_time(value: object) -> dt.datetime | None:
-    """Parse a Kubernetes timestamp (`2026-01-01T00:00:00Z`); None for anything else."""
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        parsed = dt.datetime.fromisoformat(value)
-    except ValueError:
-        return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)
-
-
-def iso(value: dt.datetime | None) -> str | None:
-    """Format a time the way Kubernetes does (seconds, `Z`); None stays None."""
-    if value is None:
-        return None
-    return value.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 @dataclasses.dataclass(frozen=True)
 class Condition:
     """One status condition."""
@@ -111,7 +94,7 @@ def _conditions(raw: Mapping[str, Any]) -> tuple[Condition, ...]:
             status=str(c.get("status", "")),
             reason=str(c.get("reason") or ""),
             message=str(c.get("message") or ""),
-            time=parse_time(c.get("lastTransitionTime")),
+            time=timestamps.parse(c.get("lastTransitionTime")),
         )
         for c in (raw.get("status") or {}).get("conditions") or []
         if isinstance(c, dict) and c.get("type")
@@ -191,7 +174,7 @@ def parse_workload(raw: Mapping[str, Any]) -> WorkloadView:
         owner_name=str(owners[0].get("name", "")),
         queue_name=str(spec.get("queueName", "")),
         priority=int(spec.get("priority") or 0),
-        created=parse_time(meta.get("creationTimestamp")),
+        created=timestamps.parse(meta.get("creationTimestamp")),
         conditions=_conditions(raw),
         cluster_queue=str(admission.get("clusterQueue", "")),
         flavors=tuple(flavors),
@@ -253,7 +236,7 @@ def parse_pod(raw: Mapping[str, Any]) -> PodView:
         if terminated:
             exit_codes.append(int(terminated.get("exitCode") or 0))
             reasons.append(str(terminated.get("reason") or ""))
-            end = parse_time(terminated.get("finishedAt"))
+            end = timestamps.parse(terminated.get("finishedAt"))
             if end is not None:
                 finished.append(end)
     disruption = _find(_conditions(raw), "DisruptionTarget")
@@ -269,11 +252,11 @@ def parse_pod(raw: Mapping[str, Any]) -> PodView:
         terminated_reasons=tuple(reasons),
         disruption=disruption.reason if disruption is not None and disruption.true else "",
         deleting=bool(meta.get("deletionTimestamp")),
-        started=parse_time(status.get("startTime")),
+        started=timestamps.parse(status.get("startTime")),
         finished=max(finished) if finished else None,
         image=image,
         image_id=image_id,
-        created=parse_time(meta.get("creationTimestamp")),
+        created=timestamps.parse(meta.get("creationTimestamp")),
         containers=tuple(str(c.get("name", "")) for c in spec.get("containers") or []),
     )
 
@@ -312,9 +295,9 @@ def parse_attempt_object(raw: Mapping[str, Any]) -> AttemptObjectView:
         uid=str(meta.get("uid", "")),
         suspended=bool(spec.get("suspend")),
         conditions=_conditions(raw),
-        created=parse_time(meta.get("creationTimestamp")),
-        start=parse_time(status.get("startTime")),
-        completion=parse_time(status.get("completionTime") or status.get("endTime")),
+        created=timestamps.parse(meta.get("creationTimestamp")),
+        start=timestamps.parse(status.get("startTime")),
+        completion=timestamps.parse(status.get("completionTime") or status.get("endTime")),
         ray_job_status=str(status.get("jobStatus") or ""),
         ray_deployment_status=str(status.get("jobDeploymentStatus") or ""),
         ray_reason=str(status.get("reason") or ""),
@@ -642,7 +625,12 @@ def set_phase_condition(
         if c.get("type") == str(phase):
             if c.get("status") == "True":
                 return False
-            c.update(status="True", reason=reason, message=message, lastTransitionTime=iso(now))
+            c.update(
+                status="True",
+                reason=reason,
+                message=message,
+                lastTransitionTime=timestamps.rfc3339(now),
+            )
             return True
     conditions.append(
         {
@@ -650,7 +638,7 @@ def set_phase_condition(
             "status": "True",
             "reason": reason or str(phase),
             "message": message,
-            "lastTransitionTime": iso(now),
+            "lastTransitionTime": timestamps.rfc3339(now),
         }
     )
     return True
@@ -680,9 +668,9 @@ def attempt_record(
     if outcome.exit_codes:
         record["exitCodes"] = list(outcome.exit_codes)
     if outcome.started is not None and not prev.get("startTime"):
-        record["startTime"] = iso(outcome.started)
+        record["startTime"] = timestamps.rfc3339(outcome.started)
     if outcome.ended is not None:
-        record["endTime"] = iso(outcome.ended)
+        record["endTime"] = timestamps.rfc3339(outcome.ended)
     if outcome.failure_class is not None:
         record["failureClass"] = str(outcome.failure_class)
         record["message"] = outcome.message
@@ -771,7 +759,7 @@ def reopened(status: Mapping[str, Any], *, by: str, now: dt.datetime) -> dict[st
     ended = {str(p) for p in TERMINAL_PHASES}
     for c in out["conditions"]:
         if c.get("type") in ended:
-            c.update(status="False", reason="Resumed", lastTransitionTime=iso(now),
+            c.update(status="False", reason="Resumed", lastTransitionTime=timestamps.rfc3339(now),
                      message=f"resumed by {by}")  # fmt: skip
     out.update(attemptBudgetFrom=int(out.get("currentAttempt") or 0), endTime=None,
                objectsDeleted=None)  # fmt: skip

@@ -26,7 +26,7 @@ from typing import Any
 
 import structlog
 
-from controller import leading, metrics
+from controller import leading, metrics, timestamps
 from controller.kube import runs as kube_runs
 from controller.runs import checkpoints, lifecycle, rendering
 from shared import spec as specs
@@ -382,7 +382,7 @@ class Reconciler:
                 status.update(
                     phase=lifecycle.Phase.FAILED,
                     reason="InvalidSpec",
-                    endTime=lifecycle.iso(now),
+                    endTime=timestamps.rfc3339(now),
                     message=f"the spec is not valid: {err}",
                 )
                 lifecycle.set_phase_condition(
@@ -401,7 +401,7 @@ class Reconciler:
             self._end(status, lifecycle.Phase.CANCELLED, "Cancelled",
                       "cancelled on request; its quota is freed", now=now)  # fmt: skip
             if status["attempts"]:
-                status["attempts"][-1].setdefault("endTime", lifecycle.iso(now))
+                status["attempts"][-1].setdefault("endTime", timestamps.rfc3339(now))
                 status["attempts"][-1]["phase"] = lifecycle.Phase.CANCELLED
             return await self._write(item, old, status)
 
@@ -439,14 +439,14 @@ class Reconciler:
             spec, namespace, attempts=status["attempts"], pods=pods, workload=workload,
             previous=status.get("evidence"),
         )  # fmt: skip
-        first_start = lifecycle.parse_time(status["attempts"][0].get("startTime"))
+        first_start = timestamps.parse(status["attempts"][0].get("startTime"))
         if (
             lifecycle.timed_out(spec, first_start, now)
             and outcome.phase not in lifecycle.TERMINAL_PHASES
         ):
             await self._delete_attempt(spec, ref, current)
             record.update(phase=lifecycle.Phase.FAILED, failureClass=specs.FailureClass.TIMEOUT,
-                          endTime=lifecycle.iso(now))  # fmt: skip
+                          endTime=timestamps.rfc3339(now))  # fmt: skip
             self.metrics.run_attempts.labels(str(specs.FailureClass.TIMEOUT)).inc()
             self._end(status, lifecycle.Phase.FAILED, "Timeout",
                       f"the run exceeded its timeout of {spec.timeout}", now=now)  # fmt: skip
@@ -467,7 +467,9 @@ class Reconciler:
             budget_from = int(status.get("attemptBudgetFrom") or 0)
             if lifecycle.should_retry(spec, failure, current, budget_from=budget_from):
                 await self._delete_attempt(spec, ref, current)
-                record.setdefault("endTime", lifecycle.iso(now))  # the backoff counts from here
+                record.setdefault(
+                    "endTime", timestamps.rfc3339(now)
+                )  # the backoff counts from here
                 self.metrics.run_resumes.labels(str(failure)).inc()
                 status.update(phase=lifecycle.Phase.RESUMING, reason=str(failure),
                               message=f"attempt {current} failed ({outcome.message}); starting"
@@ -506,7 +508,7 @@ class Reconciler:
             if lifecycle.set_phase_condition(conds, lifecycle.Phase.ADMITTED, "Admitted",
                                         f"admitted by cluster queue {workload.cluster_queue}",
                                         at):  # fmt: skip
-                queued = lifecycle.parse_time(
+                queued = timestamps.parse(
                     next((c.get("lastTransitionTime") for c in conds if c["type"] == "Queued"),
                          None))  # fmt: skip
                 if queued is not None:
@@ -576,7 +578,7 @@ class Reconciler:
         ended: dt.datetime | None = None,
     ) -> None:
         status.update(phase=phase, reason=reason, message=message,
-                      endTime=status.get("endTime") or lifecycle.iso(ended or now),
+                      endTime=status.get("endTime") or timestamps.rfc3339(ended or now),
                       queuePosition=None, queuePositionInLocalQueue=None,
                       queuePositionSource=None)  # fmt: skip
         lifecycle.set_phase_condition(status["conditions"], phase, reason, message, ended or now)
@@ -676,7 +678,7 @@ class Reconciler:
             "objectKind": kind,
             "phase": lifecycle.Phase.QUEUED,
             "objectName": rendering.attempt_name(ref.name, attempt),
-            "createdTime": lifecycle.iso(now),
+            "createdTime": timestamps.rfc3339(now),
             "resumeFrom": resume_from,
         }
         if priority_class:
@@ -685,7 +687,7 @@ class Reconciler:
         await self._create_attempt_objects(spec, ref, attempt, status)
         status.update(currentAttempt=attempt, phase=lifecycle.Phase.QUEUED, reason="Submitted",
                       message=f"submitted to queue {spec.queue!r}; waiting for Kueue")  # fmt: skip
-        status.setdefault("startTime", lifecycle.iso(now))
+        status.setdefault("startTime", timestamps.rfc3339(now))
         lifecycle.set_phase_condition(status["conditions"], lifecycle.Phase.QUEUED, "Submitted",
                                  f"attempt {attempt} created", now)  # fmt: skip
         self.metrics.run_attempts.labels("started").inc()
@@ -699,12 +701,12 @@ class Reconciler:
         record: Mapping[str, Any],
         now: dt.datetime,
     ) -> None:
-        ended = lifecycle.parse_time(record.get("endTime")) or now
+        ended = timestamps.parse(record.get("endTime")) or now
         current = int(status.get("currentAttempt") or 1)
         retries = current - 1 - int(status.get("attemptBudgetFrom") or 0)
         wait = lifecycle.retry_backoff_s(spec, retries)
         if wait and (now - ended).total_seconds() < wait:
-            due = lifecycle.iso(ended + dt.timedelta(seconds=wait))
+            due = timestamps.rfc3339(ended + dt.timedelta(seconds=wait))
             status["message"] = (
                 f"attempt {current} failed ({record.get('failureClass')}: {record.get('message')})"
                 f"; attempt {current + 1} starts at {due} (retry.backoff, doubled per retry)"
@@ -737,7 +739,7 @@ class Reconciler:
         if status.get("objectsDeleted"):
             return
         if not lifecycle.ttl_expired(
-            lifecycle.parse_time(status.get("endTime")), self.ttl_after_finished_s, now
+            timestamps.parse(status.get("endTime")), self.ttl_after_finished_s, now
         ):
             return
         for record in status.get("attempts") or []:

@@ -24,6 +24,7 @@ import pytest
 import pytest_asyncio
 from kubernetes_asyncio import client
 
+from controller import timestamps
 from controller.runs import lifecycle
 from devcluster import cluster
 from shared import health, heartbeat
@@ -138,7 +139,7 @@ def pytorch_run(name: str) -> dict[str, Any]:
 async def finish(api: client.ApiClient, pod: dict[str, Any]) -> None:
     """End a running pod with exit code 0, the way a kubelet reports it."""
     meta = pod["metadata"]
-    now = lifecycle.iso(dt.datetime.now(dt.UTC))
+    now = timestamps.rfc3339(dt.datetime.now(dt.UTC))
     status = {
         "phase": "Succeeded",
         "containerStatuses": [{

@@ -22,6 +22,7 @@ import pytest
 import pytest_asyncio
 from kubernetes_asyncio import client
 
+from controller import timestamps
 from controller.admission import admitting, gating
 from devcluster import cluster
 from tests import controllerkit, kueue, support
@@ -121,7 +122,7 @@ async def make_unhealthy(api: client.ApiClient, node: str) -> None:
     core = client.CoreV1Api(api)
     cond = {"type": "GPUHealthy", "status": "False", "reason": "XidFallenOffBus",
             "message": f"GPU-{node}-3: Xid 79",
-            "lastTransitionTime": gating.iso(dt.datetime.now(dt.UTC))}  # fmt: skip
+            "lastTransitionTime": timestamps.rfc3339(dt.datetime.now(dt.UTC))}  # fmt: skip
     await core.patch_node_status(node, {"status": {"conditions": [cond]}}, _content_type=SMP)
     await core.patch_node(
         node,

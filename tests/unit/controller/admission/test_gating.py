@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from controller import timestamps
 from controller.admission import gating
 from tests.unit.controller.fleet.fakes import T0, at
 
@@ -509,4 +510,4 @@ def test_times_are_written_in_whole_seconds() -> None:
     """Kubernetes timestamps: whole seconds, UTC, `Z`."""
     when = dt.datetime(2025, 3, 1, 13, 0, 0, 500_000, tzinfo=dt.timezone(dt.timedelta(hours=1)))
 
-    assert gating.iso(when) == "2025-03-01T12:00:00Z"
+    assert timestamps.rfc3339(when) == "2025-03-01T12:00:00Z"

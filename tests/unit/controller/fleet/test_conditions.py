@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from controller import timestamps
 from controller.fleet import conditions, nodes, policy, state
 from tests.unit.controller.fleet import fakes
 from tests.unit.controller.fleet.fakes import at
@@ -150,7 +151,8 @@ def test_last_transition_time_moves_only_with_status(
 
     changed = conditions.set_condition(entries, second, at(50))
 
-    assert (True, state.iso(expected_time)) == (changed, entries[0]["lastTransitionTime"])  # type: ignore[arg-type]
+    expected = (True, timestamps.rfc3339_exact(expected_time))  # type: ignore[call-overload]
+    assert expected == (changed, entries[0]["lastTransitionTime"])
 
 
 def test_condition_patch_merges_by_type_and_leaves_kubelet_conditions() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
+from controller import timestamps
 from controller.runs import lifecycle
 from shared import spec as specs
 
@@ -17,7 +18,7 @@ SPEC = specs.parse_spec(
 
 
 def ts(seconds: float) -> str:
-    return lifecycle.iso(T0 + dt.timedelta(seconds=seconds)) or ""
+    return timestamps.rfc3339(T0 + dt.timedelta(seconds=seconds))
 
 
 def cond(kind: str, status: str = "True", reason: str = "", message: str = "", at: float = 0
