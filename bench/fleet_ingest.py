@@ -13,6 +13,7 @@ import statistics
 import sys
 import time
 
+from controller import marks
 from controller.fleet import nodes, policy
 from controller.fleet import state as fleet
 from shared import health, heartbeat
@@ -98,7 +99,7 @@ def main() -> None:
         nodes.parse(
             {
                 "metadata": {"name": f"gpu-{n:05d}", "resourceVersion": "1"},
-                "status": {"capacity": {nodes.GPU_RESOURCE: "8"}},
+                "status": {"capacity": {marks.GPU_RESOURCE: "8"}},
             }
         )
         for n in range(count)

@@ -22,8 +22,6 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
-LEADER_URL_ANNOTATION = "taugrid.dev/leader-url"
-
 
 class NotLeaderError(Exception):
     """A write was attempted by a replica that does not hold the lease right now."""

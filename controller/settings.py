@@ -5,6 +5,8 @@ from __future__ import annotations
 import pydantic
 import pydantic_settings
 
+from controller import marks
+
 
 class ControllerSettings(pydantic_settings.BaseSettings):
     """Every knob of the controller process. Durations are seconds (`*_s`)."""
@@ -104,7 +106,7 @@ class ControllerSettings(pydantic_settings.BaseSettings):
     eviction_retry_s: float = pydantic.Field(default=5.0, gt=0)
     """Back-off between eviction attempts refused with 429 (a PodDisruptionBudget) or 409."""
 
-    admission_check: str = pydantic.Field(default="taugrid-gpu-health", min_length=1)
+    admission_check: str = pydantic.Field(default=marks.DEFAULT_ADMISSION_CHECK, min_length=1)
     """Name of the AdmissionCheck this controller answers (DESIGN.md section 7); it must name
     `taugrid.dev/gpu-health` as its `spec.controllerName`. Another name lets a second
     controller (a test) answer a check of its own on the same cluster."""
@@ -138,11 +140,11 @@ class ControllerSettings(pydantic_settings.BaseSettings):
     """`rayClusterSpec.rayVersion` of rendered RayJobs, when the cluster's KubeRay wants one."""
     logs_wait_s: float = pydantic.Field(default=120.0, ge=0)
     """How long `GET …/logs?follow=true` waits for a run's pod to start before giving up."""
-    run_manager: str = "taugrid.dev/controller"
+    run_manager: str = marks.DEFAULT_RUN_MANAGER
     """Name of the run manager: a replica reconciles only TauRuns whose
     `taugrid.dev/managed-by` annotation names it (none means this default), and stamps it on
     the runs it accepts. Lets a second controller (a canary, a test) share a cluster."""
-    resume_priority_class: str = "taugrid-resume"
+    resume_priority_class: str = marks.RESUME_PRIORITY_CLASS
     """WorkloadPriorityClass of an attempt resumed after an infrastructure failure
     (NodeFailure, Evicted) of a run without a priority of its own, so it does not queue
     behind work submitted since (docs/researcher.md, "Resume"). Empty: no boost. When the

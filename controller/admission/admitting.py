@@ -27,7 +27,7 @@ from typing import Any
 
 import structlog
 
-from controller import leading
+from controller import leading, marks
 from controller import metrics as metrics_mod
 from controller.admission import gating
 from controller.kube import admission as kube_admission
@@ -52,10 +52,10 @@ class Gate:
         elector: leading.Elector,
         metrics: metrics_mod.ControllerMetrics,
         *,
-        check: str = gating.DEFAULT_CHECK,
+        check: str = marks.DEFAULT_ADMISSION_CHECK,
         retry_after_s: float = gating.DEFAULT_RETRY_AFTER_S,
         pass_interval_s: float = 1.0,
-        controller_name: str = gating.CONTROLLER_NAME,
+        controller_name: str = marks.ADMISSION_CHECK_CONTROLLER,
         clock: Callable[[], dt.datetime] = _now,
     ) -> None:
         self.store = store

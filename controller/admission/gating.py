@@ -32,19 +32,10 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from controller import timestamps
-from controller.fleet import nodes as node_marks
+from controller import marks, timestamps
 from shared import spec as specs
 
-CONTROLLER_NAME = "taugrid.dev/gpu-health"
-"""`spec.controllerName` of the AdmissionChecks this controller answers."""
-DEFAULT_CHECK = "taugrid-gpu-health"
 DEFAULT_RETRY_AFTER_S = 15.0
-GPU = node_marks.GPU_RESOURCE
-LABEL_RUN = "taugrid.dev/run"
-LABEL_ATTEMPT = "taugrid.dev/attempt"
-ACTIVE = "Active"
-ACTIVE_REASON = "ControllerReady"
 
 UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
 NOT_READY_TAINTS = frozenset({"node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"})
@@ -113,7 +104,7 @@ def _quantity(value: object, scale: float = 1.0) -> int | None:
 def resource_list(raw: object, *, missing: int = 0) -> Resources:
     """Read a Kubernetes resource list (`{"nvidia.com/gpu": "8", "cpu": "500m"}`)."""
     items = raw if isinstance(raw, Mapping) else {}
-    gpus = _quantity(items.get(GPU))
+    gpus = _quantity(items.get(marks.GPU_RESOURCE))
     cpu = _quantity(items.get("cpu"), 1000)
     memory = _quantity(items.get("memory"))
     return Resources(
@@ -130,7 +121,7 @@ def _container_requests(container: Mapping[str, Any]) -> Resources:
     requests = resource_list(res.get("requests"))
     raw_requests = res.get("requests") or {}
     return Resources(
-        requests.gpus if GPU in raw_requests else limits.gpus,
+        requests.gpus if marks.GPU_RESOURCE in raw_requests else limits.gpus,
         requests.cpu_milli if "cpu" in raw_requests else limits.cpu_milli,
         requests.memory if "memory" in raw_requests else limits.memory,
     )
@@ -240,8 +231,8 @@ class NodeCapacity:
         if self.gpu_status == "Unknown":
             detail = f" ({self.gpu_reason})" if self.gpu_reason else ""
             return f"GPU health unknown{detail}"
-        if any(t.key == node_marks.TAINT_KEY for t in self.taints):
-            return f"tainted {node_marks.TAINT_KEY}"
+        if any(t.key == marks.TAINT_KEY for t in self.taints):
+            return f"tainted {marks.TAINT_KEY}"
         if not self.ready or any(t.key in NOT_READY_TAINTS for t in self.taints):
             return "NotReady"
         if self.unschedulable or any(t.key == UNSCHEDULABLE_TAINT for t in self.taints):
@@ -261,9 +252,9 @@ def parse_node(raw: Mapping[str, Any]) -> NodeCapacity:
     status = raw.get("status") or {}
     conds = {str(c.get("type")): c for c in status.get("conditions") or [] if isinstance(c, dict)}
     ready = conds.get("Ready")
-    gpu = conds.get(node_marks.CONDITION_TYPE) or {}
+    gpu = conds.get(marks.NODE_CONDITION) or {}
     alloc = resource_list(status.get("allocatable"), missing=UNLIMITED)
-    if GPU not in (status.get("allocatable") or {}):
+    if marks.GPU_RESOURCE not in (status.get("allocatable") or {}):
         alloc = dataclasses.replace(alloc, gpus=0)
     return NodeCapacity(
         name=str(meta.get("name", "")),
@@ -299,12 +290,12 @@ class PodUsage:
     @property
     def run(self) -> str:
         """The TauRun it belongs to ('' for other pods)."""
-        return self.labels.get(LABEL_RUN, "")
+        return self.labels.get(marks.RUN_LABEL, "")
 
     @property
     def attempt(self) -> int | None:
         """Its run attempt, when labelled."""
-        value = self.labels.get(LABEL_ATTEMPT, "")
+        value = self.labels.get(marks.ATTEMPT_LABEL, "")
         return int(value) if value.isdigit() else None
 
 
@@ -375,7 +366,9 @@ def queues_with_check(raw_queues: Iterable[Mapping[str, Any]], check: str) -> fr
     )
 
 
-def owns_check(raw_check: Mapping[str, Any] | None, controller_name: str = CONTROLLER_NAME) -> bool:
+def owns_check(
+    raw_check: Mapping[str, Any] | None, controller_name: str = marks.ADMISSION_CHECK_CONTROLLER
+) -> bool:
     """Whether a raw AdmissionCheck exists and names our controller."""
     if raw_check is None:
         return False
@@ -391,13 +384,13 @@ def active_condition(
     generation = int(meta.get("generation") or 0)
     current = next(
         (c for c in (raw_check.get("status") or {}).get("conditions") or []
-         if isinstance(c, Mapping) and c.get("type") == ACTIVE),
+         if isinstance(c, Mapping) and c.get("type") == marks.CHECK_ACTIVE_CONDITION),
         None,
     )  # fmt: skip
     if (
         current is not None
         and current.get("status") == "True"
-        and current.get("reason") == ACTIVE_REASON
+        and current.get("reason") == marks.CHECK_ACTIVE_REASON
         and current.get("message") == message
         and int(current.get("observedGeneration") or 0) == generation
     ):
@@ -406,9 +399,9 @@ def active_condition(
     if current is not None and current.get("status") == "True":
         since = timestamps.parse(current.get("lastTransitionTime")) or now
     return {
-        "type": ACTIVE,
+        "type": marks.CHECK_ACTIVE_CONDITION,
         "status": "True",
-        "reason": ACTIVE_REASON,
+        "reason": marks.CHECK_ACTIVE_REASON,
         "message": message,
         "observedGeneration": generation,
         "lastTransitionTime": timestamps.rfc3339(since),
@@ -544,8 +537,8 @@ def parse_workload(
     pod_sets = _pod_sets(raw)
     sources = [dict(owner_labels or {}), _strings(meta.get("labels"))]
     sources += [dict(ps.labels) for ps in pod_sets[:1]]
-    labels = next((s for s in sources if s.get(LABEL_RUN)), {})
-    attempt = labels.get(LABEL_ATTEMPT, "")
+    labels = next((s for s in sources if s.get(marks.RUN_LABEL)), {})
+    attempt = labels.get(marks.ATTEMPT_LABEL, "")
     return Workload(
         namespace=str(meta.get("namespace", "")),
         name=str(meta.get("name", "")),
@@ -561,7 +554,7 @@ def parse_workload(
         evicted=_true(raw, "Evicted"),
         finished=_true(raw, "Finished"),
         active=spec.get("active", True) is not False,
-        run=labels.get(LABEL_RUN, ""),
+        run=labels.get(marks.RUN_LABEL, ""),
         attempt=int(attempt) if attempt.isdigit() else None,
     )
 
@@ -613,7 +606,7 @@ def _eligible(node: NodeCapacity, ps: PodSet, flavors: Mapping[str, Flavor]) -> 
         tolerations += [Toleration(t.key, "Equal", t.value, t.effect) for t in flavor.node_taints]
     if any(node.labels.get(k) != v for k, v in wanted.items()):
         return False
-    health_keys = {node_marks.TAINT_KEY, UNSCHEDULABLE_TAINT, *NOT_READY_TAINTS}
+    health_keys = {marks.TAINT_KEY, UNSCHEDULABLE_TAINT, *NOT_READY_TAINTS}
     return all(
         any(tol.tolerates(t) for tol in tolerations)
         for t in node.taints
@@ -764,7 +757,7 @@ def decide(
     earlier_attempt_pods: Iterable[PodUsage],
     now: dt.datetime,
     *,
-    check: str = DEFAULT_CHECK,
+    check: str = marks.DEFAULT_ADMISSION_CHECK,
     retry_after_s: float = DEFAULT_RETRY_AFTER_S,
 ) -> Decision | None:
     """Decide our check's state for one Workload; None means write nothing.
@@ -828,7 +821,7 @@ def plan(
     pods: Sequence[PodUsage],
     now: dt.datetime,
     *,
-    check: str = DEFAULT_CHECK,
+    check: str = marks.DEFAULT_ADMISSION_CHECK,
     retry_after_s: float = DEFAULT_RETRY_AFTER_S,
     queues: frozenset[str] | None = None,
 ) -> dict[tuple[str, str], Decision]:

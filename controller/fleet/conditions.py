@@ -23,18 +23,18 @@ import datetime as dt
 from collections.abc import Mapping, MutableSequence
 from typing import Any, Literal
 
-from controller import timestamps
+from controller import marks, timestamps
 from controller.fleet import history, nodes, policy
 
 MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
 
 _QUARANTINE_ANNOTATIONS = (
-    nodes.QUARANTINED_BY_ANNOTATION,
-    nodes.QUARANTINED_AT_ANNOTATION,
-    nodes.QUARANTINED_REASON_ANNOTATION,
-    nodes.QUARANTINE_ANNOTATION,
-    nodes.CORDONED_ANNOTATION,
+    marks.QUARANTINED_BY_ANNOTATION,
+    marks.QUARANTINED_AT_ANNOTATION,
+    marks.QUARANTINED_REASON_ANNOTATION,
+    marks.QUARANTINE_ANNOTATION,
+    marks.CORDONED_ANNOTATION,
 )
 
 
@@ -56,7 +56,7 @@ def set_condition(
     `lastTransitionTime` becomes `now` only when the status changes (or the entry is new).
     """
     for entry in conditions:
-        if entry.get("type") != nodes.CONDITION_TYPE:
+        if entry.get("type") != marks.NODE_CONDITION:
             continue
         changed = False
         if entry.get("status") != desired.status.value:
@@ -72,7 +72,7 @@ def set_condition(
         return changed
     conditions.append(
         {
-            "type": nodes.CONDITION_TYPE,
+            "type": marks.NODE_CONDITION,
             "status": desired.status.value,
             "reason": desired.reason,
             "message": desired.message,
@@ -91,7 +91,7 @@ def condition_patch(
     ours = [
         copy.deepcopy(dict(c))
         for c in (raw if isinstance(raw, list) else [])
-        if isinstance(c, Mapping) and c.get("type") == nodes.CONDITION_TYPE
+        if isinstance(c, Mapping) and c.get("type") == marks.NODE_CONDITION
     ][:1]
     if not set_condition(ours, desired, now):
         return None
@@ -105,79 +105,79 @@ def patch_for(
     if isinstance(action, policy.SetCondition):
         return condition_patch(node, action.condition, now)
     view = nodes.parse(node)
-    marks = _Marks(node)
+    wanted = _Changes(node)
     if isinstance(action, policy.Quarantine):
         record = action.record
-        marks.taint(present=True)
+        wanted.taint(present=True)
         if action.cordon and not view.unschedulable:
-            marks.cordon()
-        marks.annotate(
+            wanted.cordon()
+        wanted.annotate(
             {
-                nodes.QUARANTINED_BY_ANNOTATION: record.by,
-                nodes.QUARANTINED_AT_ANNOTATION: timestamps.rfc3339_exact(record.at),
-                nodes.QUARANTINED_REASON_ANNOTATION: record.reason,
-                nodes.QUARANTINE_ANNOTATION: record.to_annotation(),
-                nodes.RELEASED_FAULTS_ANNOTATION: None,
+                marks.QUARANTINED_BY_ANNOTATION: record.by,
+                marks.QUARANTINED_AT_ANNOTATION: timestamps.rfc3339_exact(record.at),
+                marks.QUARANTINED_REASON_ANNOTATION: record.reason,
+                marks.QUARANTINE_ANNOTATION: record.to_annotation(),
+                marks.RELEASED_FAULTS_ANNOTATION: None,
             }
         )
         entry = history.Entry(now, action.kind.value, record.reason, record.by, action.message)
     elif isinstance(action, policy.UpdateQuarantine):
         if view.quarantine is None:
             return None
-        marks.annotate({nodes.QUARANTINE_ANNOTATION: action.record.to_annotation()})
+        wanted.annotate({marks.QUARANTINE_ANNOTATION: action.record.to_annotation()})
         entry = history.Entry(
             now,
             action.kind.value,
             action.record.reason,
-            nodes.CONTROLLER_IDENTITY,
+            marks.CONTROLLER_IDENTITY,
             f"clears with {action.record.clears_with.value}; "
             f"evict after {timestamps.rfc3339_exact(action.record.evict_after) or 'never'}",
         )
     elif isinstance(action, policy.RestoreTaint):
         if view.quarantine is None:
             return None
-        marks.taint(present=True)
+        wanted.taint(present=True)
         entry = history.Entry(
-            now, action.kind.value, view.quarantine.reason, nodes.CONTROLLER_IDENTITY
+            now, action.kind.value, view.quarantine.reason, marks.CONTROLLER_IDENTITY
         )
     elif isinstance(action, policy.EvictGpuPods):
         current = view.quarantine
         if current is None or current.evicted_at is not None:
             return None
         evicted = dataclasses.replace(current, evicted_at=now)
-        marks.annotate({nodes.QUARANTINE_ANNOTATION: evicted.to_annotation()})
+        wanted.annotate({marks.QUARANTINE_ANNOTATION: evicted.to_annotation()})
         entry = history.Entry(
             now,
             action.kind.value,
             action.reason,
-            nodes.CONTROLLER_IDENTITY,
+            marks.CONTROLLER_IDENTITY,
             f"due since {timestamps.rfc3339_exact(action.deadline)}",
         )
     elif isinstance(action, policy.Release):
-        _end_quarantine(marks, view, uncordon=action.uncordon)
+        _end_quarantine(wanted, view, uncordon=action.uncordon)
         entry = history.Entry(
-            now, action.kind.value, action.reason, nodes.CONTROLLER_IDENTITY, action.message
+            now, action.kind.value, action.reason, marks.CONTROLLER_IDENTITY, action.message
         )
     elif isinstance(action, policy.ManualRelease):
-        _end_quarantine(marks, view, uncordon=action.uncordon)
-        marks.annotate(
-            {nodes.RELEASED_FAULTS_ANNOTATION: nodes.render_released(action.released_faults)}
+        _end_quarantine(wanted, view, uncordon=action.uncordon)
+        wanted.annotate(
+            {marks.RELEASED_FAULTS_ANNOTATION: nodes.render_released(action.released_faults)}
         )
         entry = history.Entry(now, action.kind.value, action.reason, action.by)
     else:  # ForgetManualRelease
-        marks.annotate({nodes.RELEASED_FAULTS_ANNOTATION: None})
-        return marks.patch(view, None)
-    return marks.patch(view, entry)
+        wanted.annotate({marks.RELEASED_FAULTS_ANNOTATION: None})
+        return wanted.patch(view, None)
+    return wanted.patch(view, entry)
 
 
-def _end_quarantine(marks: _Marks, view: nodes.NodeView, *, uncordon: bool) -> None:
-    marks.taint(present=False)
+def _end_quarantine(wanted: _Changes, view: nodes.NodeView, *, uncordon: bool) -> None:
+    wanted.taint(present=False)
     if uncordon and view.cordoned_by_us and view.unschedulable:
-        marks.uncordon()
-    marks.annotate(dict.fromkeys(_QUARANTINE_ANNOTATIONS))
+        wanted.uncordon()
+    wanted.annotate(dict.fromkeys(_QUARANTINE_ANNOTATIONS))
 
 
-class _Marks:
+class _Changes:
     """Collects the differences between a node's TauGrid marks and the wanted ones."""
 
     def __init__(self, node: Mapping[str, Any]) -> None:
@@ -198,14 +198,14 @@ class _Marks:
         if present and not ours:
             self._new_taints = [
                 *self._taints,
-                {"key": nodes.TAINT_KEY, "effect": nodes.TAINT_EFFECT},
+                {"key": marks.TAINT_KEY, "effect": marks.TAINT_EFFECT},
             ]
         elif not present and ours:
             self._new_taints = [t for t in self._taints if not _is_ours(t)]
 
     def cordon(self) -> None:
         self._unschedulable = True
-        self.annotate({nodes.CORDONED_ANNOTATION: "true"})
+        self.annotate({marks.CORDONED_ANNOTATION: "true"})
 
     def uncordon(self) -> None:
         self._unschedulable = False
@@ -226,7 +226,7 @@ class _Marks:
             return None
         annotations = dict(self._annotation_changes)
         if entry is not None:
-            annotations[nodes.HISTORY_ANNOTATION] = history.render(
+            annotations[marks.HISTORY_ANNOTATION] = history.render(
                 history.append(view.history, entry)
             )
         metadata: dict[str, Any] = {"annotations": annotations}
@@ -246,6 +246,6 @@ class _Marks:
 def _is_ours(taint: Any) -> bool:
     return (
         isinstance(taint, Mapping)
-        and taint.get("key") == nodes.TAINT_KEY
-        and taint.get("effect") == nodes.TAINT_EFFECT
+        and taint.get("key") == marks.TAINT_KEY
+        and taint.get("effect") == marks.TAINT_EFFECT
     )

@@ -14,9 +14,8 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from controller import timestamps
+from controller import marks, timestamps
 
-ANNOTATION = "taugrid.dev/history"
 MAX_ENTRIES = 20
 MAX_TEXT_CHARS = 256
 
@@ -59,16 +58,16 @@ def parse(raw: str | None) -> tuple[Entry, ...]:
     try:
         data: Any = json.loads(raw)
     except json.JSONDecodeError as err:
-        msg = f"{ANNOTATION}: not JSON ({err.msg} at character {err.pos})"
+        msg = f"{marks.HISTORY_ANNOTATION}: not JSON ({err.msg} at character {err.pos})"
         raise HistoryError(msg) from err
     if not isinstance(data, list):
-        msg = f"{ANNOTATION}: expected a JSON list, got {type(data).__name__}"
+        msg = f"{marks.HISTORY_ANNOTATION}: expected a JSON list, got {type(data).__name__}"
         raise HistoryError(msg)
     return tuple(_parse_entry(index, item) for index, item in enumerate(data))
 
 
 def _parse_entry(index: int, item: Any) -> Entry:
-    where = f"{ANNOTATION}[{index}]"
+    where = f"{marks.HISTORY_ANNOTATION}[{index}]"
     if not isinstance(item, dict):
         msg = f"{where}: expected an object, got {type(item).__name__}"
         raise HistoryError(msg)

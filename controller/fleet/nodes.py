@@ -28,26 +28,9 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from controller import timestamps
+from controller import marks, timestamps
 from controller.fleet import history, state
 from shared import health
-
-CONDITION_TYPE = "GPUHealthy"
-TAINT_KEY = "taugrid.dev/gpu-unhealthy"
-TAINT_EFFECT = "NoSchedule"
-GPU_RESOURCE = "nvidia.com/gpu"
-
-MANAGED_LABEL = "taugrid.dev/managed"
-CORDONED_ANNOTATION = "taugrid.dev/cordoned"
-QUARANTINED_BY_ANNOTATION = "taugrid.dev/quarantined-by"
-QUARANTINED_AT_ANNOTATION = "taugrid.dev/quarantined-at"
-QUARANTINED_REASON_ANNOTATION = "taugrid.dev/quarantined-reason"
-QUARANTINE_ANNOTATION = "taugrid.dev/quarantine"
-RELEASED_FAULTS_ANNOTATION = "taugrid.dev/released-faults"
-HISTORY_ANNOTATION = history.ANNOTATION
-
-CONTROLLER_IDENTITY = "taugrid-controller"
-"""The `by` of every automatic action, in annotations and history."""
 
 MAX_RELEASED_FAULTS = 512
 """Bound on the released-fault set kept in an annotation (64 GPUs × a few findings each)."""
@@ -197,7 +180,7 @@ def parse(raw: Mapping[str, Any]) -> NodeView:
 
     history_entries: tuple[history.Entry, ...] = ()
     try:
-        history_entries = history.parse(_str_or_none(annotations.get(HISTORY_ANNOTATION)))
+        history_entries = history.parse(_str_or_none(annotations.get(marks.HISTORY_ANNOTATION)))
     except history.HistoryError as err:
         problems.append(str(err))
 
@@ -209,7 +192,7 @@ def parse(raw: Mapping[str, Any]) -> NodeView:
 
     released = None
     try:
-        released = _parse_released(_str_or_none(annotations.get(RELEASED_FAULTS_ANNOTATION)))
+        released = _parse_released(_str_or_none(annotations.get(marks.RELEASED_FAULTS_ANNOTATION)))
     except ValueError as err:
         problems.append(str(err))
 
@@ -223,9 +206,9 @@ def parse(raw: Mapping[str, Any]) -> NodeView:
         name=name,
         resource_version=str(metadata.get("resourceVersion") or ""),
         gpu_capacity=_gpu_capacity(status, problems),
-        managed=str(labels.get(MANAGED_LABEL, "")).lower() != "false",
+        managed=str(labels.get(marks.MANAGED_LABEL, "")).lower() != "false",
         unschedulable=spec.get("unschedulable") is True,
-        cordoned_by_us=annotations.get(CORDONED_ANNOTATION) == "true",
+        cordoned_by_us=annotations.get(marks.CORDONED_ANNOTATION) == "true",
         tainted=tainted,
         condition=condition,
         quarantine=quarantine,
@@ -240,8 +223,8 @@ def find_condition(conditions: Any) -> Condition | None:
     if not isinstance(conditions, list):
         return None
     for item in conditions:
-        if isinstance(item, Mapping) and item.get("type") == CONDITION_TYPE:
-            field = f"status.conditions[type={CONDITION_TYPE}]"
+        if isinstance(item, Mapping) and item.get("type") == marks.NODE_CONDITION:
+            field = f"status.conditions[type={marks.NODE_CONDITION}]"
             try:
                 status = ConditionStatus(str(item.get("status")))
             except ValueError as err:
@@ -260,14 +243,14 @@ def find_condition(conditions: Any) -> Condition | None:
 
 
 def _parse_quarantine(annotations: Mapping[str, Any]) -> QuarantineRecord | None:
-    by = annotations.get(QUARANTINED_BY_ANNOTATION)
+    by = annotations.get(marks.QUARANTINED_BY_ANNOTATION)
     if by is None:
         return None
-    raw_record = annotations.get(QUARANTINE_ANNOTATION)
+    raw_record = annotations.get(marks.QUARANTINE_ANNOTATION)
     at = timestamps.parse_strict(
-        annotations.get(QUARANTINED_AT_ANNOTATION), QUARANTINED_AT_ANNOTATION
+        annotations.get(marks.QUARANTINED_AT_ANNOTATION), marks.QUARANTINED_AT_ANNOTATION
     )
-    reason = str(annotations.get(QUARANTINED_REASON_ANNOTATION) or "")
+    reason = str(annotations.get(marks.QUARANTINED_REASON_ANNOTATION) or "")
     if not isinstance(raw_record, str):
         # Someone else's `quarantined-by` without our record: treat as a hand-made quarantine,
         # which only a person may release.
@@ -284,32 +267,36 @@ def _parse_quarantine(annotations: Mapping[str, Any]) -> QuarantineRecord | None
     try:
         record = json.loads(raw_record)
     except json.JSONDecodeError as err:
-        msg = f"{QUARANTINE_ANNOTATION}: not JSON ({err.msg})"
+        msg = f"{marks.QUARANTINE_ANNOTATION}: not JSON ({err.msg})"
         raise ValueError(msg) from err
     if not isinstance(record, dict):
-        msg = f"{QUARANTINE_ANNOTATION}: expected a JSON object"
+        msg = f"{marks.QUARANTINE_ANNOTATION}: expected a JSON object"
         raise ValueError(msg)
     try:
         clears_with = Clearing(str(record.get("clearsWith")))
     except ValueError as err:
-        msg = f"{QUARANTINE_ANNOTATION}.clearsWith: {record.get('clearsWith')!r} is not one of "
+        msg = (
+            f"{marks.QUARANTINE_ANNOTATION}.clearsWith: {record.get('clearsWith')!r} is not one of "
+        )
         msg += ", ".join(c.value for c in Clearing)
         raise ValueError(msg) from err
     boot_id = record.get("bootId")
     evict_after = record.get("evictAfter")
     evicted_at = record.get("evictedAt")
     return QuarantineRecord(
-        mode=QuarantineMode.AUTOMATIC if by == CONTROLLER_IDENTITY else QuarantineMode.MANUAL,
+        mode=QuarantineMode.AUTOMATIC if by == marks.CONTROLLER_IDENTITY else QuarantineMode.MANUAL,
         by=str(by),
         at=at,
         reason=reason,
         clears_with=clears_with,
         boot_id=boot_id if isinstance(boot_id, str) else None,
-        faults=_parse_keys(record.get("faults"), f"{QUARANTINE_ANNOTATION}.faults"),
-        evict_after=timestamps.parse_strict(evict_after, f"{QUARANTINE_ANNOTATION}.evictAfter")
+        faults=_parse_keys(record.get("faults"), f"{marks.QUARANTINE_ANNOTATION}.faults"),
+        evict_after=timestamps.parse_strict(
+            evict_after, f"{marks.QUARANTINE_ANNOTATION}.evictAfter"
+        )
         if evict_after
         else None,
-        evicted_at=timestamps.parse_strict(evicted_at, f"{QUARANTINE_ANNOTATION}.evictedAt")
+        evicted_at=timestamps.parse_strict(evicted_at, f"{marks.QUARANTINE_ANNOTATION}.evictedAt")
         if evicted_at
         else None,
         failed=record.get("failed") is True,
@@ -329,9 +316,9 @@ def _parse_released(raw: str | None) -> frozenset[state.FaultKey] | None:
     try:
         data = json.loads(raw)
     except json.JSONDecodeError as err:
-        msg = f"{RELEASED_FAULTS_ANNOTATION}: not JSON ({err.msg})"
+        msg = f"{marks.RELEASED_FAULTS_ANNOTATION}: not JSON ({err.msg})"
         raise ValueError(msg) from err
-    return _parse_keys(data, RELEASED_FAULTS_ANNOTATION)
+    return _parse_keys(data, marks.RELEASED_FAULTS_ANNOTATION)
 
 
 def _parse_keys(data: Any, field: str) -> frozenset[state.FaultKey]:
@@ -350,21 +337,21 @@ def _parse_keys(data: Any, field: str) -> frozenset[state.FaultKey]:
 
 def _gpu_capacity(status: Mapping[str, Any], problems: list[str]) -> int:
     for field in ("capacity", "allocatable"):
-        value = _mapping(status.get(field)).get(GPU_RESOURCE)
+        value = _mapping(status.get(field)).get(marks.GPU_RESOURCE)
         if value is None:
             continue
         try:
             return int(str(value))
         except ValueError:
-            problems.append(f"status.{field}[{GPU_RESOURCE}]: not an integer: {value!r}")
+            problems.append(f"status.{field}[{marks.GPU_RESOURCE}]: not an integer: {value!r}")
     return 0
 
 
 def _is_our_taint(taint: Any) -> bool:
     return (
         isinstance(taint, Mapping)
-        and taint.get("key") == TAINT_KEY
-        and taint.get("effect") == TAINT_EFFECT
+        and taint.get("key") == marks.TAINT_KEY
+        and taint.get("effect") == marks.TAINT_EFFECT
     )
 
 

@@ -28,7 +28,7 @@ from typing import ClassVar
 import pydantic
 from pydantic import alias_generators
 
-from controller import timestamps
+from controller import marks, timestamps
 from controller.fleet import nodes, state
 
 
@@ -390,7 +390,7 @@ def manual_quarantine(
     _require_text("by", by)
     _require_text("reason", reason)
     if not view.managed:
-        msg = f"node: {view.name} is labelled {nodes.MANAGED_LABEL}=false"
+        msg = f"node: {view.name} is labelled {marks.MANAGED_LABEL}=false"
         raise ManualRequestError(msg)
     record = nodes.QuarantineRecord(
         mode=nodes.QuarantineMode.MANUAL,
@@ -450,8 +450,8 @@ def _judge_breaker(
         healthy_since = breaker.fleet_healthy_since or now
         closes_at = healthy_since + dt.timedelta(seconds=settings.breaker_close_after_s)
         if now >= closes_at:
-            actions.append(CloseBreaker(reason="FleetHealthy", by=nodes.CONTROLLER_IDENTITY))
-            return BreakerState(open=False, reset_at=now, reset_by=nodes.CONTROLLER_IDENTITY)
+            actions.append(CloseBreaker(reason="FleetHealthy", by=marks.CONTROLLER_IDENTITY))
+            return BreakerState(open=False, reset_at=now, reset_by=marks.CONTROLLER_IDENTITY)
         deadlines.append(closes_at)
         return breaker.model_copy(update={"fleet_healthy_since": healthy_since})
     window = dt.timedelta(seconds=settings.breaker_window_s)
@@ -555,7 +555,7 @@ def _candidate(
         return None
     record = nodes.QuarantineRecord(
         mode=nodes.QuarantineMode.AUTOMATIC,
-        by=nodes.CONTROLLER_IDENTITY,
+        by=marks.CONTROLLER_IDENTITY,
         at=now,
         reason=h.reason,
         clears_with=_clearing(h),

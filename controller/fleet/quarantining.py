@@ -18,15 +18,13 @@ from typing import Any
 
 import structlog
 
-from controller import leading
+from controller import leading, marks
 from controller import metrics as metrics_mod
 from controller.fleet import conditions, nodes, policy, state
 from controller.kube import nodes as kube_nodes
 
 log = structlog.get_logger()
 
-BREAKER_ANNOTATION = "taugrid.dev/breaker"
-DRY_RUN_ANNOTATION = "taugrid.dev/dry-run"
 
 MAX_PARALLEL_NODES = 32
 """Nodes acted on concurrently in one pass; actions on one node stay in order."""
@@ -136,20 +134,20 @@ class Quarantiner:
     def durable_state(self) -> dict[str, str]:
         """What must survive a failover: the breaker and the runtime dry-run switch."""
         return {
-            BREAKER_ANNOTATION: self.breaker.model_dump_json(by_alias=True),
-            DRY_RUN_ANNOTATION: "true" if self.settings.dry_run else "false",
+            marks.BREAKER_ANNOTATION: self.breaker.model_dump_json(by_alias=True),
+            marks.DRY_RUN_ANNOTATION: "true" if self.settings.dry_run else "false",
         }
 
     def restore(self, state: dict[str, str]) -> None:
         """Take over the breaker and dry-run state a previous leader left on the Lease."""
-        raw = state.get(BREAKER_ANNOTATION)
+        raw = state.get(marks.BREAKER_ANNOTATION)
         if raw:
             try:
                 self.breaker = policy.BreakerState.model_validate_json(raw)
             except ValueError:
                 log.warning("unreadable breaker state on the Lease; starting closed", value=raw)
-        if DRY_RUN_ANNOTATION in state:
-            dry = state[DRY_RUN_ANNOTATION] == "true"
+        if marks.DRY_RUN_ANNOTATION in state:
+            dry = state[marks.DRY_RUN_ANNOTATION] == "true"
             self.settings = self.settings.model_copy(update={"dry_run": dry})
         self._saved = self.durable_state()
 

@@ -15,27 +15,20 @@ Writes are server-side apply with our own field manager and `force`:
 
 from __future__ import annotations
 
-import datetime as dt
-import secrets
 from collections.abc import Mapping
 from typing import Any
 
 import structlog
 from kubernetes_asyncio import client
 
-from controller import timestamps
-from controller.kube import nodes as kube_nodes
+from controller import marks
+from controller.kube import _api
 
 log = structlog.get_logger()
 
 KUEUE = ("kueue.x-k8s.io", "v1beta2")
-FIELD_MANAGER = "taugrid-gpu-health"
 APPLY = "application/apply-patch+yaml"
-RUN_LABEL = "taugrid.dev/run"
 RAYJOB = ("ray.io", "v1", "rayjobs")
-REPORTING_CONTROLLER = "taugrid.dev/gpu-health"
-
-read_json = kube_nodes.read_json
 
 
 class AdmissionStore:
@@ -55,7 +48,7 @@ class AdmissionStore:
             resp = await self._custom.get_cluster_custom_object(
                 *KUEUE, "admissionchecks", name, _preload_content=False
             )
-            return dict(await read_json(resp))
+            return dict(await _api.read_json(resp))
         except client.ApiException as err:
             if err.status == 404:
                 return None
@@ -64,30 +57,30 @@ class AdmissionStore:
     async def list_kueue(self, plural: str) -> list[dict[str, Any]]:
         """List Workloads (all namespaces), ClusterQueues or ResourceFlavors."""
         resp = await self._custom.list_cluster_custom_object(*KUEUE, plural, _preload_content=False)
-        return list((await read_json(resp)).get("items") or [])
+        return list((await _api.read_json(resp)).get("items") or [])
 
     async def list_nodes(self) -> list[dict[str, Any]]:
         """List every node."""
         resp = await self._core.list_node(_preload_content=False)
-        return list((await read_json(resp)).get("items") or [])
+        return list((await _api.read_json(resp)).get("items") or [])
 
     async def list_pods(self) -> list[dict[str, Any]]:
         """List every pod (the gate counts the bound ones per node and fences on run pods)."""
         resp = await self._core.list_pod_for_all_namespaces(_preload_content=False)
-        return list((await read_json(resp)).get("items") or [])
+        return list((await _api.read_json(resp)).get("items") or [])
 
     async def owner_labels(self) -> dict[tuple[str, str, str], dict[str, str]]:
         """Labels of every run's Job and RayJob, keyed by (namespace, kind, name): they name
         the run and attempt of the Workload Kueue made for them."""
         jobs = await self._batch.list_job_for_all_namespaces(
-            label_selector=RUN_LABEL, _preload_content=False
+            label_selector=marks.RUN_LABEL, _preload_content=False
         )
-        job_items = (await read_json(jobs)).get("items") or []
+        job_items = (await _api.read_json(jobs)).get("items") or []
         rayjobs = await self._custom.list_cluster_custom_object(
-            *RAYJOB, label_selector=RUN_LABEL, _preload_content=False
+            *RAYJOB, label_selector=marks.RUN_LABEL, _preload_content=False
         )
         try:
-            ray_items = (await read_json(rayjobs)).get("items") or []
+            ray_items = (await _api.read_json(rayjobs)).get("items") or []
         except client.ApiException as err:
             if err.status != 404:
                 raise
@@ -117,10 +110,10 @@ class AdmissionStore:
         try:
             resp = await self._custom.patch_namespaced_custom_object_status(
                 *KUEUE, namespace, "workloads", name, body,
-                field_manager=FIELD_MANAGER, force=True, _content_type=APPLY,
+                field_manager=marks.ADMISSION_FIELD_MANAGER, force=True, _content_type=APPLY,
                 _preload_content=False,
             )  # fmt: skip
-            return dict(await read_json(resp))
+            return dict(await _api.read_json(resp))
         except client.ApiException as err:
             if err.status in (404, 409):
                 return None
@@ -137,10 +130,10 @@ class AdmissionStore:
         try:
             resp = await self._custom.patch_cluster_custom_object_status(
                 *KUEUE, "admissionchecks", name, body,
-                field_manager=FIELD_MANAGER, force=True, _content_type=APPLY,
+                field_manager=marks.ADMISSION_FIELD_MANAGER, force=True, _content_type=APPLY,
                 _preload_content=False,
             )  # fmt: skip
-            return dict(await read_json(resp))
+            return dict(await _api.read_json(resp))
         except client.ApiException as err:
             if err.status == 404:
                 return None
@@ -150,23 +143,9 @@ class AdmissionStore:
         self, namespace: str, name: str, uid: str, reason: str, note: str, *, warning: bool
     ) -> None:
         """Record an Event on a Workload (best effort: never blocks a decision)."""
-        now = timestamps.rfc3339_micro(dt.datetime.now(dt.UTC))
-        body = {
-            "apiVersion": "events.k8s.io/v1",
-            "kind": "Event",
-            "metadata": {"name": f"{name[:200]}.{secrets.token_hex(8)}", "namespace": namespace},
-            "eventTime": now,
-            "reportingController": REPORTING_CONTROLLER,
-            "reportingInstance": self.component[:128],
-            "action": reason,
-            "reason": reason,
-            "note": note[:1024],
-            "type": "Warning" if warning else "Normal",
-            "regarding": {"apiVersion": "/".join(KUEUE), "kind": "Workload",
-                          "name": name, "namespace": namespace, "uid": uid},
-        }  # fmt: skip
-        try:
-            await self._events.create_namespaced_event(namespace, body)
-        except client.ApiException as err:
-            log.warning("event not recorded", workload=f"{namespace}/{name}", reason=reason,
-                        status=err.status)  # fmt: skip
+        regarding = {"apiVersion": "/".join(KUEUE), "kind": "Workload",
+                     "name": name, "namespace": namespace, "uid": uid}  # fmt: skip
+        await _api.emit_event(
+            self._events, namespace, regarding, controller=marks.ADMISSION_EVENT_CONTROLLER,
+            instance=self.component, reason=reason, note=note, warning=warning,
+        )  # fmt: skip

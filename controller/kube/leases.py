@@ -6,7 +6,7 @@ from typing import Any
 
 from kubernetes_asyncio import client
 
-from controller import leading, timestamps
+from controller import leading, marks, timestamps
 
 
 def _record(lease: Any) -> leading.LeaseRecord:
@@ -18,13 +18,13 @@ def _record(lease: Any) -> leading.LeaseRecord:
         renew_time=spec.renew_time,
         acquire_time=spec.acquire_time,
         transitions=int(spec.lease_transitions or 0),
-        leader_url=annotations.get(leading.LEADER_URL_ANNOTATION, ""),
+        leader_url=annotations.get(marks.LEADER_URL_ANNOTATION, ""),
         version=lease.metadata.resource_version or "",
         state=tuple(
             sorted(
                 (k, v)
                 for k, v in annotations.items()
-                if k.startswith("taugrid.dev/") and k != leading.LEADER_URL_ANNOTATION
+                if k.startswith(marks.PREFIX) and k != marks.LEADER_URL_ANNOTATION
             )
         ),
     )
@@ -60,7 +60,7 @@ class KubeLeaseStore:
                 "namespace": self.namespace,
                 "annotations": {
                     **dict(record.state),
-                    leading.LEADER_URL_ANNOTATION: record.leader_url,
+                    marks.LEADER_URL_ANNOTATION: record.leader_url,
                 },
             },
             "spec": {

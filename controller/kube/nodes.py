@@ -9,36 +9,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime as dt
 import json
-import secrets
 from collections.abc import Callable
 from typing import Any
 
 import structlog
 from kubernetes_asyncio import client
 
-from controller import timestamps
+from controller import marks
 from controller.fleet import conditions
+from controller.kube import _api
 
 log = structlog.get_logger()
 
-KEPT_CONDITIONS = frozenset({"GPUHealthy", "Ready"})
-
-
-async def read_json(resp: Any) -> Any:
-    """Read a raw (`_preload_content=False`) response; raise ApiException on an error status.
-
-    kubernetes_asyncio checks the status only when it preloads the content, so every raw call
-    must go through here.
-    """
-    try:
-        data = await resp.read()
-    finally:
-        resp.release()
-    if not 200 <= resp.status <= 299:
-        raise client.ApiException(status=resp.status, reason=data.decode(errors="replace")[:500])
-    return json.loads(data)
+KEPT_CONDITIONS = frozenset({marks.NODE_CONDITION, "Ready"})
 
 
 def trim_node(node: dict[str, Any]) -> dict[str, Any]:
@@ -46,17 +30,17 @@ def trim_node(node: dict[str, Any]) -> dict[str, Any]:
     meta = node.get("metadata") or {}
     spec = node.get("spec") or {}
     status = node.get("status") or {}
-    cap = (status.get("capacity") or {}).get("nvidia.com/gpu")
-    alloc = (status.get("allocatable") or {}).get("nvidia.com/gpu")
+    cap = (status.get("capacity") or {}).get(marks.GPU_RESOURCE)
+    alloc = (status.get("allocatable") or {}).get(marks.GPU_RESOURCE)
     out_status: dict[str, Any] = {
         "conditions": [
             c for c in status.get("conditions") or [] if c.get("type") in KEPT_CONDITIONS
         ],
     }
     if cap is not None:
-        out_status["capacity"] = {"nvidia.com/gpu": cap}
+        out_status["capacity"] = {marks.GPU_RESOURCE: cap}
     if alloc is not None:
-        out_status["allocatable"] = {"nvidia.com/gpu": alloc}
+        out_status["allocatable"] = {marks.GPU_RESOURCE: alloc}
     return {
         "metadata": {
             "name": meta.get("name", ""),
@@ -66,7 +50,7 @@ def trim_node(node: dict[str, Any]) -> dict[str, Any]:
             "annotations": {
                 k: v
                 for k, v in (meta.get("annotations") or {}).items()
-                if k.startswith("taugrid.dev/")
+                if k.startswith(marks.PREFIX)
             },
         },
         "spec": {
@@ -112,7 +96,7 @@ class NodeCache:
 
     async def _list(self) -> str:
         resp = await self._core.list_node(_preload_content=False, **self._selector)
-        data = await read_json(resp)
+        data = await _api.read_json(resp)
         self.nodes = {n["metadata"]["name"]: trim_node(n) for n in data.get("items") or []}
         self.synced.set()
         self._on_change()
@@ -129,7 +113,7 @@ class NodeCache:
                 **self._selector,
             )
             if resp.status != 200:
-                await read_json(resp)  # raises: relist
+                await _api.read_json(resp)  # raises: relist
             async with contextlib.aclosing(_lines(resp)) as lines:
                 async for line in lines:
                     event = json.loads(line)
@@ -195,7 +179,7 @@ class NodeWriter:
                 resp = await self._core.patch_node_status(name, patch.body, **kwargs)
             else:
                 resp = await self._core.patch_node(name, patch.body, **kwargs)
-            return dict(await read_json(resp))
+            return dict(await _api.read_json(resp))
         except client.ApiException as err:
             if err.status in (404, 409):
                 return None
@@ -217,35 +201,17 @@ class NodeWriter:
     async def _emit(
         self, namespace: str, regarding: dict[str, Any], reason: str, note: str, *, warning: bool
     ) -> None:
-        now = timestamps.rfc3339_micro(dt.datetime.now(dt.UTC))
-        body = {
-            "apiVersion": "events.k8s.io/v1",
-            "kind": "Event",
-            "metadata": {
-                "name": f"{regarding['name']}.{secrets.token_hex(8)}",
-                "namespace": namespace,
-            },
-            "eventTime": now,
-            "reportingController": "taugrid.dev/controller",
-            "reportingInstance": self.component,
-            "action": reason,
-            "reason": reason,
-            "note": note[:1024],
-            "type": "Warning" if warning else "Normal",
-            "regarding": regarding,
-        }
-        try:
-            await self._events.create_namespaced_event(namespace, body)
-        except client.ApiException as err:
-            log.warning("event not recorded", regarding=regarding["name"], reason=reason,
-                        status=err.status)  # fmt: skip
+        await _api.emit_event(
+            self._events, namespace, regarding, controller=marks.NODE_EVENT_CONTROLLER,
+            instance=self.component, reason=reason, note=note, warning=warning,
+        )  # fmt: skip
 
     async def gpu_pods(self, node: str) -> list[dict[str, Any]]:
         """Pods bound to the node that request GPUs, DaemonSet pods excluded."""
         resp = await self._core.list_pod_for_all_namespaces(
             field_selector=f"spec.nodeName={node}", _preload_content=False
         )
-        data = await read_json(resp)
+        data = await _api.read_json(resp)
         out = []
         for pod in data.get("items") or []:
             owners = pod["metadata"].get("ownerReferences") or []
@@ -285,7 +251,7 @@ def _requests_gpu(pod: dict[str, Any]) -> bool:
     for c in (pod.get("spec") or {}).get("containers") or []:
         res = c.get("resources") or {}
         for part in ("limits", "requests"):
-            value = (res.get(part) or {}).get("nvidia.com/gpu")
+            value = (res.get(part) or {}).get(marks.GPU_RESOURCE)
             if value not in (None, "0", 0):
                 return True
     return False

@@ -7,12 +7,13 @@ object exists: level-triggered callers simply go on) and deletes tolerate 404 (g
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from kubernetes_asyncio import client
+
+from controller.kube import _api
 
 TAURUN = ("taugrid.dev", "v1alpha1", "tauruns")
 KUEUE = ("kueue.x-k8s.io", "v1beta2")
@@ -30,18 +31,6 @@ class ConflictError(Exception):
 
 class NotFoundError(Exception):
     """The object does not exist (HTTP 404)."""
-
-
-async def _json(resp: Any) -> Any:
-    """Read a raw (`_preload_content=False`) response, raising ApiException on an error
-    status: kubernetes_asyncio checks the status only when it preloads the content."""
-    try:
-        data = await resp.read()
-    finally:
-        resp.release()
-    if not 200 <= resp.status <= 299:
-        raise client.ApiException(status=resp.status, reason=data.decode(errors="replace")[:1000])
-    return json.loads(data)
 
 
 class RunStore:
@@ -62,7 +51,7 @@ class RunStore:
             resp = await self._custom.create_namespaced_custom_object(
                 *TAURUN[:2], namespace, TAURUN[2], body, _preload_content=False
             )
-            return dict(await _json(resp))
+            return dict(await _api.read_json(resp))
         except client.ApiException as err:
             if err.status == 409:
                 raise ConflictError(str(err.reason)) from err
@@ -76,7 +65,7 @@ class RunStore:
             resp = await self._custom.get_namespaced_custom_object(
                 *TAURUN[:2], namespace, TAURUN[2], name, _preload_content=False
             )
-            return dict(await _json(resp))
+            return dict(await _api.read_json(resp))
         except client.ApiException as err:
             if err.status == 404:
                 return None
@@ -90,7 +79,7 @@ class RunStore:
             )
         else:
             resp = await self._custom.list_cluster_custom_object(*TAURUN, _preload_content=False)
-        return list((await _json(resp)).get("items") or [])
+        return list((await _api.read_json(resp)).get("items") or [])
 
     async def patch_run_status(
         self, namespace: str, name: str, status: dict[str, Any]
@@ -102,7 +91,7 @@ class RunStore:
                 *TAURUN[:2], namespace, TAURUN[2], name, {"status": status},
                 _content_type="application/merge-patch+json", _preload_content=False,
             )  # fmt: skip
-            return dict(await _json(resp))
+            return dict(await _api.read_json(resp))
         except client.ApiException as err:
             if err.status == 404:
                 return None
@@ -118,7 +107,7 @@ class RunStore:
                 {"metadata": {"annotations": annotations}},
                 _content_type="application/merge-patch+json", _preload_content=False,
             )  # fmt: skip
-            return dict(await _json(resp))
+            return dict(await _api.read_json(resp))
         except client.ApiException as err:
             if err.status == 404:
                 return None
@@ -147,7 +136,7 @@ class RunStore:
             else:
                 msg = f"cannot create a {kind}"
                 raise ValueError(msg)
-            await _json(resp)
+            await _api.read_json(resp)
         except client.ApiException as err:
             if err.status == 409:
                 return False
@@ -162,7 +151,7 @@ class RunStore:
                 meta["name"], meta["namespace"], {"data": body.get("data") or {}},
                 _preload_content=False, _content_type="application/merge-patch+json",
             )  # fmt: skip
-            await _json(resp)
+            await _api.read_json(resp)
         except client.ApiException as err:
             if err.status != 404:
                 raise
@@ -178,7 +167,7 @@ class RunStore:
             meta["name"], meta["namespace"], {"stringData": body.get("stringData") or {}},
             _preload_content=False, _content_type="application/merge-patch+json",
         )  # fmt: skip
-        await _json(resp)
+        await _api.read_json(resp)
 
     async def delete(self, kind: str, namespace: str, name: str) -> bool:
         """Delete a Job, Service or RayJob with its dependents (background); False if gone."""
@@ -229,7 +218,7 @@ class RunStore:
         else:
             msg = f"cannot list {kind}"
             raise ValueError(msg)
-        items = list((await _json(resp)).get("items") or [])
+        items = list((await _api.read_json(resp)).get("items") or [])
         for item in items:
             item.setdefault("kind", kind)
         return items
@@ -239,7 +228,7 @@ class RunStore:
         resp = await self._core.list_namespaced_pod(
             namespace, label_selector=selector, _preload_content=False
         )
-        return list((await _json(resp)).get("items") or [])
+        return list((await _api.read_json(resp)).get("items") or [])
 
     async def list_nodes(self, names: Sequence[str] | None = None) -> list[dict[str, Any]]:
         """List nodes, or only those named (only names and annotations are used).
@@ -253,13 +242,13 @@ class RunStore:
                 header_params={"Accept": NODE_METADATA}, auth_settings=["BearerToken"],
                 _preload_content=False, _return_http_data_only=True,
             )  # fmt: skip
-            return list((await _json(resp)).get("items") or [])
+            return list((await _api.read_json(resp)).get("items") or [])
         out: list[dict[str, Any]] = []
         for name in names:
             resp = await self._core.list_node(
                 field_selector=f"metadata.name={name}", _preload_content=False
             )
-            out.extend((await _json(resp)).get("items") or [])
+            out.extend((await _api.read_json(resp)).get("items") or [])
         return out
 
     # ------------------------------------------------------------------ Kueue
@@ -273,7 +262,7 @@ class RunStore:
             resp = await self._custom.list_cluster_custom_object(
                 *KUEUE, plural, _preload_content=False
             )
-        return list((await _json(resp)).get("items") or [])
+        return list((await _api.read_json(resp)).get("items") or [])
 
     async def pending_workloads(
         self, namespace: str, local_queue: str
@@ -296,7 +285,7 @@ class RunStore:
                     _preload_content=False, _return_http_data_only=True,
                     _request_timeout=2,
                 )  # fmt: skip
-                data = await _json(resp)
+                data = await _api.read_json(resp)
             except (client.ApiException, TimeoutError, OSError, ValueError):
                 continue
             return list(data.get("items") or [])
@@ -315,7 +304,7 @@ class RunStore:
             pod, namespace, _preload_content=False, **kwargs
         )
         if not 200 <= resp.status <= 299:
-            await _json(resp)  # raises with the API server's message
+            await _api.read_json(resp)  # raises with the API server's message
         try:
             async for chunk in resp.content.iter_any():
                 yield chunk

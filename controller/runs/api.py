@@ -29,7 +29,7 @@ import structlog
 from aiohttp import web
 
 from controller import app as controller_app
-from controller import auth, errors, timestamps
+from controller import auth, errors, marks, timestamps
 from controller.kube import runs as kube_runs
 from controller.runs import checkpoints, lifecycle, reconciling, rendering
 from shared import spec as specs
@@ -235,11 +235,11 @@ async def post_run(request: web.Request) -> web.StreamResponse:
             await _allow(request, identity, "create", namespace)
         key = request.headers.get("Idempotency-Key", "").strip()
         annotations = {
-            reconciling.SUBMITTED_BY_ANNOTATION: identity.username[:253],
-            reconciling.MANAGED_BY_ANNOTATION: ctx.reconciler.manager,
+            marks.SUBMITTED_BY_ANNOTATION: identity.username[:253],
+            marks.MANAGED_BY_ANNOTATION: ctx.reconciler.manager,
         }
         if key:
-            annotations[reconciling.IDEMPOTENCY_ANNOTATION] = _key_digest(key)
+            annotations[marks.IDEMPOTENCY_ANNOTATION] = _key_digest(key)
         body = {
             "apiVersion": specs.API_VERSION,
             "kind": "TauRun",
@@ -258,7 +258,7 @@ async def post_run(request: web.Request) -> web.StreamResponse:
             if (
                 existing is not None
                 and key
-                and stored.get(reconciling.IDEMPOTENCY_ANNOTATION) == _key_digest(key)
+                and stored.get(marks.IDEMPOTENCY_ANNOTATION) == _key_digest(key)
             ):
                 outcome = "replayed"
                 return web.json_response(run_json(existing), status=200)
@@ -379,7 +379,7 @@ async def cancel_run(request: web.Request) -> web.StreamResponse:
         stamp = timestamps.rfc3339(dt.datetime.now(dt.UTC))
         controller_app.state_of(request).elector.ensure_leader()
         await ctx.store.annotate_run(
-            namespace, name, {reconciling.CANCEL_ANNOTATION: f"{identity.username[:200]} {stamp}"}
+            namespace, name, {marks.CANCEL_ANNOTATION: f"{identity.username[:200]} {stamp}"}
         )
         item = await ctx.reconciler.reconcile_now(namespace, name) or item
         log.info("run cancelled", run=f"{namespace}/{name}", user=identity.username)
@@ -557,7 +557,7 @@ async def get_logs(request: web.Request) -> web.StreamResponse:
         status = item.get("status") or {}
         number = attempt or int(status.get("currentAttempt") or 0)
         kind = str((item.get("spec") or {}).get("kind") or specs.RunKind.JOB)
-        selector = f"{lifecycle.LABEL_RUN}={name},{lifecycle.LABEL_ATTEMPT}={number}"
+        selector = f"{marks.RUN_LABEL}={name},{marks.ATTEMPT_LABEL}={number}"
         picked = _pick_pod(kind, await ctx.store.list_pods(namespace, selector), worker)
         started = picked is not None and lifecycle.parse_pod(picked[0]).phase != "Pending"
         if started or asyncio.get_running_loop().time() >= deadline:

@@ -25,20 +25,12 @@ import copy
 import dataclasses
 import datetime as dt
 import enum
-import json
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from controller import timestamps
+from controller import marks, timestamps
 from shared import spec as specs
-
-LABEL_RUN = "taugrid.dev/run"
-LABEL_ATTEMPT = "taugrid.dev/attempt"
-COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
-QUARANTINED_BY_ANNOTATION = "taugrid.dev/quarantined-by"
-QUARANTINE_ANNOTATION = "taugrid.dev/quarantine"
-"""The quarantine record (JSON); `"failed": true` when a GPU on the node failed."""
 
 
 class Phase(enum.StrEnum):
@@ -240,8 +232,8 @@ def parse_pod(raw: Mapping[str, Any]) -> PodView:
             if end is not None:
                 finished.append(end)
     disruption = _find(_conditions(raw), "DisruptionTarget")
-    index = annotations.get(COMPLETION_INDEX_ANNOTATION)
-    attempt = labels.get(LABEL_ATTEMPT)
+    index = annotations.get(marks.JOB_COMPLETION_INDEX_ANNOTATION)
+    attempt = labels.get(marks.ATTEMPT_LABEL)
     return PodView(
         name=str(meta.get("name", "")),
         node=str(spec.get("nodeName") or ""),
@@ -327,21 +319,11 @@ def node_facts(raw_nodes: Iterable[Mapping[str, Any]]) -> NodeFacts:
         name = str(meta.get("name", ""))
         existing.add(name)
         annotations = meta.get("annotations") or {}
-        if annotations.get(QUARANTINED_BY_ANNOTATION):
+        if marks.quarantined(annotations):
             quarantined.add(name)
-            if _record_says_failed(annotations.get(QUARANTINE_ANNOTATION)):
+            if marks.quarantine_failed(annotations):
                 failed.add(name)
     return NodeFacts(frozenset(existing), frozenset(quarantined), frozenset(failed))
-
-
-def _record_says_failed(raw: object) -> bool:
-    if not isinstance(raw, str):
-        return False
-    try:
-        record = json.loads(raw)
-    except json.JSONDecodeError:
-        return False
-    return isinstance(record, dict) and record.get("failed") is True
 
 
 # ---------------------------------------------------------------- one attempt
@@ -544,7 +526,7 @@ _QUOTA_RE = re.compile(
     r" capacity \((\S+) > (\S+)\)|([\d.]+\w*) more needed)"
 )
 
-_RESOURCE_WORDS = {"nvidia.com/gpu": "GPUs", "cpu": "CPU", "memory": "memory"}
+_RESOURCE_WORDS = {marks.GPU_RESOURCE: "GPUs", "cpu": "CPU", "memory": "memory"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -601,7 +583,7 @@ def waiting_message(ctx: WaitContext, workload: WorkloadView | None) -> str:
                 f" (flavor {flavor})"
             )
         need = match.group(5)
-        what = f"{asked} GPUs" if resource == "nvidia.com/gpu" and asked else words
+        what = f"{asked} GPUs" if resource == marks.GPU_RESOURCE and asked else words
         return (
             f"waiting for quota: queue {ctx.queue!r} has not enough free {words} for the"
             f" {what} this run asks for ({need} more needed in flavor {flavor}){ahead}"

@@ -26,19 +26,13 @@ from typing import Any
 
 import structlog
 
-from controller import leading, metrics, timestamps
+from controller import leading, marks, metrics, timestamps
 from controller.kube import runs as kube_runs
 from controller.runs import checkpoints, lifecycle, rendering
 from shared import spec as specs
 
 log = structlog.get_logger()
 
-CANCEL_ANNOTATION = "taugrid.dev/cancel-requested"
-"""Set (to who asked, and when) by `DELETE /v1/runs/...` or `kubectl annotate`: cancel."""
-IDEMPOTENCY_ANNOTATION = "taugrid.dev/idempotency-key"
-SUBMITTED_BY_ANNOTATION = "taugrid.dev/submitted-by"
-MANAGED_BY_ANNOTATION = "taugrid.dev/managed-by"
-DEFAULT_MANAGER = "taugrid.dev/controller"
 RUN_TOKEN_PREFIX = "tau_"  # noqa: S105  (a prefix that marks run-scoped tokens, not a secret)
 """Run-scoped tokens start with this, so the API tells them from Kubernetes tokens at once."""
 
@@ -112,7 +106,7 @@ class Reconciler:
         pass_interval_s: float,
         ttl_after_finished_s: float | None,
         pod_annotations: Mapping[str, str] | None = None,
-        manager: str = DEFAULT_MANAGER,
+        manager: str = marks.DEFAULT_RUN_MANAGER,
         resume_priority_class: str = "",
         checkpoints_kept: int = checkpoints.DEFAULT_KEEP,
         gate_message: Callable[[str, str], str | None] | None = None,
@@ -249,9 +243,11 @@ class Reconciler:
                 msg = f"run {name!r} cannot be resumed: its spec is not valid ({err})"
                 raise ResumeRefusedError(msg) from err
             annotations = (item.get("metadata") or {}).get("annotations") or {}
-            if annotations.get(CANCEL_ANNOTATION):
+            if annotations.get(marks.CANCEL_ANNOTATION):
                 self.elector.ensure_leader()
-                cleared = await self.store.annotate_run(namespace, name, {CANCEL_ANNOTATION: None})
+                cleared = await self.store.annotate_run(
+                    namespace, name, {marks.CANCEL_ANNOTATION: None}
+                )
                 item = cleared or item
             now = self._clock()
             status = lifecycle.reopened(old, by=by, now=now)
@@ -280,9 +276,11 @@ class Reconciler:
         return item
 
     def manages(self, item: Mapping[str, Any]) -> bool:
-        """Whether this reconciler is the run's manager (see `MANAGED_BY_ANNOTATION`)."""
+        """Whether this reconciler is the run's manager (see `marks.MANAGED_BY_ANNOTATION`)."""
         annotations = (item.get("metadata") or {}).get("annotations") or {}
-        return bool(annotations.get(MANAGED_BY_ANNOTATION, DEFAULT_MANAGER) == self.manager)
+        return bool(
+            annotations.get(marks.MANAGED_BY_ANNOTATION, marks.DEFAULT_RUN_MANAGER) == self.manager
+        )
 
     def _lock(self, key: tuple[str, str]) -> asyncio.Lock:
         return self._locks.setdefault(key, asyncio.Lock())
@@ -295,7 +293,7 @@ class Reconciler:
         return not rv.isdigit() or int(rv) < written
 
     async def _snapshot(self, items: list[dict[str, Any]]) -> Snapshot:
-        selector = lifecycle.LABEL_RUN
+        selector = marks.RUN_LABEL
         jobs, rayjobs, pods, workloads, lqs, nodes = await asyncio.gather(
             self.store.list_labelled("Job", selector),
             self._optional(self.store.list_labelled("RayJob", selector)),
@@ -310,7 +308,7 @@ class Reconciler:
         """What one run's reconcile reads, and nothing else: its objects and pods, its
         namespace's Workloads and queues, and the nodes its pods are on. (Queue positions
         are then namespace-local; the next full pass corrects them.)"""
-        selector = f"{lifecycle.LABEL_RUN}={name}"
+        selector = f"{marks.RUN_LABEL}={name}"
         jobs, rayjobs, pods, workloads, lqs = await asyncio.gather(
             self.store.list_labelled("Job", selector),
             self._optional(self.store.list_labelled("RayJob", selector)),
@@ -335,10 +333,10 @@ class Reconciler:
     async def _reconcile_runs_on(self, node: str) -> None:
         try:
             pods = await self.store.list_labelled(
-                "Pod", lifecycle.LABEL_RUN, field_selector=f"spec.nodeName={node}"
+                "Pod", marks.RUN_LABEL, field_selector=f"spec.nodeName={node}"
             )
             hit = sorted(
-                {(_key(p)[0], str(p["metadata"]["labels"][lifecycle.LABEL_RUN])) for p in pods}
+                {(_key(p)[0], str(p["metadata"]["labels"][marks.RUN_LABEL])) for p in pods}
             )
             for namespace, name in hit:
                 async with self._lock((namespace, name)):
@@ -396,7 +394,7 @@ class Reconciler:
             await self._cleanup(spec, ref, status, now)
             return await self._write(item, old, status)
 
-        if (meta.get("annotations") or {}).get(CANCEL_ANNOTATION):
+        if (meta.get("annotations") or {}).get(marks.CANCEL_ANNOTATION):
             await self._delete_attempt(spec, ref, current)
             self._end(status, lifecycle.Phase.CANCELLED, "Cancelled",
                       "cancelled on request; its quota is freed", now=now)  # fmt: skip
@@ -779,10 +777,10 @@ def _index(
     by_attempt: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
     for pod in pods:
         labels = (pod.get("metadata") or {}).get("labels") or {}
-        attempt = str(labels.get(lifecycle.LABEL_ATTEMPT, ""))
+        attempt = str(labels.get(marks.ATTEMPT_LABEL, ""))
         if attempt.isdigit():
             ns, _ = _key(pod)
-            by_attempt.setdefault((ns, labels[lifecycle.LABEL_RUN], int(attempt)), []).append(pod)
+            by_attempt.setdefault((ns, labels[marks.RUN_LABEL], int(attempt)), []).append(pod)
     local = {_key(lq): str((lq.get("spec") or {}).get("clusterQueue", "")) for lq in local_queues}
     return Snapshot(
         objects=by_kind,

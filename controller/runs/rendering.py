@@ -43,17 +43,12 @@ import dataclasses
 import shlex
 from typing import Any
 
+from controller import marks
 from shared import spec as specs
 
 TAURUN_API_VERSION = specs.API_VERSION
 TAURUN_KIND = "TauRun"
 
-LABEL_RUN = "taugrid.dev/run"
-LABEL_ATTEMPT = "taugrid.dev/attempt"
-ANNOTATION_CONFIG_HASH = "taugrid.dev/config-hash"
-LABEL_QUEUE = "kueue.x-k8s.io/queue-name"
-LABEL_PRIORITY = "kueue.x-k8s.io/priority-class"
-COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 
 CONTAINER_NAME = "main"
 """The user's container in job and pytorch pods (what `logs` streams)."""
@@ -71,7 +66,6 @@ CA_CONFIGMAP_KEY = "ca.crt"
 CA_FILE = f"{specs.CHECKPOINT_MOUNT_DIR}/{CA_CONFIGMAP_KEY}"
 """Where run pods find the controller's CA (`TAU_CA_FILE`)."""
 
-GPU_RESOURCE = "nvidia.com/gpu"
 
 VOLUME_SHM = "dshm"
 VOLUME_CHECKPOINT_FILE = "taugrid-checkpoint"
@@ -184,7 +178,7 @@ def render_token_secret(run: RunRef, name: str, token: str) -> dict[str, Any]:
         "metadata": {
             "name": name,
             "namespace": run.namespace,
-            "labels": {LABEL_RUN: run.name},
+            "labels": {marks.RUN_LABEL: run.name},
             "ownerReferences": [owner_reference(run)],
         },
         "type": "Opaque",
@@ -210,7 +204,7 @@ def render_checkpoint_configmap(
         "metadata": {
             "name": name,
             "namespace": run.namespace,
-            "labels": {LABEL_RUN: run.name},
+            "labels": {marks.RUN_LABEL: run.name},
             "ownerReferences": [owner_reference(run)],
         },
         "data": data,
@@ -223,15 +217,15 @@ def render_checkpoint_configmap(
 def _run_labels(spec: specs.TauSpec, ctx: AttemptContext) -> dict[str, str]:
     """Labels on every object and pod of the attempt; ours win over the user's (validated
     not to collide, since our prefixes are reserved)."""
-    return {**spec.labels, LABEL_RUN: ctx.run.name, LABEL_ATTEMPT: str(ctx.attempt)}
+    return {**spec.labels, marks.RUN_LABEL: ctx.run.name, marks.ATTEMPT_LABEL: str(ctx.attempt)}
 
 
 def _workload_labels(spec: specs.TauSpec, ctx: AttemptContext) -> dict[str, str]:
     """Labels of the object Kueue manages: the run labels plus queue and priority."""
-    labels = {**_run_labels(spec, ctx), LABEL_QUEUE: spec.queue}
+    labels = {**_run_labels(spec, ctx), marks.QUEUE_NAME_LABEL: spec.queue}
     priority = ctx.priority_class or spec.priority
     if priority is not None:
-        labels[LABEL_PRIORITY] = priority
+        labels[marks.PRIORITY_CLASS_LABEL] = priority
     return labels
 
 
@@ -242,7 +236,7 @@ def _metadata(
         "name": name,
         "namespace": ctx.run.namespace,
         "labels": labels,
-        "annotations": {ANNOTATION_CONFIG_HASH: specs.spec_hash(spec)},
+        "annotations": {marks.CONFIG_HASH_ANNOTATION: specs.spec_hash(spec)},
         "ownerReferences": [owner_reference(ctx.run)],
     }
 
@@ -277,7 +271,7 @@ def _tau_env(
 
 
 def _completion_index_env(name: str) -> dict[str, Any]:
-    field_path = f"metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']"
+    field_path = f"metadata.annotations['{marks.JOB_COMPLETION_INDEX_ANNOTATION}']"
     return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": field_path}}}
 
 
@@ -323,8 +317,8 @@ def _resources(spec: specs.TauSpec, *, gpus: int) -> dict[str, Any]:
         requests["memory"] = spec.resources.memory
         limits["memory"] = spec.resources.memory
     if gpus > 0:
-        requests[GPU_RESOURCE] = str(gpus)
-        limits[GPU_RESOURCE] = str(gpus)
+        requests[marks.GPU_RESOURCE] = str(gpus)
+        limits[marks.GPU_RESOURCE] = str(gpus)
     result: dict[str, Any] = {}
     if requests:
         result["requests"] = requests
@@ -478,7 +472,7 @@ def _render_headless_service(
         "spec": {
             "clusterIP": "None",
             "publishNotReadyAddresses": True,
-            "selector": {LABEL_RUN: ctx.run.name, LABEL_ATTEMPT: str(ctx.attempt)},
+            "selector": {marks.RUN_LABEL: ctx.run.name, marks.ATTEMPT_LABEL: str(ctx.attempt)},
             "ports": [
                 {
                     "name": "rendezvous",

@@ -24,8 +24,7 @@ import pytest
 import pytest_asyncio
 from kubernetes_asyncio import client
 
-from controller import timestamps
-from controller.runs import lifecycle
+from controller import marks, timestamps
 from devcluster import cluster
 from shared import health, heartbeat
 from tests import controllerkit as kit
@@ -68,7 +67,7 @@ class World:
 
     async def pods(self, run: str) -> list[dict[str, Any]]:
         resp = await client.CoreV1Api(self.api).list_namespaced_pod(
-            self.namespace, label_selector=f"{lifecycle.LABEL_RUN}={run}", _preload_content=False
+            self.namespace, label_selector=f"{marks.RUN_LABEL}={run}", _preload_content=False
         )
         return list((await resp.json())["items"])
 
@@ -167,7 +166,7 @@ async def test_a_node_failure_resumes_the_run_from_its_newest_checkpoint(world: 
         run = await world.run("llm")
         assert (run["attempt"], run["phase"]) == (n, "Running"), (run["phase"], run["message"])
         pods = [p for p in await world.pods("llm")
-                if p["metadata"]["labels"][lifecycle.LABEL_ATTEMPT] == str(n)]  # fmt: skip
+                if p["metadata"]["labels"][marks.ATTEMPT_LABEL] == str(n)]  # fmt: skip
         assert len(pods) == 2, [p["metadata"]["name"] for p in pods]
         assert all(p["status"].get("phase") == "Running" for p in pods)
         return pods
@@ -191,7 +190,7 @@ async def test_a_node_failure_resumes_the_run_from_its_newest_checkpoint(world: 
         pods = await world.pods("llm")
         by_attempt: dict[str, list[dict[str, Any]]] = {}
         for p in pods:
-            by_attempt.setdefault(p["metadata"]["labels"][lifecycle.LABEL_ATTEMPT], []).append(p)
+            by_attempt.setdefault(p["metadata"]["labels"][marks.ATTEMPT_LABEL], []).append(p)
         started = [p for p in by_attempt.get("2", []) if p["spec"].get("nodeName")]
         alive = [p for p in by_attempt.get("1", [])
                  if p["status"].get("phase") not in {"Succeeded", "Failed"}]  # fmt: skip

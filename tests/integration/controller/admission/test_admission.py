@@ -22,8 +22,8 @@ import pytest
 import pytest_asyncio
 from kubernetes_asyncio import client
 
-from controller import timestamps
-from controller.admission import admitting, gating
+from controller import marks, timestamps
+from controller.admission import admitting
 from devcluster import cluster
 from tests import controllerkit, kueue, support
 
@@ -59,7 +59,7 @@ def kueue_objects(namespace: str, check: str, flavor: str, cq: str) -> list[dict
     queue["spec"]["admissionChecksStrategy"] = {"admissionChecks": [{"name": check}]}
     return [
         {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "AdmissionCheck",
-         "metadata": {"name": check}, "spec": {"controllerName": gating.CONTROLLER_NAME}},
+         "metadata": {"name": check}, "spec": {"controllerName": marks.ADMISSION_CHECK_CONTROLLER}},
         {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor",
          "metadata": {"name": flavor}, "spec": {"nodeLabels": {GATE_LABEL: namespace}}},
         queue,
@@ -210,7 +210,7 @@ async def test_the_gate_admits_on_healthy_nodes_and_retries_without_a_hot_loop(
         ac = await w.custom.get_cluster_custom_object(*KUEUE, "admissionchecks", w.check)
         cond = support.condition(ac, "Active")
         assert cond is not None, "no Active condition yet"
-        assert (cond["status"], cond["reason"]) == ("True", gating.ACTIVE_REASON)
+        assert (cond["status"], cond["reason"]) == ("True", marks.CHECK_ACTIVE_REASON)
         registry = w.controller.state.metrics.registry
         assert registry.get_sample_value("taugrid_admission_check_active") == 1
 

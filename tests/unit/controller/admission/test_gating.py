@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from controller import timestamps
+from controller import marks, timestamps
 from controller.admission import gating
 from tests.unit.controller.fleet.fakes import T0, at
 
@@ -101,9 +101,9 @@ def pod(
     """A pod, optionally of a run attempt."""
     all_labels = dict(labels or {})
     if run:
-        all_labels[gating.LABEL_RUN] = run
+        all_labels[marks.RUN_LABEL] = run
     if attempt is not None:
-        all_labels[gating.LABEL_ATTEMPT] = str(attempt)
+        all_labels[marks.ATTEMPT_LABEL] = str(attempt)
     return gating.PodUsage(namespace, name, node_name, gating.Resources(gpus, 1000, GI), phase,
                            all_labels)  # fmt: skip
 
@@ -292,11 +292,11 @@ def test_no_write_at_all(kwargs: dict[str, Any]) -> None:
 
 def test_no_write_when_the_check_already_says_the_same() -> None:
     """A check already Pending with the same fencing message is left alone."""
-    w = workload(labels={gating.LABEL_RUN: "r", gating.LABEL_ATTEMPT: "2"})
+    w = workload(labels={marks.RUN_LABEL: "r", marks.ATTEMPT_LABEL: "2"})
     first = decide(w, [node("n0"), node("n1")], [pod("r-a1-0", run="r", attempt=1)])
     assert first is not None
 
-    again = workload(labels={gating.LABEL_RUN: "r", gating.LABEL_ATTEMPT: "2"},
+    again = workload(labels={marks.RUN_LABEL: "r", marks.ATTEMPT_LABEL: "2"},
                      message=first.message)  # fmt: skip
 
     assert decide(again, [node("n0"), node("n1")], [pod("r-a1-0", run="r", attempt=1)]) is None
@@ -313,7 +313,7 @@ def test_a_workload_our_check_does_not_list_is_not_ours() -> None:
 # ---------------------------------------------------------------- fencing
 
 
-RUN_LABELS = {gating.LABEL_RUN: "train", gating.LABEL_ATTEMPT: "3"}
+RUN_LABELS = {marks.RUN_LABEL: "train", marks.ATTEMPT_LABEL: "3"}
 
 
 @pytest.mark.parametrize(
@@ -354,9 +354,9 @@ def test_fencing_waits_for_earlier_attempts(
 
 def test_the_owner_labels_name_the_run_and_attempt() -> None:
     """The owner Job's labels win over the pod template's (Kueue copies none by default)."""
-    raw = raw_workload(labels={gating.LABEL_RUN: "tmpl", gating.LABEL_ATTEMPT: "1"})
+    raw = raw_workload(labels={marks.RUN_LABEL: "tmpl", marks.ATTEMPT_LABEL: "1"})
 
-    parsed = gating.parse_workload(raw, {gating.LABEL_RUN: "train", gating.LABEL_ATTEMPT: "4"})
+    parsed = gating.parse_workload(raw, {marks.RUN_LABEL: "train", marks.ATTEMPT_LABEL: "4"})
     fallback = gating.parse_workload(raw)
 
     assert (parsed.run, parsed.attempt, fallback.run, fallback.attempt) == ("train", 4, "tmpl", 1)
@@ -474,7 +474,7 @@ def test_cluster_queues_naming_the_check() -> None:
 def test_the_check_is_made_active(condition: dict[str, Any] | None, expected_time: str) -> None:
     """Our AdmissionCheck gets Active=True for its current generation."""
     raw = {"metadata": {"name": CHECK, "generation": 3},
-           "spec": {"controllerName": gating.CONTROLLER_NAME},
+           "spec": {"controllerName": marks.ADMISSION_CHECK_CONTROLLER},
            "status": {"conditions": [condition] if condition else []}}  # fmt: skip
 
     wanted = gating.active_condition(raw, T0, "answered by us")
@@ -482,7 +482,7 @@ def test_the_check_is_made_active(condition: dict[str, Any] | None, expected_tim
     assert wanted == {
         "type": "Active",
         "status": "True",
-        "reason": gating.ACTIVE_REASON,
+        "reason": marks.CHECK_ACTIVE_REASON,
         "message": "answered by us",
         "observedGeneration": 3,
         "lastTransitionTime": expected_time,

@@ -7,6 +7,7 @@ import datetime as dt
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from controller import marks
 from controller.fleet import conditions, nodes, policy, state
 from shared import health, heartbeat
 
@@ -120,7 +121,7 @@ def raw_node(
         },
         "spec": {},
         "status": {
-            "capacity": {"cpu": "64", **({nodes.GPU_RESOURCE: str(gpus)} if gpus else {})},
+            "capacity": {"cpu": "64", **({marks.GPU_RESOURCE: str(gpus)} if gpus else {})},
             "conditions": [
                 {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": ""},
                 *(conditions_ or []),

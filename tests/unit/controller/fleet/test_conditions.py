@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from controller import timestamps
+from controller import marks, timestamps
 from controller.fleet import conditions, nodes, policy, state
 from tests.unit.controller.fleet import fakes
 from tests.unit.controller.fleet.fakes import at
@@ -15,7 +15,7 @@ from tests.unit.controller.fleet.fakes import at
 FAILED = nodes.Condition(nodes.ConditionStatus.FALSE, "XidFallenOffBus", "GPU-a: XidFallenOffBus")
 RECORD = nodes.QuarantineRecord(
     mode=nodes.QuarantineMode.AUTOMATIC,
-    by=nodes.CONTROLLER_IDENTITY,
+    by=marks.CONTROLLER_IDENTITY,
     at=at(0),
     reason="XidFallenOffBus",
     clears_with=nodes.Clearing.NEW_BOOT_ID,
@@ -32,7 +32,7 @@ def _quarantined(*, cordoned_by_us: bool = True) -> dict[str, Any]:
     assert patch is not None
     node = fakes.apply(node, patch)
     if not cordoned_by_us:
-        node["metadata"]["annotations"].pop(nodes.CORDONED_ANNOTATION)
+        node["metadata"]["annotations"].pop(marks.CORDONED_ANNOTATION)
     return node
 
 
@@ -88,14 +88,14 @@ def test_quarantine_patch_keeps_foreign_taints_and_guards_with_the_resource_vers
 
     assert patch is not None
     expected_spec = {
-        "taints": [FOREIGN_TAINT, {"key": nodes.TAINT_KEY, "effect": nodes.TAINT_EFFECT}],
+        "taints": [FOREIGN_TAINT, {"key": marks.TAINT_KEY, "effect": marks.TAINT_EFFECT}],
         "unschedulable": True,
     }
     assert expected_spec == patch.body["spec"]
     assert (
         patch.body["metadata"]["resourceVersion"],
-        patch.body["metadata"]["annotations"][nodes.CORDONED_ANNOTATION],
-        patch.body["metadata"]["annotations"][nodes.QUARANTINED_BY_ANNOTATION],
+        patch.body["metadata"]["annotations"][marks.CORDONED_ANNOTATION],
+        patch.body["metadata"]["annotations"][marks.QUARANTINED_BY_ANNOTATION],
     ) == ("1", "true", "taugrid-controller")
 
 

@@ -6,6 +6,7 @@ import datetime as dt
 
 import pytest
 
+from controller import marks
 from controller.fleet import history, nodes
 from tests.unit.controller.fleet import fakes
 from tests.unit.controller.fleet.fakes import at
@@ -20,7 +21,7 @@ from tests.unit.controller.fleet.fakes import at
             id="a plain GPU node is managed and unmarked",
         ),
         pytest.param(
-            fakes.raw_node("n1", labels={nodes.MANAGED_LABEL: "false"}),
+            fakes.raw_node("n1", labels={marks.MANAGED_LABEL: "false"}),
             ("n1", 8, False, False, False, False),
             id="the opt-out label unmanages a node",
         ),
@@ -33,14 +34,14 @@ from tests.unit.controller.fleet.fakes import at
             fakes.raw_node(
                 "n1",
                 unschedulable=True,
-                annotations={nodes.CORDONED_ANNOTATION: "true"},
-                taints=[{"key": nodes.TAINT_KEY, "effect": "NoSchedule"}],
+                annotations={marks.CORDONED_ANNOTATION: "true"},
+                taints=[{"key": marks.TAINT_KEY, "effect": "NoSchedule"}],
             ),
             ("n1", 8, True, True, True, True),
             id="our taint and our cordon are recognised",
         ),
         pytest.param(
-            fakes.raw_node("n1", taints=[{"key": nodes.TAINT_KEY, "effect": "NoExecute"}]),
+            fakes.raw_node("n1", taints=[{"key": marks.TAINT_KEY, "effect": "NoExecute"}]),
             ("n1", 8, True, False, False, False),
             id="a taint with our key but another effect is not ours",
         ),
@@ -73,20 +74,20 @@ def test_a_node_without_a_name_is_refused_naming_the_field() -> None:
     ("annotations", "expected_problem"),
     [
         pytest.param(
-            {history.ANNOTATION: "{not json"},
+            {marks.HISTORY_ANNOTATION: "{not json"},
             "taugrid.dev/history: not JSON",
             id="a mangled history is reported, not raised",
         ),
         pytest.param(
             {
-                nodes.QUARANTINED_BY_ANNOTATION: "taugrid-controller",
-                nodes.QUARANTINED_AT_ANNOTATION: "yesterday",
+                marks.QUARANTINED_BY_ANNOTATION: "taugrid-controller",
+                marks.QUARANTINED_AT_ANNOTATION: "yesterday",
             },
             "taugrid.dev/quarantined-at: not an RFC 3339 time",
             id="a bad quarantine time names its annotation",
         ),
         pytest.param(
-            {nodes.RELEASED_FAULTS_ANNOTATION: '[["GPU-a", "Xid"]]'},
+            {marks.RELEASED_FAULTS_ANNOTATION: '[["GPU-a", "Xid"]]'},
             "taugrid.dev/released-faults[0]: expected [gpuUuid, code, since]",
             id="a malformed released-fault entry names its index",
         ),
@@ -108,8 +109,8 @@ def test_a_quarantined_by_without_our_record_is_a_manual_quarantine() -> None:
         fakes.raw_node(
             "n1",
             annotations={
-                nodes.QUARANTINED_BY_ANNOTATION: "bob",
-                nodes.QUARANTINED_AT_ANNOTATION: "2025-03-01T12:00:00Z",
+                marks.QUARANTINED_BY_ANNOTATION: "bob",
+                marks.QUARANTINED_AT_ANNOTATION: "2025-03-01T12:00:00Z",
             },
         )
     )

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable, Mapping
 
 import pytest
 
+from controller import marks
 from controller.fleet import nodes, policy
 from shared import health, heartbeat
 from tests.unit.controller.fleet import fakes
@@ -340,7 +341,7 @@ def test_dry_run_decides_but_writes_nothing() -> None:
 
 def test_opted_out_nodes_are_left_alone_and_not_counted() -> None:
     """`taugrid.dev/managed=false`: no condition, taint or cordon, and outside fleet limits."""
-    raw = {"n1": fakes.raw_node("n1", labels={nodes.MANAGED_LABEL: "false"})}
+    raw = {"n1": fakes.raw_node("n1", labels={marks.MANAGED_LABEL: "false"})}
     world = fakes.World(TEN, SETTINGS, raw=raw)
     _run(world, 0, bad={"n1": {0: [fakes.xid79()]}})
 

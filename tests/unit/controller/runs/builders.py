@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from controller import timestamps
+from controller import marks, timestamps
 from controller.runs import lifecycle
 from shared import spec as specs
 
@@ -73,7 +73,7 @@ def a_pod(
     if disruption:
         status["conditions"].append(cond("DisruptionTarget", reason=disruption))
     return lifecycle.parse_pod(
-        {"metadata": {"name": name, "labels": {lifecycle.LABEL_ATTEMPT: "1"}},
+        {"metadata": {"name": name, "labels": {marks.ATTEMPT_LABEL: "1"}},
          "spec": {"nodeName": node, "containers": [{"name": "main"}]}, "status": status}
     )  # fmt: skip
 

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from controller import leading, metrics
+from controller import leading, marks, metrics
 from controller.kube import runs as kube_runs
-from controller.runs import checkpoints, lifecycle, reconciling, rendering
+from controller.runs import checkpoints, reconciling, rendering
 from shared import spec as specs
 from tests.unit.controller.runs.builders import (
     ADMITTED,
@@ -40,7 +40,7 @@ class FakeStore:
             {
                 "metadata": {
                     "name": "bad",
-                    "annotations": {lifecycle.QUARANTINED_BY_ANNOTATION: "x"},
+                    "annotations": {marks.QUARANTINED_BY_ANNOTATION: "x"},
                 }
             },
         ]
@@ -176,7 +176,7 @@ def _raw_pod(phase: str, *, node: str = "n0", exit_code: int | None = None, atte
     if exit_code is not None:
         status["containerStatuses"] = [{"name": "main", "imageID": "img@sha256:1", "state": {
             "terminated": {"exitCode": exit_code, "finishedAt": ts(8)}}}]  # fmt: skip
-    labels = {lifecycle.LABEL_RUN: "demo", lifecycle.LABEL_ATTEMPT: str(attempt)}
+    labels = {marks.RUN_LABEL: "demo", marks.ATTEMPT_LABEL: str(attempt)}
     return {
         "metadata": {"name": f"demo-a{attempt}-x", "namespace": "team", "labels": labels},
         "spec": {"nodeName": node, "containers": [{"name": "main"}]},
@@ -279,7 +279,7 @@ async def test_cancel_deletes_the_attempt_and_keeps_the_run() -> None:
     store = FakeStore()
     store.add_run(SPEC)
     await _reconciler(store).reconcile_now("team", "demo")
-    store.runs[("team", "demo")]["metadata"]["annotations"][reconciling.CANCEL_ANNOTATION] = "me"
+    store.runs[("team", "demo")]["metadata"]["annotations"][marks.CANCEL_ANNOTATION] = "me"
     run = await _reconciler(store).reconcile_now("team", "demo")
     assert run is not None
     assert run["status"]["phase"] == "Cancelled"
@@ -289,7 +289,7 @@ async def test_cancel_deletes_the_attempt_and_keeps_the_run() -> None:
 async def test_a_reconciler_leaves_runs_of_another_manager_alone() -> None:
     """Runs stamped with another manager's name are not touched (a canary or a test)."""
     store = FakeStore()
-    store.add_run(SPEC, annotations={reconciling.MANAGED_BY_ANNOTATION: "someone-else"})
+    store.add_run(SPEC, annotations={marks.MANAGED_BY_ANNOTATION: "someone-else"})
     await _reconciler(store).pass_once()
     await _reconciler(store).reconcile_now("team", "demo")
     assert "status" not in store.runs[("team", "demo")]
@@ -387,7 +387,7 @@ async def test_after_a_node_failure_the_next_attempt_resumes_ahead_in_line() -> 
         "/c/2", "2", "NodeFailure",
     )  # fmt: skip
     labels = store.objects[("team", "Job", "demo-a2")]["metadata"]["labels"]
-    assert labels[rendering.LABEL_PRIORITY] == "taugrid-resume"
+    assert labels[marks.PRIORITY_CLASS_LABEL] == "taugrid-resume"
     with pytest.raises(checkpoints.FencedError) as err:
         await _reconciler(store).record_checkpoint("team", "demo", checkpoints.Report(1, 250, "/x"))
     assert err.value.reason == "StaleAttempt"
@@ -401,7 +401,7 @@ async def test_a_missing_resume_class_leaves_the_priority_alone() -> None:
     store.pods = [_raw_pod("Failed", node="bad", exit_code=143)]
     await _reconciler(store).pass_once()
     labels = store.objects[("team", "Job", "demo-a2")]["metadata"]["labels"]
-    assert rendering.LABEL_PRIORITY not in labels
+    assert marks.PRIORITY_CLASS_LABEL not in labels
 
 
 @pytest.mark.parametrize(
@@ -472,7 +472,7 @@ async def test_a_cancelled_run_resumes_and_stays_resumed() -> None:
     store = FakeStore()
     store.add_run(SPEC)
     await _reconciler(store).reconcile_now("team", "demo")
-    store.runs[("team", "demo")]["metadata"]["annotations"][reconciling.CANCEL_ANNOTATION] = "me"
+    store.runs[("team", "demo")]["metadata"]["annotations"][marks.CANCEL_ANNOTATION] = "me"
     await _reconciler(store).reconcile_now("team", "demo")
     await _reconciler(store).request_resume("team", "demo", checkpoint=None, by="ada")
     await _reconciler(store).pass_once()
@@ -491,8 +491,8 @@ async def test_a_quarantined_node_resumes_its_runs_without_a_full_pass() -> None
             "metadata": {
                 "name": "n0",
                 "annotations": {
-                    lifecycle.QUARANTINED_BY_ANNOTATION: "t",
-                    lifecycle.QUARANTINE_ANNOTATION: '{"failed":true}',
+                    marks.QUARANTINED_BY_ANNOTATION: "t",
+                    marks.QUARANTINE_ANNOTATION: '{"failed":true}',
                 },
             }
         }
@@ -505,5 +505,5 @@ async def test_a_quarantined_node_resumes_its_runs_without_a_full_pass() -> None
     status = store.runs[("team", "demo")]["status"]
     assert (status["currentAttempt"], status["attempts"][0]["failureClass"]) == (2, "NodeFailure")
     assert ("team", "Job", "demo-a2") in store.objects
-    assert ("Pod", lifecycle.LABEL_RUN, "spec.nodeName=n0") in store.lists
-    assert all(sel != lifecycle.LABEL_RUN or field for _, sel, field in store.lists), store.lists
+    assert ("Pod", marks.RUN_LABEL, "spec.nodeName=n0") in store.lists
+    assert all(sel != marks.RUN_LABEL or field for _, sel, field in store.lists), store.lists

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from controller import marks
 from controller.runs import rendering
 from shared import spec as specs
 
@@ -113,10 +114,10 @@ def test_every_object_is_owned_labelled_and_hashed(fixture: str) -> None:
         expected = ("team-a", "demo", "1", expected_owner, specs.spec_hash(spec))
         actual = (
             meta["namespace"],
-            meta["labels"][rendering.LABEL_RUN],
-            meta["labels"][rendering.LABEL_ATTEMPT],
+            meta["labels"][marks.RUN_LABEL],
+            meta["labels"][marks.ATTEMPT_LABEL],
             meta["ownerReferences"],
-            meta["annotations"][rendering.ANNOTATION_CONFIG_HASH],
+            meta["annotations"][marks.CONFIG_HASH_ANNOTATION],
         )
         assert expected == actual
 
@@ -249,7 +250,7 @@ def test_resumed_attempt_env_and_name() -> None:
     expected = ("demo-a2", "2", "2", "/scratch/mnist/step-200", "NodeFailure")
     actual = (
         job["metadata"]["name"],
-        job["metadata"]["labels"][rendering.LABEL_ATTEMPT],
+        job["metadata"]["labels"][marks.ATTEMPT_LABEL],
         env["TAU_ATTEMPT"],
         env["TAU_RESUME_FROM"],
         env["TAU_FAILURE_REASON"],
@@ -495,7 +496,7 @@ def test_config_hash_follows_the_spec() -> None:
     """A different spec gives a different config-hash annotation."""
     one = _render(_spec(f"name: x\nimage: i{DIGEST}\ncommand: [a]\n"))[0]
     two = _render(_spec(f"name: x\nimage: i{DIGEST}\ncommand: [b]\n"))[0]
-    key = rendering.ANNOTATION_CONFIG_HASH
+    key = marks.CONFIG_HASH_ANNOTATION
     assert one["metadata"]["annotations"][key] != two["metadata"]["annotations"][key]
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from controller import marks
 from controller.runs import lifecycle
 from shared import spec as specs
 from tests.unit.controller.runs.builders import (
@@ -410,8 +411,8 @@ def test_ttl(ended: dt.datetime | None, ttl: float | None, expected: bool) -> No
 def test_a_running_pod_on_a_node_whose_gpu_failed_ends_the_attempt() -> None:
     """The node was quarantined Failed: the attempt is a NodeFailure now, before eviction;
     a Degraded quarantine lets it run, and a suspended (preempted) Job is never failed."""
-    by = lifecycle.QUARANTINED_BY_ANNOTATION
-    record = lifecycle.QUARANTINE_ANNOTATION
+    by = marks.QUARANTINED_BY_ANNOTATION
+    record = marks.QUARANTINE_ANNOTATION
     facts = lifecycle.node_facts([
         {"metadata": {"name": "dead", "annotations": {by: "t", record: '{"failed":true}'}}},
         {"metadata": {"name": "sick", "annotations": {by: "t", record: '{"x":1}'}}},

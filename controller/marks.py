@@ -1,0 +1,93 @@
+"""The controller's vocabulary on the cluster: every name we put there, defined once.
+
+Labels, annotations, taints, condition types, field managers and the names Events and
+records carry. Domains import their names from here, so a name is never spelt twice and a
+domain never imports another to learn one (the runs domain reads the fleet's quarantine
+annotations; the admission gate reads the fleet's taint and condition and the runs' labels).
+Names of Kubernetes and Kueue that we write or read on our objects are here too.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+
+PREFIX = "taugrid.dev/"
+"""Our annotations and labels start with this (the node cache keeps only these)."""
+
+# ---------------------------------------------------------------- others' names we use
+GPU_RESOURCE = "nvidia.com/gpu"
+"""The device plugin's extended resource: what a GPU node advertises and a run requests."""
+QUEUE_NAME_LABEL = "kueue.x-k8s.io/queue-name"
+PRIORITY_CLASS_LABEL = "kueue.x-k8s.io/priority-class"
+JOB_COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
+
+# ---------------------------------------------------------------- Nodes (fleet)
+NODE_CONDITION = "GPUHealthy"
+"""The Node condition we own (True, False or Unknown; PascalCase reason)."""
+TAINT_KEY = "taugrid.dev/gpu-unhealthy"
+TAINT_EFFECT = "NoSchedule"
+MANAGED_LABEL = "taugrid.dev/managed"
+"""`false` opts a node out of quarantine."""
+CORDONED_ANNOTATION = "taugrid.dev/cordoned"
+"""`true` when we, not someone else, cordoned the node (we only undo what we did)."""
+QUARANTINED_BY_ANNOTATION = "taugrid.dev/quarantined-by"
+QUARANTINED_AT_ANNOTATION = "taugrid.dev/quarantined-at"
+QUARANTINED_REASON_ANNOTATION = "taugrid.dev/quarantined-reason"
+QUARANTINE_ANNOTATION = "taugrid.dev/quarantine"
+"""The quarantine record (JSON): mode, what clears it, fault keys, eviction deadline."""
+RELEASED_FAULTS_ANNOTATION = "taugrid.dev/released-faults"
+HISTORY_ANNOTATION = "taugrid.dev/history"
+CONTROLLER_IDENTITY = "taugrid-controller"
+"""The `by` of every automatic action, in annotations and history."""
+
+# ---------------------------------------------------------------- the Lease
+LEADER_URL_ANNOTATION = "taugrid.dev/leader-url"
+BREAKER_ANNOTATION = "taugrid.dev/breaker"
+DRY_RUN_ANNOTATION = "taugrid.dev/dry-run"
+
+# ---------------------------------------------------------------- Kueue (admission)
+ADMISSION_CHECK_CONTROLLER = "taugrid.dev/gpu-health"
+"""The `spec.controllerName` of the AdmissionCheck we answer."""
+DEFAULT_ADMISSION_CHECK = "taugrid-gpu-health"
+ADMISSION_FIELD_MANAGER = "taugrid-gpu-health"
+"""The server-side-apply field manager of our entry in a Workload's admission checks."""
+CHECK_ACTIVE_CONDITION = "Active"
+CHECK_ACTIVE_REASON = "ControllerReady"
+
+# ---------------------------------------------------------------- runs
+RUN_LABEL = "taugrid.dev/run"
+ATTEMPT_LABEL = "taugrid.dev/attempt"
+CONFIG_HASH_ANNOTATION = "taugrid.dev/config-hash"
+CANCEL_ANNOTATION = "taugrid.dev/cancel-requested"
+"""Set (to who asked, and when) by `DELETE /v1/runs/...` or `kubectl annotate`: cancel."""
+IDEMPOTENCY_ANNOTATION = "taugrid.dev/idempotency-key"
+SUBMITTED_BY_ANNOTATION = "taugrid.dev/submitted-by"
+MANAGED_BY_ANNOTATION = "taugrid.dev/managed-by"
+DEFAULT_RUN_MANAGER = "taugrid.dev/controller"
+RESUME_PRIORITY_CLASS = "taugrid-resume"
+"""The WorkloadPriorityClass of resumed attempts: the controller's alone."""
+
+# ---------------------------------------------------------------- Events
+NODE_EVENT_CONTROLLER = "taugrid.dev/controller"
+"""The `reportingController` of the Events on Nodes and the Lease."""
+ADMISSION_EVENT_CONTROLLER = ADMISSION_CHECK_CONTROLLER
+"""The `reportingController` of the Events on Workloads."""
+
+
+def quarantined(annotations: Mapping[str, object]) -> bool:
+    """Whether a Node's annotations say we quarantined it."""
+    return bool(annotations.get(QUARANTINED_BY_ANNOTATION))
+
+
+def quarantine_failed(annotations: Mapping[str, object]) -> bool:
+    """Whether a Node's quarantine record says a GPU failed (`"failed": true`), which ends
+    the run attempts on it at once; an unreadable record says no."""
+    raw = annotations.get(QUARANTINE_ANNOTATION)
+    if not isinstance(raw, str):
+        return False
+    try:
+        record = json.loads(raw)
+    except json.JSONDecodeError:
+        return False
+    return isinstance(record, dict) and record.get("failed") is True
