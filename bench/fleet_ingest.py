@@ -14,8 +14,9 @@ import sys
 import time
 
 from controller import marks
-from controller.fleet import nodes, policy
+from controller.fleet import actions, nodes, policy
 from controller.fleet import state as fleet
+from controller.settings import ControllerSettings
 from shared import health, heartbeat
 
 T0 = dt.datetime(2025, 3, 1, tzinfo=dt.UTC)
@@ -104,13 +105,13 @@ def main() -> None:
         )
         for n in range(count)
     ]
-    settings = policy.Settings()
+    settings = policy.settings_from(ControllerSettings())
     now = T0 + dt.timedelta(seconds=10 * (ROUNDS - 1) + 1)
     timings = []
     decision = None
     for _ in range(PASSES):
         start = time.perf_counter()
-        decision = policy.decide(state, views, settings, policy.BreakerState(), now)
+        decision = policy.decide(state, views, settings, actions.BreakerState(), now)
         timings.append(time.perf_counter() - start)
     assert decision is not None
     best = min(timings)

@@ -28,7 +28,7 @@ import aiohttp
 import yaml
 from kubernetes_asyncio import client, config
 
-from controller.runs import rendering
+from controller.runs import objects, rendering
 from devcluster import build, cluster
 from shared import spec as specs
 from tests import controllerkit, kueue
@@ -58,7 +58,7 @@ def _manifest(namespace: str, name: str) -> str:
     """The Job the controller would render for the same spec (no owner: kubectl makes it)."""
     spec = specs.validate_spec(_spec(name)).spec
     ctx = rendering.AttemptContext(
-        run=rendering.RunRef(name=name, namespace=namespace, uid="0"), attempt=1,
+        run=objects.RunRef(name=name, namespace=namespace, uid="0"), attempt=1,
         token_secret=f"{name}-token", checkpoint_configmap=f"{name}-checkpoint",
     )  # fmt: skip
     (job,) = rendering.render_attempt(spec, ctx, rendering.RenderSettings("http://127.0.0.1"))

@@ -20,6 +20,8 @@ import time
 from collections.abc import Awaitable, Callable, Hashable
 from typing import Protocol, TypeVar, cast
 
+from controller import errors
+
 NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
 POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"
 NEGATIVE_TTL_S = 5.0
@@ -29,28 +31,10 @@ MAX_ENTRIES = 50_000
 T = TypeVar("T")
 
 
-class AuthError(Exception):
-    """Base of authentication and authorisation failures."""
-
-    status = 401
-
-
-class Unauthenticated(AuthError):  # noqa: N818  (an HTTP outcome, named as the status reads)
-    """No token, or a token the API server does not accept."""
-
-    status = 401
-
-
-class Forbidden(AuthError):  # noqa: N818
-    """A known identity without the permission the call needs."""
-
-    status = 403
-
-
-class ReviewUnavailable(AuthError):  # noqa: N818
+class ReviewUnavailable(errors.Unavailable):
     """The API server could not be asked; the caller may retry."""
 
-    status = 503
+    default_code = "ReviewUnavailable"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,14 +146,14 @@ class _TTLCache:
 
 
 def bearer_token(header: str | None) -> str:
-    """The token of an `Authorization: Bearer <token>` header; Unauthenticated otherwise."""
+    """The token of an `Authorization: Bearer <token>` header; errors.Unauthenticated otherwise."""
     if not header or not header.startswith("Bearer "):
         msg = "missing bearer token: send `Authorization: Bearer <token>`"
-        raise Unauthenticated(msg)
+        raise errors.Unauthenticated(msg)
     token = header.removeprefix("Bearer ").strip()
     if not token:
         msg = "empty bearer token"
-        raise Unauthenticated(msg)
+        raise errors.Unauthenticated(msg)
     return token
 
 
@@ -212,7 +196,7 @@ class Authenticator:
         )
         if identity is None:
             msg = "token rejected by the API server (expired, revoked or wrong audience)"
-            raise Unauthenticated(msg)
+            raise errors.Unauthenticated(msg)
         return identity
 
     async def authorize(self, identity: Identity, access: Access) -> None:
@@ -230,7 +214,7 @@ class Authenticator:
             )
             group = f".{access.group}" if access.group else ""
             msg = f"{identity.username} may not {access.verb} {res}{group}{where}"
-            raise Forbidden(msg)
+            raise errors.Forbidden(msg)
 
 
 def agent_username(namespace: str, service_account: str) -> str:
@@ -242,11 +226,11 @@ def check_heartbeat_sender(identity: Identity, expected_user: str, node_name: st
     """Accept a heartbeat only from the agent ServiceAccount bound to a pod on that node."""
     if identity.username != expected_user:
         msg = f"{identity.username} is not the agent ServiceAccount ({expected_user})"
-        raise Forbidden(msg)
+        raise errors.Forbidden(msg)
     bound = identity.node_name
     if bound is None:
         msg = "the token is not bound to a pod on a node; use a projected ServiceAccount token"
-        raise Forbidden(msg)
+        raise errors.Forbidden(msg)
     if bound != node_name:
         msg = f"a token bound to node {bound} may not report for node {node_name}"
-        raise Forbidden(msg)
+        raise errors.Forbidden(msg)

@@ -1,114 +1,126 @@
-"""Domain errors and the one middleware that maps them to HTTP answers.
+"""The controller's errors: one base, a few kinds, and nothing about HTTP.
 
-Every error body is `{"error": {"code", "message", "field"}}` (DESIGN.md section 4). Nothing a
-client sends can make a handler answer 500: validation problems are 4xx naming the field, and
-an unexpected exception is logged once with the request id and answered 500 without details.
+Domain code raises a kind (`Invalid`, `NotFound`, `Conflict`, `Forbidden`, `Unavailable`…)
+with a message, the field it concerns and, where a client branches on it, a specific code
+(`NotResumable`, `StaleAttempt`). One table in the error middleware (`controller.serving`)
+maps each kind to its HTTP status; no handler builds an error response or picks a status
+itself. `Unavailable` is the retryable kind: the client may try again, the same request
+may succeed. Every other kind is permanent for that request.
+
+Internal parse errors of damaged records on the cluster (a Node's history annotation) stay
+`ValueError`s: they are reported as problems of the record and never reach a client.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
-import random
-from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import pydantic
-import structlog
-from aiohttp import web
-from aiohttp.typedefs import Middleware
-
-from controller import auth, leading
-
-log = structlog.get_logger()
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-class ApiError(Exception):
-    """An error with an HTTP status, a stable code and the field it concerns."""
+class ControllerError(Exception):
+    """Base of every error the controller raises on purpose."""
 
-    def __init__(self, status: int, code: str, message: str, field: str = "", **extra: Any) -> None:
+    default_code: ClassVar[str] = "Error"
+    """The stable code clients read when an instance names none of its own."""
+
+    def __init__(self, message: str, *, field: str = "", code: str = "", **extra: Any) -> None:
         super().__init__(message)
-        self.status = status
-        self.code = code
         self.message = message
         self.field = field
+        self.code = code or type(self).default_code
         self.extra = extra
+        """More members of the error body, such as `leaderUrl` or `problems`."""
 
 
-def error_response(
-    status: int, code: str, message: str, field: str = "", **extra: Any
-) -> web.Response:
-    """Build the JSON error body every handler uses."""
-    body = {"error": {"code": code, "message": message, "field": field}, **extra}
-    return web.json_response(body, status=status)
+class Invalid(ControllerError):  # noqa: N818  (the kinds read as outcomes: Invalid, NotFound)
+    """The request is well formed but a value in it is not acceptable."""
+
+    default_code = "Invalid"
 
 
-def validation_error(err: pydantic.ValidationError, status: int = 422) -> ApiError:
-    """Turn a pydantic error into a 4xx naming the first field (all problems listed)."""
+class InvalidParameter(Invalid):
+    """A path or query parameter is not acceptable."""
+
+    default_code = "Invalid"
+
+
+class Malformed(Invalid):
+    """The body cannot be read at all (not UTF-8, not JSON, empty)."""
+
+    default_code = "Malformed"
+
+
+class TooLarge(Invalid):
+    """The body exceeds its limit."""
+
+    default_code = "TooLarge"
+
+
+class UnsupportedMediaType(Invalid):
+    """The body's Content-Type is not one the call reads."""
+
+    default_code = "UnsupportedMediaType"
+
+
+class Unauthenticated(ControllerError):  # noqa: N818  (an outcome, named as clients read it)
+    """No token, or a token the API server does not accept."""
+
+    default_code = "Unauthenticated"
+
+
+class Forbidden(ControllerError):  # noqa: N818
+    """A known identity without the permission the call needs."""
+
+    default_code = "Forbidden"
+
+
+class NotFound(ControllerError):  # noqa: N818
+    """What the call names does not exist (or is not this caller's to see)."""
+
+    default_code = "NotFound"
+
+
+class Conflict(ControllerError):  # noqa: N818
+    """The object's current state does not allow the call."""
+
+    default_code = "Conflict"
+
+
+class TooManyRequests(ControllerError):  # noqa: N818
+    """The caller is over a limit; it may retry later."""
+
+    default_code = "TooManyRequests"
+
+
+class Unavailable(ControllerError):  # noqa: N818
+    """This replica cannot serve the call right now (starting, not the leader, the API
+    server unreachable); retrying, here or elsewhere, may succeed."""
+
+    default_code = "Unavailable"
+
+
+def validation_error(err: pydantic.ValidationError) -> Invalid:
+    """Turn a pydantic error into `Invalid` naming the first field (all problems listed)."""
     problems = []
     for e in err.errors(include_url=False):
         loc = ".".join(str(p) for p in e["loc"])
         problems.append({"field": loc, "message": e["msg"]})
     first = problems[0] if problems else {"field": "", "message": "invalid"}
     msg = f"{first['field']}: {first['message']}" if first["field"] else first["message"]
-    return ApiError(status, "Invalid", msg, first["field"], problems=problems)
+    return Invalid(msg, field=first["field"], problems=problems)
 
 
 def read_json(raw: bytes) -> Any:
-    """Parse a JSON body, answering 400 with the position of the problem."""
+    """Parse a JSON body; `Malformed` with the position of the problem."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as err:
         msg = f"body is not UTF-8 (byte {err.start})"
-        raise ApiError(400, "Malformed", msg) from err
+        raise Malformed(msg) from err
     try:
         return json.loads(text)
     except json.JSONDecodeError as err:
         msg = f"body is not valid JSON: {err.msg} at line {err.lineno} column {err.colno}"
-        raise ApiError(400, "Malformed", msg) from err
-
-
-def make_middleware(timeout_s: float) -> Middleware:
-    """Return the error middleware: request id, timeout, domain errors to HTTP."""
-
-    @web.middleware
-    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        # Not uuid4: it reads os.urandom, a system call per request, measurable on the
-        # heartbeat path. A request id needs to be unique enough to grep, not secret.
-        request_id = request.headers.get("X-Request-Id") or f"{random.getrandbits(64):016x}"
-        structlog.contextvars.bind_contextvars(request_id=request_id)
-        try:
-            streaming = request.path.endswith("/logs")
-            if streaming:
-                resp = await handler(request)
-            else:
-                async with asyncio.timeout(timeout_s):
-                    resp = await handler(request)
-        except ApiError as err:
-            resp = error_response(err.status, err.code, err.message, err.field, **err.extra)
-        except auth.AuthError as err:
-            code = type(err).__name__
-            resp = error_response(err.status, code, str(err))
-            if err.status == 401:
-                resp.headers["WWW-Authenticate"] = 'Bearer realm="taugrid"'
-        except leading.NotLeaderError as err:
-            resp = error_response(503, "NotLeader", str(err))
-        except TimeoutError:
-            resp = error_response(504, "Timeout", f"the request took longer than {timeout_s:.0f}s")
-        except web.HTTPException as err:
-            if err.status < 400:
-                raise
-            resp = error_response(err.status, err.reason.replace(" ", ""), err.text or err.reason)
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            log.exception("unhandled error", path=request.path, method=request.method)
-            resp = error_response(500, "Internal", f"internal error; request id {request_id}")
-        finally:
-            structlog.contextvars.unbind_contextvars("request_id")
-        resp.headers["X-Request-Id"] = request_id
-        return resp
-
-    return middleware
+        raise Malformed(msg) from err

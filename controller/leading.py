@@ -22,9 +22,17 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
+import structlog
 
-class NotLeaderError(Exception):
+from controller import errors
+
+log = structlog.get_logger()
+
+
+class NotLeaderError(errors.Unavailable):
     """A write was attempted by a replica that does not hold the lease right now."""
+
+    default_code = "NotLeader"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -221,3 +229,48 @@ class Elector:
         # Best effort: if this fails the lease simply expires.
         with contextlib.suppress(Exception):
             await self.store.write(expired_rec, create=False)
+
+
+async def run_passes(
+    loop: str,
+    pass_once: Callable[[], Awaitable[float | None]],
+    *,
+    wake: asyncio.Event,
+    interval_s: float,
+    elector: Elector,
+    failures: Callable[[str], None],
+    ready: Callable[[], bool] = lambda: True,
+    on_follower: Callable[[], None] | None = None,
+    min_gap_s: float = 0.0,
+) -> None:
+    """Run a control loop's passes while leading, until cancelled: the one shape the
+    quarantine, admission and run loops share.
+
+    The wake event is cleared before each pass, so a poke that arrives during a pass asks
+    for another. A pass returns the seconds until it is due again (None: the interval). A
+    pass that fails is logged with its traceback and counted (`failures(loop)`), and the
+    next one retries; losing the lease mid-pass is expected and only logged. `min_gap_s`
+    spaces passes that pokes would otherwise run back to back.
+    """
+    while True:
+        wake.clear()
+        delay = interval_s
+        if elector.is_leader() and ready():
+            try:
+                due = await pass_once()
+                if due is not None:
+                    delay = min(delay, max(due, 0.01))
+            except asyncio.CancelledError:
+                raise
+            except NotLeaderError:
+                log.warning("pass_lost_lease", loop=loop)
+            except Exception:
+                log.exception("pass_failed", loop=loop)
+                failures(loop)
+        elif on_follower is not None:
+            on_follower()
+        if min_gap_s:
+            await asyncio.sleep(min(min_gap_s, delay))
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(delay):
+                await wake.wait()

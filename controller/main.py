@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
+import signal
 import ssl
 import sys
 from collections.abc import AsyncIterator, Callable, Coroutine
@@ -14,7 +15,7 @@ import pydantic
 from aiohttp import web
 
 from controller import app as controller_app
-from controller import certs
+from controller import certs, serving
 from controller.settings import ControllerSettings
 from shared import logs
 
@@ -43,6 +44,38 @@ def _background(
     return ctx
 
 
+async def serve(
+    app: web.Application,
+    settings: ControllerSettings,
+    stop: asyncio.Event,
+    *,
+    ssl_context: ssl.SSLContext | None = None,
+) -> None:
+    """Serve `app` until `stop` is set; then readiness goes false, and only after
+    `shutdown_grace_s` do the listeners close and the cleanup contexts stop the loops."""
+    runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=10.0)
+    await runner.setup()
+    site = web.TCPSite(runner, settings.host, settings.port, ssl_context=ssl_context)
+    await site.start()
+    try:
+        await stop.wait()
+        if serving.SERVING in app:
+            app[serving.SERVING].ready = False
+        await asyncio.sleep(settings.shutdown_grace_s)
+    finally:
+        await runner.cleanup()
+
+
+async def _run(
+    app: web.Application, settings: ControllerSettings, context: ssl.SSLContext | None
+) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await serve(app, settings, stop, ssl_context=context)
+
+
 def main() -> int:
     """Start the controller; exit 2 on bad settings."""
     try:
@@ -50,7 +83,7 @@ def main() -> int:
     except pydantic.ValidationError as err:
         print(f"invalid settings:\n{err}", file=sys.stderr)
         return 2
-    logs.setup("controller")
+    logs.setup("controller", level=settings.log_level, json=settings.log_json)
     context: ssl.SSLContext | None = None
     app = controller_app.make_app(settings)
     if settings.tls_cert_file:
@@ -65,15 +98,7 @@ def main() -> int:
             file=sys.stderr,
         )
         return 2
-    web.run_app(
-        app,
-        host=settings.host,
-        port=settings.port,
-        ssl_context=context,
-        shutdown_timeout=10.0,
-        access_log=None,
-        print=None,
-    )
+    asyncio.run(_run(app, settings, context))
     return 0
 
 

@@ -34,6 +34,7 @@ class ControllerMetrics:
     run_submissions: prom.Counter
     admission_decisions: prom.Counter
     admission_check_active: prom.Gauge
+    pass_failures: prom.Counter
 
 
 def make_metrics() -> ControllerMetrics:
@@ -147,6 +148,12 @@ def make_metrics() -> ControllerMetrics:
             "taugrid_admission_decisions",
             "States the gpu-health admission check wrote on Workloads (Ready, Retry, Pending).",
             ["state"],
+            registry=r,
+        ),
+        pass_failures=prom.Counter(
+            "taugrid_pass_failures",
+            "Passes of a control loop (quarantine, admission, runs) that failed and were retried.",
+            ["loop"],
             registry=r,
         ),
         admission_check_active=prom.Gauge(

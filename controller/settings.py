@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import pydantic
 import pydantic_settings
 
@@ -79,6 +81,13 @@ class ControllerSettings(pydantic_settings.BaseSettings):
     """Request bodies above this are refused with 413 (DESIGN.md section 4: 1 MiB)."""
     handler_timeout_s: float = pydantic.Field(default=30.0, gt=0)
     """Every non-streaming handler gives up after this long with 504."""
+    shutdown_grace_s: float = pydantic.Field(default=5.0, ge=0)
+    """On SIGTERM, seconds between readiness going false and the listeners closing: the
+    time the endpoints controller needs to take this replica out of its Services."""
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    """structlog level."""
+    log_json: bool | None = None
+    """JSON logs (None: JSON unless stderr is a terminal)."""
 
     dry_run: bool = False
     """Start in dry-run mode: decide and record, but change no node. Settable at runtime."""
@@ -92,8 +101,15 @@ class ControllerSettings(pydantic_settings.BaseSettings):
     """Sliding window for the breaker (5 min, as NVSentinel's default)."""
     breaker_healthy_close_s: float = pydantic.Field(default=1800.0, gt=0)
     """An open breaker closes on its own after the fleet has been healthy this long."""
+    breaker_min_nodes: int = pydantic.Field(default=2, ge=1)
+    """The breaker never opens for fewer nodes than this: one node is a fault, not a storm."""
     stale_multiplier: float = pydantic.Field(default=3.0, gt=1)
-    """A node is stale after this many of its agent's heartbeat intervals without a report."""
+    """A node is stale after this many of its agent's heartbeat intervals without a report;
+    3 tolerates two lost reports in a row."""
+    default_interval_s: float = pydantic.Field(default=10.0, gt=0)
+    """The agent interval assumed for a node that never reported to this leader (once it
+    reports, its own `intervalS` counts). 10 s is twice the agent's default, so a new leader
+    waits longer, not shorter, before it calls such a node silent."""
     stale_quarantine_after_s: float = pydantic.Field(default=600.0, ge=0)
     """A stale node is quarantined only after being stale this long (10 min, like the clouds'
     NotReady repair waits): silence is weaker evidence than a fault."""

@@ -21,6 +21,9 @@ from aiohttp import web
 from kubernetes_asyncio import client
 
 from controller import app as controller_app
+from controller import serving
+from controller.admission import admitting
+from controller.fleet import api as fleet_api
 from controller.settings import ControllerSettings
 from devcluster import cluster
 from shared import health, heartbeat
@@ -46,8 +49,16 @@ class RunningController:
     settings: ControllerSettings
 
     @property
-    def state(self) -> controller_app.ControllerState:
-        return self.app[controller_app.STATE]
+    def serving(self) -> serving.ServingState:
+        return self.app[serving.SERVING]
+
+    @property
+    def fleet(self) -> fleet_api.FleetContext:
+        return self.app[fleet_api.FLEET]
+
+    @property
+    def gate(self) -> admitting.Gate:
+        return self.app[controller_app.GATE]
 
     async def stop(self) -> None:
         await self.runner.cleanup()
@@ -99,9 +110,9 @@ async def wait_leader(*replicas: RunningController) -> RunningController:
     """Poll until one replica leads and its node cache is synced; return it."""
 
     async def probe() -> RunningController:
-        leaders = [r for r in replicas if r.state.elector.is_leader()]
+        leaders = [r for r in replicas if r.serving.elector.is_leader()]
         assert len(leaders) == 1, f"{len(leaders)} leaders"
-        assert leaders[0].state.cache.synced.is_set(), "node cache not synced"
+        assert leaders[0].fleet.cache.synced.is_set(), "node cache not synced"
         return leaders[0]
 
     return await support.eventually(probe, what="a leader")

@@ -7,7 +7,7 @@ Each pass, on the leader only:
    inactive check);
 3. lists the ClusterQueues whose `admissionChecksStrategy` names the check and every
    Workload; when some Workload admitted through one of them waits on our check, it lists
-   nodes, pods, ResourceFlavors and the runs' Jobs/RayJobs, asks the pure `gating.plan`
+   nodes, pods, ResourceFlavors and the runs' Jobs/RayJobs, asks the pure `policy.plan`
    what each check should say, and applies only the differences.
 
 Level-triggered: nothing depends on which event woke the pass. A pass runs every
@@ -20,7 +20,6 @@ wrote per Workload is kept in memory for the run reconciler (`message_for`).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime as dt
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -29,7 +28,7 @@ import structlog
 
 from controller import leading, marks
 from controller import metrics as metrics_mod
-from controller.admission import gating
+from controller.admission import policy, views
 from controller.kube import admission as kube_admission
 
 log = structlog.get_logger()
@@ -53,7 +52,7 @@ class Gate:
         metrics: metrics_mod.ControllerMetrics,
         *,
         check: str = marks.DEFAULT_ADMISSION_CHECK,
-        retry_after_s: float = gating.DEFAULT_RETRY_AFTER_S,
+        retry_after_s: float = views.DEFAULT_RETRY_AFTER_S,
         pass_interval_s: float = 1.0,
         controller_name: str = marks.ADMISSION_CHECK_CONTROLLER,
         clock: Callable[[], dt.datetime] = _now,
@@ -87,36 +86,29 @@ class Gate:
 
     async def run(self) -> None:
         """Pass after pass until cancelled; an API failure costs one pass, never the loop."""
-        while True:
-            self._wake.clear()  # before the pass: a poke during it asks for another
-            if self.elector.is_leader():
-                try:
-                    await self.pass_once()
-                except asyncio.CancelledError:
-                    raise
-                except leading.NotLeaderError:
-                    log.warning("lost the lease during an admission pass; stopping writes")
-                except Exception as err:  # noqa: BLE001  (any API failure: next pass retries)
-                    log.warning("admission pass failed", check=self.check, error=repr(err))
-            else:
-                self.metrics.admission_check_active.set(0)
-            await asyncio.sleep(min(MIN_PASS_GAP_S, self.pass_interval_s))
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.pass_interval_s)
+        await leading.run_passes(
+            "admission", self._pass, wake=self._wake, interval_s=self.pass_interval_s,
+            elector=self.elector, min_gap_s=MIN_PASS_GAP_S,
+            on_follower=lambda: self.metrics.admission_check_active.set(0),
+            failures=lambda loop: self.metrics.pass_failures.labels(loop).inc(),
+        )  # fmt: skip
+
+    async def _pass(self) -> None:
+        await self.pass_once()
 
     # ------------------------------------------------------------------ one pass
     async def pass_once(self) -> None:
         """Keep the check Active and answer every Workload waiting on it."""
         now = self._clock()
         raw_check = await self.store.get_admission_check(self.check)
-        if raw_check is None or not gating.owns_check(raw_check, self.controller_name):
+        if raw_check is None or not policy.owns_check(raw_check, self.controller_name):
             self._refuse(raw_check)
             return
         self._refusal = ""
         await self._keep_active(raw_check, now)
-        queues = gating.queues_with_check(await self.store.list_kueue("clusterqueues"), self.check)
+        queues = policy.queues_with_check(await self.store.list_kueue("clusterqueues"), self.check)
         raw_workloads = await self.store.list_kueue("workloads")
-        seen = [gating.parse_workload(w) for w in raw_workloads]
+        seen = [views.parse_workload(w) for w in raw_workloads]
         self._forget({(w.namespace, w.name) for w in seen})
         if not queues or not any(self._waits(w, queues) for w in seen):
             return
@@ -124,14 +116,14 @@ class Gate:
         raw_pods = await self.store.list_pods()
         raw_flavors = await self.store.list_kueue("resourceflavors")
         owners = await self.store.owner_labels()
-        parsed = (gating.parse_workload(r, owners.get(gating.owner_ref(r))) for r in raw_workloads)
+        parsed = (views.parse_workload(r, owners.get(views.owner_ref(r))) for r in raw_workloads)
         workloads = {(w.namespace, w.name): w for w in parsed}
-        flavors = {f.name: f for f in map(gating.parse_flavor, raw_flavors)}
-        decisions = gating.plan(
+        flavors = {f.name: f for f in map(views.parse_flavor, raw_flavors)}
+        decisions = policy.plan(
             list(workloads.values()),
-            [gating.parse_node(n) for n in raw_nodes],
+            [views.parse_node(n) for n in raw_nodes],
             flavors,
-            [gating.parse_pod(p) for p in raw_pods],
+            [views.parse_pod(p) for p in raw_pods],
             now,
             check=self.check,
             retry_after_s=self.retry_after_s,
@@ -140,12 +132,12 @@ class Gate:
         for key, decision in decisions.items():
             await self._write(workloads[key], decision)
 
-    def _waits(self, w: gating.Workload, queues: frozenset[str]) -> bool:
+    def _waits(self, w: views.Workload, queues: frozenset[str]) -> bool:
         """Whether the Workload may need a decision: cheap, before the expensive lists."""
         ours = w.check(self.check)
         return (
             ours is not None
-            and ours.state in {gating.CheckState.PENDING, ""}
+            and ours.state in {views.CheckState.PENDING, ""}
             and w.cluster_queue in queues
             and w.quota_reserved
             and not (w.evicted or w.finished or w.admitted)
@@ -165,7 +157,7 @@ class Gate:
 
     async def _keep_active(self, raw_check: Mapping[str, Any], now: dt.datetime) -> None:
         message = f"answered by the TauGrid controller {self.elector.identity}"
-        condition = gating.active_condition(raw_check, now, message)
+        condition = policy.active_condition(raw_check, now, message)
         if condition is not None:
             self.elector.ensure_leader()
             if await self.store.apply_active(self.check, condition) is None:
@@ -180,15 +172,15 @@ class Gate:
             for key in [k for k in memory if k not in present]:
                 del memory[key]
 
-    async def _write(self, w: gating.Workload, decision: gating.Decision) -> None:
+    async def _write(self, w: views.Workload, decision: policy.Decision) -> None:
         self.elector.ensure_leader()
-        body = gating.check_state_body(self.check, decision)
+        body = policy.check_state_body(self.check, decision)
         written = await self.store.apply_check_state(w.namespace, w.name, w.resource_version, body)
         if written is None:
             self.poke()  # changed since we read it (or gone): the next pass decides again
             return
         key = (w.namespace, w.name)
-        if decision.state == gating.CheckState.READY:
+        if decision.state == views.CheckState.READY:
             self._messages.pop(key, None)  # a Ready check holds nothing back
         else:
             self._messages[key] = decision.message
@@ -196,7 +188,7 @@ class Gate:
         log.info("admission decision", workload=f"{w.namespace}/{w.name}", check=self.check,
                  state=str(decision.state), reason=decision.message, run=w.run or None,
                  attempt=w.attempt)  # fmt: skip
-        if decision.state == gating.CheckState.RETRY and self._evented.get(key) != decision.message:
+        if decision.state == views.CheckState.RETRY and self._evented.get(key) != decision.message:
             self._evented[key] = decision.message
             await self.store.workload_event(w.namespace, w.name, w.uid, RETRY_EVENT_REASON,
                                             decision.message, warning=True)  # fmt: skip

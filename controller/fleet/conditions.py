@@ -24,7 +24,7 @@ from collections.abc import Mapping, MutableSequence
 from typing import Any, Literal
 
 from controller import marks, timestamps
-from controller.fleet import history, nodes, policy
+from controller.fleet import actions, history, nodes
 
 MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
@@ -99,14 +99,14 @@ def condition_patch(
 
 
 def patch_for(
-    action: policy.NodeAction, node: Mapping[str, Any], now: dt.datetime
+    action: actions.NodeAction, node: Mapping[str, Any], now: dt.datetime
 ) -> NodePatch | None:
     """Return the minimal patch that carries out `action` on `node`, or None when done."""
-    if isinstance(action, policy.SetCondition):
+    if isinstance(action, actions.SetCondition):
         return condition_patch(node, action.condition, now)
     view = nodes.parse(node)
     wanted = _Changes(node)
-    if isinstance(action, policy.Quarantine):
+    if isinstance(action, actions.Quarantine):
         record = action.record
         wanted.taint(present=True)
         if action.cordon and not view.unschedulable:
@@ -121,7 +121,7 @@ def patch_for(
             }
         )
         entry = history.Entry(now, action.kind.value, record.reason, record.by, action.message)
-    elif isinstance(action, policy.UpdateQuarantine):
+    elif isinstance(action, actions.UpdateQuarantine):
         if view.quarantine is None:
             return None
         wanted.annotate({marks.QUARANTINE_ANNOTATION: action.record.to_annotation()})
@@ -133,14 +133,14 @@ def patch_for(
             f"clears with {action.record.clears_with.value}; "
             f"evict after {timestamps.rfc3339_exact(action.record.evict_after) or 'never'}",
         )
-    elif isinstance(action, policy.RestoreTaint):
+    elif isinstance(action, actions.RestoreTaint):
         if view.quarantine is None:
             return None
         wanted.taint(present=True)
         entry = history.Entry(
             now, action.kind.value, view.quarantine.reason, marks.CONTROLLER_IDENTITY
         )
-    elif isinstance(action, policy.EvictGpuPods):
+    elif isinstance(action, actions.EvictGpuPods):
         current = view.quarantine
         if current is None or current.evicted_at is not None:
             return None
@@ -153,12 +153,12 @@ def patch_for(
             marks.CONTROLLER_IDENTITY,
             f"due since {timestamps.rfc3339_exact(action.deadline)}",
         )
-    elif isinstance(action, policy.Release):
+    elif isinstance(action, actions.Release):
         _end_quarantine(wanted, view, uncordon=action.uncordon)
         entry = history.Entry(
             now, action.kind.value, action.reason, marks.CONTROLLER_IDENTITY, action.message
         )
-    elif isinstance(action, policy.ManualRelease):
+    elif isinstance(action, actions.ManualRelease):
         _end_quarantine(wanted, view, uncordon=action.uncordon)
         wanted.annotate(
             {marks.RELEASED_FAULTS_ANNOTATION: nodes.render_released(action.released_faults)}

@@ -20,261 +20,83 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import enum
 import math
 from collections.abc import Iterable, Mapping
-from typing import ClassVar
 
 import pydantic
 from pydantic import alias_generators
 
-from controller import marks, timestamps
-from controller.fleet import nodes, state
+from controller import errors, marks, timestamps
+from controller.fleet import actions, nodes, state
+from controller.settings import ControllerSettings
 
 
 class Settings(pydantic.BaseModel):
-    """Every limit of the quarantine policy; all are settings so tests can size them to a fleet."""
+    """Every limit of the quarantine policy, as the pure core takes it.
+
+    No field has a default: the process settings (`ControllerSettings`, documented in
+    docs/quarantine.md and the chart) are the one source of truth, translated once by
+    `settings_from`; tests size every limit to their fleet explicitly.
+    """
 
     model_config = pydantic.ConfigDict(
-        frozen=True,
-        extra="forbid",
-        alias_generator=alias_generators.to_camel,
+        frozen=True, extra="forbid", alias_generator=alias_generators.to_camel,
         populate_by_name=True,
-        use_attribute_docstrings=True,
-    )
+    )  # fmt: skip
 
-    stale_multiplier: float = pydantic.Field(default=state.DEFAULT_STALE_MULTIPLIER, gt=0)
-    """staleAfter = this × the agent's `intervalS`; 3 tolerates two lost reports in a row."""
-    default_interval_s: float = pydantic.Field(default=10.0, gt=0)
+    stale_multiplier: float = pydantic.Field(gt=0)
+    """staleAfter = this × the agent's `intervalS`."""
+    default_interval_s: float = pydantic.Field(gt=0)
     """Seconds; the agent interval assumed for a node that never reported to this leader."""
-    stale_quarantine_after_s: float = pydantic.Field(default=600.0, ge=0)
-    """Seconds a node stays stale (Unknown) before it is quarantined; 10 min, as AKS and GKE
-    wait about that long for a silent node, so a restarting agent never costs a quarantine."""
-    failed_evict_grace_s: float = pydantic.Field(default=60.0, ge=0)
-    """Seconds between quarantining a Failed node and evicting its GPU pods, so a job that was
-    told about the fault can write a checkpoint (NVSentinel's Immediate mode waits 60 s)."""
-    degraded_drain_after_s: float = pydantic.Field(default=1800.0, ge=0)
+    stale_quarantine_after_s: float = pydantic.Field(ge=0)
+    """Seconds a node stays stale (Unknown) before it is quarantined."""
+    evict_grace_s: float = pydantic.Field(ge=0)
+    """Seconds between quarantining a Failed node and evicting its GPU pods."""
+    degraded_drain_after_s: float = pydantic.Field(ge=0)
     """Seconds running work may continue on a Degraded node before its GPU pods are evicted."""
-    release_after_s: float = pydantic.Field(default=300.0, ge=0)
+    release_after_s: float = pydantic.Field(ge=0)
     """Seconds of fresh healthy reports, after the clearing condition, before release."""
-    max_quarantined: int | None = pydantic.Field(default=None, ge=1)
-    """Absolute cap on nodes quarantined automatically at once; None uses the percentage."""
-    max_quarantined_percent: float = pydantic.Field(default=20.0, gt=0, le=100)
-    """Cap as a percentage of managed GPU nodes (at least 1 node), as EKS and Karpenter do."""
-    breaker_percent: float = pydantic.Field(default=50.0, gt=0, le=100)
+    max_quarantined: int | None = pydantic.Field(ge=1)
+    """Absolute cap on nodes quarantined automatically at once; None uses the fraction."""
+    max_quarantined_fraction: float = pydantic.Field(gt=0, le=1)
+    """Cap as a share of managed GPU nodes (at least 1 node)."""
+    breaker_percent: float = pydantic.Field(gt=0, le=100)
     """The breaker opens when more than this share of managed GPU nodes turned bad or stale
-    inside the window (NVSentinel's default)."""
-    breaker_window_s: float = pydantic.Field(default=300.0, gt=0)
+    inside the window."""
+    breaker_window_s: float = pydantic.Field(gt=0)
     """Seconds of the breaker's sliding window."""
-    breaker_min_nodes: int = pydantic.Field(default=2, ge=1)
+    breaker_min_nodes: int = pydantic.Field(ge=1)
     """The breaker never opens for fewer nodes than this: one node is a fault, not a storm."""
-    breaker_close_after_s: float = pydantic.Field(default=300.0, gt=0)
+    breaker_healthy_close_s: float = pydantic.Field(gt=0)
     """Seconds the fleet must stay healthy (every bad node contained, none silent) before an
     open breaker closes by itself."""
-    dry_run: bool = False
+    dry_run: bool
     """Decide and report, but write nothing to any node (settable at runtime)."""
 
     def limit_for(self, gpu_nodes: int) -> int:
         """Return maxQuarantined for a fleet of `gpu_nodes` managed GPU nodes."""
         if self.max_quarantined is not None:
             return self.max_quarantined
-        return max(1, math.floor(gpu_nodes * self.max_quarantined_percent / 100))
+        return max(1, math.floor(gpu_nodes * self.max_quarantined_fraction))
 
 
-class BreakerState(pydantic.BaseModel):
-    """The circuit breaker's memory between passes; the shell keeps it (and may persist it)."""
-
-    model_config = pydantic.ConfigDict(
-        frozen=True,
-        extra="forbid",
-        alias_generator=alias_generators.to_camel,
-        populate_by_name=True,
-        use_attribute_docstrings=True,
+def settings_from(process: ControllerSettings) -> Settings:
+    """The policy's settings from the process settings, field for field."""
+    return Settings(
+        stale_multiplier=process.stale_multiplier,
+        default_interval_s=process.default_interval_s,
+        stale_quarantine_after_s=process.stale_quarantine_after_s,
+        evict_grace_s=process.evict_grace_s,
+        degraded_drain_after_s=process.degraded_drain_after_s,
+        release_after_s=process.release_after_s,
+        max_quarantined=process.max_quarantined,
+        max_quarantined_fraction=process.max_quarantined_fraction,
+        breaker_percent=process.breaker_percent,
+        breaker_window_s=process.breaker_window_s,
+        breaker_min_nodes=process.breaker_min_nodes,
+        breaker_healthy_close_s=process.breaker_healthy_close_s,
+        dry_run=process.dry_run,
     )
-
-    open: bool = False
-    opened_at: dt.datetime | None = None
-    message: str = ""
-    """Why it opened, naming the count, the share and some of the nodes."""
-    reset_at: dt.datetime | None = None
-    """Last close (reset or automatic): nodes that turned bad before it do not count again."""
-    reset_by: str = ""
-    fleet_healthy_since: dt.datetime | None = None
-    """While open: start of the current spell of a contained, fully reporting fleet."""
-
-
-class SkipReason(enum.StrEnum):
-    """Why an action the policy wanted was not taken."""
-
-    DRY_RUN = "DryRun"
-    BREAKER_OPEN = "BreakerOpen"
-    MAX_QUARANTINED = "MaxQuarantined"
-
-
-class ActionKind(enum.StrEnum):
-    """Action names, as metrics labels, Event reasons and history entries use them."""
-
-    SET_CONDITION = "SetCondition"
-    QUARANTINE = "Quarantine"
-    UPDATE_QUARANTINE = "UpdateQuarantine"
-    RESTORE_TAINT = "RestoreTaint"
-    EVICT_GPU_PODS = "EvictGpuPods"
-    RELEASE = "Release"
-    MANUAL_RELEASE = "ManualRelease"
-    FORGET_MANUAL_RELEASE = "ForgetManualRelease"
-    OPEN_BREAKER = "OpenBreaker"
-    CLOSE_BREAKER = "CloseBreaker"
-    SKIPPED = "Skipped"
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class SetCondition:
-    """Write the `GPUHealthy` condition (its transition time moves only with its status)."""
-
-    kind: ClassVar[ActionKind] = ActionKind.SET_CONDITION
-    node: str
-    condition: nodes.Condition
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Quarantine:
-    """Taint, cordon (unless someone else already did) and annotate the node, in one patch."""
-
-    kind: ClassVar[ActionKind] = ActionKind.QUARANTINE
-    node: str
-    record: nodes.QuarantineRecord
-    message: str
-    cordon: bool
-    """False when the node was already unschedulable: that cordon is not ours to undo."""
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class UpdateQuarantine:
-    """Rewrite the quarantine record: the fault escalated (stricter clearing, earlier drain)."""
-
-    kind: ClassVar[ActionKind] = ActionKind.UPDATE_QUARANTINE
-    node: str
-    record: nodes.QuarantineRecord
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class RestoreTaint:
-    """Put our taint back on a quarantined node it was removed from."""
-
-    kind: ClassVar[ActionKind] = ActionKind.RESTORE_TAINT
-    node: str
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class EvictGpuPods:
-    """Evict the node's GPU pods through the Eviction API; due since `deadline`.
-
-    Returned on every pass while it is due, so pods that survive one pass (a PDB said 429) are
-    retried; the actuator records only the first pass in the history (`first`).
-    """
-
-    kind: ClassVar[ActionKind] = ActionKind.EVICT_GPU_PODS
-    node: str
-    deadline: dt.datetime
-    reason: str
-    first: bool
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Release:
-    """Remove our taint and quarantine annotations; uncordon only if the cordon was ours."""
-
-    kind: ClassVar[ActionKind] = ActionKind.RELEASE
-    node: str
-    reason: str
-    message: str
-    uncordon: bool
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class ManualRelease:
-    """Record a release by a person (on-call API or `kubectl uncordon`) and end the quarantine.
-
-    `released_faults` are remembered on the node so they do not quarantine it again.
-    """
-
-    kind: ClassVar[ActionKind] = ActionKind.MANUAL_RELEASE
-    node: str
-    by: str
-    reason: str
-    released_faults: frozenset[state.FaultKey]
-    uncordon: bool
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class ForgetManualRelease:
-    """Drop the released-fault set: the node reported healthy, so any later fault is new."""
-
-    kind: ClassVar[ActionKind] = ActionKind.FORGET_MANUAL_RELEASE
-    node: str
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class OpenBreaker:
-    """The breaker opened on this pass: raise the metric and an Event."""
-
-    kind: ClassVar[ActionKind] = ActionKind.OPEN_BREAKER
-    message: str
-    nodes: tuple[str, ...]
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class CloseBreaker:
-    """The breaker closed on this pass (`FleetHealthy`, or `Reset` by an operator)."""
-
-    kind: ClassVar[ActionKind] = ActionKind.CLOSE_BREAKER
-    reason: str
-    by: str
-
-
-NodeAction = (
-    SetCondition
-    | Quarantine
-    | UpdateQuarantine
-    | RestoreTaint
-    | EvictGpuPods
-    | Release
-    | ManualRelease
-    | ForgetManualRelease
-)
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Skipped:
-    """An action the policy wanted but a safety limit held back; reported, never executed."""
-
-    kind: ClassVar[ActionKind] = ActionKind.SKIPPED
-    node: str
-    wanted: NodeAction
-    why: SkipReason
-
-
-Action = NodeAction | Skipped | OpenBreaker | CloseBreaker
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Decision:
-    """The outcome of one pass."""
-
-    actions: tuple[Action, ...]
-    breaker: BreakerState
-    """The breaker state to keep for the next pass (changes even without Open/Close actions)."""
-    next_deadline: dt.datetime | None
-    """The earliest future time a pass would decide differently with no new input."""
-    health: Mapping[str, state.NodeHealth]
-    """Health of every managed GPU node at `now`, for metrics and the on-call API."""
-    quarantined: int
-    """Nodes in automatic quarantine before this pass's actions."""
-    max_quarantined: int
-
-
-class ManualRequestError(ValueError):
-    """An on-call request the policy refuses; the message names the field."""
 
 
 _QUARANTINE_PRIORITY = {
@@ -290,9 +112,9 @@ def decide(
     fleet_state: state.FleetState,
     node_views: Iterable[nodes.NodeView],
     settings: Settings,
-    breaker: BreakerState,
+    breaker: actions.BreakerState,
     now: dt.datetime,
-) -> Decision:
+) -> actions.Decision:
     """Return what to do to every node now, and when to look again."""
     views = sorted(
         (v for v in node_views if v.managed and (v.is_gpu_node or v.name in fleet_state)),
@@ -303,10 +125,10 @@ def decide(
         for v in views
     }
     deadlines: list[dt.datetime] = []
-    actions: list[Action] = []
+    decided: list[actions.Action] = []
 
     breaker = _judge_breaker(
-        views, healths, settings, breaker, now=now, actions=actions, deadlines=deadlines
+        views, healths, settings, breaker, now=now, decided=decided, deadlines=deadlines
     )
 
     quarantined = sum(
@@ -315,7 +137,7 @@ def decide(
         if v.quarantine is not None and v.quarantine.mode is nodes.QuarantineMode.AUTOMATIC
     )
     limit = settings.limit_for(len(views))
-    candidates: list[tuple[tuple[int, dt.datetime, str], Quarantine]] = []
+    candidates: list[tuple[tuple[int, dt.datetime, str], actions.Quarantine]] = []
 
     for view in views:
         h = healths[view.name]
@@ -323,9 +145,9 @@ def decide(
             deadlines.append(h.stale_at)
         wanted = _desired_condition(h, view)
         if wanted is not None and not wanted.same_as(view.condition):
-            actions.append(SetCondition(view.name, wanted))
+            decided.append(actions.SetCondition(view.name, wanted))
         if view.quarantine is not None:
-            actions.extend(
+            decided.extend(
                 _keep_quarantine(
                     view,
                     view.quarantine,
@@ -337,11 +159,11 @@ def decide(
                 )
             )
             continue
-        candidate = _candidate(view, h, settings, now=now, actions=actions, deadlines=deadlines)
+        candidate = _candidate(view, h, settings, now=now, decided=decided, deadlines=deadlines)
         if candidate is None:
             continue
         if breaker.open:
-            actions.append(Skipped(view.name, candidate, SkipReason.BREAKER_OPEN))
+            decided.append(actions.Skipped(view.name, candidate, actions.SkipReason.BREAKER_OPEN))
             continue
         onset = h.bad_since or now
         candidates.append(((_QUARANTINE_PRIORITY[h.state], onset, view.name), candidate))
@@ -350,15 +172,17 @@ def decide(
     budget = max(0, limit - quarantined)
     for index, (_, candidate) in enumerate(candidates):
         if index < budget:
-            actions.append(candidate)
+            decided.append(candidate)
         else:
-            actions.append(Skipped(candidate.node, candidate, SkipReason.MAX_QUARANTINED))
+            decided.append(
+                actions.Skipped(candidate.node, candidate, actions.SkipReason.MAX_QUARANTINED)
+            )
 
     if settings.dry_run:
-        actions = [_dry(action) for action in actions]
+        decided = [_dry(action) for action in decided]
     future = [d for d in deadlines if d > now]
-    return Decision(
-        actions=tuple(actions),
+    return actions.Decision(
+        actions=tuple(decided),
         breaker=breaker,
         next_deadline=min(future) if future else None,
         health=healths,
@@ -367,12 +191,14 @@ def decide(
     )
 
 
-def reset_breaker(breaker: BreakerState, *, by: str, now: dt.datetime) -> BreakerState:
+def reset_breaker(
+    breaker: actions.BreakerState, *, by: str, now: dt.datetime
+) -> actions.BreakerState:
     """Close the breaker on an operator's request; earlier onsets will not open it again."""
     if not by.strip():
         msg = "by: the operator resetting the breaker must be named"
-        raise ManualRequestError(msg)
-    return BreakerState(open=False, reset_at=now, reset_by=by)
+        raise errors.Invalid(msg, field="by", code="Refused")
+    return actions.BreakerState(open=False, reset_at=now, reset_by=by)
 
 
 def manual_quarantine(
@@ -382,7 +208,7 @@ def manual_quarantine(
     by: str,
     reason: str,
     now: dt.datetime,
-) -> Quarantine:
+) -> actions.Quarantine:
     """Quarantine a node on an on-call engineer's order; only a manual release ends it.
 
     Not subject to dry run, the breaker or maxQuarantined: those limit automation, not people.
@@ -391,7 +217,7 @@ def manual_quarantine(
     _require_text("reason", reason)
     if not view.managed:
         msg = f"node: {view.name} is labelled {marks.MANAGED_LABEL}=false"
-        raise ManualRequestError(msg)
+        raise errors.Conflict(msg, field="node", code="Refused")
     record = nodes.QuarantineRecord(
         mode=nodes.QuarantineMode.MANUAL,
         by=by,
@@ -402,7 +228,9 @@ def manual_quarantine(
         faults=node_health.fault_keys if node_health else frozenset(),
         evict_after=None,
     )
-    return Quarantine(view.name, record, message=reason.strip(), cordon=not view.unschedulable)
+    return actions.Quarantine(
+        view.name, record, message=reason.strip(), cordon=not view.unschedulable
+    )
 
 
 def manual_release(
@@ -411,7 +239,7 @@ def manual_release(
     *,
     by: str,
     reason: str,
-) -> ManualRelease:
+) -> actions.ManualRelease:
     """Release a quarantined node on an on-call engineer's order, whatever cleared or not.
 
     The node's current faults are remembered as released: it is not quarantined again until a
@@ -421,11 +249,11 @@ def manual_release(
     _require_text("reason", reason)
     if view.quarantine is None and not view.tainted:
         msg = f"node: {view.name} is not quarantined by TauGrid"
-        raise ManualRequestError(msg)
+        raise errors.Conflict(msg, field="node", code="Refused")
     released = node_health.fault_keys if node_health else frozenset()
     if view.quarantine is not None:
         released |= view.quarantine.faults
-    return ManualRelease(
+    return actions.ManualRelease(
         view.name,
         by=by,
         reason=reason.strip(),
@@ -438,20 +266,24 @@ def _judge_breaker(
     views: list[nodes.NodeView],
     healths: Mapping[str, state.NodeHealth],
     settings: Settings,
-    breaker: BreakerState,
+    breaker: actions.BreakerState,
     *,
     now: dt.datetime,
-    actions: list[Action],
+    decided: list[actions.Action],
     deadlines: list[dt.datetime],
-) -> BreakerState:
+) -> actions.BreakerState:
     if breaker.open:
         if not all(_contained(v, healths[v.name]) for v in views):
             return breaker.model_copy(update={"fleet_healthy_since": None})
         healthy_since = breaker.fleet_healthy_since or now
-        closes_at = healthy_since + dt.timedelta(seconds=settings.breaker_close_after_s)
+        closes_at = healthy_since + dt.timedelta(seconds=settings.breaker_healthy_close_s)
         if now >= closes_at:
-            actions.append(CloseBreaker(reason="FleetHealthy", by=marks.CONTROLLER_IDENTITY))
-            return BreakerState(open=False, reset_at=now, reset_by=marks.CONTROLLER_IDENTITY)
+            decided.append(
+                actions.CloseBreaker(reason="FleetHealthy", by=marks.CONTROLLER_IDENTITY)
+            )
+            return actions.BreakerState(
+                open=False, reset_at=now, reset_by=marks.CONTROLLER_IDENTITY
+            )
         deadlines.append(closes_at)
         return breaker.model_copy(update={"fleet_healthy_since": healthy_since})
     window = dt.timedelta(seconds=settings.breaker_window_s)
@@ -470,8 +302,8 @@ def _judge_breaker(
             f"{len(turned)} of {len(views)} GPU nodes ({share:.0f}%) turned bad or stale within "
             f"{settings.breaker_window_s:g}s (limit {settings.breaker_percent:g}%): {shown}"
         )
-        actions.append(OpenBreaker(message=message, nodes=tuple(turned)))
-        return BreakerState(
+        decided.append(actions.OpenBreaker(message=message, nodes=tuple(turned)))
+        return actions.BreakerState(
             open=True,
             opened_at=now,
             message=message,
@@ -519,7 +351,7 @@ def _clearing(h: state.NodeHealth) -> nodes.Clearing:
 
 def _evict_after(h: state.NodeHealth, settings: Settings, now: dt.datetime) -> dt.datetime | None:
     if h.state is state.NodeState.FAILED:
-        return now + dt.timedelta(seconds=settings.failed_evict_grace_s)
+        return now + dt.timedelta(seconds=settings.evict_grace_s)
     if h.state is state.NodeState.DEGRADED:
         return now + dt.timedelta(seconds=settings.degraded_drain_after_s)
     return None
@@ -531,14 +363,14 @@ def _candidate(
     settings: Settings,
     *,
     now: dt.datetime,
-    actions: list[Action],
+    decided: list[actions.Action],
     deadlines: list[dt.datetime],
-) -> Quarantine | None:
+) -> actions.Quarantine | None:
     """Return the quarantine a node not yet in quarantine should get, if any."""
     released = view.released_faults
     if released is not None:
         if h.state is state.NodeState.HEALTHY:
-            actions.append(ForgetManualRelease(view.name))
+            decided.append(actions.ForgetManualRelease(view.name))
             return None
         if h.fault_keys <= released:
             return None
@@ -564,7 +396,7 @@ def _candidate(
         evict_after=_evict_after(h, settings, now),
         failed=h.state is state.NodeState.FAILED,
     )
-    return Quarantine(view.name, record, message=h.message, cordon=not view.unschedulable)
+    return actions.Quarantine(view.name, record, message=h.message, cordon=not view.unschedulable)
 
 
 def _keep_quarantine(
@@ -573,16 +405,16 @@ def _keep_quarantine(
     h: state.NodeHealth,
     settings: Settings,
     *,
-    breaker: BreakerState,
+    breaker: actions.BreakerState,
     now: dt.datetime,
     deadlines: list[dt.datetime],
-) -> list[NodeAction | Skipped]:
+) -> list[actions.NodeAction | actions.Skipped]:
     """Return what a node already in quarantine needs: release, escalation, eviction, repair."""
     if not view.unschedulable:
         # Our patch sets the cordon together with the annotations, so a quarantined node that
         # is schedulable was uncordoned by a person: a manual release (DESIGN.md section 2).
         return [
-            ManualRelease(
+            actions.ManualRelease(
                 view.name,
                 by="kubectl uncordon",
                 reason="node uncordoned by a person",
@@ -590,9 +422,9 @@ def _keep_quarantine(
                 uncordon=False,
             )
         ]
-    out: list[NodeAction | Skipped] = []
+    out: list[actions.NodeAction | actions.Skipped] = []
     if not view.tainted:
-        out.append(RestoreTaint(view.name))
+        out.append(actions.RestoreTaint(view.name))
     if record.mode is nodes.QuarantineMode.MANUAL:
         return out
     if h.state is state.NodeState.HEALTHY:
@@ -600,7 +432,7 @@ def _keep_quarantine(
         if release_at is not None:
             if now >= release_at:
                 return [
-                    Release(
+                    actions.Release(
                         view.name,
                         reason="FaultCleared",
                         message=f"healthy since {_when(h.healthy_since)}: {h.message}",
@@ -611,20 +443,22 @@ def _keep_quarantine(
     elif h.state is not state.NodeState.WARMING_UP:
         escalated = _escalate(record, h, settings, now)
         if escalated != record:
-            out.append(UpdateQuarantine(view.name, escalated))
+            out.append(actions.UpdateQuarantine(view.name, escalated))
             record = escalated
     if record.evict_after is not None:
         if now < record.evict_after:
             deadlines.append(record.evict_after)
         else:
-            evict = EvictGpuPods(
+            evict = actions.EvictGpuPods(
                 view.name,
                 deadline=record.evict_after,
                 reason=record.reason,
                 first=record.evicted_at is None,
             )
             out.append(
-                Skipped(view.name, evict, SkipReason.BREAKER_OPEN) if breaker.open else evict
+                actions.Skipped(view.name, evict, actions.SkipReason.BREAKER_OPEN)
+                if breaker.open
+                else evict
             )
     return out
 
@@ -671,13 +505,13 @@ def _when(at: dt.datetime | None) -> str:
     return timestamps.rfc3339_exact(at) or ""
 
 
-def _dry(action: Action) -> Action:
-    if isinstance(action, Skipped | OpenBreaker | CloseBreaker):
+def _dry(action: actions.Action) -> actions.Action:
+    if isinstance(action, actions.Skipped | actions.OpenBreaker | actions.CloseBreaker):
         return action
-    return Skipped(action.node, action, SkipReason.DRY_RUN)
+    return actions.Skipped(action.node, action, actions.SkipReason.DRY_RUN)
 
 
 def _require_text(field: str, value: str) -> None:
     if not value.strip():
         msg = f"{field}: required, and must not be blank"
-        raise ManualRequestError(msg)
+        raise errors.Invalid(msg, field=field, code="Refused")

@@ -20,7 +20,7 @@ import structlog
 
 from controller import leading, marks
 from controller import metrics as metrics_mod
-from controller.fleet import conditions, nodes, policy, state
+from controller.fleet import actions, conditions, nodes, policy, state
 from controller.kube import nodes as kube_nodes
 
 log = structlog.get_logger()
@@ -58,8 +58,8 @@ class Quarantiner:
         self._save_state = save_state
         self._saved: dict[str, str] | None = None
         self.clock = clock
-        self.breaker = policy.BreakerState()
-        self.last: policy.Decision | None = None
+        self.breaker = actions.BreakerState()
+        self.last: actions.Decision | None = None
         self.wake = asyncio.Event()
         self._skips_logged: set[tuple[str, str]] = set()
         self._lock = asyncio.Lock()
@@ -71,29 +71,47 @@ class Quarantiner:
         """Ask for a pass as soon as possible (a verdict changed, a node changed)."""
         self.wake.set()
 
+    # ------------------------------------------------------------------ on-call
+    async def manual(
+        self, view: nodes.NodeView, *, release: bool, by: str, reason: str, now: dt.datetime
+    ) -> None:
+        """Quarantine or release a node by hand, as the policy allows (it raises
+        errors.Invalid or errors.Conflict naming the field when it does not)."""
+        h = None
+        if view.name in self.fleet:
+            interval = self.settings.default_interval_s
+            h = self.fleet.assess(view.name, now, default_interval_s=interval)
+        action: actions.NodeAction
+        if release:
+            action = policy.manual_release(view, h, by=by, reason=reason)
+        else:
+            action = policy.manual_quarantine(view, h, by=by, reason=reason, now=now)
+        await self.apply(action, now)
+        self.poke()
+
+    async def reset_breaker(self, *, by: str, now: dt.datetime) -> None:
+        """Close the circuit breaker on an operator's request (and record who did)."""
+        self.breaker = policy.reset_breaker(self.breaker, by=by, now=now)
+        await self.apply(actions.CloseBreaker(reason="Reset", by=by), now)
+        self.poke()
+
+    def set_dry_run(self, dry_run: bool, *, by: str) -> None:
+        """Switch dry run on or off at runtime (kept on the Lease by the next pass)."""
+        self.settings = self.settings.model_copy(update={"dry_run": dry_run})
+        log.warning("dry run switched", dry_run=dry_run, by=by)
+        self.poke()
+
     async def run(self) -> None:
-        """Pass after pass while leading; never crashes on an API error."""
-        while True:
-            timeout = self.pass_interval_s
-            # Clear before the pass: a poke that arrives during it must cause another pass.
-            self.wake.clear()
-            if self.elector.is_leader() and self.cache.synced.is_set():
-                try:
-                    deadline = await self.run_pass()
-                    if deadline is not None:
-                        until = (deadline - self.clock()).total_seconds()
-                        timeout = min(timeout, max(until, 0.01))
-                except asyncio.CancelledError:
-                    raise
-                except leading.NotLeaderError:
-                    log.warning("lost the lease during a pass; stopping writes")
-                except Exception:
-                    log.exception("quarantine pass failed; retrying")
-            try:
-                async with asyncio.timeout(timeout):
-                    await self.wake.wait()
-            except TimeoutError:
-                pass
+        """Pass after pass while leading and the node cache is synced, until cancelled."""
+        await leading.run_passes(
+            "quarantine", self._pass_until_due, wake=self.wake, interval_s=self.pass_interval_s,
+            elector=self.elector, ready=self.cache.synced.is_set,
+            failures=lambda loop: self.metrics.pass_failures.labels(loop).inc(),
+        )  # fmt: skip
+
+    async def _pass_until_due(self) -> float | None:
+        deadline = await self.run_pass()
+        return None if deadline is None else (deadline - self.clock()).total_seconds()
 
     def views(self) -> list[nodes.NodeView]:
         """Parse every cached node (malformed annotations are reported, never raised)."""
@@ -114,15 +132,15 @@ class Quarantiner:
             decision = policy.decide(self.fleet, views, self.settings, self.breaker, now)
             self.breaker = decision.breaker
             self.last = decision
-            by_node: dict[str, list[policy.Action]] = collections.defaultdict(list)
+            by_node: dict[str, list[actions.Action]] = collections.defaultdict(list)
             for action in decision.actions:
                 node = getattr(action, "node", "")
                 by_node[node].append(action)
             sem = asyncio.Semaphore(MAX_PARALLEL_NODES)
 
-            async def run_node(node: str, actions: list[policy.Action]) -> None:
+            async def run_node(node: str, todo: list[actions.Action]) -> None:
                 async with sem:
-                    for action in actions:
+                    for action in todo:
                         await self.apply(action, now, decision)
 
             await asyncio.gather(*(run_node(n, a) for n, a in by_node.items()))
@@ -138,16 +156,16 @@ class Quarantiner:
             marks.DRY_RUN_ANNOTATION: "true" if self.settings.dry_run else "false",
         }
 
-    def restore(self, state: dict[str, str]) -> None:
+    def restore(self, saved: dict[str, str]) -> None:
         """Take over the breaker and dry-run state a previous leader left on the Lease."""
-        raw = state.get(marks.BREAKER_ANNOTATION)
+        raw = saved.get(marks.BREAKER_ANNOTATION)
         if raw:
             try:
-                self.breaker = policy.BreakerState.model_validate_json(raw)
+                self.breaker = actions.BreakerState.model_validate_json(raw)
             except ValueError:
                 log.warning("unreadable breaker state on the Lease; starting closed", value=raw)
-        if marks.DRY_RUN_ANNOTATION in state:
-            dry = state[marks.DRY_RUN_ANNOTATION] == "true"
+        if marks.DRY_RUN_ANNOTATION in saved:
+            dry = saved[marks.DRY_RUN_ANNOTATION] == "true"
             self.settings = self.settings.model_copy(update={"dry_run": dry})
         self._saved = self.durable_state()
 
@@ -159,7 +177,7 @@ class Quarantiner:
         await self._save_state(durable)
         self._saved = durable
 
-    def _export(self, decision: policy.Decision, views: list[nodes.NodeView]) -> None:
+    def _export(self, decision: actions.Decision, views: list[nodes.NodeView]) -> None:
         counts = collections.Counter(h.state.value for h in decision.health.values())
         for kind in state.NodeState:
             self.metrics.node_verdicts.labels(kind.value).set(counts.get(kind.value, 0))
@@ -169,10 +187,10 @@ class Quarantiner:
         self.metrics.dry_run.set(1 if self.settings.dry_run else 0)
 
     async def apply(
-        self, action: policy.Action, now: dt.datetime, decision: policy.Decision | None = None
+        self, action: actions.Action, now: dt.datetime, decision: actions.Decision | None = None
     ) -> None:
         """Carry out one action (idempotent: a node already as wanted is not written)."""
-        if isinstance(action, policy.Skipped):
+        if isinstance(action, actions.Skipped):
             key = (action.node, f"{action.wanted.kind}:{action.why}")
             if key not in self._skips_logged:
                 self._skips_logged.add(key)
@@ -184,7 +202,7 @@ class Quarantiner:
                 )
                 self.metrics.quarantine_actions.labels(action.wanted.kind.value, "true").inc()
             return
-        if isinstance(action, policy.OpenBreaker | policy.CloseBreaker):
+        if isinstance(action, actions.OpenBreaker | actions.CloseBreaker):
             await self._breaker_event(action)
             return
         raw = self.cache.nodes.get(action.node)
@@ -198,12 +216,12 @@ class Quarantiner:
                 self.poke()  # conflict or gone: the next pass sees the new state
                 return
             self.cache.put(updated)
-            if isinstance(action, policy.Quarantine | policy.UpdateQuarantine):
+            if isinstance(action, actions.Quarantine | actions.UpdateQuarantine):
                 for listener in self.on_quarantine:
                     listener(action.node)
             self._record(action, raw, now, decision)
             await self._event(action, raw)
-        if isinstance(action, policy.EvictGpuPods):
+        if isinstance(action, actions.EvictGpuPods):
             self.elector.ensure_leader()
             outcome = await self.writer.evict_gpu_pods(action.node)
             for name, pods in (("evicted", outcome.evicted), ("blocked", outcome.blocked),
@@ -225,13 +243,13 @@ class Quarantiner:
 
     def _record(
         self,
-        action: policy.NodeAction,
+        action: actions.NodeAction,
         raw: dict[str, Any],
         now: dt.datetime,
-        decision: policy.Decision | None,
+        decision: actions.Decision | None,
     ) -> None:
         self.metrics.quarantine_actions.labels(action.kind.value, "false").inc()
-        if isinstance(action, policy.Quarantine) and decision is not None:
+        if isinstance(action, actions.Quarantine) and decision is not None:
             h = decision.health.get(action.node)
             if h is not None and h.bad_since is not None:
                 self.metrics.fault_to_quarantine.observe(
@@ -239,16 +257,16 @@ class Quarantiner:
                 )
         log.info("node action", node=action.node, action=action.kind.value)
 
-    async def _event(self, action: policy.NodeAction, raw: dict[str, Any]) -> None:
+    async def _event(self, action: actions.NodeAction, raw: dict[str, Any]) -> None:
         note = describe(action)
-        warning = isinstance(action, policy.Quarantine | policy.EvictGpuPods) or (
-            isinstance(action, policy.SetCondition)
+        warning = isinstance(action, actions.Quarantine | actions.EvictGpuPods) or (
+            isinstance(action, actions.SetCondition)
             and action.condition.status is not nodes.ConditionStatus.TRUE
         )
         await self.writer.event(raw, action.kind.value, note, warning=warning)
 
-    async def _breaker_event(self, action: policy.OpenBreaker | policy.CloseBreaker) -> None:
-        if isinstance(action, policy.OpenBreaker):
+    async def _breaker_event(self, action: actions.OpenBreaker | actions.CloseBreaker) -> None:
+        if isinstance(action, actions.OpenBreaker):
             log.warning("quarantine breaker opened", message=action.message, nodes=action.nodes)
             text = action.message
         else:
@@ -258,22 +276,22 @@ class Quarantiner:
         await self.writer.breaker_event(self.lease_name, action.kind.value, text)
 
 
-def describe(action: policy.NodeAction) -> str:
+def describe(action: actions.NodeAction) -> str:
     """One line for the Event and the log that says what was done and why."""
     match action:
-        case policy.SetCondition():
+        case actions.SetCondition():
             return f"GPUHealthy={action.condition.status}: {action.condition.message}"
-        case policy.Quarantine():
+        case actions.Quarantine():
             return f"quarantined: {action.message}"
-        case policy.UpdateQuarantine():
+        case actions.UpdateQuarantine():
             return f"quarantine updated: clears with {action.record.clears_with}"
-        case policy.RestoreTaint():
+        case actions.RestoreTaint():
             return "restored the taugrid.dev/gpu-unhealthy taint"
-        case policy.EvictGpuPods():
+        case actions.EvictGpuPods():
             return f"evicting GPU pods: {action.reason}"
-        case policy.Release():
+        case actions.Release():
             return f"released: {action.message}"
-        case policy.ManualRelease():
+        case actions.ManualRelease():
             return f"released by {action.by}: {action.reason}"
-        case policy.ForgetManualRelease():
+        case actions.ForgetManualRelease():
             return "healthy again; the earlier manual release is forgotten"

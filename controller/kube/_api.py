@@ -37,38 +37,38 @@ async def read_json(resp: Any) -> Any:
     return json.loads(data)
 
 
-async def emit_event(
-    events: client.EventsV1Api,
-    namespace: str,
-    regarding: dict[str, Any],
-    *,
-    controller: str,
-    instance: str,
-    reason: str,
-    note: str,
-    warning: bool,
-) -> None:
-    """Record an `events.k8s.io/v1` Event on `regarding` (best effort: an Event never
-    blocks the action it records, so a refusal is logged, not raised)."""
-    body = {
-        "apiVersion": "events.k8s.io/v1",
-        "kind": "Event",
-        "metadata": {
-            "name": f"{str(regarding['name'])[:200]}.{secrets.token_hex(8)}",
-            "namespace": namespace,
-        },
-        "eventTime": timestamps.rfc3339_micro(dt.datetime.now(dt.UTC)),
-        "reportingController": controller,
-        "reportingInstance": instance[:128],
-        "action": reason,
-        "reason": reason,
-        "note": note[:MAX_NOTE_CHARS],
-        "type": "Warning" if warning else "Normal",
-        "regarding": regarding,
-    }
-    try:
-        await events.create_namespaced_event(namespace, body)
-    except client.ApiException as err:
-        log.warning(
-            "event not recorded", regarding=regarding["name"], reason=reason, status=err.status
-        )
+class EventRecorder:
+    """Record `events.k8s.io/v1` Events as one reporting controller (best effort: an Event
+    never blocks the action it records, so a refusal is logged, not raised)."""
+
+    def __init__(self, api: client.ApiClient, *, controller: str, instance: str) -> None:
+        self._events = client.EventsV1Api(api)
+        self.controller = controller
+        self.instance = instance[:128]
+
+    async def emit(
+        self, namespace: str, regarding: dict[str, Any], reason: str, note: str, *, warning: bool
+    ) -> None:
+        """Record an Event on `regarding` in `namespace`."""
+        body = {
+            "apiVersion": "events.k8s.io/v1",
+            "kind": "Event",
+            "metadata": {
+                "name": f"{str(regarding['name'])[:200]}.{secrets.token_hex(8)}",
+                "namespace": namespace,
+            },
+            "eventTime": timestamps.rfc3339_micro(dt.datetime.now(dt.UTC)),
+            "reportingController": self.controller,
+            "reportingInstance": self.instance,
+            "action": reason,
+            "reason": reason,
+            "note": note[:MAX_NOTE_CHARS],
+            "type": "Warning" if warning else "Normal",
+            "regarding": regarding,
+        }
+        try:
+            await self._events.create_namespaced_event(namespace, body)
+        except client.ApiException as err:
+            log.warning(
+                "event not recorded", regarding=regarding["name"], reason=reason, status=err.status
+            )

@@ -1,16 +1,8 @@
 """The admission gate's adapter: Kueue objects, nodes and pods as raw JSON, and its writes.
 
-Reads use `_preload_content=False` and return plain dicts, which `controller.gating` parses;
-kubernetes_asyncio checks the HTTP status only when it preloads the content, so every raw
-response goes through `read_json`, which raises on an error status.
-
-Writes are server-side apply with our own field manager and `force`:
-- a Workload's `status.admissionChecks` is a map keyed by name, so applying our one entry
-  leaves Kueue's and other controllers' entries alone. The apply carries the
-  `resourceVersion` the decision was made on: if the Workload changed since (Kueue evicted
-  it, say), the API server answers 409 and nothing is written, which is what keeps a Retry
-  off a Workload that was evicted a moment ago;
-- the AdmissionCheck's `status.conditions` is a map keyed by type: we apply `Active`.
+Reads use `_preload_content=False` and return plain dicts, which `controller.admission.views`
+parses; kubernetes_asyncio checks the HTTP status only when it preloads the content, so every
+raw response goes through `read_json`, which raises on an error status.
 """
 
 from __future__ import annotations
@@ -38,7 +30,9 @@ class AdmissionStore:
         self._custom = client.CustomObjectsApi(api)
         self._core = client.CoreV1Api(api)
         self._batch = client.BatchV1Api(api)
-        self._events = client.EventsV1Api(api)
+        self.events = _api.EventRecorder(
+            api, controller=marks.ADMISSION_EVENT_CONTROLLER, instance=component
+        )
         self.component = component
 
     # ------------------------------------------------------------------ reads
@@ -145,7 +139,4 @@ class AdmissionStore:
         """Record an Event on a Workload (best effort: never blocks a decision)."""
         regarding = {"apiVersion": "/".join(KUEUE), "kind": "Workload",
                      "name": name, "namespace": namespace, "uid": uid}  # fmt: skip
-        await _api.emit_event(
-            self._events, namespace, regarding, controller=marks.ADMISSION_EVENT_CONTROLLER,
-            instance=self.component, reason=reason, note=note, warning=warning,
-        )  # fmt: skip
+        await self.events.emit(namespace, regarding, reason, note, warning=warning)

@@ -9,10 +9,6 @@ from kubernetes_asyncio import client, config
 from shared import kubetoken
 
 
-class KubeError(Exception):
-    """An API call failed in a way the caller should see (not a 404 or 409 it expects)."""
-
-
 async def make_client(kubeconfig: str = "", *, qps_pool: int = 64) -> client.ApiClient:
     """Return an ApiClient; the connection pool is sized for bursts of patches and reviews."""
     cfg = client.Configuration()

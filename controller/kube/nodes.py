@@ -11,13 +11,12 @@ import asyncio
 import contextlib
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 from kubernetes_asyncio import client
 
 from controller import marks
-from controller.fleet import conditions
 from controller.kube import _api
 
 log = structlog.get_logger()
@@ -160,6 +159,25 @@ class EvictionOutcome:
         self.failed: list[str] = []
 
 
+class NodePatch(Protocol):
+    """One PATCH of a Node as the quarantine core builds it (`fleet.conditions.NodePatch`)."""
+
+    @property
+    def subresource(self) -> str:
+        """ "status" for the status subresource, "" for the Node itself."""
+        ...
+
+    @property
+    def content_type(self) -> str:
+        """The patch's media type (merge or strategic merge)."""
+        ...
+
+    @property
+    def body(self) -> dict[str, Any]:
+        """The patch document."""
+        ...
+
+
 class NodeWriter:
     """Patch nodes, record Events, evict GPU pods."""
 
@@ -167,11 +185,13 @@ class NodeWriter:
         self, api: client.ApiClient, namespace: str, component: str = "taugrid-controller"
     ) -> None:
         self._core = client.CoreV1Api(api)
-        self._events = client.EventsV1Api(api)
+        self.events = _api.EventRecorder(
+            api, controller=marks.NODE_EVENT_CONTROLLER, instance=component
+        )
         self.namespace = namespace
         self.component = component
 
-    async def patch(self, name: str, patch: conditions.NodePatch) -> dict[str, Any] | None:
+    async def patch(self, name: str, patch: NodePatch) -> dict[str, Any] | None:
         """Send one node patch; return the node, None on a 409 (requeue) or 404 (gone)."""
         kwargs: dict[str, Any] = {"_content_type": patch.content_type, "_preload_content": False}
         try:
@@ -190,21 +210,13 @@ class NodeWriter:
         meta = node.get("metadata") or {}
         regarding = {"apiVersion": "v1", "kind": "Node", "name": meta.get("name", ""),
                      "uid": meta.get("uid", "")}  # fmt: skip
-        await self._emit("default", regarding, reason, note, warning=warning)
+        await self.events.emit("default", regarding, reason, note, warning=warning)
 
     async def breaker_event(self, lease_name: str, reason: str, note: str) -> None:
         """Record a fleet-level Event (the breaker) on the controller's Lease."""
         regarding = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
                      "name": lease_name, "namespace": self.namespace}  # fmt: skip
-        await self._emit(self.namespace, regarding, reason, note, warning=True)
-
-    async def _emit(
-        self, namespace: str, regarding: dict[str, Any], reason: str, note: str, *, warning: bool
-    ) -> None:
-        await _api.emit_event(
-            self._events, namespace, regarding, controller=marks.NODE_EVENT_CONTROLLER,
-            instance=self.component, reason=reason, note=note, warning=warning,
-        )  # fmt: skip
+        await self.events.emit(self.namespace, regarding, reason, note, warning=True)
 
     async def gpu_pods(self, node: str) -> list[dict[str, Any]]:
         """Pods bound to the node that request GPUs, DaemonSet pods excluded."""

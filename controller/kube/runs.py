@@ -13,6 +13,7 @@ from typing import Any
 
 from kubernetes_asyncio import client
 
+from controller import errors
 from controller.kube import _api
 
 TAURUN = ("taugrid.dev", "v1alpha1", "tauruns")
@@ -25,12 +26,12 @@ VISIBILITY_RETRY_S = 60.0
 """After the visibility API fails, use the computed fallback this long before asking again."""
 
 
-class ConflictError(Exception):
-    """The object already exists (HTTP 409)."""
+class ConflictError(errors.Conflict):
+    """The object already exists (HTTP 409 from the API server)."""
 
 
-class NotFoundError(Exception):
-    """The object does not exist (HTTP 404)."""
+class NotFoundError(errors.NotFound):
+    """The object, or its namespace, does not exist (HTTP 404 from the API server)."""
 
 
 class RunStore:

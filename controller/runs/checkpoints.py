@@ -19,7 +19,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from controller import timestamps
+from controller import errors, timestamps
 
 MAX_PATH = 4096
 MAX_STEP = 2**63 - 1
@@ -32,20 +32,23 @@ JSON_KEY = "latest.json"
 """ConfigMap key (and file name) holding the latest checkpoint as JSON."""
 
 
-class ReportError(ValueError):
-    """A report the API answers with 422; `field` names what is wrong."""
+class ReportError(errors.Invalid):
+    """A report that cannot be accepted; `field` names what is wrong."""
 
     def __init__(self, field: str, message: str) -> None:
-        super().__init__(message)
-        self.field = field
+        super().__init__(message, field=field)
 
 
-class FencedError(Exception):
-    """A report from an attempt that is not the current one (HTTP 409)."""
+class FencedError(errors.Conflict):
+    """A report from an attempt that is not the current one; `reason` says which way."""
 
     def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
+        super().__init__(message, field="attempt", code=reason)
+
+    @property
+    def reason(self) -> str:
+        """`StaleAttempt` (an attempt that is over) or `UnknownAttempt` (one not begun)."""
+        return self.code
 
 
 @dataclasses.dataclass(frozen=True)

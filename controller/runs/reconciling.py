@@ -15,82 +15,48 @@ deleted before a retry is created), so two attempts never run at once.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import copy
-import dataclasses
 import datetime as dt
-import hashlib
-import secrets
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import structlog
 
-from controller import leading, marks, metrics, timestamps
+from controller import errors, leading, marks, metrics, timestamps
 from controller.kube import runs as kube_runs
-from controller.runs import checkpoints, lifecycle, rendering
+from controller.runs import (
+    attempts,
+    checkpoints,
+    lifecycle,
+    objects,
+    positions,
+    rendering,
+    snapshots,
+    views,
+)
 from shared import spec as specs
 
 log = structlog.get_logger()
 
-RUN_TOKEN_PREFIX = "tau_"  # noqa: S105  (a prefix that marks run-scoped tokens, not a secret)
-"""Run-scoped tokens start with this, so the API tells them from Kubernetes tokens at once."""
 
-
-TOKEN_DIGEST_FIELD = "tokenSHA256"  # noqa: S105  (a field name, not a secret)
-"""Status field with the SHA-256 of the run-scoped token (the token itself is in the Secret)."""
-
-
-def token_digest(token: str) -> str:
-    """The hex SHA-256 of a run-scoped token, as kept in the run's status."""
-    return hashlib.sha256(token.encode()).hexdigest()
-
-
-class RunNotFoundError(Exception):
+class RunNotFoundError(errors.NotFound):
     """The TauRun does not exist (or another manager owns it)."""
 
+    def __init__(self, namespace: str, name: str) -> None:
+        super().__init__(f"no run named {name!r} in namespace {namespace}", field="name")
 
-class ResumeRefusedError(Exception):
-    """A manual resume the run's state does not allow (HTTP 409)."""
 
+class ResumeRefusedError(errors.Conflict):
+    """A manual resume the run's state does not allow."""
 
-def _final_message(
-    spec: specs.TauSpec, failure: specs.FailureClass, attempt: int, budget_from: int, why: str
-) -> str:
-    """Say why a failed attempt ends the run: which policy decided it, in words."""
-    if failure == specs.FailureClass.UNKNOWN:
-        tail = "an Unknown failure is never retried"
-    elif str(failure) not in spec.retry.when:
-        tail = f"{failure} is not in retry.when ({', '.join(spec.retry.when)})"
-    else:
-        tail = f"all {attempt - budget_from} of retry.maxAttempts={spec.retry.max_attempts} used"
-    return f"attempt {attempt} failed ({why}); not retried: {tail}"
+    default_code = "NotResumable"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, field="name")
 
 
 def _now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
-
-
-def _key(obj: Mapping[str, Any]) -> tuple[str, str]:
-    meta = obj.get("metadata") or {}
-    return str(meta.get("namespace", "")), str(meta.get("name", ""))
-
-
-@dataclasses.dataclass
-class Snapshot:
-    """Everything one pass reads, indexed for the per-run work."""
-
-    objects: dict[tuple[str, str, str], dict[str, Any]]
-    """(namespace, kind, name) -> Job/RayJob/Service."""
-    workloads: dict[tuple[str, str, str], lifecycle.WorkloadView]
-    """(namespace, owner kind, owner name) -> Workload."""
-    all_workloads: list[lifecycle.WorkloadView]
-    pods: dict[tuple[str, str, int], list[dict[str, Any]]]
-    """(namespace, run, attempt) -> pods."""
-    local_queues: dict[tuple[str, str], str]
-    """(namespace, LocalQueue) -> ClusterQueue."""
-    nodes: lifecycle.NodeFacts
-    positions: dict[tuple[str, str], lifecycle.QueuePosition]
 
 
 class Reconciler:
@@ -124,7 +90,10 @@ class Reconciler:
         self.checkpoints_kept = checkpoints_kept
         self.gate_message = gate_message
         """Why our AdmissionCheck holds a Workload back, by (namespace, Workload name)."""
-        self._priority_classes: set[str] | None = None
+        self.attempts = attempts.Attempts(
+            store, elector, metrics_, render, ttl_after_finished_s=ttl_after_finished_s,
+            pod_annotations=pod_annotations,
+        )  # fmt: skip
         self._clock = clock
         self._wake = asyncio.Event()
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
@@ -137,20 +106,14 @@ class Reconciler:
 
     async def run(self) -> None:
         """Pass after pass until cancelled; an API failure costs one pass, never the loop."""
-        while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.pass_interval_s)
-            self._wake.clear()
-            if not self.elector.is_leader():
-                continue
-            try:
-                await self.pass_once()
-            except asyncio.CancelledError:
-                raise
-            except leading.NotLeaderError:
-                continue
-            except Exception as err:  # noqa: BLE001  (any API failure: try again next pass)
-                log.warning("run pass failed", error=repr(err))
+        await leading.run_passes(
+            "runs", self._pass, wake=self._wake, interval_s=self.pass_interval_s,
+            elector=self.elector,
+            failures=lambda loop: self.metrics.pass_failures.labels(loop).inc(),
+        )  # fmt: skip
+
+    async def _pass(self) -> None:
+        await self.pass_once()
 
     # ------------------------------------------------------------------ passes
     async def pass_once(self) -> None:
@@ -159,7 +122,7 @@ class Reconciler:
         snap = await self._snapshot(items)
         counts: dict[tuple[str, str], int] = {}
         for item in items:
-            key = _key(item)
+            key = snapshots.key(item)
             async with self._lock(key):
                 if self._stale(key, item):
                     fresh = await self.store.get_run(*key)
@@ -209,9 +172,9 @@ class Reconciler:
             )
             await self._write(item, old, status)
             self.elector.ensure_leader()
-            body = rendering.render_checkpoint_configmap(
-                _run_ref(item),
-                rendering.checkpoint_configmap_name(name),
+            body = objects.render_checkpoint_configmap(
+                objects.run_ref(item),
+                objects.checkpoint_configmap_name(name),
                 "",
                 ca_pem=self.render.ca_pem,
             )
@@ -255,8 +218,8 @@ class Reconciler:
             latest = checkpoints.latest(status)
             start_from = checkpoint if checkpoint is not None else (
                 str(latest.get("path", "")) if latest else "")  # fmt: skip
-            await self._ensure_run_objects(_run_ref(item), status)
-            await self._start_attempt(spec, _run_ref(item), status, current + 1, now,
+            await self.attempts.ensure_run_objects(objects.run_ref(item), status)
+            await self.attempts.start(spec, objects.run_ref(item), status, current + 1, now,
                                       resume_from=start_from)  # fmt: skip
             status["message"] = (
                 f"resumed by {by} from {start_from or 'the start (no checkpoint)'}; attempt"
@@ -272,7 +235,7 @@ class Reconciler:
         """The run, read fresh; RunNotFoundError when it is gone or another manager's."""
         item = await self.store.get_run(namespace, name)
         if item is None or not self.manages(item):
-            raise RunNotFoundError(name)
+            raise RunNotFoundError(namespace, name)
         return item
 
     def manages(self, item: Mapping[str, Any]) -> bool:
@@ -292,7 +255,7 @@ class Reconciler:
         rv = str((item.get("metadata") or {}).get("resourceVersion", ""))
         return not rv.isdigit() or int(rv) < written
 
-    async def _snapshot(self, items: list[dict[str, Any]]) -> Snapshot:
+    async def _snapshot(self, items: list[dict[str, Any]]) -> snapshots.Snapshot:
         selector = marks.RUN_LABEL
         jobs, rayjobs, pods, workloads, lqs, nodes = await asyncio.gather(
             self.store.list_labelled("Job", selector),
@@ -302,9 +265,9 @@ class Reconciler:
             self.store.list_kueue("localqueues"),
             self.store.list_nodes(),
         )
-        return _index([*jobs, *rayjobs], pods, workloads, lqs, nodes)
+        return snapshots.index([*jobs, *rayjobs], pods, workloads, lqs, nodes)
 
-    async def _snapshot_of_run(self, namespace: str, name: str) -> Snapshot:
+    async def _snapshot_of_run(self, namespace: str, name: str) -> snapshots.Snapshot:
         """What one run's reconcile reads, and nothing else: its objects and pods, its
         namespace's Workloads and queues, and the nodes its pods are on. (Queue positions
         are then namespace-local; the next full pass corrects them.)"""
@@ -316,11 +279,11 @@ class Reconciler:
             self.store.list_kueue("workloads", namespace),
             self.store.list_kueue("localqueues", namespace),
         )
-        objects = [o for o in [*jobs, *rayjobs] if _key(o)[0] == namespace]
-        pods = [p for p in pods if _key(p)[0] == namespace]
+        owned = [o for o in [*jobs, *rayjobs] if snapshots.key(o)[0] == namespace]
+        pods = [p for p in pods if snapshots.key(p)[0] == namespace]
         on = sorted({str((p.get("spec") or {}).get("nodeName") or "") for p in pods} - {""})
         nodes = await self.store.list_nodes(names=on)
-        return _index(objects, pods, workloads, lqs, nodes)
+        return snapshots.index(owned, pods, workloads, lqs, nodes)
 
     def urgent(self, node: str) -> None:
         """A node was just quarantined: reconcile the runs with pods on it at once, each from
@@ -336,7 +299,7 @@ class Reconciler:
                 "Pod", marks.RUN_LABEL, field_selector=f"spec.nodeName={node}"
             )
             hit = sorted(
-                {(_key(p)[0], str(p["metadata"]["labels"][marks.RUN_LABEL])) for p in pods}
+                {(snapshots.key(p)[0], str(p["metadata"]["labels"][marks.RUN_LABEL])) for p in pods}
             )
             for namespace, name in hit:
                 async with self._lock((namespace, name)):
@@ -362,11 +325,11 @@ class Reconciler:
 
     # ------------------------------------------------------------------ one run
     async def _reconcile(
-        self, item: dict[str, Any], snap: Snapshot | None
+        self, item: dict[str, Any], snap: snapshots.Snapshot | None
     ) -> dict[str, Any] | None:
         """Bring one run a step closer to its spec; return the run as last written."""
         now = self._clock()
-        namespace, name = _key(item)
+        namespace, name = snapshots.key(item)
         meta = item.get("metadata") or {}
         old = item.get("status") or {}
         status: dict[str, Any] = copy.deepcopy(old)
@@ -387,16 +350,16 @@ class Reconciler:
                     status["conditions"], lifecycle.Phase.FAILED, "InvalidSpec", str(err), now
                 )
             return await self._write(item, old, status)
-        ref = rendering.RunRef(name=name, namespace=namespace, uid=str(meta.get("uid", "")))
+        ref = objects.RunRef(name=name, namespace=namespace, uid=str(meta.get("uid", "")))
         current = int(status.get("currentAttempt") or 0)
 
         if phase in lifecycle.TERMINAL_PHASES:
-            await self._cleanup(spec, ref, status, now)
+            await self.attempts.cleanup(spec, ref, status, now)
             return await self._write(item, old, status)
 
         if (meta.get("annotations") or {}).get(marks.CANCEL_ANNOTATION):
-            await self._delete_attempt(spec, ref, current)
-            self._end(status, lifecycle.Phase.CANCELLED, "Cancelled",
+            await self.attempts.delete(spec, ref, current)
+            lifecycle.end(status, lifecycle.Phase.CANCELLED, "Cancelled",
                       "cancelled on request; its quota is freed", now=now)  # fmt: skip
             if status["attempts"]:
                 status["attempts"][-1].setdefault("endTime", timestamps.rfc3339(now))
@@ -404,18 +367,18 @@ class Reconciler:
             return await self._write(item, old, status)
 
         if current == 0:
-            await self._ensure_run_objects(ref, status)
-            await self._start_attempt(spec, ref, status, 1, now)
+            await self.attempts.ensure_run_objects(ref, status)
+            await self.attempts.start(spec, ref, status, 1, now)
             return await self._write(item, old, status)
 
         if snap is None:  # a fast path caller: the next pass does the rest
             return item
 
         kind = "RayJob" if spec.kind == specs.RunKind.RAY else "Job"
-        obj_name = rendering.attempt_name(name, current)
+        obj_name = objects.attempt_name(name, current)
         raw_obj = snap.objects.get((namespace, kind, obj_name))
         workload = snap.workloads.get((namespace, kind, obj_name))
-        pods = [lifecycle.parse_pod(p) for p in snap.pods.get((namespace, name, current), [])]
+        pods = [views.parse_pod(p) for p in snap.pods.get((namespace, name, current), [])]
         record = status["attempts"][-1] if status["attempts"] else {"number": current}
 
         if phase == lifecycle.Phase.RESUMING:
@@ -425,8 +388,8 @@ class Reconciler:
         if raw_obj is None:
             # Gone while the attempt lives (listed before it was created, or deleted by
             # hand): make sure it exists; a 409 means it was there all along.
-            await self._create_attempt_objects(spec, ref, current, status)
-        obj = lifecycle.parse_attempt_object(raw_obj) if raw_obj is not None else None
+            await self.attempts.create(spec, ref, current, status)
+        obj = views.parse_attempt_object(raw_obj) if raw_obj is not None else None
         outcome = lifecycle.attempt_outcome(obj, workload, pods, snap.nodes)
         record = lifecycle.attempt_record(
             current, object_kind=kind, object_name=obj_name, outcome=outcome,
@@ -442,29 +405,40 @@ class Reconciler:
             lifecycle.timed_out(spec, first_start, now)
             and outcome.phase not in lifecycle.TERMINAL_PHASES
         ):
-            await self._delete_attempt(spec, ref, current)
+            await self.attempts.delete(spec, ref, current)
             record.update(phase=lifecycle.Phase.FAILED, failureClass=specs.FailureClass.TIMEOUT,
                           endTime=timestamps.rfc3339(now))  # fmt: skip
             self.metrics.run_attempts.labels(str(specs.FailureClass.TIMEOUT)).inc()
-            self._end(status, lifecycle.Phase.FAILED, "Timeout",
+            lifecycle.end(status, lifecycle.Phase.FAILED, "Timeout",
                       f"the run exceeded its timeout of {spec.timeout}", now=now)  # fmt: skip
             return await self._write(item, old, status)
-        self._phase_conditions(status, outcome, workload, now)
+        waited = lifecycle.phase_conditions(status, outcome, workload, now)
+        if waited is not None:
+            self.metrics.run_queue_seconds.observe(waited)
         visible = None
         if outcome.phase == lifecycle.Phase.QUEUED and workload is not None and workload.pending:
             visible = await self.visibility_position(namespace, spec.queue, workload.name)
-        self._position(status, spec=spec, snap=snap, workload=workload, outcome=outcome,
-                       namespace=namespace, visible=visible)  # fmt: skip
+        position = visible
+        if position is None and workload is not None:
+            position = snap.positions.get((namespace, workload.name))
+        held = None
+        if self.gate_message is not None and workload is not None:
+            held = self.gate_message(namespace, workload.name)
+        positions.place(
+            status, spec=spec, phase=outcome.phase, workload=workload, namespace=namespace,
+            position=position, cluster_queue=snap.local_queues.get((namespace, spec.queue)),
+            held=held,
+        )  # fmt: skip
         if outcome.phase == lifecycle.Phase.SUCCEEDED:
             self.metrics.run_attempts.labels("Succeeded").inc()
-            self._end(status, lifecycle.Phase.SUCCEEDED, "Completed", outcome.message, now=now,
+            lifecycle.end(status, lifecycle.Phase.SUCCEEDED, "Completed", outcome.message, now=now,
                       ended=outcome.ended)  # fmt: skip
         elif outcome.phase == lifecycle.Phase.FAILED:
             failure = outcome.failure_class or specs.FailureClass.UNKNOWN
             self.metrics.run_attempts.labels(str(failure)).inc()
             budget_from = int(status.get("attemptBudgetFrom") or 0)
             if lifecycle.should_retry(spec, failure, current, budget_from=budget_from):
-                await self._delete_attempt(spec, ref, current)
+                await self.attempts.delete(spec, ref, current)
                 record.setdefault(
                     "endTime", timestamps.rfc3339(now)
                 )  # the backoff counts from here
@@ -482,219 +456,33 @@ class Reconciler:
                 await self._resume_if_due(spec, ref, status, record, now)
             else:
                 # Kueue frees the quota of a finished Job; the object stays for logs (TTL).
-                self._end(status, lifecycle.Phase.FAILED, str(failure),
-                          _final_message(spec, failure, current, budget_from, outcome.message),
-                          now=now, ended=outcome.ended)  # fmt: skip
+                lifecycle.end(
+                    status,
+                    lifecycle.Phase.FAILED,
+                    str(failure),
+                    lifecycle.final_message(spec, failure, current, budget_from, outcome.message),
+                    now=now,
+                    ended=outcome.ended,
+                )
         else:
             status["phase"] = outcome.phase
             status["reason"] = outcome.reason
         return await self._write(item, old, status)
 
     # ------------------------------------------------------------------ pieces
-    def _phase_conditions(
-        self,
-        status: dict[str, Any],
-        outcome: lifecycle.AttemptOutcome,
-        workload: lifecycle.WorkloadView | None,
-        now: dt.datetime,
-    ) -> None:
-        """Keep one condition per phase reached, at the time Kueue or the pods say so."""
-        conds = status["conditions"]
-        if workload is not None and workload.holds("Admitted"):
-            admitted = workload.condition("Admitted")
-            at = admitted.time if admitted is not None and admitted.time else now
-            if lifecycle.set_phase_condition(conds, lifecycle.Phase.ADMITTED, "Admitted",
-                                        f"admitted by cluster queue {workload.cluster_queue}",
-                                        at):  # fmt: skip
-                queued = timestamps.parse(
-                    next((c.get("lastTransitionTime") for c in conds if c["type"] == "Queued"),
-                         None))  # fmt: skip
-                if queued is not None:
-                    self.metrics.run_queue_seconds.observe(max((at - queued).total_seconds(), 0))
-        if outcome.phase in {lifecycle.Phase.RUNNING, lifecycle.Phase.SUCCEEDED}:
-            ready = workload.condition("PodsReady") if workload is not None else None
-            running_at = ready.time if ready is not None and ready.true else None
-            lifecycle.set_phase_condition(conds, lifecycle.Phase.RUNNING, "PodsReady", "",
-                                     running_at or outcome.started or now)  # fmt: skip
-
-    def _position(
-        self,
-        status: dict[str, Any],
-        *,
-        spec: specs.TauSpec,
-        snap: Snapshot,
-        workload: lifecycle.WorkloadView | None,
-        outcome: lifecycle.AttemptOutcome,
-        namespace: str,
-        visible: lifecycle.QueuePosition | None,
-    ) -> None:
-        if outcome.phase != lifecycle.Phase.QUEUED:
-            status.update(queuePosition=None, queuePositionInLocalQueue=None,
-                          queuePositionSource=None)  # fmt: skip
-            if outcome.phase in {lifecycle.Phase.ADMITTED, lifecycle.Phase.RUNNING}:
-                status["message"] = ""
-            return
-        position = visible
-        if position is None and workload is not None:
-            position = snap.positions.get((namespace, workload.name))
-        cq = snap.local_queues.get((namespace, spec.queue))
-        ctx = lifecycle.WaitContext(
-            queue=spec.queue, namespace=namespace, queue_exists=cq is not None,
-            cluster_queue=cq or "", gpus_per_worker=spec.resources.gpus, workers=spec.workers,
-            position=position,
-        )  # fmt: skip
-        message = lifecycle.waiting_message(ctx, workload)
-        held = (
-            self.gate_message(namespace, workload.name)
-            if self.gate_message is not None and workload is not None
-            else None
-        )
-        if held:
-            message = f"waiting for healthy GPU capacity: {held}"
-        status["message"] = message
-        status["queuePosition"] = position.in_cluster_queue if position else None
-        status["queuePositionInLocalQueue"] = position.in_local_queue if position else None
-        status["queuePositionSource"] = str(position.source) if position else None
-
     async def visibility_position(
         self, namespace: str, queue: str, workload: str
-    ) -> lifecycle.QueuePosition | None:
+    ) -> positions.QueuePosition | None:
         """Ask Kueue's visibility API for one Workload's position (None when it cannot)."""
         items = await self.store.pending_workloads(namespace, queue)
         if items is None:
             return None
-        return lifecycle.position_from_visibility(items, namespace, workload)
-
-    def _end(
-        self,
-        status: dict[str, Any],
-        phase: lifecycle.Phase,
-        reason: str,
-        message: str,
-        *,
-        now: dt.datetime,
-        ended: dt.datetime | None = None,
-    ) -> None:
-        status.update(phase=phase, reason=reason, message=message,
-                      endTime=status.get("endTime") or timestamps.rfc3339(ended or now),
-                      queuePosition=None, queuePositionInLocalQueue=None,
-                      queuePositionSource=None)  # fmt: skip
-        lifecycle.set_phase_condition(status["conditions"], phase, reason, message, ended or now)
-
-    async def _priority_class_exists(self, name: str) -> bool:
-        """Whether a WorkloadPriorityClass exists (a Job naming a missing one would never get
-        a Workload); looked up once per controller, then cached."""
-        if self._priority_classes is None or name not in self._priority_classes:
-            try:
-                found = {
-                    str((c.get("metadata") or {}).get("name", ""))
-                    for c in await self.store.list_kueue("workloadpriorityclasses")
-                }
-            except Exception as err:  # noqa: BLE001  (no Kueue class API: resume unboosted)
-                log.warning("cannot list WorkloadPriorityClasses", error=repr(err))
-                return False
-            self._priority_classes = found
-            if name not in found:
-                log.warning("resume priority class missing; resumed attempts queue normally",
-                            priority_class=name)  # fmt: skip
-        return name in self._priority_classes
-
-    async def _ensure_run_objects(self, ref: rendering.RunRef, status: dict[str, Any]) -> None:
-        """Create the run's token Secret (once: its digest is kept in the status, so the
-        controller checks a report without ever reading a Secret) and its ConfigMap (with
-        the CA the pods trust for the controller, when it has one)."""
-        self.elector.ensure_leader()
-        if not status.get(TOKEN_DIGEST_FIELD):
-            token = RUN_TOKEN_PREFIX + secrets.token_urlsafe(32)
-            await self.store.write_secret(
-                rendering.render_token_secret(ref, rendering.token_secret_name(ref.name), token)
-            )
-            status[TOKEN_DIGEST_FIELD] = token_digest(token)
-        await self.store.create(
-            rendering.render_checkpoint_configmap(
-                ref, rendering.checkpoint_configmap_name(ref.name), "", ca_pem=self.render.ca_pem
-            )
-        )
-
-    def _render(
-        self, spec: specs.TauSpec, ref: rendering.RunRef, attempt: int, status: Mapping[str, Any]
-    ) -> list[dict[str, Any]]:
-        """Render attempt `attempt`; what differs between attempts is read back from the
-        status (its attempt record), so re-creating a lost object renders it the same."""
-        record = next((a for a in status.get("attempts") or [] if a.get("number") == attempt),
-                      None)  # fmt: skip
-        if record is not None and "resumeFrom" in record:
-            resume_from = str(record.get("resumeFrom") or "")
-        else:
-            latest = checkpoints.latest(status) if attempt > 1 else None
-            resume_from = str(latest.get("path", "")) if latest else ""
-        previous: Mapping[str, Any] = next((a for a in status.get("attempts") or []
-                         if a.get("number") == attempt - 1), {})  # fmt: skip
-        failure = str(previous.get("failureClass") or previous.get("phase") or "")
-        ctx = rendering.AttemptContext(
-            run=ref, attempt=attempt,
-            token_secret=rendering.token_secret_name(ref.name),
-            checkpoint_configmap=rendering.checkpoint_configmap_name(ref.name),
-            resume_from=resume_from,
-            failure_reason=failure if attempt > 1 else "",
-            priority_class=(record or {}).get("priorityClass"),
-        )  # fmt: skip
-        objects = rendering.render_attempt(spec, ctx, self.render)
-        if self.pod_annotations:
-            for obj in objects:
-                for template in _pod_templates(obj):
-                    meta = template.setdefault("metadata", {})
-                    meta["annotations"] = {**self.pod_annotations, **meta.get("annotations", {})}
-        return objects
-
-    async def _create_attempt_objects(
-        self, spec: specs.TauSpec, ref: rendering.RunRef, attempt: int, status: Mapping[str, Any]
-    ) -> None:
-        for obj in self._render(spec, ref, attempt, status):
-            self.elector.ensure_leader()
-            await self.store.create(obj)
-
-    async def _start_attempt(
-        self,
-        spec: specs.TauSpec,
-        ref: rendering.RunRef,
-        status: dict[str, Any],
-        attempt: int,
-        now: dt.datetime,
-        *,
-        priority_class: str | None = None,
-        resume_from: str | None = None,
-    ) -> None:
-        """Create attempt `attempt` and record it; it resumes from `resume_from`, else from
-        the latest checkpoint (attempts after the first)."""
-        kind = "RayJob" if spec.kind == specs.RunKind.RAY else "Job"
-        if resume_from is None:
-            latest = checkpoints.latest(status) if attempt > 1 else None
-            resume_from = str(latest.get("path", "")) if latest else ""
-        entry: dict[str, Any] = {
-            "number": attempt,
-            "objectKind": kind,
-            "phase": lifecycle.Phase.QUEUED,
-            "objectName": rendering.attempt_name(ref.name, attempt),
-            "createdTime": timestamps.rfc3339(now),
-            "resumeFrom": resume_from,
-        }
-        if priority_class:
-            entry["priorityClass"] = priority_class
-        status["attempts"].append(entry)
-        await self._create_attempt_objects(spec, ref, attempt, status)
-        status.update(currentAttempt=attempt, phase=lifecycle.Phase.QUEUED, reason="Submitted",
-                      message=f"submitted to queue {spec.queue!r}; waiting for Kueue")  # fmt: skip
-        status.setdefault("startTime", timestamps.rfc3339(now))
-        lifecycle.set_phase_condition(status["conditions"], lifecycle.Phase.QUEUED, "Submitted",
-                                 f"attempt {attempt} created", now)  # fmt: skip
-        self.metrics.run_attempts.labels("started").inc()
-        log.info("attempt started", run=f"{ref.namespace}/{ref.name}", attempt=attempt)
+        return positions.position_from_visibility(items, namespace, workload)
 
     async def _resume_if_due(
         self,
         spec: specs.TauSpec,
-        ref: rendering.RunRef,
+        ref: objects.RunRef,
         status: dict[str, Any],
         record: Mapping[str, Any],
         now: dt.datetime,
@@ -712,37 +500,9 @@ class Reconciler:
             return
         failure = str(record.get("failureClass") or "")
         priority = lifecycle.resume_priority_class(spec, failure, self.resume_priority_class)
-        if priority is not None and not await self._priority_class_exists(priority):
+        if priority is not None and not await self.attempts.priority_class_exists(priority):
             priority = None
-        await self._start_attempt(spec, ref, status, current + 1, now, priority_class=priority)
-
-    async def _delete_attempt(
-        self, spec: specs.TauSpec, ref: rendering.RunRef, attempt: int
-    ) -> None:
-        if attempt < 1:
-            return
-        name = rendering.attempt_name(ref.name, attempt)
-        self.elector.ensure_leader()
-        if spec.kind == specs.RunKind.RAY:
-            await self.store.delete("RayJob", ref.namespace, name)
-        else:
-            await self.store.delete("Job", ref.namespace, name)
-        if spec.kind == specs.RunKind.PYTORCH:
-            await self.store.delete("Service", ref.namespace, name)
-
-    async def _cleanup(
-        self, spec: specs.TauSpec, ref: rendering.RunRef, status: dict[str, Any], now: dt.datetime
-    ) -> None:
-        """Delete a finished run's objects after the TTL (once; the TauRun stays)."""
-        if status.get("objectsDeleted"):
-            return
-        if not lifecycle.ttl_expired(
-            timestamps.parse(status.get("endTime")), self.ttl_after_finished_s, now
-        ):
-            return
-        for record in status.get("attempts") or []:
-            await self._delete_attempt(spec, ref, int(record.get("number") or 0))
-        status["objectsDeleted"] = True
+        await self.attempts.start(spec, ref, status, current + 1, now, priority_class=priority)
 
     async def _write(
         self, item: dict[str, Any], old: Mapping[str, Any], status: dict[str, Any]
@@ -750,7 +510,7 @@ class Reconciler:
         if _clean(status) == _clean(old):
             return item
         self.elector.ensure_leader()
-        namespace, name = _key(item)
+        namespace, name = snapshots.key(item)
         written = await self.store.patch_run_status(namespace, name, status)
         if written is None:
             return item
@@ -763,45 +523,6 @@ class Reconciler:
         return written
 
 
-def _index(
-    objects: list[dict[str, Any]],
-    pods: list[dict[str, Any]],
-    workloads: list[dict[str, Any]],
-    local_queues: list[dict[str, Any]],
-    nodes: list[dict[str, Any]],
-) -> Snapshot:
-    """Index what a pass read for the per-run work."""
-    by_kind = {(_key(o)[0], o["kind"], _key(o)[1]): o for o in objects}
-    views = [lifecycle.parse_workload(w) for w in workloads]
-    by_owner = {(w.namespace, w.owner_kind, w.owner_name): w for w in views}
-    by_attempt: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
-    for pod in pods:
-        labels = (pod.get("metadata") or {}).get("labels") or {}
-        attempt = str(labels.get(marks.ATTEMPT_LABEL, ""))
-        if attempt.isdigit():
-            ns, _ = _key(pod)
-            by_attempt.setdefault((ns, labels[marks.RUN_LABEL], int(attempt)), []).append(pod)
-    local = {_key(lq): str((lq.get("spec") or {}).get("clusterQueue", "")) for lq in local_queues}
-    return Snapshot(
-        objects=by_kind,
-        workloads=by_owner,
-        all_workloads=views,
-        pods=by_attempt,
-        local_queues=local,
-        nodes=lifecycle.node_facts(nodes),
-        positions=lifecycle.compute_positions(views, local),
-    )
-
-
-def _run_ref(item: Mapping[str, Any]) -> rendering.RunRef:
-    meta = item.get("metadata") or {}
-    return rendering.RunRef(
-        name=str(meta.get("name", "")),
-        namespace=str(meta.get("namespace", "")),
-        uid=str(meta.get("uid", "")),
-    )
-
-
 def _clean(value: Any) -> Any:
     """Drop None values (a merge patch deletes them) so comparisons see what is stored."""
     if isinstance(value, Mapping):
@@ -809,14 +530,3 @@ def _clean(value: Any) -> Any:
     if isinstance(value, list):
         return [_clean(v) for v in value]
     return str(value) if isinstance(value, lifecycle.Phase) else value
-
-
-def _pod_templates(obj: dict[str, Any]) -> list[dict[str, Any]]:
-    if obj["kind"] == "Job":
-        return [obj["spec"]["template"]]
-    if obj["kind"] == "RayJob":
-        cluster = obj["spec"]["rayClusterSpec"]
-        return [cluster["headGroupSpec"]["template"]] + [
-            group["template"] for group in cluster["workerGroupSpecs"]
-        ]
-    return []

@@ -44,11 +44,8 @@ import shlex
 from typing import Any
 
 from controller import marks
+from controller.runs import objects
 from shared import spec as specs
-
-TAURUN_API_VERSION = specs.API_VERSION
-TAURUN_KIND = "TauRun"
-
 
 CONTAINER_NAME = "main"
 """The user's container in job and pytorch pods (what `logs` streams)."""
@@ -56,14 +53,8 @@ RAY_HEAD_CONTAINER = "ray-head"
 RAY_WORKER_CONTAINER = "ray-worker"
 RAY_WORKER_GROUP = "workers"
 
-TOKEN_SECRET_KEY = "token"  # noqa: S105 - the key's name, not a secret
-"""Key of the run-scoped token in the per-run Secret."""
-CHECKPOINT_CONFIGMAP_KEY = "latest"
-"""Key (and file name) of the latest checkpoint in the per-run ConfigMap."""
-CHECKPOINT_FILE = f"{specs.CHECKPOINT_MOUNT_DIR}/{CHECKPOINT_CONFIGMAP_KEY}"
-CA_CONFIGMAP_KEY = "ca.crt"
-"""Key (and file name) of the controller's CA in the per-run ConfigMap, when it has one."""
-CA_FILE = f"{specs.CHECKPOINT_MOUNT_DIR}/{CA_CONFIGMAP_KEY}"
+CHECKPOINT_FILE = f"{specs.CHECKPOINT_MOUNT_DIR}/{objects.CHECKPOINT_CONFIGMAP_KEY}"
+CA_FILE = f"{specs.CHECKPOINT_MOUNT_DIR}/{objects.CA_CONFIGMAP_KEY}"
 """Where run pods find the controller's CA (`TAU_CA_FILE`)."""
 
 
@@ -73,19 +64,10 @@ VOLUME_CHECKPOINT_CLAIM = "checkpoint"
 
 
 @dataclasses.dataclass(frozen=True)
-class RunRef:
-    """The TauRun an attempt belongs to (its metadata, not its spec)."""
-
-    name: str
-    namespace: str
-    uid: str
-
-
-@dataclasses.dataclass(frozen=True)
 class AttemptContext:
     """What differs between attempts of one run."""
 
-    run: RunRef
+    run: objects.RunRef
     attempt: int
     """1 for the first attempt."""
     token_secret: str
@@ -121,37 +103,6 @@ class RenderSettings:
     Empty: no CA file, the pods' system store decides."""
 
 
-def attempt_name(run_name: str, attempt: int) -> str:
-    """Return the name of attempt `attempt` of `run_name`: `<run>-a<N>`."""
-    return f"{run_name}-a{attempt}"
-
-
-def token_secret_name(run_name: str) -> str:
-    """Return the conventional name of a run's token Secret."""
-    return f"{run_name}-token"
-
-
-def checkpoint_configmap_name(run_name: str) -> str:
-    """Return the conventional name of a run's checkpoint ConfigMap."""
-    return f"{run_name}-checkpoint"
-
-
-def owner_reference(run: RunRef) -> dict[str, Any]:
-    """Return the owner reference every object of a run carries.
-
-    `controller: true` marks the TauRun as the managing controller; `blockOwnerDeletion`
-    makes foreground deletion of the TauRun wait for its attempts.
-    """
-    return {
-        "apiVersion": TAURUN_API_VERSION,
-        "kind": TAURUN_KIND,
-        "name": run.name,
-        "uid": run.uid,
-        "controller": True,
-        "blockOwnerDeletion": True,
-    }
-
-
 def render_attempt(
     spec: specs.TauSpec, ctx: AttemptContext, settings: RenderSettings
 ) -> list[dict[str, Any]]:
@@ -168,47 +119,6 @@ def render_attempt(
     if spec.kind == specs.RunKind.RAY:
         return [_render_rayjob(spec, ctx, settings)]
     return [_render_job(spec, ctx, settings)]
-
-
-def render_token_secret(run: RunRef, name: str, token: str) -> dict[str, Any]:
-    """Return the per-run Secret holding the run-scoped token, owned by the TauRun."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": {
-            "name": name,
-            "namespace": run.namespace,
-            "labels": {marks.RUN_LABEL: run.name},
-            "ownerReferences": [owner_reference(run)],
-        },
-        "type": "Opaque",
-        "stringData": {TOKEN_SECRET_KEY: token},
-    }
-
-
-def render_checkpoint_configmap(
-    run: RunRef, name: str, latest: str, *, ca_pem: str = ""
-) -> dict[str, Any]:
-    """Return the per-run ConfigMap whose `latest` key the pods read as a file.
-
-    `latest` is whatever the checkpoint reporter writes (the path, or a JSON record); an
-    empty string means no checkpoint yet. A non-empty `ca_pem` (`RenderSettings.ca_pem`)
-    goes under `ca.crt`, the file `TAU_CA_FILE` names.
-    """
-    data = {CHECKPOINT_CONFIGMAP_KEY: latest}
-    if ca_pem:
-        data[CA_CONFIGMAP_KEY] = ca_pem
-    return {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {
-            "name": name,
-            "namespace": run.namespace,
-            "labels": {marks.RUN_LABEL: run.name},
-            "ownerReferences": [owner_reference(run)],
-        },
-        "data": data,
-    }
 
 
 # ---------------------------------------------------------------- pieces
@@ -237,7 +147,7 @@ def _metadata(
         "namespace": ctx.run.namespace,
         "labels": labels,
         "annotations": {marks.CONFIG_HASH_ANNOTATION: specs.spec_hash(spec)},
-        "ownerReferences": [owner_reference(ctx.run)],
+        "ownerReferences": [objects.owner_reference(ctx.run)],
     }
 
 
@@ -253,7 +163,9 @@ def _tau_env(
         {"name": "TAU_URL", "value": settings.controller_url},
         {
             "name": "TAU_TOKEN",
-            "valueFrom": {"secretKeyRef": {"name": ctx.token_secret, "key": TOKEN_SECRET_KEY}},
+            "valueFrom": {
+                "secretKeyRef": {"name": ctx.token_secret, "key": objects.TOKEN_SECRET_KEY}
+            },
         },
     ]
     if spec.checkpoint is not None:
@@ -360,9 +272,9 @@ def _volumes_and_mounts(
         {"name": VOLUME_SHM, "emptyDir": {"medium": "Memory", "sizeLimit": spec.shm_size}}
     )
     mounts.append({"name": VOLUME_SHM, "mountPath": specs.SHM_MOUNT_PATH})
-    items = [{"key": CHECKPOINT_CONFIGMAP_KEY, "path": CHECKPOINT_CONFIGMAP_KEY}]
+    items = [{"key": objects.CHECKPOINT_CONFIGMAP_KEY, "path": objects.CHECKPOINT_CONFIGMAP_KEY}]
     if with_ca:
-        items.append({"key": CA_CONFIGMAP_KEY, "path": CA_CONFIGMAP_KEY})
+        items.append({"key": objects.CA_CONFIGMAP_KEY, "path": objects.CA_CONFIGMAP_KEY})
     volumes.append(
         {
             "name": VOLUME_CHECKPOINT_FILE,
@@ -418,7 +330,7 @@ def _render_job(
     A multi-worker `job` is NonIndexed with parallelism = completions = workers: Kueue
     admits the pods as one pod set, and the Job succeeds when every worker has.
     """
-    name = attempt_name(ctx.run.name, ctx.attempt)
+    name = objects.attempt_name(ctx.run.name, ctx.attempt)
     command, args = _container_command(spec)
     env = _tau_env(spec, ctx, settings)
     pytorch = spec.kind == specs.RunKind.PYTORCH
@@ -464,7 +376,7 @@ def _render_headless_service(
     before readiness, because rendezvous happens before any pod could be called ready.
     The selector is the attempt's labels, so a stale attempt's pods never answer.
     """
-    name = attempt_name(ctx.run.name, ctx.attempt)
+    name = objects.attempt_name(ctx.run.name, ctx.attempt)
     return {
         "apiVersion": "v1",
         "kind": "Service",
@@ -511,7 +423,7 @@ def _render_rayjob(
     - Containers carry no command: KubeRay generates `ray start`; the user's command is the
       entrypoint. The head gets the CPU and memory of a worker but no GPUs.
     """
-    name = attempt_name(ctx.run.name, ctx.attempt)
+    name = objects.attempt_name(ctx.run.name, ctx.attempt)
     env = _tau_env(spec, ctx, settings) + _user_env(spec)
     pod_labels = _run_labels(spec, ctx)
 

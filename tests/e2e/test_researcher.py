@@ -21,7 +21,7 @@ from tests import runskit as kit
 
 pytestmark = pytest.mark.cluster
 
-TAU = pathlib.Path(__file__).resolve().parents[2] / "controller" / "assets" / "tau"
+TAU = pathlib.Path(__file__).resolve().parents[2] / "controller" / "assets" / "tau.py"
 KWOK_LOGS = ("kwok.x-k8s.io", "v1alpha1")
 NODE = "gpu-node-1"
 

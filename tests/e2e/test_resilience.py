@@ -33,7 +33,7 @@ from tests.runskit import IMAGE, RESEARCHER_RULES, make_token
 
 pytestmark = pytest.mark.cluster
 
-TAU = pathlib.Path(__file__).parents[2] / "controller/assets/tau"
+TAU = pathlib.Path(__file__).parents[2] / "controller/assets/tau.py"
 FLEET_LABEL = "taugrid.dev/test-fleet"
 
 

@@ -20,12 +20,12 @@ import pytest
 import pytest_asyncio
 from kubernetes_asyncio import client
 
-from controller import app as controller_app
+from controller import serving
 from devcluster import cluster, pki
 from tests import controllerkit as kit
 from tests import support
 
-TAU = pathlib.Path(__file__).parents[3] / "controller/assets/tau"
+TAU = pathlib.Path(__file__).parents[3] / "controller/assets/tau.py"
 IMAGE = "registry.example/train@sha256:" + "0" * 64
 
 
@@ -84,8 +84,8 @@ def test_a_replica_advertises_its_ip_by_its_name_under_the_headless_service() ->
     the certificate's `*.<domain>` covers (IPv4 and IPv6)."""
     domain = "taugrid-controller-pods.taugrid-system.svc.cluster.local"
     expected = (f"10-244-1-7.{domain}", f"fd00-10--7.{domain}")
-    actual = (controller_app.pod_dns_name("10.244.1.7", domain),
-              controller_app.pod_dns_name("fd00:10::7", domain))  # fmt: skip
+    actual = (serving.pod_dns_name("10.244.1.7", domain),
+              serving.pod_dns_name("fd00:10::7", domain))  # fmt: skip
     assert expected == actual
 
 
@@ -110,7 +110,7 @@ async def test_a_follower_forwards_to_the_leader_over_https_only_when_it_trusts_
         assert leader.url.startswith("https://")
 
         async def follower_knows_the_leader() -> None:
-            assert follower.state.elector.leader_url == leader.url
+            assert follower.serving.elector.leader_url == leader.url
 
         await support.eventually(follower_knows_the_leader, what="the leader URL in the Lease")
         async with http.put(
@@ -121,16 +121,16 @@ async def test_a_follower_forwards_to_the_leader_over_https_only_when_it_trusts_
             body = await resp.json()
             status, via = resp.status, resp.headers.get("X-TauGrid-Leader")
         if trust:
-            expected: tuple[Any, ...] = (200, leader.url, True, leader.state.elector.identity)
+            expected: tuple[Any, ...] = (200, leader.url, True, leader.serving.elector.identity)
             actual: tuple[Any, ...] = (
-                status, via, leader.state.quarantiner.settings.dry_run, body["leader"]
+                status, via, leader.fleet.quarantiner.settings.dry_run, body["leader"]
             )  # fmt: skip
         else:
             expected = (503, "LeaderUnreachable", leader.url, True, False)
             actual = (
                 status, body["error"]["code"], body.get("leaderUrl"),
                 "CERTIFICATE_VERIFY_FAILED" in body["error"]["message"],
-                leader.state.quarantiner.settings.dry_run,
+                leader.fleet.quarantiner.settings.dry_run,
             )  # fmt: skip
         assert expected == actual, body
 

@@ -445,7 +445,7 @@ def adapter_calls() -> Iterator[Call]:
 
 def kueue_plurals() -> set[str]:
     """The Kueue plurals the controller lists (`store.list_kueue("workloads")` …)."""
-    text = "\n".join(p.read_text() for p in (build.REPO / "controller").glob("*.py"))
+    text = "\n".join(p.read_text() for p in (build.REPO / "controller").rglob("*.py"))
     return set(re.findall(r"list_kueue\(\s*\"(\w+)\"", text))
 
 

@@ -12,8 +12,8 @@ import pytest
 
 
 def _tau_client() -> Any:
-    """Load the `tau` script (a file without .py) as a module."""
-    path = pathlib.Path(__file__).resolve().parents[3] / "controller" / "assets" / "tau"
+    """Load the `tau` script as a module, as a user runs it (`python3 tau.py`)."""
+    path = pathlib.Path(__file__).resolve().parents[3] / "controller" / "assets" / "tau.py"
     loader = importlib.machinery.SourceFileLoader("tau_client", str(path))
     module = types.ModuleType(loader.name)
     loader.exec_module(module)

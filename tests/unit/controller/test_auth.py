@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from controller import auth
+from controller import auth, errors
 
 AGENT = auth.Identity(
     "system:serviceaccount:taugrid-system:taugrid-agent",
@@ -98,7 +98,7 @@ async def test_the_cache_never_outlives_the_token() -> None:
 async def test_bad_credentials_are_401_with_a_reason(header: str | None, fragment: str) -> None:
     """Each kind of bad credential gets Unauthenticated saying what was wrong."""
     a = auth.Authenticator(CountingReviewer({}, set()), clock=Clock())
-    with pytest.raises(auth.Unauthenticated) as err:
+    with pytest.raises(errors.Unauthenticated) as err:
         await a.authenticate(header)
     assert fragment in str(err.value)
 
@@ -109,11 +109,11 @@ async def test_a_rejected_token_is_remembered_briefly() -> None:
     reviewer = CountingReviewer({}, set())
     a = auth.Authenticator(reviewer, clock=clock)
     for _ in range(10):
-        with pytest.raises(auth.Unauthenticated):
+        with pytest.raises(errors.Unauthenticated):
             await a.authenticate("Bearer bad")
     assert reviewer.token_reviews == 1
     clock.t += auth.NEGATIVE_TTL_S + 1
-    with pytest.raises(auth.Unauthenticated):
+    with pytest.raises(errors.Unauthenticated):
         await a.authenticate("Bearer bad")
     assert reviewer.token_reviews == 2
 
@@ -126,7 +126,7 @@ async def test_access_answers_are_cached_and_a_refusal_names_verb_and_resource()
     for _ in range(5):
         await a.authorize(oncall, auth.Access("get", "nodes"))
     assert reviewer.access_reviews == 1
-    with pytest.raises(auth.Forbidden) as err:
+    with pytest.raises(errors.Forbidden) as err:
         await a.authorize(oncall, auth.Access("patch", "nodes"))
     assert str(err.value) == "alice may not patch nodes"
 
@@ -153,7 +153,7 @@ def test_heartbeats_are_accepted_only_from_the_agent_on_its_own_node(
     identity: auth.Identity, node: str, fragment: str
 ) -> None:
     """A heartbeat needs the agent ServiceAccount's token bound to a pod on the named node."""
-    with pytest.raises(auth.Forbidden) as err:
+    with pytest.raises(errors.Forbidden) as err:
         auth.check_heartbeat_sender(identity, AGENT.username, node)
     assert fragment in str(err.value)
 

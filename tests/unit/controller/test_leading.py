@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import datetime as dt
 
@@ -120,3 +122,41 @@ async def test_releasing_on_shutdown_lets_the_follower_lead_at_once() -> None:
     clock.t += 0.1
     await b.step()
     assert b.is_leader() is True
+
+
+async def test_the_pass_helper_counts_a_failed_pass_and_goes_on() -> None:
+    """A pass that raises is counted under its loop's name and the next pass runs; losing
+    the lease mid-pass is not a failure; a follower runs no pass at all."""
+    store, clock = MemoryStore(), Clock()
+    elector = leading.Elector(store, "a", "http://a", lease_duration_s=15, renew_deadline_s=10,
+                              retry_period_s=2, clock=clock)  # fmt: skip
+    outcomes: list[BaseException | None] = [RuntimeError("api down"), leading.NotLeaderError("x")]
+    passes: list[int] = []
+    failures: list[str] = []
+    followed: list[int] = []
+    wake = asyncio.Event()
+
+    async def one_pass() -> float | None:
+        passes.append(len(passes))
+        outcome = outcomes.pop(0) if outcomes else None
+        if outcome is not None:
+            raise outcome
+        return None
+
+    loop = asyncio.create_task(
+        leading.run_passes("demo", one_pass, wake=wake, interval_s=3600, elector=elector,
+                           failures=failures.append, on_follower=lambda: followed.append(1))
+    )  # fmt: skip
+    try:
+        while not followed:  # not the leader yet: the helper runs no pass
+            await asyncio.sleep(0)
+        await elector.step()
+        for _ in range(3):
+            wake.set()
+            for _ in range(50):
+                await asyncio.sleep(0)
+    finally:
+        loop.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await loop
+    assert (passes, failures) == ([0, 1, 2], ["demo"])

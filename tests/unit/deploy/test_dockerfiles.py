@@ -640,7 +640,7 @@ def test_the_context_leaves_out(path: str) -> None:
         "README.md",
         "controller/app.py",
         "controller/assets/index.html",
-        "controller/assets/tau",
+        "controller/assets/tau.py",
         "agent/probing/__init__.py",
         "shared/xid.py",
     ],

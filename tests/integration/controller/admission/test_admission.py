@@ -189,7 +189,7 @@ async def retry_events(w: World, workload: str) -> list[dict[str, Any]]:
 
 def retry_decisions(w: World) -> float:
     """How many Retry states the controller has written (its metric)."""
-    registry = w.controller.state.metrics.registry
+    registry = w.controller.serving.metrics.registry
     value = registry.get_sample_value("taugrid_admission_decisions_total", {"state": "Retry"})
     return value or 0.0
 
@@ -204,14 +204,14 @@ async def test_the_gate_admits_on_healthy_nodes_and_retries_without_a_hot_loop(
     next 2 × 8 Job is retried (requeueAfterSeconds set, a message naming the sick node, one
     Event, a bounded number of retries) and stays unadmitted; released, it is admitted."""
     w = world
-    gate = w.controller.state.gate
+    gate = w.controller.gate
 
     async def active() -> None:
         ac = await w.custom.get_cluster_custom_object(*KUEUE, "admissionchecks", w.check)
         cond = support.condition(ac, "Active")
         assert cond is not None, "no Active condition yet"
         assert (cond["status"], cond["reason"]) == ("True", marks.CHECK_ACTIVE_REASON)
-        registry = w.controller.state.metrics.registry
+        registry = w.controller.serving.metrics.registry
         assert registry.get_sample_value("taugrid_admission_check_active") == 1
 
     await support.eventually(active, what=f"{w.check} Active")

@@ -155,7 +155,7 @@ async def test_schema_and_client_are_served(env: Env) -> None:
     assert "image" in schema["required"]
     async with env.http.get(f"{env.url}/tau") as resp:
         script = await resp.read()
-    assert script == (pathlib.Path(__file__).parents[4] / "controller/assets/tau").read_bytes()
+    assert script == (pathlib.Path(__file__).parents[4] / "controller/assets/tau.py").read_bytes()
 
 
 # ---------------------------------------------------------------------- quota
@@ -206,7 +206,7 @@ async def test_cancel_frees_quota_for_the_run_behind(env: Env) -> None:
 
 
 # ---------------------------------------------------------------------- checkpoints
-TAU = pathlib.Path(__file__).parents[4] / "controller/assets/tau"
+TAU = pathlib.Path(__file__).parents[4] / "controller/assets/tau.py"
 
 
 async def run_token(api: client.ApiClient, namespace: str, run: str) -> str:

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from controller import marks
-from controller.fleet import conditions, nodes, policy, state
+from controller.fleet import actions, conditions, nodes, policy, state
 from shared import health, heartbeat
 
 T0 = dt.datetime(2025, 3, 1, 12, 0, 0, tzinfo=dt.UTC)
@@ -187,7 +187,7 @@ class World:
         )
         self.nodes: dict[str, dict[str, Any]] = {name: raw_node(name) for name in names}
         self.nodes.update(copy.deepcopy(dict(raw or {})))
-        self.breaker = policy.BreakerState()
+        self.breaker = actions.BreakerState()
         self.evictions: list[tuple[str, dt.datetime]] = []
         self.seq = 0
 
@@ -204,20 +204,20 @@ class World:
             self.seq += 1
             self.fleet.ingest(hb(name, faults=faults, boot=boot, seq=self.seq, sent_at=now), now)
 
-    def step(self, now: dt.datetime) -> policy.Decision:
+    def step(self, now: dt.datetime) -> actions.Decision:
         """Run one pass and carry out its node actions."""
         views = [nodes.parse(raw) for raw in self.nodes.values()]
         decision = policy.decide(self.fleet, views, self.settings, self.breaker, now)
         self.breaker = decision.breaker
         for action in decision.actions:
-            if isinstance(action, policy.Skipped | policy.OpenBreaker | policy.CloseBreaker):
+            if isinstance(action, actions.Skipped | actions.OpenBreaker | actions.CloseBreaker):
                 continue
             self.carry_out(action, now)
         return decision
 
-    def carry_out(self, action: policy.NodeAction, now: dt.datetime) -> None:
+    def carry_out(self, action: actions.NodeAction, now: dt.datetime) -> None:
         """Apply one node action as the actuator would."""
-        if isinstance(action, policy.EvictGpuPods):
+        if isinstance(action, actions.EvictGpuPods):
             self.evictions.append((action.node, now))
         patch = conditions.patch_for(action, self.nodes[action.node], now)
         if patch is not None:
@@ -234,13 +234,13 @@ class World:
         return (status, view.tainted, view.unschedulable, view.cordoned_by_us)
 
 
-def kinds(decision: policy.Decision) -> list[tuple[str, str]]:
+def kinds(decision: actions.Decision) -> list[tuple[str, str]]:
     """Return (action kind, node or skip reason) pairs, for compact assertions."""
     out = []
     for action in decision.actions:
-        if isinstance(action, policy.Skipped):
+        if isinstance(action, actions.Skipped):
             out.append((f"Skipped{action.wanted.kind.value}", f"{action.node}:{action.why}"))
-        elif isinstance(action, policy.OpenBreaker | policy.CloseBreaker):
+        elif isinstance(action, actions.OpenBreaker | actions.CloseBreaker):
             out.append((action.kind.value, ""))
         else:
             out.append((action.kind.value, action.node))

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from controller import marks, timestamps
-from controller.fleet import conditions, nodes, policy, state
+from controller.fleet import actions, conditions, nodes, state
 from tests.unit.controller.fleet import fakes
 from tests.unit.controller.fleet.fakes import at
 
@@ -28,7 +28,7 @@ FOREIGN_TAINT = {"key": "example.com/maintenance", "effect": "NoSchedule"}
 
 def _quarantined(*, cordoned_by_us: bool = True) -> dict[str, Any]:
     node = fakes.raw_node("n1", taints=[FOREIGN_TAINT])
-    patch = conditions.patch_for(policy.Quarantine("n1", RECORD, "m", cordon=True), node, at(0))
+    patch = conditions.patch_for(actions.Quarantine("n1", RECORD, "m", cordon=True), node, at(0))
     assert patch is not None
     node = fakes.apply(node, patch)
     if not cordoned_by_us:
@@ -36,40 +36,40 @@ def _quarantined(*, cordoned_by_us: bool = True) -> dict[str, Any]:
     return node
 
 
-ACTIONS: list[tuple[str, policy.NodeAction, dict[str, Any]]] = [
-    ("a condition is written once", policy.SetCondition("n1", FAILED), fakes.raw_node("n1")),
+ACTIONS: list[tuple[str, actions.NodeAction, dict[str, Any]]] = [
+    ("a condition is written once", actions.SetCondition("n1", FAILED), fakes.raw_node("n1")),
     (
         "a quarantine is written once",
-        policy.Quarantine("n1", RECORD, "GPU-a fell off the bus", cordon=True),
+        actions.Quarantine("n1", RECORD, "GPU-a fell off the bus", cordon=True),
         fakes.raw_node("n1", taints=[FOREIGN_TAINT]),
     ),
     (
         "an escalation is written once",
-        policy.UpdateQuarantine(
+        actions.UpdateQuarantine(
             "n1", dataclasses.replace(RECORD, clears_with=nodes.Clearing.MANUAL_RELEASE)
         ),
         _quarantined(),
     ),
     (
         "the first eviction pass is recorded once",
-        policy.EvictGpuPods("n1", at(60), "XidFallenOffBus", first=True),
+        actions.EvictGpuPods("n1", at(60), "XidFallenOffBus", first=True),
         _quarantined(),
     ),
     (
         "a release is written once",
-        policy.Release("n1", "FaultCleared", "healthy", uncordon=True),
+        actions.Release("n1", "FaultCleared", "healthy", uncordon=True),
         _quarantined(),
     ),
     (
         "a manual release is written once",
-        policy.ManualRelease("n1", "alice", "replaced", RECORD.faults, uncordon=True),
+        actions.ManualRelease("n1", "alice", "replaced", RECORD.faults, uncordon=True),
         _quarantined(),
     ),
 ]
 
 
 @pytest.mark.parametrize(("action", "node"), [a[1:] for a in ACTIONS], ids=[a[0] for a in ACTIONS])
-def test_patches_are_idempotent(action: policy.NodeAction, node: dict[str, Any]) -> None:
+def test_patches_are_idempotent(action: actions.NodeAction, node: dict[str, Any]) -> None:
     """Applying an action's patch and asking again gives None, even a minute later."""
     first = conditions.patch_for(action, node, at(100))
     assert first is not None
@@ -84,7 +84,7 @@ def test_quarantine_patch_keeps_foreign_taints_and_guards_with_the_resource_vers
     """Our taint is added beside others, in one patch with the cordon and our annotations."""
     node = fakes.raw_node("n1", taints=[FOREIGN_TAINT])
 
-    patch = conditions.patch_for(policy.Quarantine("n1", RECORD, "m", cordon=True), node, at(0))
+    patch = conditions.patch_for(actions.Quarantine("n1", RECORD, "m", cordon=True), node, at(0))
 
     assert patch is not None
     expected_spec = {
@@ -110,7 +110,7 @@ def test_release_only_undoes_our_cordon(cordoned_by_us: bool, expected_unschedul
     """Uncordon happens only when `taugrid.dev/cordoned` says the cordon was ours."""
     node = _quarantined(cordoned_by_us=cordoned_by_us)
     patch = conditions.patch_for(
-        policy.Release("n1", "FaultCleared", "", uncordon=True), node, at(9)
+        actions.Release("n1", "FaultCleared", "", uncordon=True), node, at(9)
     )
     assert patch is not None
 
@@ -173,8 +173,8 @@ def test_history_is_bounded_to_twenty_entries() -> None:
     node = fakes.raw_node("n1")
     for cycle in range(15):
         for action in (
-            policy.Quarantine("n1", RECORD, "m", cordon=True),
-            policy.Release("n1", "FaultCleared", "", uncordon=True),
+            actions.Quarantine("n1", RECORD, "m", cordon=True),
+            actions.Release("n1", "FaultCleared", "", uncordon=True),
         ):
             patch = conditions.patch_for(action, node, at(cycle))
             assert patch is not None

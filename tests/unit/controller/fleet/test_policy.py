@@ -10,20 +10,26 @@ from collections.abc import Callable, Iterable, Mapping
 
 import pytest
 
-from controller import marks
-from controller.fleet import nodes, policy
+from controller import errors, marks
+from controller.fleet import actions, nodes, policy
 from shared import health, heartbeat
 from tests.unit.controller.fleet import fakes
 from tests.unit.controller.fleet.fakes import at
 
 SETTINGS = policy.Settings(
-    failed_evict_grace_s=60,
+    stale_multiplier=3.0,
+    default_interval_s=10.0,
+    evict_grace_s=60,
     degraded_drain_after_s=1800,
     release_after_s=300,
     stale_quarantine_after_s=600,
+    max_quarantined=None,
+    max_quarantined_fraction=0.2,
     breaker_percent=50,
     breaker_window_s=300,
-    breaker_close_after_s=300,
+    breaker_min_nodes=2,
+    breaker_healthy_close_s=300,
+    dry_run=False,
 )
 Faults = Mapping[int, Iterable[heartbeat.Reason]]
 TEN = [f"n{i}" for i in range(10)]
@@ -208,7 +214,7 @@ def test_max_quarantined_limits_automatic_quarantine(
     skipped = [
         a.node
         for a in decision.actions
-        if isinstance(a, policy.Skipped) and a.why is policy.SkipReason.MAX_QUARANTINED
+        if isinstance(a, actions.Skipped) and a.why is actions.SkipReason.MAX_QUARANTINED
     ]
     assert (expected_quarantined, expected_skipped, 2) == (
         quarantined,
@@ -218,16 +224,16 @@ def test_max_quarantined_limits_automatic_quarantine(
 
 
 @pytest.mark.parametrize(
-    ("fleet_size", "percent", "expected"),
+    ("fleet_size", "fraction", "expected"),
     [
-        pytest.param(3, 20.0, 1, id="a small fleet may still quarantine one node"),
-        pytest.param(10, 20.0, 2, id="twenty percent of ten is two"),
-        pytest.param(5000, 20.0, 1000, id="twenty percent of five thousand is a thousand"),
+        pytest.param(3, 0.2, 1, id="a small fleet may still quarantine one node"),
+        pytest.param(10, 0.2, 2, id="twenty percent of ten is two"),
+        pytest.param(5000, 0.2, 1000, id="twenty percent of five thousand is a thousand"),
     ],
 )
-def test_max_quarantined_default(fleet_size: int, percent: float, expected: int) -> None:
+def test_max_quarantined_default(fleet_size: int, fraction: float, expected: int) -> None:
     """The default limit is a share of managed GPU nodes, never below one."""
-    settings = policy.Settings(max_quarantined_percent=percent)
+    settings = SETTINGS.model_copy(update={"max_quarantined_fraction": fraction})
 
     assert expected == settings.limit_for(fleet_size)
 
@@ -498,14 +504,14 @@ def test_on_call_quarantine_and_release() -> None:
 def test_on_call_requests_need_a_reason_and_a_name(by: str, reason: str, expected: str) -> None:
     """Manual quarantine and release name the missing field."""
     view = nodes.parse(fakes.raw_node("n1"))
-    with pytest.raises(policy.ManualRequestError, match=expected):
+    with pytest.raises(errors.Invalid, match=expected):
         policy.manual_quarantine(view, None, by=by, reason=reason, now=at(0))
 
 
 def test_manual_release_of_a_node_not_in_quarantine_is_refused() -> None:
     """Releasing a node TauGrid does not hold is an error naming the node."""
     view = nodes.parse(fakes.raw_node("n1"))
-    with pytest.raises(policy.ManualRequestError, match="node: n1 is not quarantined"):
+    with pytest.raises(errors.Conflict, match="node: n1 is not quarantined"):
         policy.manual_release(view, None, by="alice", reason="done")
 
 
@@ -558,7 +564,7 @@ def test_missing_node_without_an_agent_is_not_ours() -> None:
 def test_decide_rejects_nothing_for_an_empty_fleet() -> None:
     """No nodes: no actions, no breaker, no deadline."""
     decision = policy.decide(
-        fakes.World([], SETTINGS).fleet, [], SETTINGS, policy.BreakerState(), at(0)
+        fakes.World([], SETTINGS).fleet, [], SETTINGS, actions.BreakerState(), at(0)
     )
 
     assert (decision.actions, decision.breaker.open, decision.next_deadline) == ((), False, None)

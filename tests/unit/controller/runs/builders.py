@@ -6,11 +6,11 @@ import datetime as dt
 from typing import Any
 
 from controller import marks, timestamps
-from controller.runs import lifecycle
+from controller.runs import views
 from shared import spec as specs
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
-NODES = lifecycle.NodeFacts(existing=frozenset({"n0", "n1", "bad"}), quarantined=frozenset({"bad"}))
+NODES = views.NodeFacts(existing=frozenset({"n0", "n1", "bad"}), quarantined=frozenset({"bad"}))
 SPEC = specs.parse_spec(
     b"name: demo\nimage: reg/train@sha256:" + b"a" * 64 + b"\ncommand: [python, t.py]\n"
     b"resources: {gpus: 8}\nqueue: q\nexperiment: {project: p}\n"
@@ -36,14 +36,14 @@ def a_workload(
     created: float = 0,
     active: bool = True,
     cq: str = "",
-) -> lifecycle.WorkloadView:
+) -> views.WorkloadView:
     status: dict[str, Any] = {"conditions": list(conds)}
     if cq:
         status["admission"] = {
             "clusterQueue": cq,
             "podSetAssignments": [{"name": "main", "flavors": {"nvidia.com/gpu": "h100"}}],
         }
-    return lifecycle.parse_workload(
+    return views.parse_workload(
         {
             "metadata": {"name": name, "namespace": ns, "creationTimestamp": ts(created),
                          "ownerReferences": [{"kind": "Job", "name": "demo-a1"}]},
@@ -62,7 +62,7 @@ def a_pod(
     exit_code: int | None = None,
     reason: str = "",
     disruption: str = "",
-) -> lifecycle.PodView:
+) -> views.PodView:
     status: dict[str, Any] = {"phase": phase, "startTime": ts(1), "conditions": []}
     if exit_code is not None:
         status["containerStatuses"] = [
@@ -72,21 +72,21 @@ def a_pod(
         ]  # fmt: skip
     if disruption:
         status["conditions"].append(cond("DisruptionTarget", reason=disruption))
-    return lifecycle.parse_pod(
+    return views.parse_pod(
         {"metadata": {"name": name, "labels": {marks.ATTEMPT_LABEL: "1"}},
          "spec": {"nodeName": node, "containers": [{"name": "main"}]}, "status": status}
     )  # fmt: skip
 
 
-def a_job(*conds: dict[str, Any], suspended: bool = False) -> lifecycle.AttemptObjectView:
-    return lifecycle.parse_attempt_object(
+def a_job(*conds: dict[str, Any], suspended: bool = False) -> views.AttemptObjectView:
+    return views.parse_attempt_object(
         {"kind": "Job", "metadata": {"name": "demo-a1"}, "spec": {"suspend": suspended},
          "status": {"conditions": list(conds)}}
     )  # fmt: skip
 
 
-def a_rayjob(job_status: str, deployment: str, reason: str = "") -> lifecycle.AttemptObjectView:
-    return lifecycle.parse_attempt_object(
+def a_rayjob(job_status: str, deployment: str, reason: str = "") -> views.AttemptObjectView:
+    return views.parse_attempt_object(
         {"kind": "RayJob", "metadata": {"name": "demo-a1"}, "spec": {"suspend": False},
          "status": {"jobStatus": job_status, "jobDeploymentStatus": deployment,
                     "reason": reason}}

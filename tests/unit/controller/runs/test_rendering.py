@@ -8,11 +8,11 @@ from typing import Any
 import pytest
 
 from controller import marks
-from controller.runs import rendering
+from controller.runs import objects, rendering
 from shared import spec as specs
 
 FIXTURES = pathlib.Path(__file__).resolve().parents[3] / "fixtures" / "specs"
-RUN = rendering.RunRef(name="demo", namespace="team-a", uid="0b5e7c1e-uid")
+RUN = objects.RunRef(name="demo", namespace="team-a", uid="0b5e7c1e-uid")
 SETTINGS = rendering.RenderSettings(
     controller_url="http://taugrid.taugrid-system:8080", termination_grace_period_s=90
 )
@@ -319,9 +319,9 @@ def test_run_pods_trust_the_controllers_ca_only_when_it_has_one(
 
 def test_checkpoint_configmap_carries_the_ca_when_given() -> None:
     """`ca_pem` goes under `ca.crt` beside `latest`; without it the map has no such key."""
-    name = rendering.checkpoint_configmap_name("demo")
-    with_ca = rendering.render_checkpoint_configmap(RUN, name, "", ca_pem=CA_PEM)
-    without = rendering.render_checkpoint_configmap(RUN, name, "")
+    name = objects.checkpoint_configmap_name("demo")
+    with_ca = objects.render_checkpoint_configmap(RUN, name, "", ca_pem=CA_PEM)
+    without = objects.render_checkpoint_configmap(RUN, name, "")
     expected = ({"latest": "", "ca.crt": CA_PEM}, {"latest": ""})
     assert expected == (with_ca["data"], without["data"])
 
@@ -524,11 +524,11 @@ def test_attempt_zero_is_refused() -> None:
 
 def test_token_secret_and_checkpoint_configmap() -> None:
     """The per-run Secret and ConfigMap are owned by the TauRun and hold the documented keys."""
-    secret = rendering.render_token_secret(RUN, rendering.token_secret_name("demo"), "t0k")
-    config = rendering.render_checkpoint_configmap(
-        RUN, rendering.checkpoint_configmap_name("demo"), "/ckpt/step-200"
+    secret = objects.render_token_secret(RUN, objects.token_secret_name("demo"), "t0k")
+    config = objects.render_checkpoint_configmap(
+        RUN, objects.checkpoint_configmap_name("demo"), "/ckpt/step-200"
     )
-    owner = rendering.owner_reference(RUN)
+    owner = objects.owner_reference(RUN)
     expected = (
         ("demo-token", [owner], {"token": "t0k"}),
         ("demo-checkpoint", [owner], {"latest": "/ckpt/step-200"}),
@@ -543,6 +543,6 @@ def test_token_secret_and_checkpoint_configmap() -> None:
 def test_longest_names_fit_kubernetes_limits() -> None:
     """A 40-character run at attempt 100 still gives pod hostnames within 63 characters."""
     name = "r" * specs.MAX_NAME_LENGTH
-    job_name = rendering.attempt_name(name, specs.MAX_ATTEMPTS)
+    job_name = objects.attempt_name(name, specs.MAX_ATTEMPTS)
     hostname = f"{job_name}-{specs.MAX_WORKERS - 1}"
     assert len(hostname) <= 63

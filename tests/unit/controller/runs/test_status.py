@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from controller import marks
-from controller.runs import lifecycle
+from controller.runs import lifecycle, positions, views
 from shared import spec as specs
 from tests.unit.controller.runs.builders import (
     ADMITTED,
@@ -117,9 +117,9 @@ from tests.unit.controller.runs.builders import (
     ],
 )
 def test_attempt_phase(
-    obj: lifecycle.AttemptObjectView | None,
-    workload: lifecycle.WorkloadView | None,
-    pods: list[lifecycle.PodView],
+    obj: views.AttemptObjectView | None,
+    workload: views.WorkloadView | None,
+    pods: list[views.PodView],
     expected: lifecycle.Phase,
 ) -> None:
     """The attempt's phase follows the Workload conditions, then the object and its pods."""
@@ -174,7 +174,7 @@ def test_attempt_phase(
     ],
 )
 def test_failure_class(
-    pods: list[lifecycle.PodView], object_reason: str, expected: specs.FailureClass
+    pods: list[views.PodView], object_reason: str, expected: specs.FailureClass
 ) -> None:
     """Infrastructure causes win over the application's exit code; no evidence is Unknown."""
     failure, message = lifecycle.classify_failure(pods, NODES, object_reason=object_reason)
@@ -243,14 +243,14 @@ def test_failed_attempt_records_exit_codes_and_nodes() -> None:
     ],
 )
 def test_computed_positions(
-    workloads: list[lifecycle.WorkloadView], expected: dict[str, tuple[int, int]]
+    workloads: list[views.WorkloadView], expected: dict[str, tuple[int, int]]
 ) -> None:
     """Positions follow Kueue's order: priority, then the queue-order timestamp."""
     mapping = {("team", "q"): "cq", ("team", "other"): "cq"}
-    positions = lifecycle.compute_positions(workloads, mapping)
-    actual = {name: (p.in_cluster_queue, p.in_local_queue) for (_, name), p in positions.items()}
+    computed = positions.compute_positions(workloads, mapping)
+    actual = {name: (p.in_cluster_queue, p.in_local_queue) for (_, name), p in computed.items()}
     assert expected == actual
-    assert all(p.source == lifecycle.PositionSource.COMPUTED for p in positions.values())
+    assert all(p.source == positions.PositionSource.COMPUTED for p in computed.values())
 
 
 def test_position_from_visibility() -> None:
@@ -259,28 +259,28 @@ def test_position_from_visibility() -> None:
         {"metadata": {"name": "x", "namespace": "team"}, "positionInClusterQueue": 4,
          "positionInLocalQueue": 1},
     ]  # fmt: skip
-    expected = lifecycle.QueuePosition(4, 1, lifecycle.PositionSource.VISIBILITY)
-    assert expected == lifecycle.position_from_visibility(items, "team", "x")
-    assert lifecycle.position_from_visibility(items, "team", "y") is None
+    expected = positions.QueuePosition(4, 1, positions.PositionSource.VISIBILITY)
+    assert expected == positions.position_from_visibility(items, "team", "x")
+    assert positions.position_from_visibility(items, "team", "y") is None
 
 
 @pytest.mark.parametrize(
     ("ctx", "workload", "expected"),
     [
         pytest.param(
-            lifecycle.WaitContext("q", "team", queue_exists=False),
+            positions.WaitContext("q", "team", queue_exists=False),
             None,
             "queue 'q' does not exist in namespace team; set `queue:` to one that `tau queues`"
             " lists, or ask your platform team for one",
             id="a missing queue is named",
         ),
         pytest.param(
-            lifecycle.WaitContext(
+            positions.WaitContext(
                 "q",
                 "team",
                 True,
                 gpus_per_worker=8,
-                position=lifecycle.QueuePosition(2, 1, lifecycle.PositionSource.COMPUTED),
+                position=positions.QueuePosition(2, 1, positions.PositionSource.COMPUTED),
             ),
             a_workload(cond("QuotaReserved", "False", "Pending", QUOTA_MSG)),
             "waiting for quota: queue 'q' has not enough free GPUs for the 8 GPUs this run asks"
@@ -288,12 +288,12 @@ def test_position_from_visibility() -> None:
             id="missing quota is said in GPUs with the position",
         ),
         pytest.param(
-            lifecycle.WaitContext(
+            positions.WaitContext(
                 "q",
                 "team",
                 True,
                 gpus_per_worker=8,
-                position=lifecycle.QueuePosition(0, 0, lifecycle.PositionSource.COMPUTED),
+                position=positions.QueuePosition(0, 0, positions.PositionSource.COMPUTED),
             ),
             a_workload(cond("QuotaReserved", "False", "Pending", QUOTA_MSG)),
             "waiting for quota: queue 'q' has not enough free GPUs for the 8 GPUs this run asks"
@@ -301,7 +301,7 @@ def test_position_from_visibility() -> None:
             id="the first in line is told so",
         ),
         pytest.param(
-            lifecycle.WaitContext("q", "team", True),
+            positions.WaitContext("q", "team", True),
             a_workload(
                 cond(
                     "QuotaReserved",
@@ -317,7 +317,7 @@ def test_position_from_visibility() -> None:
             id="a run larger than the queue is told it can never fit",
         ),
         pytest.param(
-            lifecycle.WaitContext("q", "team", True),
+            positions.WaitContext("q", "team", True),
             dataclasses.replace(
                 a_workload(cond("QuotaReserved"), cond("Admitted", "False")),
                 admission_checks=(("taugrid-gpu-health", "Retry", "no healthy node"),),
@@ -326,7 +326,7 @@ def test_position_from_visibility() -> None:
             id="pending admission checks are named with their message",
         ),
         pytest.param(
-            lifecycle.WaitContext("q", "team", True),
+            positions.WaitContext("q", "team", True),
             None,
             "submitted to queue 'q'; waiting for Kueue to pick it up",
             id="no workload yet says so",
@@ -334,10 +334,10 @@ def test_position_from_visibility() -> None:
     ],
 )
 def test_waiting_message(
-    ctx: lifecycle.WaitContext, workload: lifecycle.WorkloadView | None, expected: str
+    ctx: positions.WaitContext, workload: views.WorkloadView | None, expected: str
 ) -> None:
     """Why a run waits is said in words a researcher uses, with Kueue's numbers."""
-    assert expected == lifecycle.waiting_message(ctx, workload)
+    assert expected == positions.waiting_message(ctx, workload)
 
 
 def test_evidence_names_where_and_what_ran() -> None:
@@ -413,7 +413,7 @@ def test_a_running_pod_on_a_node_whose_gpu_failed_ends_the_attempt() -> None:
     a Degraded quarantine lets it run, and a suspended (preempted) Job is never failed."""
     by = marks.QUARANTINED_BY_ANNOTATION
     record = marks.QUARANTINE_ANNOTATION
-    facts = lifecycle.node_facts([
+    facts = views.node_facts([
         {"metadata": {"name": "dead", "annotations": {by: "t", record: '{"failed":true}'}}},
         {"metadata": {"name": "sick", "annotations": {by: "t", record: '{"x":1}'}}},
     ])  # fmt: skip

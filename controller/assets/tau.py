@@ -164,11 +164,11 @@ def _age(stamp: str | None) -> str:
         return "-"
     try:
         then = datetime.datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(
-            tzinfo=datetime.timezone.utc  # noqa: UP017  (runs on Python 3.8+)
+            tzinfo=datetime.timezone.utc
         )
     except ValueError:
         return stamp
-    now = datetime.datetime.now(datetime.timezone.utc)  # noqa: UP017  (runs on Python 3.8+)
+    now = datetime.datetime.now(datetime.timezone.utc)
     seconds = int((now - then).total_seconds())
     if seconds < 120:
         return f"{max(seconds, 0)}s"

@@ -10,13 +10,13 @@ from typing import Any
 import pytest
 
 from controller import marks, timestamps
-from controller.admission import gating
+from controller.admission import policy, views
 from tests.unit.controller.fleet.fakes import T0, at
 
 CHECK = "taugrid-gpu-health"
 FLAVOR = "h100"
 PRODUCT = {"nvidia.com/gpu.product": "H100"}
-FLAVORS = {FLAVOR: gating.Flavor(FLAVOR, node_labels=PRODUCT)}
+FLAVORS = {FLAVOR: views.Flavor(FLAVOR, node_labels=PRODUCT)}
 GI = 2**30
 
 
@@ -27,12 +27,12 @@ def node(
     used: int = 0,
     labels: dict[str, str] | None = None,
     **kwargs: Any,
-) -> gating.NodeCapacity:
+) -> views.NodeCapacity:
     """A 96-CPU, 1 TiB node of the h100 flavor with `used` of its GPUs taken."""
-    return gating.NodeCapacity(
+    return views.NodeCapacity(
         name=name,
-        allocatable=gating.Resources(gpus, 96_000, 1024 * GI),
-        used=gating.Resources(used, 0, 0),
+        allocatable=views.Resources(gpus, 96_000, 1024 * GI),
+        used=views.Resources(used, 0, 0),
         labels=PRODUCT if labels is None else labels,
         **kwargs,
     )
@@ -82,9 +82,9 @@ def raw_workload(
     }  # fmt: skip
 
 
-def workload(**kwargs: Any) -> gating.Workload:
+def workload(**kwargs: Any) -> views.Workload:
     """Parse `raw_workload(**kwargs)`."""
-    return gating.parse_workload(raw_workload(**kwargs))
+    return views.parse_workload(raw_workload(**kwargs))
 
 
 def pod(
@@ -97,26 +97,26 @@ def pod(
     gpus: int = 8,
     namespace: str = "ns",
     labels: dict[str, str] | None = None,
-) -> gating.PodUsage:
+) -> views.PodUsage:
     """A pod, optionally of a run attempt."""
     all_labels = dict(labels or {})
     if run:
         all_labels[marks.RUN_LABEL] = run
     if attempt is not None:
         all_labels[marks.ATTEMPT_LABEL] = str(attempt)
-    return gating.PodUsage(namespace, name, node_name, gating.Resources(gpus, 1000, GI), phase,
+    return views.PodUsage(namespace, name, node_name, views.Resources(gpus, 1000, GI), phase,
                            all_labels)  # fmt: skip
 
 
 def decide(
-    w: gating.Workload,
-    nodes: list[gating.NodeCapacity],
-    pods: list[gating.PodUsage] | None = None,
+    w: views.Workload,
+    nodes: list[views.NodeCapacity],
+    pods: list[views.PodUsage] | None = None,
     *,
-    flavors: dict[str, gating.Flavor] | None = None,
-) -> gating.Decision | None:
-    """`gating.decide` at T0 with a 15 s retry delay."""
-    return gating.decide(w, nodes, flavors or FLAVORS, pods or [], T0, check=CHECK,
+    flavors: dict[str, views.Flavor] | None = None,
+) -> policy.Decision | None:
+    """`policy.decide` at T0 with a 15 s retry delay."""
+    return policy.decide(w, nodes, flavors or FLAVORS, pods or [], T0, check=CHECK,
                          retry_after_s=15)  # fmt: skip
 
 
@@ -128,7 +128,7 @@ def test_two_pods_of_eight_gpus_fit_on_two_nodes_with_eight_free_each() -> None:
     decision = decide(workload(), [node("n0"), node("n1"), node("n2", used=4)])
 
     assert decision is not None
-    assert decision.state == gating.CheckState.READY
+    assert decision.state == views.CheckState.READY
     assert sorted(n for n, _ in decision.placement) == ["n0", "n1"]
     assert decision.requeue_after_s is None
     assert decision.message == "fits on healthy nodes of flavor h100: n0, n1"
@@ -141,7 +141,7 @@ def test_a_flavor_total_of_sixteen_spread_four_four_eight_does_not_fit_two_pods_
     decision = decide(workload(), nodes)
 
     assert decision is not None
-    assert decision.state == gating.CheckState.RETRY
+    assert decision.state == views.CheckState.RETRY
     assert decision.message == (
         "needs 2 nodes with 8 free GPUs on healthy nodes of flavor h100;"
         " only 1 healthy node has them: n2"
@@ -156,7 +156,7 @@ def test_a_flavor_total_of_sixteen_spread_four_four_eight_does_not_fit_two_pods_
         pytest.param({"gpu_status": "Unknown", "gpu_reason": "HeartbeatStale"},
                      "GPU health unknown (HeartbeatStale)",
                      id="GPUHealthy Unknown excludes a node"),
-        pytest.param({"taints": (gating.Taint("taugrid.dev/gpu-unhealthy", "", "NoSchedule"),)},
+        pytest.param({"taints": (views.Taint("taugrid.dev/gpu-unhealthy", "", "NoSchedule"),)},
                      "tainted taugrid.dev/gpu-unhealthy", id="our taint excludes a node"),
         pytest.param({"unschedulable": True}, "cordoned", id="a cordoned node is excluded"),
         pytest.param({"ready": False}, "NotReady", id="a NotReady node is excluded"),
@@ -167,7 +167,7 @@ def test_unhealthy_or_unschedulable_nodes_do_not_count(sick: dict[str, Any], why
     decision = decide(workload(), [node("n0"), node("n1", **sick)])
 
     assert decision is not None
-    assert decision.state == gating.CheckState.RETRY
+    assert decision.state == views.CheckState.RETRY
     assert decision.message == (
         "needs 2 nodes with 8 free GPUs on healthy nodes of flavor h100;"
         f" only 1 healthy node has them: n0 (1 unhealthy: n1 {why})"
@@ -181,7 +181,7 @@ def test_a_healthy_gpu_condition_is_healthy() -> None:
     decision = decide(workload(), nodes)
 
     assert decision is not None
-    assert decision.state == gating.CheckState.READY
+    assert decision.state == views.CheckState.READY
 
 
 def test_nodes_of_another_flavor_do_not_count() -> None:
@@ -191,7 +191,7 @@ def test_nodes_of_another_flavor_do_not_count() -> None:
     decision = decide(workload(), [node("n0"), node("n1", labels=other)])
 
     assert decision is not None
-    assert decision.state == gating.CheckState.RETRY
+    assert decision.state == views.CheckState.RETRY
     assert "only 1 healthy node has them: n0" in decision.message
     assert "n1" not in decision.message
 
@@ -209,16 +209,16 @@ def test_no_node_of_the_flavor_at_all_is_said_plainly() -> None:
 
 def test_a_taint_the_pods_do_not_tolerate_keeps_them_off_a_node() -> None:
     """A foreign NoSchedule taint excludes the node unless the flavor or pod tolerates it."""
-    tainted = node("n1", taints=(gating.Taint("dedicated", "infra", "NoSchedule"),))
+    tainted = node("n1", taints=(views.Taint("dedicated", "infra", "NoSchedule"),))
     tolerating = {FLAVOR: dataclasses.replace(
-        FLAVORS[FLAVOR], tolerations=(gating.Toleration("dedicated", "Exists"),))}  # fmt: skip
+        FLAVORS[FLAVOR], tolerations=(views.Toleration("dedicated", "Exists"),))}  # fmt: skip
 
     refused = decide(workload(), [node("n0"), tainted])
     tolerated = decide(workload(), [node("n0"), tainted], flavors=tolerating)
 
     assert refused is not None
     assert tolerated is not None
-    assert (refused.state, tolerated.state) == (gating.CheckState.RETRY, gating.CheckState.READY)
+    assert (refused.state, tolerated.state) == (views.CheckState.RETRY, views.CheckState.READY)
 
 
 def test_cpu_counts_too() -> None:
@@ -226,7 +226,7 @@ def test_cpu_counts_too() -> None:
     decision = decide(workload(pod_sets=[("main", 1, 0)], cpu="200"), [node("n0")])
 
     assert decision is not None
-    assert decision.state == gating.CheckState.RETRY
+    assert decision.state == views.CheckState.RETRY
     assert decision.message.startswith("needs room for 1 pod of 200 CPU and 1Gi memory")
 
 
@@ -237,9 +237,9 @@ def test_largest_pods_go_first_on_the_tightest_node() -> None:
     decision = decide(w, [node("n0"), node("n1", used=4)])
 
     assert decision is not None
-    assert decision.state == gating.CheckState.READY
-    assert sorted(decision.placement) == [("n0", gating.Resources(8, 1000, GI)),
-                                          ("n1", gating.Resources(4, 1000, GI))]  # fmt: skip
+    assert decision.state == views.CheckState.READY
+    assert sorted(decision.placement) == [("n0", views.Resources(8, 1000, GI)),
+                                          ("n1", views.Resources(4, 1000, GI))]  # fmt: skip
 
 
 def test_several_pod_sets_name_the_one_that_does_not_fit() -> None:
@@ -254,11 +254,11 @@ def test_several_pod_sets_name_the_one_that_does_not_fit() -> None:
 
 def test_retry_carries_requeue_after_whole_seconds_and_changes_the_transition_time() -> None:
     """Retry sets requeueAfterSeconds (rounded up): without it Kueue retries at once."""
-    decision = gating.decide(workload(), [node("n0")], FLAVORS, [], T0, check=CHECK,
+    decision = policy.decide(workload(), [node("n0")], FLAVORS, [], T0, check=CHECK,
                              retry_after_s=2.5)  # fmt: skip
 
     assert decision is not None
-    body = gating.check_state_body(CHECK, decision)
+    body = policy.check_state_body(CHECK, decision)
     assert body == {
         "name": CHECK,
         "state": "Retry",
@@ -307,7 +307,7 @@ def test_a_workload_our_check_does_not_list_is_not_ours() -> None:
     raw = raw_workload()
     raw["status"]["admissionChecks"][0]["name"] = "someone-else"
 
-    assert decide(gating.parse_workload(raw), [node("n0"), node("n1")]) is None
+    assert decide(views.parse_workload(raw), [node("n0"), node("n1")]) is None
 
 
 # ---------------------------------------------------------------- fencing
@@ -336,7 +336,7 @@ RUN_LABELS = {marks.RUN_LABEL: "train", marks.ATTEMPT_LABEL: "3"}
     ],
 )  # fmt: skip
 def test_fencing_waits_for_earlier_attempts(
-    pods: list[gating.PodUsage], expected: str | None
+    pods: list[views.PodUsage], expected: str | None
 ) -> None:
     """While pods of an earlier attempt still run, stay Pending (no Retry: they end within
     their grace period); otherwise decide on fit as usual."""
@@ -344,9 +344,9 @@ def test_fencing_waits_for_earlier_attempts(
 
     assert decision is not None
     if expected is None:
-        assert decision.state == gating.CheckState.READY
+        assert decision.state == views.CheckState.READY
     else:
-        assert (decision.state, decision.message) == (gating.CheckState.PENDING, expected)
+        assert (decision.state, decision.message) == (views.CheckState.PENDING, expected)
         assert decision.requeue_after_s is None
         assert decision.since is not None
         assert decision.since < T0  # still Pending: the transition time is kept
@@ -356,8 +356,8 @@ def test_the_owner_labels_name_the_run_and_attempt() -> None:
     """The owner Job's labels win over the pod template's (Kueue copies none by default)."""
     raw = raw_workload(labels={marks.RUN_LABEL: "tmpl", marks.ATTEMPT_LABEL: "1"})
 
-    parsed = gating.parse_workload(raw, {marks.RUN_LABEL: "train", marks.ATTEMPT_LABEL: "4"})
-    fallback = gating.parse_workload(raw)
+    parsed = views.parse_workload(raw, {marks.RUN_LABEL: "train", marks.ATTEMPT_LABEL: "4"})
+    fallback = views.parse_workload(raw)
 
     assert (parsed.run, parsed.attempt, fallback.run, fallback.attempt) == ("train", 4, "tmpl", 1)
 
@@ -371,10 +371,10 @@ def test_one_pass_never_promises_the_same_gpus_twice() -> None:
     low = workload(name="low", created="2025-03-01T10:00:00Z")
     high = workload(name="high", priority=10)
 
-    decisions = gating.plan([low, high], [node("n0"), node("n1")], FLAVORS, [], T0, check=CHECK)
+    decisions = policy.plan([low, high], [node("n0"), node("n1")], FLAVORS, [], T0, check=CHECK)
 
     states = {name: d.state for (_, name), d in decisions.items()}
-    assert states == {"high": gating.CheckState.READY, "low": gating.CheckState.RETRY}
+    assert states == {"high": views.CheckState.READY, "low": views.CheckState.RETRY}
 
 
 def test_an_admitted_workload_whose_pods_are_not_bound_yet_keeps_its_room() -> None:
@@ -387,16 +387,16 @@ def test_an_admitted_workload_whose_pods_are_not_bound_yet_keeps_its_room() -> N
     nodes = [node("n0"), node("n1"), node("n2")]
     bound = [pod("first-0", node_name="n0", labels=labels)]
 
-    decisions = gating.plan([first, second], nodes, FLAVORS, bound, T0, check=CHECK)
+    decisions = policy.plan([first, second], nodes, FLAVORS, bound, T0, check=CHECK)
 
     assert list(decisions) == [("ns", "second")]
-    assert decisions[("ns", "second")].state == gating.CheckState.RETRY
+    assert decisions[("ns", "second")].state == views.CheckState.RETRY
     assert "only 1 healthy node has them" in decisions[("ns", "second")].message
 
 
 def test_a_pass_can_be_limited_to_some_cluster_queues() -> None:
     """Workloads admitted through a ClusterQueue that does not name our check are skipped."""
-    decisions = gating.plan([workload()], [node("n0"), node("n1")], FLAVORS, [], T0,
+    decisions = policy.plan([workload()], [node("n0"), node("n1")], FLAVORS, [], T0,
                             check=CHECK, queues=frozenset({"other"}))  # fmt: skip
 
     assert decisions == {}
@@ -417,7 +417,7 @@ def test_pod_requests_follow_the_scheduler_rules() -> None:
         "overhead": {"cpu": "100m"},
     }
 
-    assert gating.pod_requests(spec) == gating.Resources(2, 4100, GI)
+    assert views.pod_requests(spec) == views.Resources(2, 4100, GI)
 
 
 def test_a_raw_node_is_read_with_its_health() -> None:
@@ -432,9 +432,9 @@ def test_a_raw_node_is_read_with_its_health() -> None:
         },
     }  # fmt: skip
 
-    n = gating.parse_node(raw)
+    n = views.parse_node(raw)
 
-    assert n.allocatable == gating.Resources(8, 96_000, 1024 * GI)
+    assert n.allocatable == views.Resources(8, 96_000, 1024 * GI)
     assert (n.ready, n.gpu_status, n.problem) == (True, "False", "RowRemapFailure")
 
 
@@ -443,7 +443,7 @@ def test_bound_running_pods_use_their_node_and_ended_ones_do_not() -> None:
     pods = [pod("a", node_name="n0", gpus=2), pod("b", node_name="n0", phase="Succeeded"),
             pod("c", gpus=8)]  # fmt: skip
 
-    (n0,) = gating.with_usage([node("n0")], pods)
+    (n0,) = views.with_usage([node("n0")], pods)
 
     assert n0.free.gpus == 6
 
@@ -456,7 +456,7 @@ def test_cluster_queues_naming_the_check() -> None:
         {"metadata": {"name": "b"}, "spec": {}},
     ]  # fmt: skip
 
-    assert gating.queues_with_check(queues, CHECK) == frozenset({"a"})
+    assert policy.queues_with_check(queues, CHECK) == frozenset({"a"})
 
 
 @pytest.mark.parametrize(
@@ -477,7 +477,7 @@ def test_the_check_is_made_active(condition: dict[str, Any] | None, expected_tim
            "spec": {"controllerName": marks.ADMISSION_CHECK_CONTROLLER},
            "status": {"conditions": [condition] if condition else []}}  # fmt: skip
 
-    wanted = gating.active_condition(raw, T0, "answered by us")
+    wanted = policy.active_condition(raw, T0, "answered by us")
 
     assert wanted == {
         "type": "Active",
@@ -487,23 +487,23 @@ def test_the_check_is_made_active(condition: dict[str, Any] | None, expected_tim
         "observedGeneration": 3,
         "lastTransitionTime": expected_time,
     }
-    assert gating.owns_check(raw)
+    assert policy.owns_check(raw)
 
 
 def test_an_active_check_is_not_written_again() -> None:
     """Active True with our reason and message for this generation needs no write."""
     raw = {"metadata": {"name": CHECK, "generation": 3},
-           "status": {"conditions": [gating.active_condition(
+           "status": {"conditions": [policy.active_condition(
                {"metadata": {"generation": 3}}, at(-60), "answered by us")]}}  # fmt: skip
 
-    assert gating.active_condition(raw, T0, "answered by us") is None
+    assert policy.active_condition(raw, T0, "answered by us") is None
 
 
 def test_a_check_of_another_controller_is_not_ours() -> None:
     """A check whose controllerName is someone else's, or no check, is not answered."""
     raw = {"metadata": {"name": CHECK}, "spec": {"controllerName": "example.com/other"}}
 
-    assert (gating.owns_check(raw), gating.owns_check(None)) == (False, False)
+    assert (policy.owns_check(raw), policy.owns_check(None)) == (False, False)
 
 
 def test_times_are_written_in_whole_seconds() -> None:

@@ -1,0 +1,414 @@
+"""The admission gate, computed: does a Workload fit, node by node, on healthy nodes?
+
+Purely computational (DESIGN.md section 7, "Admission gate"): the `Gate` loop reads raw
+Workloads, Nodes, Pods, ResourceFlavors, ClusterQueues and the AdmissionCheck, turns them into
+the small views below with the `parse_*` functions, and asks `plan` (one pass over every
+Workload) or `decide` (one Workload) what our check's state should be. `now` is always an
+argument. No I/O, no clock, no logging.
+
+What the gate holds a Workload to:
+- **Ready** when every pod set fits on healthy, schedulable nodes of its assigned flavor,
+  counted node by node: a pod of 8 GPUs needs one node with 8 free GPUs, however many GPUs
+  the flavor has in total. Free means allocatable minus the requests of the pods bound to
+  the node (and of admitted Workloads whose pods are not bound yet), for GPUs, CPU and memory.
+  Pod sets are packed together, largest pods first, each on the tightest node that takes it.
+- **Retry**, with `requeueAfterSeconds` set, when they do not fit: Kueue releases the quota
+  and queues the Workload again after that delay (nil would make Kueue retry at once: a hot
+  loop). The message says what is missing in words.
+- **Pending** while pods of an earlier attempt of the same run still run (fencing): they
+  end within their grace period, and two attempts of a run must never run at once.
+- Nothing at all (None: no write) for a Workload that is Evicted, has no quota reserved, is
+  finished or deactivated, is already admitted, whose check Kueue has not listed yet or is
+  already Retry/Rejected, or whose check already says what we would write. A check once
+  Ready is never taken back: a node failing after admission is the quarantine's business.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from controller import marks, timestamps
+from controller.admission import views
+
+# ---------------------------------------------------------------- the check and its queues
+
+
+def cluster_queue_checks(raw: Mapping[str, Any]) -> frozenset[str]:
+    """Names of the admission checks a raw ClusterQueue's `admissionChecksStrategy` lists."""
+    strategy = (raw.get("spec") or {}).get("admissionChecksStrategy") or {}
+    return frozenset(
+        str(c.get("name", ""))
+        for c in strategy.get("admissionChecks") or []
+        if isinstance(c, Mapping) and c.get("name")
+    )
+
+
+def queues_with_check(raw_queues: Iterable[Mapping[str, Any]], check: str) -> frozenset[str]:
+    """Names of the ClusterQueues whose strategy names `check`."""
+    return frozenset(
+        str((q.get("metadata") or {}).get("name", ""))
+        for q in raw_queues
+        if check in cluster_queue_checks(q)
+    )
+
+
+def owns_check(
+    raw_check: Mapping[str, Any] | None, controller_name: str = marks.ADMISSION_CHECK_CONTROLLER
+) -> bool:
+    """Whether a raw AdmissionCheck exists and names our controller."""
+    if raw_check is None:
+        return False
+    return (raw_check.get("spec") or {}).get("controllerName") == controller_name
+
+
+def active_condition(
+    raw_check: Mapping[str, Any], now: dt.datetime, message: str
+) -> dict[str, Any] | None:
+    """The `Active` condition to write on our AdmissionCheck, None when it already holds
+    (True, our reason and message, for the current generation)."""
+    meta = raw_check.get("metadata") or {}
+    generation = int(meta.get("generation") or 0)
+    current = next(
+        (c for c in (raw_check.get("status") or {}).get("conditions") or []
+         if isinstance(c, Mapping) and c.get("type") == marks.CHECK_ACTIVE_CONDITION),
+        None,
+    )  # fmt: skip
+    if (
+        current is not None
+        and current.get("status") == "True"
+        and current.get("reason") == marks.CHECK_ACTIVE_REASON
+        and current.get("message") == message
+        and int(current.get("observedGeneration") or 0) == generation
+    ):
+        return None
+    since = now
+    if current is not None and current.get("status") == "True":
+        since = timestamps.parse(current.get("lastTransitionTime")) or now
+    return {
+        "type": marks.CHECK_ACTIVE_CONDITION,
+        "status": "True",
+        "reason": marks.CHECK_ACTIVE_REASON,
+        "message": message,
+        "observedGeneration": generation,
+        "lastTransitionTime": timestamps.rfc3339(since),
+    }
+
+
+# ---------------------------------------------------------------- the decision
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """What our check on one Workload should say."""
+
+    state: views.CheckState
+    message: str
+    requeue_after_s: int | None = None
+    """Set with Retry only: Kueue waits this long before positions the Workload again."""
+    since: dt.datetime | None = None
+    """`lastTransitionTime` to write: now on a change of state, else the current one."""
+    placement: tuple[tuple[str, views.Resources], ...] = ()
+    """(node, requests) of every pod, for Ready: what the later Workloads of a pass must
+    not count on."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _Pod:
+    pod_set: str
+    requests: views.Resources
+    nodes: frozenset[str]
+
+
+def _eligible(
+    node: views.NodeCapacity, ps: views.PodSet, flavors: Mapping[str, views.Flavor]
+) -> bool:
+    """Whether the pod set may run on the node, health aside: the flavor's labels and the
+    pod's node selector match, and every hard taint (health taints aside) is tolerated."""
+    wanted = dict(ps.node_selector)
+    tolerations = list(ps.tolerations)
+    for name in ps.flavors:
+        flavor = flavors.get(name)
+        if flavor is None:
+            continue
+        wanted.update(flavor.node_labels)
+        tolerations += flavor.tolerations
+        # Kueue assigns a flavor only to Workloads that tolerate its nodeTaints.
+        tolerations += [
+            views.Toleration(t.key, "Equal", t.value, t.effect) for t in flavor.node_taints
+        ]
+    if any(node.labels.get(k) != v for k, v in wanted.items()):
+        return False
+    health_keys = {marks.TAINT_KEY, views.UNSCHEDULABLE_TAINT, *views.NOT_READY_TAINTS}
+    return all(
+        any(tol.tolerates(t) for tol in tolerations)
+        for t in node.taints
+        if t.effect in views.HARD_EFFECTS and t.key not in health_keys
+    )
+
+
+def _pack(
+    pods: Sequence[_Pod], free: dict[str, views.Resources]
+) -> tuple[list[tuple[str, views.Resources]], str | None]:
+    """Place pods largest first, each on the tightest node that takes it; update `free`.
+    Return the placement and the pod set of the first pod that did not fit (None: all did)."""
+    placed: list[tuple[str, views.Resources]] = []
+    for pod in sorted(pods, key=lambda p: p.requests, reverse=True):
+        fits = [n for n in pod.nodes if pod.requests.fits_in(free[n])]
+        if not fits:
+            return placed, pod.pod_set
+        node = min(fits, key=lambda n: (free[n], n))
+        free[node] = free[node] - pod.requests
+        placed.append((node, pod.requests))
+    return placed, None
+
+
+def _slots(free: views.Resources, req: views.Resources, cap: int) -> int:
+    """How many pods of `req` fit in `free` (at most `cap`)."""
+    counts = [
+        have // need
+        for have, need in ((free.gpus, req.gpus), (free.cpu_milli, req.cpu_milli),
+                           (free.memory, req.memory))
+        if need > 0
+    ]  # fmt: skip
+    return max(0, min([cap, *counts]))
+
+
+def _names(items: Sequence[str]) -> str:
+    shown = ", ".join(items[: views.MAX_NAMES])
+    return shown + (" …" if len(items) > views.MAX_NAMES else "")
+
+
+def _plural(n: int, one: str, many: str) -> str:
+    return one if n == 1 else many
+
+
+def _size(req: views.Resources) -> str:
+    parts = []
+    if req.cpu_milli:
+        cpu = req.cpu_milli / 1000
+        parts.append(f"{cpu:g} CPU")
+    if req.memory:
+        parts.append(f"{req.memory / 2**30:g}Gi memory")
+    return " and ".join(parts) or "nothing"
+
+
+def _shortfall(
+    ps: views.PodSet,
+    candidates: Sequence[views.NodeCapacity],
+    free: Mapping[str, views.Resources],
+    *,
+    several: bool,
+) -> str:
+    """Say in words why a pod set does not fit: what it needs, which healthy nodes have it,
+    and which nodes of its flavor are unhealthy and why."""
+    req, count = ps.requests, ps.count
+    flavor = "/".join(ps.flavors)
+    where = f"on healthy nodes of flavor {flavor}" if flavor else "on healthy nodes"
+    whole_nodes = req.gpus > 0 and all(n.allocatable.gpus < 2 * req.gpus for n in candidates)
+    if whole_nodes:
+        need = f"needs {count} {_plural(count, 'node', 'nodes')} with {req.gpus} free GPUs"
+    elif req.gpus > 0:
+        need = f"needs room for {count} {_plural(count, 'pod', 'pods')} of {req.gpus} GPUs"
+    else:
+        need = f"needs room for {count} {_plural(count, 'pod', 'pods')} of {_size(req)}"
+    head = f"pod set {ps.name} {need}" if several else need
+    healthy = [n for n in candidates if n.healthy]
+    roomy = sorted(n.name for n in healthy if _slots(free[n.name], req, count) > 0)
+    slots = sum(_slots(free[n.name], req, count) for n in healthy)
+    if not candidates:
+        return f"{head} {where}; no node matches the flavor's labels and the pod's selector"
+    if not roomy:
+        have = f"; no healthy node has {'them' if whole_nodes else 'room'}"
+    elif whole_nodes and slots < count:
+        have = (f"; only {len(roomy)} healthy {_plural(len(roomy), 'node has', 'nodes have')}"
+                f" them: {_names(roomy)}")  # fmt: skip
+    elif slots < count:
+        have = f"; healthy nodes have room for only {slots}: {_names(roomy)}"
+    else:
+        have = f"; with the other pod sets it does not fit on {_names(roomy)}"
+    sick = sorted((n.name, n.problem) for n in candidates if not n.healthy)
+    if sick:
+        listed = _names([f"{name} {why}" for name, why in sick])
+        have += f" ({len(sick)} unhealthy: {listed})"
+    return f"{head} {where}{have}"
+
+
+def _fit(
+    workload: views.Workload,
+    node_list: Sequence[views.NodeCapacity],
+    flavors: Mapping[str, views.Flavor],
+) -> tuple[bool, str, tuple[tuple[str, views.Resources], ...]]:
+    """Pack every pod set of the Workload on healthy nodes; say where, or why not."""
+    free = {n.name: n.free for n in node_list}
+    before = dict(free)
+    candidates = {ps.name: [n for n in node_list if _eligible(n, ps, flavors)]
+                  for ps in workload.pod_sets}  # fmt: skip
+    pods = [
+        _Pod(ps.name, ps.requests, frozenset(n.name for n in candidates[ps.name] if n.healthy))
+        for ps in workload.pod_sets
+        for _ in range(ps.count)
+    ]
+    placed, failed = _pack(pods, free)
+    if failed is not None:
+        ps = next(p for p in workload.pod_sets if p.name == failed)
+        several = len(workload.pod_sets) > 1
+        return False, _shortfall(ps, candidates[ps.name], before, several=several), ()
+    used = sorted({node for node, _ in placed})
+    flavor_names = sorted({f for ps in workload.pod_sets for f in ps.flavors})
+    of = f" of flavor {'/'.join(flavor_names)}" if flavor_names else ""
+    message = f"fits on healthy nodes{of}: {_names(used)}" if used else "fits (no pods to place)"
+    return True, message, tuple(placed)
+
+
+def _fencing(workload: views.Workload, pods: Iterable[views.PodUsage]) -> str:
+    """The Pending message while pods of an earlier attempt still run ('' when none do).
+    Pods that ended (Succeeded/Failed) run nothing: an ended attempt kept for its logs must
+    not hold back a resume."""
+    if not workload.run or workload.attempt is None:
+        return ""
+    earlier = sorted(
+        (p.attempt, p.name)
+        for p in pods
+        if p.namespace == workload.namespace
+        and p.run == workload.run
+        and p.attempt is not None
+        and p.attempt < workload.attempt
+        and not p.terminal
+    )
+    if not earlier:
+        return ""
+    last = max(a for a, _ in earlier)
+    names = [name for a, name in earlier if a == last]
+    return f"waiting for attempt {last}'s pods to end: {_names(names)}"
+
+
+def decide(
+    workload: views.Workload,
+    nodes: Sequence[views.NodeCapacity],
+    flavors: Mapping[str, views.Flavor],
+    earlier_attempt_pods: Iterable[views.PodUsage],
+    now: dt.datetime,
+    *,
+    check: str = marks.DEFAULT_ADMISSION_CHECK,
+    retry_after_s: float = views.DEFAULT_RETRY_AFTER_S,
+) -> Decision | None:
+    """Decide our check's state for one Workload; None means write nothing.
+
+    `nodes` carry their usage (`with_usage`); `earlier_attempt_pods` may hold any pods: only
+    the non-terminal ones of earlier attempts of the Workload's run count (fencing).
+    """
+    ours = workload.check(check)
+    if ours is None or ours.state in {
+        views.CheckState.READY,
+        views.CheckState.RETRY,
+        views.CheckState.REJECTED,
+    }:
+        return None
+    if (
+        not workload.quota_reserved
+        or workload.evicted
+        or workload.finished
+        or workload.admitted
+        or not workload.active
+    ):
+        return None
+    fenced = _fencing(workload, earlier_attempt_pods)
+    placement: tuple[tuple[str, views.Resources], ...] = ()
+    after: int | None = None
+    if fenced:
+        state, message = views.CheckState.PENDING, fenced
+    else:
+        fits, message, placement = _fit(workload, nodes, flavors)
+        state = views.CheckState.READY if fits else views.CheckState.RETRY
+        after = None if fits else math.ceil(retry_after_s)
+    if state == ours.state and message == ours.message:
+        return None
+    since = now if state != ours.state or ours.last_transition is None else ours.last_transition
+    return Decision(state, message, after, since, placement)
+
+
+def _claims(
+    workload: views.Workload,
+    pods: Sequence[views.PodUsage],
+    node_list: Sequence[views.NodeCapacity],
+    flavors: Mapping[str, views.Flavor],
+    free: dict[str, views.Resources],
+) -> None:
+    """Reserve room for the pods of a passed Workload that are not bound yet (best effort:
+    a pod that fits nowhere claims nothing). Pods are matched by the template's labels."""
+    waiting: list[_Pod] = []
+    for ps in workload.pod_sets:
+        if not ps.labels:
+            continue  # cannot tell its pods apart: assume they are bound and counted
+        started = sum(
+            1
+            for p in pods
+            if p.namespace == workload.namespace
+            and (p.node or p.terminal)
+            and all(p.labels.get(k) == v for k, v in ps.labels.items())
+        )
+        eligible = frozenset(n.name for n in node_list if n.healthy and _eligible(n, ps, flavors))
+        waiting += [_Pod(ps.name, ps.requests, eligible)] * max(0, ps.count - started)
+    for pod in waiting:
+        _pack([pod], free)
+
+
+def plan(
+    workloads: Sequence[views.Workload],
+    nodes: Sequence[views.NodeCapacity],
+    flavors: Mapping[str, views.Flavor],
+    pods: Sequence[views.PodUsage],
+    now: dt.datetime,
+    *,
+    check: str = marks.DEFAULT_ADMISSION_CHECK,
+    retry_after_s: float = views.DEFAULT_RETRY_AFTER_S,
+    queues: frozenset[str] | None = None,
+) -> dict[tuple[str, str], Decision]:
+    """Decide every Workload of one pass, keyed by (namespace, name).
+
+    `nodes` come without usage: the pods' requests are added here. Admitted (or already
+    passed) Workloads whose pods are not bound yet claim their room first; then the
+    Workloads waiting on our check are decided in Kueue's order (priority, then age), each
+    Ready one claiming its nodes, so one pass never promises the same GPUs twice. `queues`
+    limits the pass to Workloads admitted through those ClusterQueues (None: any).
+    """
+    base = views.with_usage(nodes, pods)
+    free = {n.name: n.free for n in base}
+    for w in workloads:
+        if w.holds_capacity(check):
+            _claims(w, pods, base, flavors, free)
+    waiting = [
+        w
+        for w in workloads
+        if w.check(check) is not None and (queues is None or w.cluster_queue in queues)
+    ]
+    waiting.sort(key=lambda w: (-w.priority, w.created or now, w.namespace, w.name))
+    out: dict[tuple[str, str], Decision] = {}
+    for w in waiting:
+        current = [dataclasses.replace(n, used=n.allocatable - free[n.name]) for n in base]
+        decision = decide(w, current, flavors, pods, now, check=check,
+                          retry_after_s=retry_after_s)  # fmt: skip
+        if decision is None:
+            continue
+        out[(w.namespace, w.name)] = decision
+        for node, req in decision.placement:
+            free[node] = free[node] - req
+    return out
+
+
+def check_state_body(check: str, decision: Decision) -> dict[str, Any]:
+    """Our entry of `status.admissionChecks`, as server-side apply wants it (Kueue's v1beta2
+    schema requires `message` and `lastTransitionTime`)."""
+    body: dict[str, Any] = {
+        "name": check,
+        "state": str(decision.state),
+        "message": decision.message[:32768],
+        "lastTransitionTime": timestamps.rfc3339(decision.since) if decision.since else None,
+    }
+    if decision.requeue_after_s is not None:
+        body["requeueAfterSeconds"] = decision.requeue_after_s
+    return {k: v for k, v in body.items() if v is not None}

@@ -1,0 +1,212 @@
+"""What the quarantine policy decides, as values: the breaker's state, one frozen dataclass per
+action, and the decision of one pass.
+
+Each action carries its `kind`; `Skipped` makes a safety limit visible instead of silent; the
+`Decision` says what to do now and when a pass would next decide differently. The loop
+(`controller.fleet.quarantining`) carries the actions out; nothing here performs I/O.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import enum
+from collections.abc import Mapping
+from typing import ClassVar
+
+import pydantic
+from pydantic import alias_generators
+
+from controller.fleet import nodes, state
+
+
+class BreakerState(pydantic.BaseModel):
+    """The circuit breaker's memory between passes; the shell keeps it (and may persist it)."""
+
+    model_config = pydantic.ConfigDict(
+        frozen=True,
+        extra="forbid",
+        alias_generator=alias_generators.to_camel,
+        populate_by_name=True,
+        use_attribute_docstrings=True,
+    )
+
+    open: bool = False
+    opened_at: dt.datetime | None = None
+    message: str = ""
+    """Why it opened, naming the count, the share and some of the nodes."""
+    reset_at: dt.datetime | None = None
+    """Last close (reset or automatic): nodes that turned bad before it do not count again."""
+    reset_by: str = ""
+    fleet_healthy_since: dt.datetime | None = None
+    """While open: start of the current spell of a contained, fully reporting fleet."""
+
+
+class SkipReason(enum.StrEnum):
+    """Why an action the policy wanted was not taken."""
+
+    DRY_RUN = "DryRun"
+    BREAKER_OPEN = "BreakerOpen"
+    MAX_QUARANTINED = "MaxQuarantined"
+
+
+class ActionKind(enum.StrEnum):
+    """Action names, as metrics labels, Event reasons and history entries use them."""
+
+    SET_CONDITION = "SetCondition"
+    QUARANTINE = "Quarantine"
+    UPDATE_QUARANTINE = "UpdateQuarantine"
+    RESTORE_TAINT = "RestoreTaint"
+    EVICT_GPU_PODS = "EvictGpuPods"
+    RELEASE = "Release"
+    MANUAL_RELEASE = "ManualRelease"
+    FORGET_MANUAL_RELEASE = "ForgetManualRelease"
+    OPEN_BREAKER = "OpenBreaker"
+    CLOSE_BREAKER = "CloseBreaker"
+    SKIPPED = "Skipped"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SetCondition:
+    """Write the `GPUHealthy` condition (its transition time moves only with its status)."""
+
+    kind: ClassVar[ActionKind] = ActionKind.SET_CONDITION
+    node: str
+    condition: nodes.Condition
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Quarantine:
+    """Taint, cordon (unless someone else already did) and annotate the node, in one patch."""
+
+    kind: ClassVar[ActionKind] = ActionKind.QUARANTINE
+    node: str
+    record: nodes.QuarantineRecord
+    message: str
+    cordon: bool
+    """False when the node was already unschedulable: that cordon is not ours to undo."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class UpdateQuarantine:
+    """Rewrite the quarantine record: the fault escalated (stricter clearing, earlier drain)."""
+
+    kind: ClassVar[ActionKind] = ActionKind.UPDATE_QUARANTINE
+    node: str
+    record: nodes.QuarantineRecord
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RestoreTaint:
+    """Put our taint back on a quarantined node it was removed from."""
+
+    kind: ClassVar[ActionKind] = ActionKind.RESTORE_TAINT
+    node: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class EvictGpuPods:
+    """Evict the node's GPU pods through the Eviction API; due since `deadline`.
+
+    Returned on every pass while it is due, so pods that survive one pass (a PDB said 429) are
+    retried; the actuator records only the first pass in the history (`first`).
+    """
+
+    kind: ClassVar[ActionKind] = ActionKind.EVICT_GPU_PODS
+    node: str
+    deadline: dt.datetime
+    reason: str
+    first: bool
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Release:
+    """Remove our taint and quarantine annotations; uncordon only if the cordon was ours."""
+
+    kind: ClassVar[ActionKind] = ActionKind.RELEASE
+    node: str
+    reason: str
+    message: str
+    uncordon: bool
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ManualRelease:
+    """Record a release by a person (on-call API or `kubectl uncordon`) and end the quarantine.
+
+    `released_faults` are remembered on the node so they do not quarantine it again.
+    """
+
+    kind: ClassVar[ActionKind] = ActionKind.MANUAL_RELEASE
+    node: str
+    by: str
+    reason: str
+    released_faults: frozenset[state.FaultKey]
+    uncordon: bool
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ForgetManualRelease:
+    """Drop the released-fault set: the node reported healthy, so any later fault is new."""
+
+    kind: ClassVar[ActionKind] = ActionKind.FORGET_MANUAL_RELEASE
+    node: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class OpenBreaker:
+    """The breaker opened on this pass: raise the metric and an Event."""
+
+    kind: ClassVar[ActionKind] = ActionKind.OPEN_BREAKER
+    message: str
+    nodes: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CloseBreaker:
+    """The breaker closed on this pass (`FleetHealthy`, or `Reset` by an operator)."""
+
+    kind: ClassVar[ActionKind] = ActionKind.CLOSE_BREAKER
+    reason: str
+    by: str
+
+
+NodeAction = (
+    SetCondition
+    | Quarantine
+    | UpdateQuarantine
+    | RestoreTaint
+    | EvictGpuPods
+    | Release
+    | ManualRelease
+    | ForgetManualRelease
+)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Skipped:
+    """An action the policy wanted but a safety limit held back; reported, never executed."""
+
+    kind: ClassVar[ActionKind] = ActionKind.SKIPPED
+    node: str
+    wanted: NodeAction
+    why: SkipReason
+
+
+Action = NodeAction | Skipped | OpenBreaker | CloseBreaker
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Decision:
+    """The outcome of one pass."""
+
+    actions: tuple[Action, ...]
+    breaker: BreakerState
+    """The breaker state to keep for the next pass (changes even without Open/Close actions)."""
+    next_deadline: dt.datetime | None
+    """The earliest future time a pass would decide differently with no new input."""
+    health: Mapping[str, state.NodeHealth]
+    """Health of every managed GPU node at `now`, for metrics and the on-call API."""
+    quarantined: int
+    """Nodes in automatic quarantine before this pass's actions."""
+    max_quarantined: int

@@ -1,0 +1,296 @@
+"""The fleet's HTTP API: heartbeats from agents, and the on-call calls (DESIGN.md section 4).
+
+`POST /v1/heartbeats` is the hot path: it authenticates (cached), parses and validates the
+JSON in one pydantic-core step, ingests, and wakes the quarantine loop only when a verdict,
+the faults or the boot changed. The on-call calls read and act on the leader's fleet state,
+so a follower forwards them; each is authorised as the Kubernetes verb on nodes it stands
+for (`get` to read, `patch` to act).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import datetime as dt
+import time
+from typing import Any
+
+import pydantic
+import structlog
+from aiohttp import web
+
+from controller import auth, errors, serving, timestamps
+from controller.fleet import nodes, quarantining, state
+from controller.kube import nodes as kube_nodes
+from shared import heartbeat
+
+log = structlog.get_logger()
+
+
+@dataclasses.dataclass
+class FleetContext:
+    """The fleet's live objects the handlers read and act through."""
+
+    fleet: state.FleetState
+    quarantiner: quarantining.Quarantiner
+    cache: kube_nodes.NodeCache
+
+
+FLEET = web.AppKey("fleet", FleetContext)
+
+
+def add_routes(app: web.Application) -> None:
+    """Register the fleet routes."""
+    app.router.add_post("/v1/heartbeats", post_heartbeat)
+    app.router.add_get("/v1/nodes", list_nodes)
+    app.router.add_get("/v1/nodes/{name}", get_node)
+    app.router.add_post("/v1/nodes/{name}/quarantine", post_quarantine)
+    app.router.add_delete("/v1/nodes/{name}/quarantine", delete_quarantine)
+    app.router.add_get("/v1/fleet", get_fleet)
+    app.router.add_post("/v1/fleet/breaker/reset", reset_breaker)
+    app.router.add_put("/v1/fleet/mode", put_mode)
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+def _ctx(request: web.Request) -> FleetContext:
+    if FLEET not in request.app:
+        raise errors.Unavailable("the controller is starting; retry shortly", code="Starting")
+    return request.app[FLEET]
+
+
+# ---------------------------------------------------------------------- heartbeats
+async def post_heartbeat(request: web.Request) -> web.StreamResponse:
+    """Ingest one node's report (agents only, each for its own node)."""
+    st = serving.serving_of(request)
+    started = time.perf_counter()
+    try:
+        identity = await serving.identity(request, (st.settings.token_audience,))
+        raw = await serving.read_body(request, st.settings.max_body_bytes)
+        try:
+            # The fast path: pydantic-core parses and validates the JSON in one step.
+            hb = heartbeat.Heartbeat.model_validate_json(raw)
+        except (pydantic.ValidationError, ValueError):
+            hb = _explain_bad_heartbeat(raw)
+        auth.check_heartbeat_sender(
+            identity,
+            auth.agent_username(st.settings.namespace, st.settings.agent_service_account),
+            hb.node_name,
+        )
+        if not st.elector.is_leader():
+            st.metrics.heartbeats.labels("forwarded").inc()
+            return await serving.forward_to_leader(request, raw)
+        ctx = _ctx(request)
+        before = _verdict_key(ctx.fleet.get(hb.node_name))
+        if ctx.fleet.ingest(hb, _now()) and _verdict_key(ctx.fleet.get(hb.node_name)) != before:
+            # Only a change of verdict, faults or boot wakes the quarantine loop at once; a
+            # steady report does not, so a big fleet's heartbeats do not cost a pass each.
+            ctx.quarantiner.poke()
+        st.metrics.heartbeats.labels("accepted").inc()
+        log.debug("heartbeat", node=hb.node_name, sequence=hb.sequence)
+        body = {"accepted": True, "node": hb.node_name, "sequence": hb.sequence}
+        return web.json_response(body, status=202)
+    except errors.ControllerError:
+        st.metrics.heartbeats.labels("rejected").inc()
+        raise
+    finally:
+        st.metrics.heartbeat_seconds.observe(time.perf_counter() - started)
+
+
+def _explain_bad_heartbeat(raw: bytes) -> heartbeat.Heartbeat:
+    """Re-read a body the fast path refused, to say exactly what is wrong with it (4xx)."""
+    data = errors.read_json(raw)
+    if isinstance(data, dict) and data.get("schemaVersion") not in (None, heartbeat.SCHEMA_VERSION):
+        msg = (
+            f"schemaVersion {data.get('schemaVersion')!r} is not supported; "
+            f"this controller speaks {heartbeat.SCHEMA_VERSION}"
+        )
+        raise errors.Invalid(msg, field="schemaVersion", code="UnsupportedSchema")
+    try:
+        return heartbeat.Heartbeat.model_validate(data)
+    except pydantic.ValidationError as err:
+        raise errors.validation_error(err) from err
+
+
+def _verdict_key(record: state.NodeRecord | None) -> object:
+    if record is None:
+        return None
+    return (record.verdict, record.action, record.faults, record.heartbeat.boot_id)
+
+
+# ---------------------------------------------------------------------- on-call
+def _node_json(ctx: FleetContext, name: str, *, detail: bool) -> dict[str, Any]:
+    now = _now()
+    raw = ctx.cache.nodes.get(name)
+    view = nodes.parse(raw) if raw is not None else None
+    q = ctx.quarantiner
+    h = q.last.health.get(name) if q.last is not None else None
+    if h is None and name in ctx.fleet:
+        h = ctx.fleet.assess(name, now, default_interval_s=q.settings.default_interval_s)
+    rec = ctx.fleet.get(name)
+    out: dict[str, Any] = {
+        "name": name,
+        "state": h.state.value if h else "Unknown",
+        "reason": h.reason if h else "",
+        "message": h.message if h else "",
+        "lastHeartbeat": timestamps.rfc3339_exact(rec.received_at) if rec else None,
+        "bootId": rec.heartbeat.boot_id if rec else None,
+        "agentUrl": rec.heartbeat.agent_url if rec else None,
+        "managed": view.managed if view else True,
+        "unschedulable": view.unschedulable if view else False,
+        "cordonedByUs": view.cordoned_by_us if view else False,
+        "tainted": view.tainted if view else False,
+        "gpuCapacity": view.gpu_capacity if view else 0,
+        "quarantine": None,
+        "inCluster": raw is not None,
+    }
+    if view is not None and view.quarantine is not None:
+        record = view.quarantine
+        out["quarantine"] = {
+            "mode": record.mode.value,
+            "by": record.by,
+            "at": timestamps.rfc3339_exact(record.at),
+            "reason": record.reason,
+            "clearsWith": record.clears_with.value,
+            "evictAfter": timestamps.rfc3339_exact(record.evict_after),
+        }
+    if detail:
+        gpus = rec.heartbeat.gpus if rec else []
+        out["gpus"] = [g.model_dump(mode="json", by_alias=True) for g in gpus]
+        out["history"] = [dataclasses.asdict(e) for e in view.history] if view else []
+        out["problems"] = list(view.problems) if view else []
+        condition = view.condition if view else None
+        out["condition"] = (
+            {
+                "status": condition.status.value,
+                "reason": condition.reason,
+                "message": condition.message,
+            }
+            if condition
+            else None
+        )
+    return out
+
+
+@serving.leader_only
+async def list_nodes(request: web.Request) -> web.StreamResponse:
+    """Fleet health: every GPU node with its state and quarantine."""
+    await serving.on_call(request, "get")
+    ctx = _ctx(request)
+    names = sorted(set(ctx.cache.nodes) | set(ctx.fleet))
+    items = [_node_json(ctx, n, detail=False) for n in names]
+    wanted = request.query.get("state")
+    if wanted:
+        items = [i for i in items if i["state"] == wanted]
+    return serving.json_response({"items": items})
+
+
+@serving.leader_only
+async def get_node(request: web.Request) -> web.StreamResponse:
+    """One node: per-GPU detail, quarantine state and history."""
+    await serving.on_call(request, "get")
+    ctx = _ctx(request)
+    name = request.match_info["name"]
+    if name not in ctx.cache.nodes and name not in ctx.fleet:
+        raise errors.NotFound(f"node {name} is not known", field="name")
+    return serving.json_response(_node_json(ctx, name, detail=True))
+
+
+class QuarantineRequest(pydantic.BaseModel):
+    """Body of the on-call quarantine and release calls."""
+
+    model_config = pydantic.ConfigDict(extra="forbid", frozen=True)
+    reason: str = pydantic.Field(min_length=1, max_length=1024)
+
+
+async def _manual(request: web.Request, release: bool) -> web.StreamResponse:
+    identity = await serving.on_call(request, "patch")
+    st = serving.serving_of(request)
+    ctx = _ctx(request)
+    name = request.match_info["name"]
+    raw_body = await serving.read_body(request, st.settings.max_body_bytes)
+    try:
+        body = QuarantineRequest.model_validate(errors.read_json(raw_body or b"{}"))
+    except pydantic.ValidationError as err:
+        raise errors.validation_error(err) from err
+    raw = ctx.cache.nodes.get(name)
+    if raw is None:
+        raise errors.NotFound(f"node {name} does not exist", field="name")
+    await ctx.quarantiner.manual(nodes.parse(raw), release=release, by=identity.username,
+                                 reason=body.reason, now=_now())  # fmt: skip
+    return serving.json_response(_node_json(ctx, name, detail=True))
+
+
+@serving.leader_only
+async def post_quarantine(request: web.Request) -> web.StreamResponse:
+    """Quarantine a node by hand (reason required); only a manual release ends it."""
+    return await _manual(request, release=False)
+
+
+@serving.leader_only
+async def delete_quarantine(request: web.Request) -> web.StreamResponse:
+    """Release a node by hand (reason required)."""
+    return await _manual(request, release=True)
+
+
+def _fleet_json(st: serving.ServingState, ctx: FleetContext) -> dict[str, Any]:
+    q = ctx.quarantiner
+    last = q.last
+    states = collections.Counter(h.state.value for h in last.health.values()) if last else {}
+    return {
+        "leader": st.elector.identity,
+        "dryRun": q.settings.dry_run,
+        "breaker": q.breaker.model_dump(mode="json", by_alias=True),
+        "nodes": len(set(ctx.cache.nodes) | set(ctx.fleet)),
+        "quarantined": last.quarantined if last else 0,
+        "maxQuarantined": last.max_quarantined if last else None,
+        "states": dict(sorted(states.items())),
+    }
+
+
+@serving.leader_only
+async def get_fleet(request: web.Request) -> web.StreamResponse:
+    """Breaker state, dry-run mode and fleet counts."""
+    await serving.on_call(request, "get")
+    return serving.json_response(_fleet_json(serving.serving_of(request), _ctx(request)))
+
+
+@serving.leader_only
+async def reset_breaker(request: web.Request) -> web.StreamResponse:
+    """Close the quarantine circuit breaker (an operator's decision)."""
+    identity = await serving.on_call(request, "patch")
+    ctx = _ctx(request)
+    await ctx.quarantiner.reset_breaker(by=identity.username, now=_now())
+    return serving.json_response(_fleet_json(serving.serving_of(request), ctx))
+
+
+class ModeRequest(pydantic.BaseModel):
+    """Body of `PUT /v1/fleet/mode`."""
+
+    model_config = pydantic.ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    dry_run: bool = pydantic.Field(alias="dryRun")
+
+
+@serving.leader_only
+async def put_mode(request: web.Request) -> web.StreamResponse:
+    """Switch dry run on or off at runtime."""
+    identity = await serving.on_call(request, "patch")
+    st = serving.serving_of(request)
+    raw = await serving.read_body(request, st.settings.max_body_bytes)
+    try:
+        body = ModeRequest.model_validate(errors.read_json(raw))
+    except pydantic.ValidationError as err:
+        raise errors.validation_error(err) from err
+    ctx = _ctx(request)
+    ctx.quarantiner.set_dry_run(body.dry_run, by=identity.username)
+    return serving.json_response(_fleet_json(st, ctx))
+
+
+REQUEST_BODIES: dict[str, type[pydantic.BaseModel]] = {
+    "Heartbeat": heartbeat.Heartbeat,
+    "QuarantineRequest": QuarantineRequest,
+    "ModeRequest": ModeRequest,
+}
+"""The request bodies this API reads, for the OpenAPI document."""

@@ -1,0 +1,103 @@
+"""What every replica serves besides the domains' APIs: health, metrics, the page, the client.
+
+`/healthz` (the process answers), `/readyz` (started, not shutting down, the node cache
+synced), `/metrics` (the controller's own registry), `/` (the web page, with a strict
+content security policy) and `/tau` (the `tau` client script).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import pathlib
+import re
+from collections.abc import Awaitable, Callable
+
+import prometheus_client
+from aiohttp import web
+
+from controller import serving
+
+ASSETS = pathlib.Path(__file__).resolve().parent / "assets"
+WEB_PAGE = ASSETS / "index.html"
+CLIENT_SCRIPT = ASSETS / "tau.py"
+
+
+def add_routes(app: web.Application) -> None:
+    """Register health, metrics, the web page and the client script."""
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", get_metrics)
+    app.router.add_get("/", web_page())
+    app.router.add_get("/tau", get_client)
+
+
+async def healthz(request: web.Request) -> web.StreamResponse:
+    """Liveness: the process answers."""
+    return web.json_response({"ok": True})
+
+
+async def readyz(request: web.Request) -> web.StreamResponse:
+    """Readiness: the node cache is synced and we are not shutting down."""
+    if serving.SERVING not in request.app:
+        return web.json_response({"ready": False, "leader": False, "leaderUrl": ""}, status=503)
+    st = request.app[serving.SERVING]
+    ok = st.is_ready()
+    body = {"ready": ok, "leader": st.elector.is_leader(), "leaderUrl": st.elector.leader_url}
+    return web.json_response(body, status=200 if ok else 503)
+
+
+async def get_metrics(request: web.Request) -> web.StreamResponse:
+    """Prometheus text exposition of the controller's own registry."""
+    st = serving.serving_of(request)
+    st.metrics.is_leader.set(1 if st.elector.is_leader() else 0)
+    data = prometheus_client.generate_latest(st.metrics.registry)
+    return web.Response(body=data, headers={"Content-Type": prometheus_client.CONTENT_TYPE_LATEST})
+
+
+def page_csp(html: str) -> str:
+    """Allow the page's own inline script and style (by hash) and API calls to this origin,
+    so even a string that slipped into the DOM as markup could not run or load anything."""
+
+    def hashes(tag: str) -> str:
+        found = re.findall(rf"<{tag}>(.*?)</{tag}>", html, flags=re.DOTALL)
+        digests = (base64.b64encode(hashlib.sha256(f.encode()).digest()).decode() for f in found)
+        return " ".join(f"'sha256-{d}'" for d in digests) or "'none'"
+
+    return (
+        f"default-src 'none'; script-src {hashes('script')}; style-src {hashes('style')}; "
+        "connect-src 'self'; img-src data:; base-uri 'none'; form-action 'none'; "
+        "frame-ancestors 'none'"
+    )
+
+
+def web_page(path: pathlib.Path = WEB_PAGE) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """Read the page once (at app build) and return the handler that serves it."""
+    html = path.read_text(encoding="utf-8")
+    body = html.encode()
+    headers = {
+        "Content-Type": "text/html; charset=utf-8",
+        "Content-Security-Policy": page_csp(html),
+        "X-Content-Type-Options": "nosniff",
+        "Referrer-Policy": "no-referrer",
+        "Cache-Control": "no-cache",
+    }
+
+    async def index(request: web.Request) -> web.Response:
+        """The web page: fleet, queues and runs, live (no data in it; its calls carry a token)."""
+        return web.Response(body=body, headers=headers)
+
+    return index
+
+
+async def get_client(request: web.Request) -> web.StreamResponse:
+    """The `tau` client script (Python 3, standard library only)."""
+    body = await asyncio.to_thread(CLIENT_SCRIPT.read_bytes)
+    return web.Response(
+        body=body,
+        headers={
+            "Content-Type": "text/x-python; charset=utf-8",
+            "Content-Disposition": 'attachment; filename="tau"',
+        },
+    )

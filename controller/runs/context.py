@@ -1,0 +1,129 @@
+"""What the runs domain's handlers share: its live objects and the per-request helpers.
+
+Every call is authorised by SubjectAccessReview against the Kubernetes verb it stands for,
+in the run's namespace (`create tauruns.taugrid.dev` to submit, `get`/`list` to read,
+`delete` or `patch` to cancel, `get pods/log` to read logs), so a researcher can act only
+where RBAC lets them and the controller's own, wider rights are never lent out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import time
+from typing import Any
+
+from aiohttp import web
+
+from controller import auth, errors, serving
+from controller.kube import runs as kube_runs
+from controller.runs import attempts, lifecycle, reconciling
+from shared import spec as specs
+
+GROUP = "taugrid.dev"
+RESOURCE = "tauruns"
+_NAMESPACE_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+RUN_TOKEN_TTL_S = 60.0
+MAX_CACHED_RUN_TOKENS = 10_000
+
+
+@dataclasses.dataclass
+class RunsContext:
+    """The run reconciler and its adapter, shared by the handlers."""
+
+    store: kube_runs.RunStore
+    reconciler: reconciling.Reconciler
+    run_tokens: dict[tuple[str, str], tuple[str, float]] = dataclasses.field(default_factory=dict)
+    """(namespace, run) -> (the digest of its run-scoped token, when read)."""
+
+    async def run_token_digest(self, namespace: str, name: str) -> str | None:
+        """The SHA-256 of the run's token, from its status; cached for RUN_TOKEN_TTL_S (a
+        run without one yet is not cached: its first reconcile is about to record it)."""
+        now = time.monotonic()
+        cached = self.run_tokens.get((namespace, name))
+        if cached is not None and now - cached[1] < RUN_TOKEN_TTL_S:
+            return cached[0]
+        item = await self.store.get_run(namespace, name)
+        digest = str(((item or {}).get("status") or {}).get(attempts.TOKEN_DIGEST_FIELD) or "")
+        if not digest:
+            return None
+        if len(self.run_tokens) >= MAX_CACHED_RUN_TOKENS:
+            self.run_tokens.clear()
+        self.run_tokens[(namespace, name)] = (digest, now)
+        return digest
+
+
+RUNS = web.AppKey("runs", RunsContext)
+
+
+def context_of(request: web.Request) -> RunsContext:
+    """The runs domain of the app handling `request`; Unavailable while it starts."""
+    if RUNS not in request.app:
+        raise errors.Unavailable("the controller is starting; retry shortly", code="Starting")
+    return request.app[RUNS]
+
+
+async def allow(
+    request: web.Request,
+    identity: auth.Identity,
+    verb: str,
+    namespace: str | None,
+    *,
+    resource: str = RESOURCE,
+    group: str = GROUP,
+    subresource: str = "",
+) -> None:
+    """Raise Forbidden unless RBAC lets `identity` make `verb` on runs (or `resource`)."""
+    access = auth.Access(verb=verb, resource=resource, group=group, namespace=namespace,
+                         subresource=subresource)  # fmt: skip
+    await serving.allow(request, identity, access)
+
+
+def check_namespace(namespace: str, field: str = "namespace") -> str:
+    """Return a namespace name that Kubernetes accepts; InvalidParameter otherwise."""
+    if len(namespace) > 63 or not _NAMESPACE_RE.match(namespace):
+        msg = f"{namespace!r} is not a valid namespace name"
+        raise errors.InvalidParameter(msg, field=field)
+    return namespace
+
+
+async def read_run(request: web.Request, verb: str = "get") -> tuple[auth.Identity, dict[str, Any]]:
+    """Authorise `verb` on the run the path names and read it (404 when it is not there)."""
+    identity = await serving.identity(request)
+    namespace = check_namespace(request.match_info["namespace"])
+    name = request.match_info["name"]
+    await allow(request, identity, verb, namespace)
+    item = await context_of(request).store.get_run(namespace, name)
+    if item is None:
+        raise reconciling.RunNotFoundError(namespace, name)
+    return identity, item
+
+
+def run_json(item: dict[str, Any], *, with_spec: bool = True) -> dict[str, Any]:
+    """The API's view of a TauRun: what a researcher asks about, in camelCase."""
+    meta = item.get("metadata") or {}
+    spec = item.get("spec") or {}
+    status = item.get("status") or {}
+    out: dict[str, Any] = {
+        "name": meta.get("name", ""),
+        "namespace": meta.get("namespace", ""),
+        "kind": spec.get("kind", str(specs.RunKind.JOB)),
+        "queue": spec.get("queue", specs.DEFAULT_QUEUE),
+        "phase": status.get("phase", str(lifecycle.Phase.PENDING)),
+        "reason": status.get("reason", ""),
+        "message": status.get("message", ""),
+        "attempt": status.get("currentAttempt", 0),
+        "queuePosition": status.get("queuePosition"),
+        "queuePositionInLocalQueue": status.get("queuePositionInLocalQueue"),
+        "queuePositionSource": status.get("queuePositionSource"),
+        "gpus": int((spec.get("resources") or {}).get("gpus") or 0) * int(spec.get("workers") or 1),
+        "createdAt": meta.get("creationTimestamp"),
+        "startTime": status.get("startTime"),
+        "endTime": status.get("endTime"),
+        "attempts": status.get("attempts") or [],
+        "conditions": status.get("conditions") or [],
+        "checkpoints": status.get("checkpoints") or [],
+    }
+    if with_spec:
+        out["spec"] = spec
+    return out

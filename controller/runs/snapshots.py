@@ -1,0 +1,63 @@
+"""What one pass of the run reconciler read, indexed for the per-run work (pure)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from controller import marks
+from controller.runs import positions, views
+
+
+def key(obj: Mapping[str, Any]) -> tuple[str, str]:
+    """(namespace, name) of a raw object."""
+    meta = obj.get("metadata") or {}
+    return str(meta.get("namespace", "")), str(meta.get("name", ""))
+
+
+@dataclasses.dataclass
+class Snapshot:
+    """Everything one pass reads, indexed for the per-run work."""
+
+    objects: dict[tuple[str, str, str], dict[str, Any]]
+    """(namespace, kind, name) -> Job/RayJob/Service."""
+    workloads: dict[tuple[str, str, str], views.WorkloadView]
+    """(namespace, owner kind, owner name) -> Workload."""
+    all_workloads: list[views.WorkloadView]
+    pods: dict[tuple[str, str, int], list[dict[str, Any]]]
+    """(namespace, run, attempt) -> pods."""
+    local_queues: dict[tuple[str, str], str]
+    """(namespace, LocalQueue) -> ClusterQueue."""
+    nodes: views.NodeFacts
+    positions: dict[tuple[str, str], positions.QueuePosition]
+
+
+def index(
+    objects: list[dict[str, Any]],
+    pods: list[dict[str, Any]],
+    workloads: list[dict[str, Any]],
+    local_queues: list[dict[str, Any]],
+    nodes: list[dict[str, Any]],
+) -> Snapshot:
+    """Index what a pass read for the per-run work."""
+    by_kind = {(key(o)[0], o["kind"], key(o)[1]): o for o in objects}
+    seen = [views.parse_workload(w) for w in workloads]
+    by_owner = {(w.namespace, w.owner_kind, w.owner_name): w for w in seen}
+    by_attempt: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
+    for pod in pods:
+        labels = (pod.get("metadata") or {}).get("labels") or {}
+        attempt = str(labels.get(marks.ATTEMPT_LABEL, ""))
+        if attempt.isdigit():
+            ns, _ = key(pod)
+            by_attempt.setdefault((ns, labels[marks.RUN_LABEL], int(attempt)), []).append(pod)
+    local = {key(lq): str((lq.get("spec") or {}).get("clusterQueue", "")) for lq in local_queues}
+    return Snapshot(
+        objects=by_kind,
+        workloads=by_owner,
+        all_workloads=seen,
+        pods=by_attempt,
+        local_queues=local,
+        nodes=views.node_facts(nodes),
+        positions=positions.compute_positions(seen, local),
+    )

@@ -1,0 +1,281 @@
+"""What the run reconciler reads, as small frozen views: Workloads, pods, attempt objects.
+
+The `parse_*` functions turn the raw objects the run store lists into the values the pure
+run core (`controller.runs.lifecycle`, `controller.runs.positions`) decides over; each reads
+only the fields it needs, and a missing field is an absence, never an error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from controller import marks, timestamps
+
+# ---------------------------------------------------------------- views of raw objects
+
+
+@dataclasses.dataclass(frozen=True)
+class Condition:
+    """One status condition."""
+
+    type: str
+    status: str
+    reason: str = ""
+    message: str = ""
+    time: dt.datetime | None = None
+
+    @property
+    def true(self) -> bool:
+        """Whether the condition holds."""
+        return self.status == "True"
+
+
+def _conditions(raw: Mapping[str, Any]) -> tuple[Condition, ...]:
+    return tuple(
+        Condition(
+            type=str(c["type"]),
+            status=str(c.get("status", "")),
+            reason=str(c.get("reason") or ""),
+            message=str(c.get("message") or ""),
+            time=timestamps.parse(c.get("lastTransitionTime")),
+        )
+        for c in (raw.get("status") or {}).get("conditions") or []
+        if isinstance(c, dict) and c.get("type")
+    )
+
+
+def find_condition(conditions: Iterable[Condition], kind: str) -> Condition | None:
+    """The condition of type `kind`, None when there is none."""
+    return next((c for c in conditions if c.type == kind), None)
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkloadView:
+    """What we read of a Kueue Workload (`kueue.x-k8s.io/v1beta2`)."""
+
+    name: str
+    namespace: str
+    owner_kind: str
+    owner_name: str
+    queue_name: str
+    priority: int
+    created: dt.datetime | None
+    conditions: tuple[Condition, ...] = ()
+    cluster_queue: str = ""
+    flavors: tuple[tuple[str, str], ...] = ()
+    """(resource, flavor) pairs of the admission, over every pod set."""
+    pod_sets: tuple[tuple[str, int], ...] = ()
+    """(name, count) of each pod set."""
+    evictions: tuple[tuple[str, int], ...] = ()
+    """(reason, count) from `schedulingStats.evictions`."""
+    admission_checks: tuple[tuple[str, str, str], ...] = ()
+    """(name, state, message) of each admission check."""
+    active: bool = True
+    uid: str = ""
+
+    def condition(self, kind: str) -> Condition | None:
+        """The condition of the given type, if present."""
+        return find_condition(self.conditions, kind)
+
+    def holds(self, kind: str) -> bool:
+        """Whether the condition of the given type is True."""
+        c = self.condition(kind)
+        return c is not None and c.true
+
+    @property
+    def pending(self) -> bool:
+        """Waiting for quota: active, not finished, no quota reserved."""
+        return self.active and not self.holds("QuotaReserved") and not self.holds("Finished")
+
+    @property
+    def queue_order_time(self) -> dt.datetime | None:
+        """Kueue's queue-order timestamp: the last eviction for a requeued Workload, else
+        its creation (Kueue's default `requeuingStrategy.timestamp: Eviction`)."""
+        evicted = self.condition("Evicted")
+        if evicted is not None and evicted.true and evicted.time is not None:
+            return evicted.time
+        return self.created
+
+
+def parse_workload(raw: Mapping[str, Any]) -> WorkloadView:
+    """Read the fields we use from a raw Workload."""
+    meta = raw.get("metadata") or {}
+    spec = raw.get("spec") or {}
+    status = raw.get("status") or {}
+    owners = meta.get("ownerReferences") or [{}]
+    admission = status.get("admission") or {}
+    flavors: list[tuple[str, str]] = []
+    for assignment in admission.get("podSetAssignments") or []:
+        for resource, flavor in sorted((assignment.get("flavors") or {}).items()):
+            if (resource, flavor) not in flavors:
+                flavors.append((str(resource), str(flavor)))
+    stats = status.get("schedulingStats") or {}
+    return WorkloadView(
+        name=str(meta.get("name", "")),
+        namespace=str(meta.get("namespace", "")),
+        uid=str(meta.get("uid", "")),
+        owner_kind=str(owners[0].get("kind", "")),
+        owner_name=str(owners[0].get("name", "")),
+        queue_name=str(spec.get("queueName", "")),
+        priority=int(spec.get("priority") or 0),
+        created=timestamps.parse(meta.get("creationTimestamp")),
+        conditions=_conditions(raw),
+        cluster_queue=str(admission.get("clusterQueue", "")),
+        flavors=tuple(flavors),
+        pod_sets=tuple(
+            (str(p.get("name", "")), int(p.get("count") or 0)) for p in spec.get("podSets") or []
+        ),
+        evictions=tuple(
+            (str(e.get("reason", "")), int(e.get("count") or 0))
+            for e in stats.get("evictions") or []
+        ),
+        admission_checks=tuple(
+            (str(c.get("name", "")), str(c.get("state", "")), str(c.get("message") or ""))
+            for c in status.get("admissionChecks") or []
+        ),
+        active=spec.get("active", True) is not False,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class PodView:
+    """What we read of one pod of an attempt."""
+
+    name: str
+    node: str
+    phase: str
+    attempt: int | None = None
+    index: int | None = None
+    """Completion index (Indexed Jobs), else None."""
+    exit_codes: tuple[int, ...] = ()
+    terminated_reasons: tuple[str, ...] = ()
+    disruption: str = ""
+    """Reason of the `DisruptionTarget` condition (eviction, preemption, taint), or ''."""
+    deleting: bool = False
+    started: dt.datetime | None = None
+    finished: dt.datetime | None = None
+    image: str = ""
+    image_id: str = ""
+    created: dt.datetime | None = None
+    containers: tuple[str, ...] = ()
+
+
+def parse_pod(raw: Mapping[str, Any]) -> PodView:
+    """Read the fields we use from a raw Pod."""
+    meta = raw.get("metadata") or {}
+    spec = raw.get("spec") or {}
+    status = raw.get("status") or {}
+    labels = meta.get("labels") or {}
+    annotations = meta.get("annotations") or {}
+    exit_codes: list[int] = []
+    reasons: list[str] = []
+    finished: list[dt.datetime] = []
+    image = image_id = ""
+    for cs in status.get("containerStatuses") or []:
+        image = image or str(cs.get("image") or "")
+        image_id = image_id or str(cs.get("imageID") or "")
+        terminated = (cs.get("state") or {}).get("terminated") or (cs.get("lastState") or {}).get(
+            "terminated"
+        )
+        if terminated:
+            exit_codes.append(int(terminated.get("exitCode") or 0))
+            reasons.append(str(terminated.get("reason") or ""))
+            end = timestamps.parse(terminated.get("finishedAt"))
+            if end is not None:
+                finished.append(end)
+    disruption = find_condition(_conditions(raw), "DisruptionTarget")
+    index = annotations.get(marks.JOB_COMPLETION_INDEX_ANNOTATION)
+    attempt = labels.get(marks.ATTEMPT_LABEL)
+    return PodView(
+        name=str(meta.get("name", "")),
+        node=str(spec.get("nodeName") or ""),
+        phase=str(status.get("phase") or "Pending"),
+        attempt=int(attempt) if isinstance(attempt, str) and attempt.isdigit() else None,
+        index=int(index) if isinstance(index, str) and index.isdigit() else None,
+        exit_codes=tuple(exit_codes),
+        terminated_reasons=tuple(reasons),
+        disruption=disruption.reason if disruption is not None and disruption.true else "",
+        deleting=bool(meta.get("deletionTimestamp")),
+        started=timestamps.parse(status.get("startTime")),
+        finished=max(finished) if finished else None,
+        image=image,
+        image_id=image_id,
+        created=timestamps.parse(meta.get("creationTimestamp")),
+        containers=tuple(str(c.get("name", "")) for c in spec.get("containers") or []),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class AttemptObjectView:
+    """The Job or RayJob of one attempt."""
+
+    kind: str
+    name: str
+    suspended: bool
+    conditions: tuple[Condition, ...] = ()
+    created: dt.datetime | None = None
+    start: dt.datetime | None = None
+    completion: dt.datetime | None = None
+    ray_job_status: str = ""
+    ray_deployment_status: str = ""
+    ray_reason: str = ""
+    ray_message: str = ""
+    uid: str = ""
+
+    def holds(self, kind: str) -> bool:
+        """Whether the condition of the given type is True."""
+        c = find_condition(self.conditions, kind)
+        return c is not None and c.true
+
+
+def parse_attempt_object(raw: Mapping[str, Any]) -> AttemptObjectView:
+    """Read a Job (`batch/v1`) or RayJob (`ray.io/v1`)."""
+    meta = raw.get("metadata") or {}
+    spec = raw.get("spec") or {}
+    status = raw.get("status") or {}
+    return AttemptObjectView(
+        kind=str(raw.get("kind", "Job")),
+        name=str(meta.get("name", "")),
+        uid=str(meta.get("uid", "")),
+        suspended=bool(spec.get("suspend")),
+        conditions=_conditions(raw),
+        created=timestamps.parse(meta.get("creationTimestamp")),
+        start=timestamps.parse(status.get("startTime")),
+        completion=timestamps.parse(status.get("completionTime") or status.get("endTime")),
+        ray_job_status=str(status.get("jobStatus") or ""),
+        ray_deployment_status=str(status.get("jobDeploymentStatus") or ""),
+        ray_reason=str(status.get("reason") or ""),
+        ray_message=str(status.get("message") or ""),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeFacts:
+    """What the classifier must know about nodes: which exist, which we quarantined, and
+    on which of those a GPU failed (their pods are lost at once, not at eviction)."""
+
+    existing: frozenset[str]
+    quarantined: frozenset[str] = frozenset()
+    failed: frozenset[str] = frozenset()
+    """Quarantined because a GPU failed (a Failed verdict: Xid 79, a lost GPU...)."""
+
+
+def node_facts(raw_nodes: Iterable[Mapping[str, Any]]) -> NodeFacts:
+    """Build NodeFacts from raw Nodes (quarantined = carries our quarantined-by annotation;
+    failed = its quarantine record says a GPU failed)."""
+    existing: set[str] = set()
+    quarantined: set[str] = set()
+    failed: set[str] = set()
+    for node in raw_nodes:
+        meta = node.get("metadata") or {}
+        name = str(meta.get("name", ""))
+        existing.add(name)
+        annotations = meta.get("annotations") or {}
+        if marks.quarantined(annotations):
+            quarantined.add(name)
+            if marks.quarantine_failed(annotations):
+                failed.add(name)
+    return NodeFacts(frozenset(existing), frozenset(quarantined), frozenset(failed))

@@ -1,0 +1,265 @@
+"""HTTP plumbing every domain's API shares; it imports no domain.
+
+What one replica needs to answer a request: who is calling (`identity`, `on_call`), bodies
+read within a limit, forwarding to the leader, the one error middleware with the one table
+from error kinds to HTTP statuses, and how this replica is reached (its URL, the client
+context it verifies its peers with).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+import random
+import secrets
+import socket
+import ssl
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import aiohttp
+import structlog
+from aiohttp import web
+from aiohttp.typedefs import Middleware
+
+from controller import auth, errors, leading
+from controller import metrics as metrics_mod
+from controller.settings import ControllerSettings
+
+log = structlog.get_logger()
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+STATUS: dict[type[errors.ControllerError], int] = {
+    errors.Invalid: 422,
+    errors.InvalidParameter: 400,
+    errors.Malformed: 400,
+    errors.TooLarge: 413,
+    errors.UnsupportedMediaType: 415,
+    errors.Unauthenticated: 401,
+    errors.Forbidden: 403,
+    errors.NotFound: 404,
+    errors.Conflict: 409,
+    errors.TooManyRequests: 429,
+    errors.Unavailable: 503,
+}
+"""The one mapping from error kinds to HTTP statuses; a subclass takes its nearest kind's."""
+
+STREAMING_ATTRIBUTE = "taugrid_streaming"
+"""Set on a handler that streams (it outlives the handler timeout by design)."""
+
+
+@dataclasses.dataclass
+class ServingState:
+    """What every handler of this replica shares: built at startup by the composition root."""
+
+    settings: ControllerSettings
+    metrics: metrics_mod.ControllerMetrics
+    authn: auth.Authenticator
+    elector: leading.Elector
+    http: aiohttp.ClientSession
+    url: str
+    ready: bool = False
+    readiness: list[Callable[[], bool]] = dataclasses.field(default_factory=list)
+    """More conditions of readiness (the node cache is synced), each asked on `/readyz`."""
+
+    def is_ready(self) -> bool:
+        """Ready to serve: started, not shutting down, every readiness condition met."""
+        return self.ready and all(check() for check in self.readiness)
+
+
+SERVING = web.AppKey("serving", ServingState)
+
+
+def serving_of(request: web.Request) -> ServingState:
+    """The serving state of the app handling `request`; Unavailable while it starts."""
+    if SERVING not in request.app:
+        raise errors.Unavailable("the controller is starting; retry shortly", code="Starting")
+    return request.app[SERVING]
+
+
+# ---------------------------------------------------------------------- requests
+async def read_body(request: web.Request, limit: int) -> bytes:
+    """Read the body, refusing anything above `limit` before reading it all."""
+    if request.content_length is not None and request.content_length > limit:
+        msg = f"body of {request.content_length} bytes exceeds the limit of {limit} bytes"
+        raise errors.TooLarge(msg)
+    chunks = []
+    size = 0
+    async for chunk in request.content.iter_chunked(64 * 1024):
+        size += len(chunk)
+        if size > limit:
+            msg = f"body exceeds the limit of {limit} bytes"
+            raise errors.TooLarge(msg)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def identity(request: web.Request, audiences: tuple[str, ...] = ()) -> auth.Identity:
+    """Who calls: the identity TokenReview gives the bearer token."""
+    st = serving_of(request)
+    return await st.authn.authenticate(request.headers.get("Authorization"), audiences)
+
+
+async def allow(request: web.Request, who: auth.Identity, access: auth.Access) -> None:
+    """Raise Forbidden unless RBAC lets `who` make `access`."""
+    await serving_of(request).authn.authorize(who, access)
+
+
+async def on_call(request: web.Request, verb: str) -> auth.Identity:
+    """Authenticate an on-call caller and authorise the matching verb on nodes."""
+    who = await identity(request)
+    await allow(request, who, auth.Access(verb=verb, resource="nodes"))
+    return who
+
+
+def json_response(body: Any, *, status: int = 200) -> web.Response:
+    """A JSON answer; values JSON cannot hold (datetimes) are written as strings."""
+    return web.json_response(body, status=status, dumps=lambda o: json.dumps(o, default=str))
+
+
+def streaming(handler: Handler) -> Handler:
+    """Mark a handler that streams, so the middleware leaves it without a timeout."""
+    setattr(handler, STREAMING_ATTRIBUTE, True)
+    return handler
+
+
+# ---------------------------------------------------------------------- the leader
+async def forward_to_leader(request: web.Request, body: bytes | None = None) -> web.Response:
+    """Send a request the leader must handle to the leader; 503 with its URL on failure."""
+    st = serving_of(request)
+    url = st.elector.leader_url
+    if not url or url == st.url:
+        raise errors.Unavailable("no leader is elected yet; retry shortly", code="NoLeader")
+    headers = {k: v for k, v in request.headers.items() if k.lower() in
+               ("authorization", "content-type", "x-request-id", "idempotency-key")}  # fmt: skip
+    headers["X-TauGrid-Forwarded"] = "1"
+    if request.headers.get("X-TauGrid-Forwarded"):
+        raise errors.Unavailable("this replica is not the leader", code="NotLeader", leaderUrl=url)
+    if body is None and request.can_read_body:
+        body = await read_body(request, st.settings.max_body_bytes)
+    try:
+        async with st.http.request(
+            request.method,
+            url.rstrip("/") + request.path_qs,
+            data=body,
+            headers=headers,
+            timeout=aiohttp.ClientTimeout(total=10),
+        ) as resp:
+            payload = await resp.read()
+            return web.Response(
+                body=payload,
+                status=resp.status,
+                content_type=resp.content_type,
+                headers={"X-TauGrid-Leader": url},
+            )
+    except (aiohttp.ClientError, TimeoutError) as err:
+        msg = f"could not reach the leader at {url}: {err}"
+        raise errors.Unavailable(msg, code="LeaderUnreachable", leaderUrl=url) from err
+
+
+def leader_only(handler: Handler) -> Handler:
+    """Serve on the leader; forward from a follower (only the leader holds the state)."""
+
+    async def wrapped(request: web.Request) -> web.StreamResponse:
+        if not serving_of(request).elector.is_leader():
+            return await forward_to_leader(request)
+        return await handler(request)
+
+    wrapped.__doc__ = handler.__doc__
+    wrapped.__name__ = handler.__name__
+    return wrapped
+
+
+# ---------------------------------------------------------------------- errors
+def status_of(err: errors.ControllerError) -> int:
+    """The HTTP status of an error: its own kind's, else its nearest ancestor's."""
+    for kind in type(err).__mro__:
+        if kind in STATUS:
+            return STATUS[kind]
+    return 500
+
+
+def error_response(
+    status: int, code: str, message: str, field: str = "", **extra: Any
+) -> web.Response:
+    """The JSON error body: `{"error": {"code", "message", "field"}}` (DESIGN.md section 4)."""
+    body = {"error": {"code": code, "message": message, "field": field}, **extra}
+    return web.json_response(body, status=status)
+
+
+def make_middleware(timeout_s: float) -> Middleware:
+    """Return the error middleware: request id, timeout, error kinds to HTTP statuses."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        # Not uuid4: it reads os.urandom, a system call per request, measurable on the
+        # heartbeat path. A request id needs to be unique enough to grep, not secret.
+        request_id = request.headers.get("X-Request-Id") or f"{random.getrandbits(64):016x}"
+        structlog.contextvars.bind_contextvars(request_id=request_id)
+        try:
+            route = request.match_info.route.handler
+            if getattr(route, STREAMING_ATTRIBUTE, False):
+                resp = await handler(request)
+            else:
+                async with asyncio.timeout(timeout_s):
+                    resp = await handler(request)
+        except errors.ControllerError as err:
+            resp = error_response(status_of(err), err.code, err.message, err.field, **err.extra)
+            if isinstance(err, errors.Unauthenticated):
+                resp.headers["WWW-Authenticate"] = 'Bearer realm="taugrid"'
+        except TimeoutError:
+            resp = error_response(504, "Timeout", f"the request took longer than {timeout_s:.0f}s")
+        except web.HTTPException as err:
+            if err.status < 400:
+                raise
+            resp = error_response(err.status, err.reason.replace(" ", ""), err.text or err.reason)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("unhandled error", path=request.path, method=request.method)
+            resp = error_response(500, "Internal", f"internal error; request id {request_id}")
+        finally:
+            structlog.contextvars.unbind_contextvars("request_id")
+        resp.headers["X-Request-Id"] = request_id
+        return resp
+
+    return middleware
+
+
+# ---------------------------------------------------------------------- this replica
+def make_identity(settings: ControllerSettings) -> str:
+    """This replica's Lease identity."""
+    return settings.identity or f"{socket.gethostname()}-{secrets.token_hex(3)}"
+
+
+def peer_ssl_context(settings: ControllerSettings) -> ssl.SSLContext:
+    """Build the client context for calls to other replicas: the system store plus
+    `tls_ca_file`, so a follower verifies the leader's certificate (issued by a private CA,
+    for the name in its advertised URL) instead of failing or trusting anything."""
+    context = ssl.create_default_context()
+    if settings.tls_ca_file:
+        context.load_verify_locations(cafile=settings.tls_ca_file)
+    return context
+
+
+def pod_dns_name(pod_ip: str, domain: str) -> str:
+    """Return the name DNS serves for `pod_ip` as an endpoint of the headless Service whose
+    domain is `domain` (`10.1.2.3` -> `10-1-2-3.<domain>`). A Deployment's pods get no
+    `<pod name>.<service>` record (that takes `spec.hostname`, one value for all replicas),
+    so this is the per-pod name a wildcard certificate for `*.<domain>` can cover."""
+    return f"{pod_ip.replace('.', '-').replace(':', '-')}.{domain}"
+
+
+def default_url(settings: ControllerSettings) -> str:
+    """Where this replica is reached when `advertise_url` is empty (DESIGN.md section 6)."""
+    scheme = "https" if settings.tls_cert_file else "http"
+    pod_ip = os.environ.get("POD_IP", "")
+    host = pod_ip or settings.host
+    if host in ("0.0.0.0", "", "::"):  # noqa: S104
+        host = "127.0.0.1"
+    if pod_ip and settings.advertise_domain:
+        host = pod_dns_name(pod_ip, settings.advertise_domain)
+    return f"{scheme}://{host}:{settings.port}"
