@@ -25,7 +25,15 @@ from aiohttp import web
 
 from controller import auth, errors, marks, serving, timestamps
 from controller.kube import runs as kube_runs
-from controller.runs import attempts, checkpoints, context, lifecycle, logs, queues, reconciling
+from controller.runs import (
+    checkpoints,
+    context,
+    lifecycle,
+    logs,
+    objects,
+    queues,
+    reconciling,
+)
 from shared import spec as specs
 
 log = structlog.get_logger()
@@ -231,9 +239,9 @@ async def _run_caller(request: web.Request, verb: str, subresource: str = "") ->
     namespace = context.check_namespace(request.match_info["namespace"])
     name = request.match_info["name"]
     token = auth.bearer_token(request.headers.get("Authorization"))
-    if token.startswith(attempts.RUN_TOKEN_PREFIX):
+    if token.startswith(objects.RUN_TOKEN_PREFIX):
         expected = await context.context_of(request).run_token_digest(namespace, name)
-        got = attempts.token_digest(token)
+        got = objects.token_digest(token)
         if expected is None or not hmac.compare_digest(got.encode(), expected.encode()):
             msg = (
                 f"this run-scoped token does not belong to run {namespace}/{name}: a run's"

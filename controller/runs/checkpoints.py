@@ -19,7 +19,8 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from controller import errors, timestamps
+from controller import errors
+from controller.runs import records
 
 MAX_PATH = 4096
 MAX_STEP = 2**63 - 1
@@ -108,39 +109,34 @@ def fence(report: Report, current_attempt: int) -> None:
         raise FencedError("UnknownAttempt", msg)
 
 
-def record(report: Report, now: dt.datetime) -> dict[str, Any]:
-    """The wire form of an accepted checkpoint (`status.checkpoints[]`)."""
-    return {
-        "attempt": report.attempt,
-        "step": report.step,
-        "path": report.path,
-        "time": timestamps.rfc3339(now),
-    }
+def record(report: Report, now: dt.datetime) -> records.Checkpoint:
+    """An accepted checkpoint, as `status.checkpoints[]` keeps it."""
+    return records.Checkpoint(attempt=report.attempt, step=report.step, path=report.path, time=now)
 
 
 def add(
-    kept: Sequence[Mapping[str, Any]], new: Mapping[str, Any], keep: int = DEFAULT_KEEP
-) -> list[dict[str, Any]]:
+    kept: Sequence[records.Checkpoint], new: records.Checkpoint, keep: int = DEFAULT_KEEP
+) -> tuple[records.Checkpoint, ...]:
     """Append `new` and keep the newest `keep` (the list is in report order: newest last)."""
-    out = [dict(c) for c in kept if isinstance(c, Mapping)]
-    out.append(dict(new))
-    return out[-max(keep, 1) :]
+    return (*kept, new)[-max(keep, 1) :]
 
 
-def latest(status: Mapping[str, Any]) -> dict[str, Any] | None:
+def latest(status: records.RunStatus) -> records.Checkpoint | None:
     """The newest checkpoint in a TauRun status, or None."""
-    kept = status.get("checkpoints") or []
-    if not kept or not isinstance(kept[-1], Mapping):
-        return None
-    return dict(kept[-1])
+    return status.checkpoints[-1] if status.checkpoints else None
 
 
-def configmap_data(checkpoint: Mapping[str, Any] | None) -> dict[str, str]:
+def wire(checkpoint: records.Checkpoint) -> dict[str, Any]:
+    """A checkpoint as the API and the ConfigMap show it (camelCase, RFC 3339 time)."""
+    return checkpoint.model_dump(mode="json", by_alias=True)
+
+
+def configmap_data(checkpoint: records.Checkpoint | None) -> dict[str, str]:
     """The per-run ConfigMap's data: the path alone (easy to read from a shell) and the
     whole record as JSON. Empty strings mean no checkpoint yet."""
     if checkpoint is None:
         return {FILE_KEY: "", JSON_KEY: ""}
     return {
-        FILE_KEY: str(checkpoint.get("path", "")),
-        JSON_KEY: json.dumps(dict(checkpoint), sort_keys=True, separators=(",", ":")),
+        FILE_KEY: checkpoint.path,
+        JSON_KEY: json.dumps(wire(checkpoint), sort_keys=True, separators=(",", ":")),
     }

@@ -17,7 +17,7 @@ from aiohttp import web
 
 from controller import auth, errors, serving
 from controller.kube import runs as kube_runs
-from controller.runs import attempts, lifecycle, reconciling
+from controller.runs import lifecycle, reconciling, records
 from shared import spec as specs
 
 GROUP = "taugrid.dev"
@@ -44,7 +44,10 @@ class RunsContext:
         if cached is not None and now - cached[1] < RUN_TOKEN_TTL_S:
             return cached[0]
         item = await self.store.get_run(namespace, name)
-        digest = str(((item or {}).get("status") or {}).get(attempts.TOKEN_DIGEST_FIELD) or "")
+        try:
+            digest = records.read((item or {}).get("status")).token_sha256
+        except ValueError:
+            digest = ""  # a damaged status holds no digest we can trust
         if not digest:
             return None
         if len(self.run_tokens) >= MAX_CACHED_RUN_TOKENS:

@@ -21,29 +21,15 @@ pods and later readmits the same Job, so pods ending under a suspension are not 
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import datetime as dt
-import enum
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any
 
-from controller import timestamps
-from controller.runs import views
+from controller.runs import records, views
 from shared import spec as specs
 
-
-class Phase(enum.StrEnum):
-    """Where a run is in its life (DESIGN.md section 7)."""
-
-    PENDING = "Pending"
-    QUEUED = "Queued"
-    ADMITTED = "Admitted"
-    RUNNING = "Running"
-    RESUMING = "Resuming"
-    SUCCEEDED = "Succeeded"
-    FAILED = "Failed"
-    CANCELLED = "Cancelled"
+Phase = records.Phase
 
 
 TERMINAL_PHASES = frozenset({Phase.SUCCEEDED, Phase.FAILED, Phase.CANCELLED})
@@ -184,31 +170,40 @@ def _object_failed(obj: views.AttemptObjectView) -> tuple[bool, str]:
 
 
 def set_phase_condition(
-    conditions: list[dict[str, Any]], phase: Phase, reason: str, message: str, now: dt.datetime
-) -> bool:
-    """Record that the run reached `phase` (a True condition of that type); keep the first
-    time it was reached. Return whether anything changed."""
-    for c in conditions:
-        if c.get("type") == str(phase):
-            if c.get("status") == "True":
-                return False
-            c.update(
-                status="True",
-                reason=reason,
-                message=message,
-                lastTransitionTime=timestamps.rfc3339(now),
-            )
-            return True
-    conditions.append(
-        {
-            "type": str(phase),
-            "status": "True",
-            "reason": reason or str(phase),
-            "message": message,
-            "lastTransitionTime": timestamps.rfc3339(now),
-        }
-    )
-    return True
+    conditions: tuple[records.Condition, ...],
+    phase: Phase,
+    reason: str,
+    message: str,
+    now: dt.datetime,
+) -> tuple[tuple[records.Condition, ...], bool]:
+    """Record that the run reached `phase` (a True condition of that type), keeping the
+    first time it was reached. Return the conditions and whether anything changed."""
+    for i, c in enumerate(conditions):
+        if c.type == str(phase):
+            if c.status == "True":
+                return conditions, False
+            changed = c.model_copy(
+                update={"status": "True", "reason": reason, "message": message,
+                        "last_transition_time": now}
+            )  # fmt: skip
+            return (*conditions[:i], changed, *conditions[i + 1 :]), True
+    added = records.Condition(
+        type=str(phase), status="True", reason=reason or str(phase), message=message,
+        last_transition_time=now,
+    )  # fmt: skip
+    return (*conditions, added), True
+
+
+def with_phase_condition(
+    status: records.RunStatus, phase: Phase, reason: str, message: str, now: dt.datetime
+) -> records.RunStatus:
+    """The status with `set_phase_condition` applied."""
+    conditions, _ = set_phase_condition(status.conditions, phase, reason, message, now)
+    return status.model_copy(update={"conditions": conditions})
+
+
+def _evictions(workload: views.WorkloadView) -> tuple[records.Eviction, ...]:
+    return tuple(records.Eviction(reason=r, count=n) for r, n in workload.evictions)
 
 
 def attempt_record(
@@ -218,94 +213,88 @@ def attempt_record(
     object_name: str,
     outcome: AttemptOutcome,
     workload: views.WorkloadView | None,
-    previous: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
-    """The wire form of one attempt for `status.attempts[]`, merged over what was recorded
-    before (nodes and exit codes survive the pods being garbage-collected)."""
-    prev = dict(previous or {})
-    record: dict[str, Any] = {
-        **prev,
+    previous: records.AttemptRecord | None = None,
+) -> records.AttemptRecord:
+    """One attempt for `status.attempts[]`, merged over what was recorded before (nodes and
+    exit codes survive the pods being garbage-collected)."""
+    prev = previous or records.AttemptRecord(number=number)
+    update: dict[str, Any] = {
         "number": number,
-        "objectKind": object_kind,
-        "objectName": object_name,
-        "phase": str(outcome.phase),
+        "object_kind": object_kind,
+        "object_name": object_name,
+        "phase": outcome.phase,
     }
     if outcome.nodes:
-        record["nodes"] = list(outcome.nodes)
+        update["nodes"] = outcome.nodes
     if outcome.exit_codes:
-        record["exitCodes"] = list(outcome.exit_codes)
-    if outcome.started is not None and not prev.get("startTime"):
-        record["startTime"] = timestamps.rfc3339(outcome.started)
+        update["exit_codes"] = outcome.exit_codes
+    if outcome.started is not None and prev.start_time is None:
+        update["start_time"] = outcome.started
     if outcome.ended is not None:
-        record["endTime"] = timestamps.rfc3339(outcome.ended)
+        update["end_time"] = outcome.ended
     if outcome.failure_class is not None:
-        record["failureClass"] = str(outcome.failure_class)
-        record["message"] = outcome.message
+        update["failure_class"] = str(outcome.failure_class)
+        update["message"] = outcome.message
     if workload is not None:
-        record["workload"] = workload.name
+        update["workload"] = workload.name
         if workload.cluster_queue:
-            record["clusterQueue"] = workload.cluster_queue
-            record["flavors"] = dict(workload.flavors)
+            update["cluster_queue"] = workload.cluster_queue
+            update["flavors"] = dict(workload.flavors)
         if workload.evictions:
-            record["evictions"] = [{"reason": r, "count": n} for r, n in workload.evictions]
-    return record
-
-
-_EVIDENCE_ATTEMPT_KEYS = (
-    "number",
-    "objectName",
-    "nodes",
-    "exitCodes",
-    "failureClass",
-    "startTime",
-    "endTime",
-)
+            update["evictions"] = _evictions(workload)
+    return prev.model_copy(update=update)
 
 
 def evidence(
     spec: specs.TauSpec,
     namespace: str,
     *,
-    attempts: Iterable[Mapping[str, Any]],
+    attempts: Iterable[records.AttemptRecord],
     pods: Iterable[views.PodView],
     workload: views.WorkloadView | None,
-    previous: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
+    previous: records.Evidence | None = None,
+) -> records.Evidence:
     """The evidence record (DESIGN.md section 2): enough to reproduce the run and to see
     where it ran. Values once seen are kept when their source has gone (pods are deleted)."""
-    prev = dict(previous or {})
+    prev = previous or records.Evidence()
     image_ids = sorted({p.image_id for p in pods if p.image_id})
-    attempts = list(attempts)
-    nodes = sorted({n for a in attempts for n in a.get("nodes") or []})
-    kueue = dict(prev.get("kueue") or {})
-    kueue["localQueue"] = spec.queue
+    attempts = tuple(attempts)
+    nodes = tuple(sorted({n for a in attempts for n in a.nodes}))
+    kueue: dict[str, Any] = {"local_queue": spec.queue}
     if spec.priority:
-        kueue["priorityClass"] = spec.priority
+        kueue["priority_class"] = spec.priority
     if workload is not None:
         kueue["workload"] = workload.name
         if workload.cluster_queue:
-            kueue["clusterQueue"] = workload.cluster_queue
+            kueue["cluster_queue"] = workload.cluster_queue
             kueue["flavors"] = dict(workload.flavors)
         if workload.evictions:
-            kueue["evictions"] = [{"reason": r, "count": n} for r, n in workload.evictions]
-    out: dict[str, Any] = {
-        **prev,
-        "specHash": specs.spec_hash(spec),
+            kueue["evictions"] = _evictions(workload)
+    update: dict[str, Any] = {
+        "spec_hash": specs.spec_hash(spec),
         "image": spec.image,
         "kind": str(spec.kind),
         "namespace": namespace,
-        "kueue": kueue,
+        "kueue": prev.kueue.model_copy(update=kueue),
         "spec": specs.spec_to_wire(spec),
-    }
+        "attempts": tuple(
+            records.EvidenceAttempt(
+                number=a.number, object_name=a.object_name, nodes=a.nodes,
+                exit_codes=a.exit_codes, failure_class=a.failure_class,
+                start_time=a.start_time, end_time=a.end_time,
+            )
+            for a in attempts
+        ),
+    }  # fmt: skip
     if image_ids:
-        out["imageID"] = image_ids[0]
+        update["image_id"] = image_ids[0]
     if nodes:
-        out["nodes"] = nodes
+        update["nodes"] = nodes
     if spec.experiment is not None:
-        out["experiment"] = spec.experiment.model_dump(mode="json", by_alias=True,
-                                                       exclude_none=True)  # fmt: skip
-    out["attempts"] = [{k: a[k] for k in _EVIDENCE_ATTEMPT_KEYS if k in a} for a in attempts]
-    return out
+        update["experiment"] = spec.experiment.model_dump(
+            mode="json", by_alias=True, exclude_none=True
+        )
+    return prev.model_copy(update=update)
 
 
 def resume_refusal(name: str, phase: str) -> str:
@@ -316,21 +305,21 @@ def resume_refusal(name: str, phase: str) -> str:
     return f"run {name!r} is {phase}; only a Failed or Cancelled run can be resumed{hint}"
 
 
-def reopened(status: Mapping[str, Any], *, by: str, now: dt.datetime) -> dict[str, Any]:
-    """A copy of an ended run's status, reopened for a manual resume: the end conditions
-    turn False (reason Resumed, who and when), the end time and the TTL clean-up are
-    forgotten, and `retry.maxAttempts` counts afresh from the current attempt."""
-    out = copy.deepcopy(dict(status))
-    out.setdefault("conditions", [])
-    out.setdefault("attempts", [])
+def reopened(status: records.RunStatus, *, by: str, now: dt.datetime) -> records.RunStatus:
+    """An ended run's status, reopened for a manual resume: the end conditions turn False
+    (reason Resumed, who and when), the end time and the TTL clean-up are forgotten, and
+    `retry.maxAttempts` counts afresh from the current attempt."""
     ended = {str(p) for p in TERMINAL_PHASES}
-    for c in out["conditions"]:
-        if c.get("type") in ended:
-            c.update(status="False", reason="Resumed", lastTransitionTime=timestamps.rfc3339(now),
-                     message=f"resumed by {by}")  # fmt: skip
-    out.update(attemptBudgetFrom=int(out.get("currentAttempt") or 0), endTime=None,
-               objectsDeleted=None)  # fmt: skip
-    return out
+    conditions = tuple(
+        c.model_copy(update={"status": "False", "reason": "Resumed", "last_transition_time": now,
+                             "message": f"resumed by {by}"})
+        if c.type in ended else c
+        for c in status.conditions
+    )  # fmt: skip
+    return status.model_copy(
+        update={"conditions": conditions, "attempt_budget_from": status.current_attempt,
+                "end_time": None, "objects_deleted": None}
+    )  # fmt: skip
 
 
 def should_retry(
@@ -413,47 +402,47 @@ def final_message(
 
 
 def end(
-    status: dict[str, Any],
+    status: records.RunStatus,
     phase: Phase,
     reason: str,
     message: str,
     *,
     now: dt.datetime,
     ended: dt.datetime | None = None,
-) -> None:
+) -> records.RunStatus:
     """End the run: phase, reason and message, its end time, no place in line, and the
     condition of its final phase."""
-    status.update(phase=phase, reason=reason, message=message,
-                  endTime=status.get("endTime") or timestamps.rfc3339(ended or now),
-                  queuePosition=None, queuePositionInLocalQueue=None,
-                  queuePositionSource=None)  # fmt: skip
-    set_phase_condition(status["conditions"], phase, reason, message, ended or now)
+    closed = status.model_copy(
+        update={"phase": phase, "reason": reason, "message": message,
+                "end_time": status.end_time or ended or now, "queue_position": None,
+                "queue_position_in_local_queue": None, "queue_position_source": None}
+    )  # fmt: skip
+    return with_phase_condition(closed, phase, reason, message, ended or now)
 
 
 def phase_conditions(
-    status: dict[str, Any],
+    status: records.RunStatus,
     outcome: AttemptOutcome,
     workload: views.WorkloadView | None,
     now: dt.datetime,
-) -> float | None:
-    """Keep one condition per phase reached, at the time Kueue or the pods say so; return
-    the seconds the run waited in line when it was admitted just now (None otherwise)."""
+) -> tuple[records.RunStatus, float | None]:
+    """Keep one condition per phase reached, at the time Kueue or the pods say so; also
+    return the seconds the run waited in line when it was admitted just now (else None)."""
     waited = None
-    conds = status["conditions"]
+    conds = status.conditions
     if workload is not None and workload.holds("Admitted"):
         admitted = workload.condition("Admitted")
         at = admitted.time if admitted is not None and admitted.time else now
         message = f"admitted by cluster queue {workload.cluster_queue}"
-        if set_phase_condition(conds, Phase.ADMITTED, "Admitted", message, at):
-            queued = timestamps.parse(
-                next((c.get("lastTransitionTime") for c in conds if c["type"] == "Queued"), None)
-            )
+        conds, changed = set_phase_condition(conds, Phase.ADMITTED, "Admitted", message, at)
+        if changed:
+            queued = next((c.last_transition_time for c in conds if c.type == "Queued"), None)
             if queued is not None:
                 waited = max((at - queued).total_seconds(), 0)
     if outcome.phase in {Phase.RUNNING, Phase.SUCCEEDED}:
         ready = workload.condition("PodsReady") if workload is not None else None
         running_at = ready.time if ready is not None and ready.true else None
-        set_phase_condition(
+        conds, _ = set_phase_condition(
             conds, Phase.RUNNING, "PodsReady", "", running_at or outcome.started or now
         )
-    return waited
+    return status.model_copy(update={"conditions": conds}), waited

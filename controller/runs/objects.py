@@ -5,11 +5,21 @@ their names, and the owner reference every object of a run carries (pure).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from collections.abc import Mapping
 from typing import Any
 
 from controller import marks
 from shared import spec as specs
+
+RUN_TOKEN_PREFIX = "tau_"  # noqa: S105  (a prefix that marks run-scoped tokens, not a secret)
+"""Run-scoped tokens start with this, so the API tells them from Kubernetes tokens at once."""
+
+
+def token_digest(token: str) -> str:
+    """The hex SHA-256 of a run-scoped token, as kept in the run's status (`tokenSHA256`)."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
 
 TAURUN_API_VERSION = specs.API_VERSION
 

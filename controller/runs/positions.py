@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from controller import marks
-from controller.runs import lifecycle, views
+from controller.runs import records, views
 from shared import spec as specs
 
 
@@ -169,7 +169,7 @@ def waiting_message(ctx: WaitContext, workload: views.WorkloadView | None) -> st
 
 
 def place(
-    status: dict[str, Any],
+    status: records.RunStatus,
     *,
     spec: specs.TauSpec,
     phase: str,
@@ -178,14 +178,17 @@ def place(
     position: QueuePosition | None,
     cluster_queue: str | None,
     held: str | None,
-) -> None:
-    """Write the run's place in line and why it waits (a queued run), or clear them; `held`
-    is why our admission gate holds its Workload back, when it does."""
-    if phase != lifecycle.Phase.QUEUED:
-        status.update(queuePosition=None, queuePositionInLocalQueue=None, queuePositionSource=None)
-        if phase in {lifecycle.Phase.ADMITTED, lifecycle.Phase.RUNNING}:
-            status["message"] = ""
-        return
+) -> records.RunStatus:
+    """The run's place in line and why it waits (a queued run), or neither; `held` is why
+    our admission gate holds its Workload back, when it does."""
+    if phase != records.Phase.QUEUED:
+        update: dict[str, Any] = {
+            "queue_position": None, "queue_position_in_local_queue": None,
+            "queue_position_source": None,
+        }  # fmt: skip
+        if phase in {records.Phase.ADMITTED, records.Phase.RUNNING}:
+            update["message"] = ""
+        return status.model_copy(update=update)
     ctx = WaitContext(
         queue=spec.queue, namespace=namespace, queue_exists=cluster_queue is not None,
         cluster_queue=cluster_queue or "", gpus_per_worker=spec.resources.gpus,
@@ -194,7 +197,11 @@ def place(
     message = waiting_message(ctx, workload)
     if held:
         message = f"waiting for healthy GPU capacity: {held}"
-    status["message"] = message
-    status["queuePosition"] = position.in_cluster_queue if position else None
-    status["queuePositionInLocalQueue"] = position.in_local_queue if position else None
-    status["queuePositionSource"] = str(position.source) if position else None
+    return status.model_copy(
+        update={
+            "message": message,
+            "queue_position": position.in_cluster_queue if position else None,
+            "queue_position_in_local_queue": position.in_local_queue if position else None,
+            "queue_position_source": str(position.source) if position else None,
+        }
+    )

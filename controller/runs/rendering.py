@@ -472,3 +472,16 @@ def _render_rayjob(
             "rayClusterSpec": cluster,
         },
     }
+
+
+def pod_templates(obj: dict[str, Any]) -> list[dict[str, Any]]:
+    """The pod templates of a rendered attempt object (a Job's one, a RayJob's head's and
+    workers'), so settings can add to every pod."""
+    if obj["kind"] == "Job":
+        return [obj["spec"]["template"]]
+    if obj["kind"] == "RayJob":
+        cluster = obj["spec"]["rayClusterSpec"]
+        return [cluster["headGroupSpec"]["template"]] + [
+            group["template"] for group in cluster["workerGroupSpecs"]
+        ]
+    return []

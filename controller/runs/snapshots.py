@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from controller import marks
-from controller.runs import positions, views
+from controller.runs import objects, positions, views
 
 
 def key(obj: Mapping[str, Any]) -> tuple[str, str]:
@@ -60,4 +60,26 @@ def index(
         local_queues=local,
         nodes=views.node_facts(nodes),
         positions=positions.compute_positions(seen, local),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class SeenAttempt:
+    """What a pass saw of one attempt: its object, its Workload, its pods."""
+
+    attempt_object: views.AttemptObjectView | None
+    workload: views.WorkloadView | None
+    pods: tuple[views.PodView, ...]
+
+
+def attempt_of(snap: Snapshot, run: objects.RunRef, kind: str, attempt: int) -> SeenAttempt:
+    """The object (`kind`), Workload and pods of a run's attempt in a snapshot."""
+    name = objects.attempt_name(run.name, attempt)
+    raw = snap.objects.get((run.namespace, kind, name))
+    return SeenAttempt(
+        attempt_object=views.parse_attempt_object(raw) if raw is not None else None,
+        workload=snap.workloads.get((run.namespace, kind, name)),
+        pods=tuple(
+            views.parse_pod(p) for p in snap.pods.get((run.namespace, run.name, attempt), [])
+        ),
     )

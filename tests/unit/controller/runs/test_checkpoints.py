@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from controller.runs import checkpoints
+from controller.runs import checkpoints, records
 
 T0 = dt.datetime(2026, 1, 1, 3, 0, tzinfo=dt.UTC)
 
@@ -61,15 +61,17 @@ def test_only_the_current_attempt_may_report(
 
 def test_the_status_keeps_the_newest_checkpoints() -> None:
     """New reports go last; only the newest `keep` stay."""
-    kept: list[dict[str, Any]] = []
+    kept: tuple[records.Checkpoint, ...] = ()
     for step in range(5):
         entry = checkpoints.record(checkpoints.Report(1, step * 100, f"/c/{step}"), T0)
         kept = checkpoints.add(kept, entry, keep=3)
-    assert [c["step"] for c in kept] == [200, 300, 400]
-    assert checkpoints.latest({"checkpoints": kept}) == {
+    assert [c.step for c in kept] == [200, 300, 400]
+    latest = checkpoints.latest(records.RunStatus(checkpoints=kept))
+    assert latest is not None
+    assert checkpoints.wire(latest) == {
         "attempt": 1, "step": 400, "path": "/c/4", "time": "2026-01-01T03:00:00Z",
     }  # fmt: skip
-    assert checkpoints.latest({}) is None
+    assert checkpoints.latest(records.RunStatus()) is None
 
 
 def test_the_configmap_holds_the_path_and_the_record() -> None:

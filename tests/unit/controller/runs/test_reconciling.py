@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import datetime as dt
 import json
 import typing
@@ -11,20 +12,31 @@ from typing import Any
 
 import pytest
 
-from controller import leading, marks, metrics
+from controller import errors, leading, marks, metrics
 from controller.kube import runs as kube_runs
-from controller.runs import checkpoints, reconciling, rendering
+from controller.runs import checkpoints, policy, reconciling, rendering, views
 from shared import spec as specs
 from tests.unit.controller.runs.builders import (
     ADMITTED,
-    QUOTA_MSG,
     SPEC,
     T0,
-    cond,
     ts,
 )
 
 # ---------------------------------------------------------------- the reconciler, in memory
+
+
+def _merge(target: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
+    """A JSON merge patch (RFC 7386), as the API server applies one to a status."""
+    out = dict(target)
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
 
 
 class FakeStore:
@@ -76,7 +88,7 @@ class FakeStore:
     ) -> dict[str, Any] | None:
         run = self.runs[(namespace, name)]
         self.rv += 1
-        run["status"] = json.loads(json.dumps({k: v for k, v in status.items() if v is not None}))
+        run["status"] = _merge(run.get("status") or {}, json.loads(json.dumps(status)))
         run["metadata"]["resourceVersion"] = str(self.rv)
         return copy.deepcopy(run)
 
@@ -199,93 +211,6 @@ async def test_submission_creates_secret_configmap_and_a_suspended_job() -> None
     assert (run["status"]["phase"], run["status"]["currentAttempt"]) == ("Queued", 1)
 
 
-async def test_a_run_goes_from_queued_to_succeeded_and_its_job_goes_after_the_ttl() -> None:
-    """Pass by pass: waiting with a position and reason, running, succeeded, cleaned up."""
-    store = FakeStore()
-    store.add_run(SPEC)
-    await _reconciler(store).reconcile_now("team", "demo")
-    store.workloads = [_raw_workload(cond("QuotaReserved", "False", "Pending", QUOTA_MSG))]
-    await _reconciler(store).pass_once()
-    status = store.runs[("team", "demo")]["status"]
-    assert (
-        status["phase"],
-        status["queuePosition"],
-        status["queuePositionSource"],
-    ) == ("Queued", 0, "computed")
-    assert status["message"].startswith("waiting for quota")
-
-    store.admit(cond("PodsReady", at=3))
-    store.pods = [_raw_pod("Running")]
-    await _reconciler(store, T0 + dt.timedelta(seconds=4)).pass_once()
-    status = store.runs[("team", "demo")]["status"]
-    assert (status["phase"], status["message"]) == ("Running", "")
-    assert "queuePosition" not in status
-
-    job = store.objects[("team", "Job", "demo-a1")]
-    job["status"] = {"conditions": [cond("Complete")]}
-    store.pods = [_raw_pod("Succeeded", exit_code=0)]
-    await _reconciler(store, T0 + dt.timedelta(seconds=10)).pass_once()
-    status = store.runs[("team", "demo")]["status"]
-    assert [c["type"] for c in status["conditions"]] == [
-        "Queued",
-        "Admitted",
-        "Running",
-        "Succeeded",
-    ]
-    assert (
-        status["evidence"]["kueue"]["clusterQueue"], status["evidence"]["nodes"],
-        status["evidence"]["imageID"],
-    ) == ("cq", ["n0"], "img@sha256:1")  # fmt: skip
-    await _reconciler(store, T0 + dt.timedelta(seconds=100)).pass_once()
-    assert ("team", "Job", "demo-a1") not in store.objects
-    assert store.runs[("team", "demo")]["status"]["phase"] == "Succeeded"
-
-
-async def test_a_node_failure_ends_the_attempt_and_starts_the_next() -> None:
-    """A pod lost with a quarantined node: attempt 1 is deleted, attempt 2 created with
-    the failure reason in its env."""
-    store = FakeStore()
-    store.add_run(SPEC)
-    await _reconciler(store).reconcile_now("team", "demo")
-    store.admit()
-    store.pods = [_raw_pod("Failed", node="bad", exit_code=143)]
-    await _reconciler(store).pass_once()
-    status = store.runs[("team", "demo")]["status"]
-    assert (status["currentAttempt"], status["phase"]) == (2, "Queued")
-    assert status["attempts"][0]["failureClass"] == "NodeFailure"
-    assert ("team", "Job", "demo-a1") not in store.objects
-    env = store.objects[("team", "Job", "demo-a2")]["spec"]["template"]["spec"]["containers"][0]
-    assert {"name": "TAU_FAILURE_REASON", "value": "NodeFailure"} in env["env"]
-
-
-async def test_an_app_error_is_final_by_default() -> None:
-    """A non-zero exit code is not retried unless retry.when lists AppError."""
-    store = FakeStore()
-    store.add_run(SPEC)
-    await _reconciler(store).reconcile_now("team", "demo")
-    store.admit()
-    store.pods = [_raw_pod("Failed", exit_code=3)]
-    await _reconciler(store).pass_once()
-    status = store.runs[("team", "demo")]["status"]
-    assert (
-        status["phase"],
-        status["reason"],
-        status["attempts"][0]["exitCodes"],
-    ) == ("Failed", "AppError", [3])
-
-
-async def test_cancel_deletes_the_attempt_and_keeps_the_run() -> None:
-    """The cancel annotation deletes the Job (freeing quota) and ends the run Cancelled."""
-    store = FakeStore()
-    store.add_run(SPEC)
-    await _reconciler(store).reconcile_now("team", "demo")
-    store.runs[("team", "demo")]["metadata"]["annotations"][marks.CANCEL_ANNOTATION] = "me"
-    run = await _reconciler(store).reconcile_now("team", "demo")
-    assert run is not None
-    assert run["status"]["phase"] == "Cancelled"
-    assert ("team", "Job", "demo-a1") not in store.objects
-
-
 async def test_a_reconciler_leaves_runs_of_another_manager_alone() -> None:
     """Runs stamped with another manager's name are not touched (a canary or a test)."""
     store = FakeStore()
@@ -393,65 +318,12 @@ async def test_after_a_node_failure_the_next_attempt_resumes_ahead_in_line() -> 
     assert err.value.reason == "StaleAttempt"
 
 
-async def test_a_missing_resume_class_leaves_the_priority_alone() -> None:
-    """Naming a WorkloadPriorityClass that does not exist would strand the Job: skip it."""
-    store = FakeStore()
-    store.priority_classes = []
-    await _running_attempt_1(store)
-    store.pods = [_raw_pod("Failed", node="bad", exit_code=143)]
-    await _reconciler(store).pass_once()
-    labels = store.objects[("team", "Job", "demo-a2")]["metadata"]["labels"]
-    assert marks.PRIORITY_CLASS_LABEL not in labels
-
-
-@pytest.mark.parametrize(
-    ("when", "exit_code", "node", "phase"),
-    [
-        ("AppError", 3, "n0", "Queued"),
-        ("NodeFailure", 3, "n0", "Failed"),
-        ("AppError", 143, "gone", "Failed"),
-    ],
-)
-async def test_the_retry_policy_decides_by_failure_class(
-    when: str, exit_code: int, node: str, phase: str
-) -> None:
-    """AppError is retried only when retry.when lists it; a pod on a vanished node is a
-    NodeFailure, which a `when` without NodeFailure does not retry."""
-    store = FakeStore()
-    spec = _retrying(when)
-    await _running_attempt_1(store, spec)
-    store.pods = [_raw_pod("Failed", node=node, exit_code=exit_code)]
-    await _reconciler(store).pass_once()
-    status = store.runs[("team", "demo")]["status"]
-    assert status["phase"] == phase, status["message"]
-    if phase == "Failed":
-        assert "not retried" in status["message"]
-
-
-async def test_max_attempts_is_honoured() -> None:
-    """With maxAttempts 2 the second NodeFailure ends the run, saying why."""
-    store = FakeStore()
-    await _running_attempt_1(store, _retrying("NodeFailure", max_attempts=2))
-    store.pods = [_raw_pod("Failed", node="bad", exit_code=143)]
-    await _reconciler(store).pass_once()
-    store.admit()
-    for (_, kind, name), obj in store.objects.items():
-        if kind == "Job" and name == "demo-a2":
-            obj["spec"]["suspend"] = False
-    store.workloads = [_raw_workload(*ADMITTED, job="demo-a2")]
-    store.pods = [_raw_pod("Failed", node="bad", exit_code=143, attempt=2)]
-    await _reconciler(store).pass_once()
-    status = store.runs[("team", "demo")]["status"]
-    assert (status["phase"], status["currentAttempt"]) == ("Failed", 2)
-    assert "all 2 of retry.maxAttempts=2 used" in status["message"]
-
-
 async def test_a_failed_run_resumes_by_hand_from_a_named_checkpoint() -> None:
     """`tau resume demo --checkpoint P`: attempt 2 starts from P; a running run refuses."""
     store = FakeStore()
     await _running_attempt_1(store)
     rec = _reconciler(store)
-    with pytest.raises(reconciling.ResumeRefusedError):
+    with pytest.raises(errors.Conflict):
         await rec.request_resume("team", "demo", checkpoint=None, by="ada")
     store.pods = [_raw_pod("Failed", exit_code=3)]
     await rec.pass_once()
@@ -507,3 +379,32 @@ async def test_a_quarantined_node_resumes_its_runs_without_a_full_pass() -> None
     assert ("team", "Job", "demo-a2") in store.objects
     assert ("Pod", marks.RUN_LABEL, "spec.nodeName=n0") in store.lists
     assert all(sel != marks.RUN_LABEL or field for _, sel, field in store.lists), store.lists
+
+
+async def test_an_event_and_a_timer_tick_decide_alike() -> None:
+    """Level-triggered: the input a full pass reads (timer) and the one an urgent reconcile
+    reads (event: a quarantined node) agree on everything the run's pods touch, so their
+    plans are the same."""
+    store = FakeStore()
+    await _running_attempt_1(store)
+    await _reconciler(store).record_checkpoint("team", "demo", checkpoints.Report(1, 200, "/c/2"))
+    store.pods = [_raw_pod("Failed", node="bad", exit_code=143)]
+    rec = _reconciler(store)
+    item = await store.get_run("team", "demo")
+    assert item is not None
+    classes = frozenset(store.priority_classes)
+    on_timer = rec.run_input(item, await rec.snapshot(), classes)
+    on_event = rec.run_input(item, await rec.snapshot_of_run("team", "demo"), classes)
+    # The event reads only the nodes its pods are on; the rest of the input is the same.
+    on_node = {p.node for p in on_timer.pods}
+    none = views.NodeFacts(frozenset())
+    assert dataclasses.replace(on_timer, nodes=none) == dataclasses.replace(on_event, nodes=none)
+    assert on_node <= on_event.nodes.existing
+    timer_plan = policy.decide_run(on_timer, rec.settings, T0)
+    event_plan = policy.decide_run(on_event, rec.settings, T0)
+    assert (timer_plan.status, timer_plan.creates, timer_plan.deletes) == (
+        event_plan.status, event_plan.creates, event_plan.deletes,
+    )  # fmt: skip
+    assert (
+        timer_plan.status.current_attempt, (timer_plan.deletes[0].kind, timer_plan.deletes[0].name)
+    ) == (2, ("Job", "demo-a1"))  # fmt: skip

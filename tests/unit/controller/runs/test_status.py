@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from controller import marks
-from controller.runs import lifecycle, positions, views
+from controller import marks, timestamps
+from controller.runs import lifecycle, positions, records, views
 from shared import spec as specs
 from tests.unit.controller.runs.builders import (
     ADMITTED,
@@ -197,7 +197,7 @@ def test_failed_attempt_records_exit_codes_and_nodes() -> None:
         "failureClass": "AppError", "message": "pod demo-a1-abc exited with code 3",
         "workload": "job-demo-a1-x", "clusterQueue": "cq", "flavors": {"nvidia.com/gpu": "h100"},
     }  # fmt: skip
-    assert expected == record
+    assert expected == record.model_dump(mode="json", by_alias=True, exclude_defaults=True)
 
 
 @pytest.mark.parametrize(
@@ -347,7 +347,9 @@ def test_evidence_names_where_and_what_ran() -> None:
     outcome = lifecycle.attempt_outcome(a_job(cond("Complete")), workload, [pod], NODES)
     record = lifecycle.attempt_record(1, object_kind="Job", object_name="demo-a1", outcome=outcome,
                                  workload=workload)  # fmt: skip
-    ev = lifecycle.evidence(SPEC, "team", attempts=[record], pods=[pod], workload=workload)
+    ev = lifecycle.evidence(
+        SPEC, "team", attempts=[record], pods=[pod], workload=workload
+    ).model_dump(mode="json", by_alias=True, exclude_defaults=True)
     assert specs.spec_hash(SPEC) == ev["specHash"]
     assert SPEC.image == ev["image"]
     assert ev["imageID"] == "reg/train@sha256:abc"
@@ -362,8 +364,8 @@ def test_evidence_keeps_what_its_sources_no_longer_show() -> None:
     first = lifecycle.evidence(SPEC, "team", attempts=[], pods=[a_pod(exit_code=0)],
                           workload=a_workload(*ADMITTED, cq="cq"))  # fmt: skip
     later = lifecycle.evidence(SPEC, "team", attempts=[], pods=[], workload=None, previous=first)
-    assert first["imageID"] == later["imageID"]
-    assert later["kueue"]["clusterQueue"] == "cq"
+    assert first.image_id == later.image_id
+    assert later.kueue.cluster_queue == "cq"
 
 
 @pytest.mark.parametrize(
@@ -382,15 +384,19 @@ def test_should_retry(failure: specs.FailureClass, attempt: int, expected: bool)
 
 def test_phase_conditions_keep_the_first_time_reached() -> None:
     """Reaching a phase again changes nothing; a new phase adds a condition."""
-    conditions: list[dict[str, Any]] = []
-    assert lifecycle.set_phase_condition(conditions, lifecycle.Phase.QUEUED, "", "", T0)
+    conditions, changed = lifecycle.set_phase_condition((), lifecycle.Phase.QUEUED, "", "", T0)
+    assert changed
     later = T0 + dt.timedelta(seconds=5)
-    assert not lifecycle.set_phase_condition(conditions, lifecycle.Phase.QUEUED, "", "", later)
-    assert lifecycle.set_phase_condition(
+    conditions, changed = lifecycle.set_phase_condition(
+        conditions, lifecycle.Phase.QUEUED, "", "", later
+    )
+    assert not changed
+    conditions, changed = lifecycle.set_phase_condition(
         conditions, lifecycle.Phase.ADMITTED, "Admitted", "", later
     )
+    assert changed
     assert [("Queued", ts(0)), ("Admitted", ts(5))] == [
-        (c["type"], c["lastTransitionTime"]) for c in conditions
+        (c.type, timestamps.rfc3339(c.last_transition_time)) for c in conditions
     ]
 
 
@@ -492,13 +498,14 @@ def test_a_reopened_status_forgets_its_end_and_counts_attempts_afresh() -> None:
     ended: dict[str, Any] = {"phase": "Failed", "currentAttempt": 2, "endTime": ts(9),
              "objectsDeleted": True,
              "conditions": [cond("Queued"), cond("Failed", reason="AppError")]}  # fmt: skip
-    status = lifecycle.reopened(ended, by="ada", now=T0)
-    failed = status["conditions"][1]
-    assert (failed["status"], failed["reason"], failed["message"]) == (
+    before = records.read(ended)
+    status = lifecycle.reopened(before, by="ada", now=T0)
+    failed = status.conditions[1]
+    assert (failed.status, failed.reason, failed.message) == (
         "False", "Resumed", "resumed by ada",
     )  # fmt: skip
-    assert status["conditions"][0]["status"] == "True"
-    assert (status["attemptBudgetFrom"], status["endTime"], status["objectsDeleted"]) == (
+    assert status.conditions[0].status == "True"
+    assert (status.attempt_budget_from, status.end_time, status.objects_deleted) == (
         2, None, None,
     )  # fmt: skip
-    assert ended["conditions"][1]["status"] == "True"
+    assert before.conditions[1].status == "True"

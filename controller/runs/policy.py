@@ -1,0 +1,421 @@
+"""The run decision step: from what the reconciler read to what it must write (pure).
+
+`decide_run(run, settings, now) -> RunPlan` is the runs domain's `decide`, like the
+quarantine policy's and the admission gate's: the reconciler reads everything one run needs
+into a `RunInput` (the TauRun, its current attempt's object, Workload and pods, the nodes
+they are on, its place in line, what the gate says), asks this function, and carries out the
+plan in order: annotations, then deletes, then creates, then the status. Nothing here awaits,
+logs or reads a clock, and the same input always gives the same plan, however the reconciler
+was woken (level-triggered: an event and a timer tick decide alike).
+
+The phases and failure classes are DESIGN.md section 7's (`lifecycle` derives an attempt's
+outcome); an attempt that failed is ended by the controller (its object deleted) before the
+next one is created, so two attempts never run at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from collections.abc import Mapping
+from typing import Any
+
+from controller import errors, marks, timestamps
+from controller.runs import checkpoints, lifecycle, objects, positions, records, rendering, views
+from shared import spec as specs
+
+Phase = records.Phase
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSettings:
+    """What every run's decisions depend on besides the run itself."""
+
+    render: rendering.RenderSettings
+    ttl_after_finished_s: float | None
+    """A finished run's objects are deleted this long after it ended; None keeps them."""
+    pod_annotations: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    """Annotations added to every pod of every run (cluster tooling)."""
+    resume_priority_class: str = ""
+    """The class a run resumed after an infrastructure failure gets; '' gives none."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RunInput:
+    """Everything one run's decision reads, as the reconciler found it."""
+
+    ref: objects.RunRef
+    spec: Mapping[str, Any]
+    """The TauRun's spec as stored (validated here: a TauRun may come from kubectl)."""
+    status: records.RunStatus
+    cancel_requested: bool = False
+    observed: bool = True
+    """False on the fast path (right after a submission): the attempt's object, Workload
+    and pods below were not read, so only what needs none of them is decided."""
+    attempt_object: views.AttemptObjectView | None = None
+    workload: views.WorkloadView | None = None
+    pods: tuple[views.PodView, ...] = ()
+    nodes: views.NodeFacts = dataclasses.field(
+        default_factory=lambda: views.NodeFacts(frozenset(), frozenset())
+    )
+    position: positions.QueuePosition | None = None
+    """Its Workload's place in line (Kueue's visibility API, else computed)."""
+    cluster_queue: str | None = None
+    """The ClusterQueue behind its LocalQueue; None when the LocalQueue does not exist."""
+    held: str | None = None
+    """Why our admission gate holds its Workload back, when it does."""
+    priority_classes: frozenset[str] | None = None
+    """The WorkloadPriorityClasses that exist; None when they could not be listed."""
+    new_token: str = ""
+    """A fresh run-scoped token, used only when the run has none yet."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ObjectRef:
+    """An object to delete."""
+
+    kind: str
+    namespace: str
+    name: str
+
+
+@dataclasses.dataclass(frozen=True)
+class RunPlan:
+    """What to write for one run, in order, and what to count."""
+
+    status: records.RunStatus
+    annotations: Mapping[str, str | None] = dataclasses.field(default_factory=dict)
+    """Annotations of the TauRun to set (None removes one), written first."""
+    deletes: tuple[ObjectRef, ...] = ()
+    creates: tuple[dict[str, Any], ...] = ()
+    """Objects to create, in order (a Secret is written: created, or its data replaced)."""
+    requeue_at: dt.datetime | None = None
+    """The earliest time the decision would change with nothing else changing."""
+    started: tuple[int, ...] = ()
+    """Attempts created by this plan."""
+    ended: str | None = None
+    """How the current attempt ended, when it did now (`Succeeded` or a failure class)."""
+    resumed: str | None = None
+    """The failure class a retry follows, when this plan starts one."""
+    queue_wait_s: float | None = None
+    """Seconds the run waited in line, when it was admitted just now."""
+
+
+def attempt_kind(spec: specs.TauSpec) -> str:
+    """The kind of an attempt's object."""
+    return "RayJob" if spec.kind == specs.RunKind.RAY else "Job"
+
+
+def decide_run(run: RunInput, settings: RunSettings, now: dt.datetime) -> RunPlan:
+    """Decide one step of one run (see the module docstring)."""
+    st = run.status
+    try:
+        spec = specs.validate_spec(dict(run.spec)).spec
+    except specs.SpecError as err:
+        if st.phase not in lifecycle.TERMINAL_PHASES:
+            st = st.model_copy(
+                update={"phase": Phase.FAILED, "reason": "InvalidSpec", "end_time": now,
+                        "message": f"the spec is not valid: {err}"}
+            )  # fmt: skip
+            st = lifecycle.with_phase_condition(st, Phase.FAILED, "InvalidSpec", str(err), now)
+        return RunPlan(st)
+    if st.phase in lifecycle.TERMINAL_PHASES:
+        return _finished(spec, run.ref, st, settings, now)
+    if run.cancel_requested:
+        st = lifecycle.end(
+            st, Phase.CANCELLED, "Cancelled", "cancelled on request; its quota is freed", now=now
+        )
+        last = st.last_attempt
+        if last is not None:
+            last = last.model_copy(
+                update={"end_time": last.end_time or now, "phase": Phase.CANCELLED}
+            )
+            st = st.model_copy(update={"attempts": (*st.attempts[:-1], last)})
+        return RunPlan(st, deletes=_attempt_objects(spec, run.ref, st.current_attempt))
+    if st.current_attempt == 0:
+        st, first = _run_objects(run.ref, st, settings, run.new_token)
+        st, attempt = _start(spec, run.ref, st, 1, now=now, settings=settings)
+        return RunPlan(st, creates=first + attempt, started=(1,))
+    if not run.observed:
+        return RunPlan(st)
+    if st.phase == Phase.RESUMING:
+        return _resume_if_due(spec, run, st, settings, now, plan=RunPlan(st))
+    return _observe(spec, run, st, settings, now)
+
+
+def _observe(
+    spec: specs.TauSpec, run: RunInput, st: records.RunStatus, settings: RunSettings,
+    now: dt.datetime,
+) -> RunPlan:  # fmt: skip
+    """The current attempt is live: follow it, end the run, or retry."""
+    current = st.current_attempt
+    kind = attempt_kind(spec)
+    name = objects.attempt_name(run.ref.name, current)
+    # Gone while the attempt lives (listed before it was created, or deleted by hand):
+    # create it again; a 409 means it was there all along.
+    creates = (
+        () if run.attempt_object is not None else _render(spec, run.ref, current, st, settings)
+    )
+    outcome = lifecycle.attempt_outcome(run.attempt_object, run.workload, run.pods, run.nodes)
+    record = lifecycle.attempt_record(
+        current, object_kind=kind, object_name=name, outcome=outcome, workload=run.workload,
+        previous=st.last_attempt or records.AttemptRecord(number=current),
+    )  # fmt: skip
+    attempts = (*st.attempts[:-1], record) if st.attempts else (record,)
+    st = st.model_copy(
+        update={"attempts": attempts,
+                "evidence": lifecycle.evidence(spec, run.ref.namespace, attempts=attempts,
+                                               pods=run.pods, workload=run.workload,
+                                               previous=st.evidence)}
+    )  # fmt: skip
+    first_start = st.attempts[0].start_time
+    if (
+        lifecycle.timed_out(spec, first_start, now)
+        and outcome.phase not in lifecycle.TERMINAL_PHASES
+    ):
+        record = record.model_copy(
+            update={"phase": Phase.FAILED, "failure_class": str(specs.FailureClass.TIMEOUT),
+                    "end_time": now}
+        )  # fmt: skip
+        st = st.model_copy(update={"attempts": (*st.attempts[:-1], record)})
+        st = lifecycle.end(
+            st, Phase.FAILED, "Timeout", f"the run exceeded its timeout of {spec.timeout}", now=now
+        )
+        return RunPlan(
+            st, deletes=_attempt_objects(spec, run.ref, current), creates=creates,
+            ended=str(specs.FailureClass.TIMEOUT),
+        )  # fmt: skip
+    st, waited = lifecycle.phase_conditions(st, outcome, run.workload, now)
+    st = positions.place(
+        st, spec=spec, phase=outcome.phase, workload=run.workload, namespace=run.ref.namespace,
+        position=run.position, cluster_queue=run.cluster_queue, held=run.held,
+    )  # fmt: skip
+    plan = RunPlan(
+        st, creates=creates, queue_wait_s=waited, requeue_at=_timeout_at(spec, first_start)
+    )
+    if outcome.phase == Phase.SUCCEEDED:
+        st = lifecycle.end(
+            st, Phase.SUCCEEDED, "Completed", outcome.message, now=now, ended=outcome.ended
+        )
+        return dataclasses.replace(
+            plan, status=st, ended="Succeeded", requeue_at=_ttl_at(st, settings)
+        )
+    if outcome.phase == Phase.FAILED:
+        failure = outcome.failure_class or specs.FailureClass.UNKNOWN
+        budget_from = st.attempt_budget_from
+        if lifecycle.should_retry(spec, failure, current, budget_from=budget_from):
+            record = st.attempts[-1]
+            if record.end_time is None:  # the backoff counts from here
+                record = record.model_copy(update={"end_time": now})
+                st = st.model_copy(update={"attempts": (*st.attempts[:-1], record)})
+            message = (
+                f"attempt {current} failed ({outcome.message}); starting attempt {current + 1}"
+            )
+            st = st.model_copy(
+                update={"phase": Phase.RESUMING, "reason": str(failure), "message": message}
+            )
+            st = lifecycle.with_phase_condition(
+                st, Phase.RESUMING, str(failure), outcome.message, now
+            )
+            plan = dataclasses.replace(
+                plan, status=st, deletes=_attempt_objects(spec, run.ref, current),
+                ended=str(failure), resumed=str(failure),
+            )  # fmt: skip
+            return _resume_if_due(spec, run, st, settings, now, plan=plan)
+        # Kueue frees the quota of a finished Job; the object stays for logs (TTL).
+        message = lifecycle.final_message(spec, failure, current, budget_from, outcome.message)
+        st = lifecycle.end(st, Phase.FAILED, str(failure), message, now=now, ended=outcome.ended)
+        return dataclasses.replace(
+            plan, status=st, ended=str(failure), requeue_at=_ttl_at(st, settings)
+        )
+    st = st.model_copy(update={"phase": outcome.phase, "reason": outcome.reason})
+    return dataclasses.replace(plan, status=st)
+
+
+def _resume_if_due(
+    spec: specs.TauSpec, run: RunInput, st: records.RunStatus, settings: RunSettings,
+    now: dt.datetime, *, plan: RunPlan,
+) -> RunPlan:  # fmt: skip
+    """Start the next attempt once `retry.backoff` has passed (at once without a backoff)."""
+    record = st.last_attempt or records.AttemptRecord(number=st.current_attempt)
+    ended = record.end_time or now
+    current = st.current_attempt or 1
+    retries = current - 1 - st.attempt_budget_from
+    wait = lifecycle.retry_backoff_s(spec, retries)
+    if wait and (now - ended).total_seconds() < wait:
+        due = ended + dt.timedelta(seconds=wait)
+        message = (
+            f"attempt {current} failed ({record.failure_class}: {record.message}); attempt"
+            f" {current + 1} starts at {timestamps.rfc3339(due)} (retry.backoff,"
+            " doubled per retry)"
+        )
+        return dataclasses.replace(
+            plan, status=st.model_copy(update={"message": message}), requeue_at=due
+        )
+    priority = lifecycle.resume_priority_class(
+        spec, record.failure_class or "", settings.resume_priority_class
+    )
+    if priority is not None and priority not in (run.priority_classes or frozenset()):
+        priority = None  # a missing class would leave the attempt without a Workload
+    st, created = _start(
+        spec, run.ref, st, current + 1, now=now, settings=settings, priority_class=priority
+    )
+    return dataclasses.replace(
+        plan, status=st, creates=plan.creates + created, started=(*plan.started, current + 1)
+    )
+
+
+def _finished(
+    spec: specs.TauSpec, ref: objects.RunRef, st: records.RunStatus, settings: RunSettings,
+    now: dt.datetime,
+) -> RunPlan:  # fmt: skip
+    """A finished run keeps its TauRun; its objects go once the TTL has passed."""
+    if st.objects_deleted:
+        return RunPlan(st)
+    if not lifecycle.ttl_expired(st.end_time, settings.ttl_after_finished_s, now):
+        return RunPlan(st, requeue_at=_ttl_at(st, settings))
+    deletes = tuple(d for a in st.attempts for d in _attempt_objects(spec, ref, a.number))
+    return RunPlan(st.model_copy(update={"objects_deleted": True}), deletes=deletes)
+
+
+def decide_resume(
+    run: RunInput, settings: RunSettings, now: dt.datetime, *, checkpoint: str | None, by: str
+) -> RunPlan:
+    """Start the next attempt of a Failed or Cancelled run by hand, from `checkpoint` (else
+    the latest reported one), with a fresh `retry.maxAttempts` budget. Raises errors.Conflict
+    (code NotResumable) when the run has not ended badly or its spec is not valid."""
+    refusal = lifecycle.resume_refusal(run.ref.name, run.status.phase)
+    if refusal:
+        raise errors.Conflict(refusal, field="name", code="NotResumable")
+    try:
+        spec = specs.validate_spec(dict(run.spec)).spec
+    except specs.SpecError as err:
+        msg = f"run {run.ref.name!r} cannot be resumed: its spec is not valid ({err})"
+        raise errors.Conflict(msg, field="name", code="NotResumable") from err
+    st = lifecycle.reopened(run.status, by=by, now=now)
+    latest = checkpoints.latest(st)
+    start_from = checkpoint if checkpoint is not None else (latest.path if latest else "")
+    st, first = _run_objects(run.ref, st, settings, run.new_token)
+    nxt = st.current_attempt + 1
+    st, created = _start(spec, run.ref, st, nxt, now=now, settings=settings, resume_from=start_from)
+    message = (
+        f"resumed by {by} from {start_from or 'the start (no checkpoint)'}; attempt {nxt}"
+        f" submitted to queue {spec.queue!r}"
+    )
+    annotations: dict[str, str | None] = {}
+    if run.cancel_requested:
+        annotations[marks.CANCEL_ANNOTATION] = None
+    return RunPlan(
+        st.model_copy(update={"message": message}), annotations=annotations,
+        creates=first + created, started=(nxt,),
+    )  # fmt: skip
+
+
+# ---------------------------------------------------------------- pieces
+
+
+def _run_objects(
+    ref: objects.RunRef, st: records.RunStatus, settings: RunSettings, token: str
+) -> tuple[records.RunStatus, tuple[dict[str, Any], ...]]:
+    """The run's token Secret (once: its digest is kept in the status, so the controller
+    checks a report without ever reading a Secret) and its checkpoint ConfigMap (with the CA
+    the pods trust for the controller, when it has one)."""
+    out: list[dict[str, Any]] = []
+    if not st.token_sha256:
+        out.append(objects.render_token_secret(ref, objects.token_secret_name(ref.name), token))
+        st = st.model_copy(update={"token_sha256": objects.token_digest(token)})
+    out.append(
+        objects.render_checkpoint_configmap(
+            ref, objects.checkpoint_configmap_name(ref.name), "", ca_pem=settings.render.ca_pem
+        )
+    )
+    return st, tuple(out)
+
+
+def _start(
+    spec: specs.TauSpec,
+    ref: objects.RunRef,
+    st: records.RunStatus,
+    attempt: int,
+    *,
+    now: dt.datetime,
+    settings: RunSettings,
+    priority_class: str | None = None,
+    resume_from: str | None = None,
+) -> tuple[records.RunStatus, tuple[dict[str, Any], ...]]:
+    """Attempt `attempt`, recorded and rendered; it resumes from `resume_from`, else from
+    the latest checkpoint (attempts after the first)."""
+    if resume_from is None:
+        latest = checkpoints.latest(st) if attempt > 1 else None
+        resume_from = latest.path if latest else ""
+    entry = records.AttemptRecord(
+        number=attempt, object_kind=attempt_kind(spec), phase=Phase.QUEUED,
+        object_name=objects.attempt_name(ref.name, attempt), created_time=now,
+        resume_from=resume_from, priority_class=priority_class or None,
+    )  # fmt: skip
+    st = st.model_copy(
+        update={"attempts": (*st.attempts, entry), "current_attempt": attempt,
+                "phase": Phase.QUEUED, "reason": "Submitted",
+                "message": f"submitted to queue {spec.queue!r}; waiting for Kueue",
+                "start_time": st.start_time or now}
+    )  # fmt: skip
+    st = lifecycle.with_phase_condition(
+        st, Phase.QUEUED, "Submitted", f"attempt {attempt} created", now
+    )
+    return st, _render(spec, ref, attempt, st, settings)
+
+
+def _render(
+    spec: specs.TauSpec, ref: objects.RunRef, attempt: int, st: records.RunStatus,
+    settings: RunSettings,
+) -> tuple[dict[str, Any], ...]:  # fmt: skip
+    """Render attempt `attempt`; what differs between attempts is read back from its record,
+    so re-creating a lost object renders it the same."""
+    record = st.attempt(attempt)
+    if record is not None and record.resume_from is not None:
+        resume_from = record.resume_from
+    else:
+        latest = checkpoints.latest(st) if attempt > 1 else None
+        resume_from = latest.path if latest else ""
+    previous = st.attempt(attempt - 1)
+    failure = (previous.failure_class or str(previous.phase)) if previous else ""
+    ctx = rendering.AttemptContext(
+        run=ref, attempt=attempt,
+        token_secret=objects.token_secret_name(ref.name),
+        checkpoint_configmap=objects.checkpoint_configmap_name(ref.name),
+        resume_from=resume_from,
+        failure_reason=failure if attempt > 1 else "",
+        priority_class=record.priority_class if record else None,
+    )  # fmt: skip
+    rendered = rendering.render_attempt(spec, ctx, settings.render)
+    if settings.pod_annotations:
+        for obj in rendered:
+            for template in rendering.pod_templates(obj):
+                meta = template.setdefault("metadata", {})
+                meta["annotations"] = {**settings.pod_annotations, **meta.get("annotations", {})}
+    return tuple(rendered)
+
+
+def _attempt_objects(
+    spec: specs.TauSpec, ref: objects.RunRef, attempt: int
+) -> tuple[ObjectRef, ...]:
+    """The objects of attempt `attempt` (none before the first)."""
+    if attempt < 1:
+        return ()
+    name = objects.attempt_name(ref.name, attempt)
+    out = [ObjectRef(attempt_kind(spec), ref.namespace, name)]
+    if spec.kind == specs.RunKind.PYTORCH:
+        out.append(ObjectRef("Service", ref.namespace, name))
+    return tuple(out)
+
+
+def _ttl_at(st: records.RunStatus, settings: RunSettings) -> dt.datetime | None:
+    if st.end_time is None or settings.ttl_after_finished_s is None or st.objects_deleted:
+        return None
+    return st.end_time + dt.timedelta(seconds=settings.ttl_after_finished_s)
+
+
+def _timeout_at(spec: specs.TauSpec, first_start: dt.datetime | None) -> dt.datetime | None:
+    if spec.timeout_s is None or first_start is None:
+        return None
+    return first_start + dt.timedelta(seconds=spec.timeout_s)

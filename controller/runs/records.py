@@ -1,0 +1,283 @@
+"""The TauRun's status, typed: the one place its shape is written down (DESIGN.md §2).
+
+The reconciler reads a TauRun's status into `RunStatus` and writes a `RunStatus` back; the
+API reads it to answer researchers. Field names are camelCase on the cluster (aliases), times
+are RFC 3339 with whole seconds (`metav1.Time`). A status written by an older controller
+reads as well: unknown members are ignored here and left untouched on the cluster, because
+the reconciler writes only the difference (`patch_body`) of the members modelled here.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
+
+import pydantic
+from pydantic import alias_generators
+
+from controller import timestamps
+
+
+def _time(value: object) -> object:
+    if isinstance(value, str):
+        parsed = timestamps.parse(value)
+        if parsed is None:
+            msg = f"not an RFC 3339 time: {value!r}"
+            raise ValueError(msg)
+        return parsed
+    return value
+
+
+Time = Annotated[
+    dt.datetime,
+    pydantic.BeforeValidator(_time),
+    pydantic.PlainSerializer(timestamps.rfc3339, return_type=str),
+]
+"""A time on the TauRun: read leniently, written as `metav1.Time` (whole seconds, `Z`)."""
+
+
+class Phase(enum.StrEnum):
+    """Where a run is in its life (DESIGN.md section 7)."""
+
+    PENDING = "Pending"
+    QUEUED = "Queued"
+    ADMITTED = "Admitted"
+    RUNNING = "Running"
+    RESUMING = "Resuming"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    CANCELLED = "Cancelled"
+
+
+class StatusModel(pydantic.BaseModel):
+    """camelCase on the wire, frozen, and tolerant of members an older controller wrote."""
+
+    model_config = pydantic.ConfigDict(
+        frozen=True,
+        extra="ignore",
+        alias_generator=alias_generators.to_camel,
+        populate_by_name=True,
+        use_attribute_docstrings=True,
+    )
+
+
+class Condition(StatusModel):
+    """One condition per phase the run reached (type = the phase)."""
+
+    type: str
+    status: Literal["True", "False", "Unknown"]
+    reason: str = ""
+    message: str = ""
+    last_transition_time: Time | None = None
+
+
+class Eviction(StatusModel):
+    """How often Kueue evicted (preempted) the attempt's Workload, by reason."""
+
+    reason: str
+    count: int
+
+
+class AttemptRecord(StatusModel):
+    """One attempt: its object, where it ran, how it ended."""
+
+    number: int
+    object_kind: str = ""
+    object_name: str = ""
+    phase: Phase = Phase.QUEUED
+    created_time: Time | None = None
+    start_time: Time | None = None
+    end_time: Time | None = None
+    nodes: tuple[str, ...] = ()
+    exit_codes: tuple[int, ...] = ()
+    failure_class: str | None = None
+    message: str = ""
+    """Why it failed, in words (with `failureClass`)."""
+    workload: str = ""
+    cluster_queue: str = ""
+    flavors: dict[str, str] = {}
+    evictions: tuple[Eviction, ...] = ()
+    resume_from: str | None = None
+    """The checkpoint it started from; "" a fresh start; None when not decided yet."""
+    priority_class: str | None = None
+    """The WorkloadPriorityClass it was given (the resume boost), when not the spec's."""
+
+
+class Checkpoint(StatusModel):
+    """A checkpoint a run's pod reported (`POST …/checkpoints`)."""
+
+    attempt: int
+    step: int
+    path: str
+    time: Time
+
+
+class KueueEvidence(StatusModel):
+    """Where Kueue admitted the run."""
+
+    local_queue: str = ""
+    priority_class: str | None = None
+    workload: str = ""
+    cluster_queue: str = ""
+    flavors: dict[str, str] = {}
+    evictions: tuple[Eviction, ...] = ()
+
+
+class EvidenceAttempt(StatusModel):
+    """What the evidence keeps of each attempt."""
+
+    number: int
+    object_name: str = ""
+    nodes: tuple[str, ...] = ()
+    exit_codes: tuple[int, ...] = ()
+    failure_class: str | None = None
+    start_time: Time | None = None
+    end_time: Time | None = None
+
+
+class Evidence(StatusModel):
+    """Enough to reproduce the run and to see where it ran; values once seen are kept."""
+
+    spec_hash: str = ""
+    image: str = ""
+    image_id: str | None = pydantic.Field(default=None, alias="imageID")
+    kind: str = ""
+    namespace: str = ""
+    kueue: KueueEvidence = KueueEvidence()
+    spec: dict[str, Any] = {}
+    nodes: tuple[str, ...] = ()
+    experiment: dict[str, Any] | None = None
+    attempts: tuple[EvidenceAttempt, ...] = ()
+
+
+class RunStatus(StatusModel):
+    """`status` of a TauRun."""
+
+    phase: Phase = Phase.PENDING
+    reason: str = ""
+    message: str = ""
+    """Why the run waits or what ended it, in words."""
+    current_attempt: int = 0
+    attempts: tuple[AttemptRecord, ...] = ()
+    checkpoints: tuple[Checkpoint, ...] = ()
+    """The newest checkpoints, oldest first."""
+    conditions: tuple[Condition, ...] = ()
+    queue_position: int | None = None
+    queue_position_in_local_queue: int | None = None
+    queue_position_source: Literal["visibility", "computed"] | None = None
+    start_time: Time | None = None
+    end_time: Time | None = None
+    evidence: Evidence | None = None
+    token_sha256: str = pydantic.Field(default="", alias="tokenSHA256")
+    """SHA-256 of the run-scoped token (the token itself is in the run's Secret)."""
+    objects_deleted: bool | None = None
+    """True once a finished run's objects were deleted after the TTL."""
+    attempt_budget_from: int = 0
+    """`retry.maxAttempts` counts the attempts after this one (a manual resume resets it)."""
+
+    @property
+    def last_attempt(self) -> AttemptRecord | None:
+        """The newest attempt record, None before the first."""
+        return self.attempts[-1] if self.attempts else None
+
+    def attempt(self, number: int) -> AttemptRecord | None:
+        """The record of attempt `number`, None when there is none."""
+        return next((a for a in self.attempts if a.number == number), None)
+
+
+def read(raw: Mapping[str, Any] | None) -> RunStatus:
+    """The status of a raw TauRun; a status that cannot be read is reported, never guessed
+    (ValueError naming the member)."""
+    try:
+        return RunStatus.model_validate(dict(raw or {}))
+    except pydantic.ValidationError as err:
+        first = err.errors(include_url=False)[0]
+        where = ".".join(str(p) for p in first["loc"])
+        msg = f"status.{where}: {first['msg']}"
+        raise ValueError(msg) from err
+
+
+def wire(status: RunStatus) -> dict[str, Any]:
+    """The status as stored on the cluster: camelCase, absent (None) members left out."""
+    return status.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def patch_body(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+    """The JSON merge patch (RFC 7386) that turns `old` into `new` (both `wire` forms, so
+    members this model does not know are in neither and stay untouched): changed members
+    are written, removed ones set to null; lists are replaced whole, as merge patch does."""
+    out: dict[str, Any] = {}
+    for key in new.keys() | old.keys():
+        if key not in new:
+            out[key] = None
+        elif key not in old or old[key] != new[key]:
+            if isinstance(new[key], Mapping) and isinstance(old.get(key), Mapping):
+                out[key] = patch_body(old[key], new[key])
+            else:
+                out[key] = new[key]
+    return out
+
+
+def crd_status_schema() -> dict[str, Any]:
+    """The TauRun CRD's `status` schema, derived from `RunStatus` (a Kubernetes structural
+    schema: no references, `nullable` instead of a null type, free-form maps marked to keep
+    their fields). The CRD in deploy/ holds exactly this; a test keeps them equal."""
+    doc = RunStatus.model_json_schema(by_alias=True)
+    defs = doc.get("$defs", {})
+
+    def convert(node: Mapping[str, Any]) -> dict[str, Any]:
+        if "$ref" in node:
+            return convert(defs[node["$ref"].rsplit("/", 1)[-1]])
+        options = node.get("anyOf")
+        if options:
+            kinds = [o for o in options if o.get("type") != "null"]
+            inner: dict[str, Any] = (
+                convert(kinds[0])
+                if len(kinds) == 1
+                else {"x-kubernetes-preserve-unknown-fields": True}
+            )
+            return {**inner, "nullable": True}
+        kind = node.get("type")
+        out: dict[str, Any]
+        if "enum" in node:
+            out = {"type": "string", "enum": list(node["enum"])}
+        elif kind == "object" and "properties" in node:
+            # Unknown members are kept (not pruned), so a controller that writes a new
+            # member never needs a CRD upgrade first.
+            out = {"type": "object", "x-kubernetes-preserve-unknown-fields": True, "properties": {
+                k: _described(convert(v), v) for k, v in node["properties"].items()
+            }}  # fmt: skip
+        elif (
+            kind == "object"
+            and isinstance(node.get("additionalProperties"), Mapping)
+            and node["additionalProperties"].get("type") == "string"
+        ):
+            out = {"type": "object", "additionalProperties": {"type": "string"}}
+        elif kind == "object":
+            out = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+        elif kind == "array":
+            out = {"type": "array", "items": convert(node.get("items") or {})}
+        elif kind in {"string", "integer", "boolean", "number"}:
+            out = {"type": str(kind)}
+            if node.get("format") == "date-time":
+                out["format"] = "date-time"
+        else:
+            out = {"x-kubernetes-preserve-unknown-fields": True}
+        return out
+
+    def _described(out: dict[str, Any], node: Mapping[str, Any]) -> dict[str, Any]:
+        text = node.get("description")
+        if not text and "$ref" in node:
+            text = defs[node["$ref"].rsplit("/", 1)[-1]].get("description")
+        return {"description": text, **out} if text else out
+
+    status = convert(doc)
+    status["x-kubernetes-preserve-unknown-fields"] = True  # members an older controller wrote
+    conditions = status["properties"]["conditions"]
+    conditions.update({"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]})
+    conditions["items"]["required"] = ["type", "status"]
+    return {"type": "object", "description": doc.get("description", ""), **{
+        k: v for k, v in status.items() if k != "type"
+    }}  # fmt: skip
