@@ -314,9 +314,10 @@ class Monitor:
                     self._force_counters = False
                     self._counters_due_at = time.monotonic() + self._settings.counter_interval_s
         nvml_ok = self.view.nvml_available and self._hung_pass is None
-        fresh, self._recent = dedupe.dedupe(
+        deduped = dedupe.dedupe(
             self._recent, events, window_s=self._settings.xid_dedupe_window_s, now=now
         )
+        fresh, self._recent = deduped.fresh, deduped.recent
         for event in fresh:
             if event.gpu_index is not None:
                 queue = self._recent_events.setdefault(
@@ -343,6 +344,8 @@ class Monitor:
                 health_check=self._last_health,
                 nvml_available=nvml_ok,
                 kmsg_seq=self._kmsg_seq,
+                twins=deduped.twins,
+                driver_version=self.view.driver_version,
             ),
             policy,
             now,
@@ -436,6 +439,7 @@ class Monitor:
             debounce_s=self._settings.debounce_s,
             app_xid_display_s=self._settings.app_xid_display_s,
             dcgm_present=self.view.dcgm_status.available,
+            nvlink5_decode_window_s=self._settings.nvlink5_decode_window_s,
         )
 
     def _set_view(self, **changes: Any) -> None:

@@ -90,6 +90,14 @@ class XidEvent(heartbeat.WireModel):
     pci_bus_id: str = ""
     message: str = ""
     kmsg_seq: int | None = None
+    unit: str = ""
+    """Xid 144-150: the subcode unit the kernel-log line names (`NETIR_LINK_EVT`)."""
+    intr_info: int | None = None
+    """Xid 144-150: the IntrInfo register of the kernel-log line (NVML's event lacks it)."""
+    error_status: int | None = None
+    """Xid 144-150: the error-status register of the kernel-log line."""
+    recovery_action: int | None = None
+    """Xid 154: the recovery action the kernel-log line says it changed to."""
 
 
 class DiagStatus(enum.StrEnum):

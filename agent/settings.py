@@ -70,6 +70,12 @@ class Settings(pydantic_settings.BaseSettings):
     """Thermal and clock-event findings count only after persisting this long (60 s)."""
     app_xid_display_s: float = pydantic.Field(default=60.0, ge=0)
     """How long an application Xid shows as a RestartApp reason before it is only a count."""
+    nvlink5_decode_window_s: float = pydantic.Field(default=300.0, gt=0)
+    """How long an Xid 144-150 seen without its kernel-log line stays Degraded/Inspect-pending:
+    NVIDIA decides these per subcode, which only the kernel log carries. Five minutes lets the
+    kernel-log reader catch up (it reads back to boot at start) and stays well short of the
+    controller's 30-minute Degraded drain, so an undecoded event never evicts work by itself;
+    after it the Xid is only counted."""
     recent_events: int = pydantic.Field(default=50, ge=0, le=10_000)
     """Recent Xid events kept per GPU for `/v1/gpus`."""
 

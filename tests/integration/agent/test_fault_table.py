@@ -273,3 +273,29 @@ async def test_event_thread_survives_a_lost_gpu(rig: Rig) -> None:
     await rig.until(lambda v: gpu_verdict(v, 1)[0] == F)
     rig.control.xid(GPU, 95)
     await rig.until(lambda v: gpu_verdict(v) == (F, A.RESET_GPU))
+
+
+@pytest.mark.parametrize(
+    ("line", "after"),
+    [
+        pytest.param("149, NETIR_BER_EVENT Nonfatal XC0 i0 Link 00 (0x00000226 0x00000001)",
+                     (health.Verdict.HEALTHY, health.Action.NONE),
+                     id="a BER event the kernel log decodes as IGNORE clears the pending state"),
+        pytest.param("149, NETIR_LINK_EVT  Fatal   XC0 i0 Link 09 (0x025525c6 0x00000000)",
+                     (F, A.RESET_GPU),
+                     id="a link-down the kernel log decodes as RESET_GPU fails the GPU"),
+    ],
+)  # fmt: skip
+async def test_an_nvlink5_xid_waits_for_its_kernel_log_decode(
+    rig: Rig, line: str, after: tuple[health.Verdict, health.Action]
+) -> None:
+    """Xid 149 from NVML alone is Degraded/Inspect-pending; its kernel-log line decides it."""
+    await rig.registered()
+    rig.control.xid(GPU, 149)
+    view = await rig.until(lambda v: gpu_verdict(v) == (health.Verdict.DEGRADED, A.INSPECT))
+    pci = next(s.pci_bus_id for s in view.snapshots if s.index == GPU)[4:-2]
+    ts = int(time.monotonic() * 1_000_000)
+    with rig.kmsg.open("a") as fh:
+        fh.write(f"4,201,{ts},-;NVRM: Xid (PCI:{pci}): {line}\n")
+    view = await rig.until(lambda v: gpu_verdict(v) == after and v.state.kmsg_seq == 201)
+    assert metric_value(view, "taugrid_gpu_xid_total", gpu=str(GPU), xid="149") == 1
