@@ -120,7 +120,11 @@ def evaluate_node(
     health_by_index = (
         {g.gpu_index: g for g in inputs.health_check.gpus} if inputs.health_check else {}
     )
-    diag_by_index = {g.gpu_index: g for g in inputs.diag.gpus} if inputs.diag else {}
+    node_health = tuple(
+        e
+        for e in (inputs.health_check.others if inputs.health_check else ())
+        if e.value == "Failure"
+    )
 
     verdicts: list[GpuVerdict] = []
     seen: set[str] = set()
@@ -133,8 +137,9 @@ def evaluate_node(
             previous,
             snapshot,
             xids_by_index.get(snapshot.index, ()),
-            diag=_diag_for(inputs.diag, diag_by_index.get(snapshot.index)),
+            diag=_diag_for(inputs.diag, snapshot.index),
             gpu_health=health_by_index.get(snapshot.index),
+            node_health=node_health,
             boot_id=inputs.boot_id,
             policy=policy,
             now=now,
@@ -182,10 +187,16 @@ def evaluate_node(
 
 
 def _diag_for(
-    result: readings.DiagResult | None, gpu: readings.GpuDiag | None
+    result: readings.DiagResult | None, index: int
 ) -> tuple[readings.DiagResult, readings.GpuDiag] | None:
-    if result is None or gpu is None or result.error:
+    """The diagnostic as one GPU sees it: its own outcome, or only the node-wide findings."""
+    if result is None or result.error:
         return None
+    gpu = next((g for g in result.gpus if g.gpu_index == index), None)
+    if gpu is None:
+        if not result.node_findings:
+            return None
+        gpu = readings.GpuDiag(gpu_index=index, status=readings.DiagStatus.SKIP)
     return result, gpu
 
 
@@ -269,6 +280,7 @@ def evaluate_gpu(
     boot_id: str,
     policy: Policy,
     now: dt.datetime,
+    node_health: Sequence[readings.EntityHealth] = (),
     twins: Iterable[readings.XidEvent] = (),
     driver_version: str = "",
 ) -> tuple[latching.GpuState, GpuVerdict]:
@@ -296,7 +308,11 @@ def evaluate_gpu(
     if diag is not None and new_diag:
         result, gpu_diag = diag
         state = state.model_copy(update={"last_diag_at": result.finished_at})
-        if gpu_diag.status in (readings.DiagStatus.PASS, readings.DiagStatus.SKIP):
+        node_bad = any(
+            f.status in (readings.DiagStatus.FAIL, readings.DiagStatus.WARN)
+            for f in result.node_findings
+        )
+        if gpu_diag.status in (readings.DiagStatus.PASS, readings.DiagStatus.SKIP) and not node_bad:
             diag_passed_at = result.finished_at
 
     # 2. Findings: events first, then levels.
@@ -376,8 +392,15 @@ def evaluate_gpu(
         )
     level, pending = _level_findings(state, snapshot, gpu_health, policy, now)
     findings.extend(level)
-    if diag is not None and new_diag:
-        findings.extend(_diag_findings(diag[1]))
+    findings.extend(_node_health_findings(node_health))
+    if diag is not None:
+        # A finding that latches is folded once; one that does not stays visible for as long
+        # as this is the last diagnostic.
+        findings.extend(
+            f
+            for f in _diag_findings(diag[1], diag[0].node_findings)
+            if new_diag or latching.clearing_for(f.action) is None
+        )
 
     # 3. Latch what latches, keep the rest for this pass only.
     latched = list(state.latched)
@@ -756,17 +779,62 @@ def _level_findings(
     return findings, pending
 
 
-def _diag_findings(gpu: readings.GpuDiag) -> list[Finding]:
-    if gpu.status is not readings.DiagStatus.FAIL:
-        return []
-    failed = [f for f in gpu.findings if f.status is readings.DiagStatus.FAIL] or list(gpu.findings)
-    severities = [f.severity for f in failed if f.severity is not None]
-    text = "; ".join(f"{f.test}: {f.message}" for f in failed) or "diagnostic failed"
+def _diag_findings(
+    gpu: readings.GpuDiag, node: Sequence[readings.DiagFinding] = ()
+) -> list[Finding]:
+    out: list[Finding] = []
+    bad = [f for f in node if f.status in (readings.DiagStatus.FAIL, readings.DiagStatus.WARN)]
+    # A GPU that ran only the node-wide checks takes their outcome as its status; the node
+    # finding below says so once, not again as this GPU's own failure.
+    if gpu.status is readings.DiagStatus.FAIL and (gpu.findings or not bad):
+        failed = [f for f in gpu.findings if f.status is readings.DiagStatus.FAIL] or list(
+            gpu.findings
+        )
+        text = "; ".join(f"{f.test}: {f.message}" for f in failed) or "diagnostic failed"
+        out.append(_by_severity("DcgmDiagFailed", "DcgmDiagWarning", failed, text, node=False))
+    if bad:
+        text = "node-wide, not tied to a GPU: " + "; ".join(
+            f"{f.test}: {f.message}" if f.message else f.test for f in bad
+        )
+        out.append(
+            _by_severity("DcgmDiagNodeFailed", "DcgmDiagNodeWarning", bad, text[:1024], node=True)
+        )
+    return out
+
+
+def _by_severity(
+    failed_code: str,
+    warning_code: str,
+    findings: Sequence[readings.DiagFinding],
+    text: str,
+    *,
+    node: bool,
+) -> Finding:
+    """Map DCGM's error severities onto a finding (DESIGN.md section 5)."""
+    severities = [f.severity for f in findings if f.severity is not None]
     if severities and max(severities) == _SEVERITY_RESET:
-        return [Finding("DcgmDiagFailed", health.Verdict.FAILED, health.Action.RESET_GPU, text)]
+        return Finding(failed_code, health.Verdict.FAILED, health.Action.RESET_GPU, text)
     if severities and all(s in (_SEVERITY_MONITOR, _SEVERITY_CONFIG) for s in severities):
-        return [Finding("DcgmDiagWarning", health.Verdict.DEGRADED, health.Action.NONE, text)]
-    return [Finding("DcgmDiagFailed", health.Verdict.FAILED, health.Action.INSPECT, text)]
+        return Finding(warning_code, health.Verdict.DEGRADED, health.Action.NONE, text)
+    if node and not severities:
+        # DCGM 3.0-3.2 print no severity at all: a node-wide deployment finding is shown and
+        # keeps new work off, but is no reason to latch every GPU of the node for a person.
+        return Finding(warning_code, health.Verdict.DEGRADED, health.Action.NONE, text)
+    return Finding(failed_code, health.Verdict.FAILED, health.Action.INSPECT, text)
+
+
+def _node_health_findings(entities: Sequence[readings.EntityHealth]) -> list[Finding]:
+    if not entities:
+        return []
+    text = "; ".join(f"{e.entity}: " + ("; ".join(e.incidents) or e.value) for e in entities)
+    return [
+        Finding(
+            "DcgmHealthNodeFailure",
+            health.Verdict.DEGRADED,
+            health.Action.NONE,
+            f"DCGM health watch failure, node-wide: {text}"[:1024],
+        )
+    ]
 
 
 def _latched_reason(fault: latching.LatchedFault, policy: Policy) -> heartbeat.Reason:
