@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import datetime as dt
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -158,6 +159,10 @@ def gpus_document(
             "detail": dcgm_detail,
             "hostengine": view.dcgm_status.hostengine,
             "diagRunning": view.diag_running,
+            "failures": view.dcgm_status.failures,
+            "retryAt": _iso(view.dcgm_status.retry_at),
+            "watchesSetAgain": view.dcgm_status.rearmed,
+            "lastCheckAt": _iso(view.dcgm_status.last_check_at),
         },
         "kernelLog": {"error": view.kmsg_detail},
         "stateFile": {"problem": view.state_detail},
@@ -180,6 +185,10 @@ def gpus_document(
         "probeSeconds": view.probe_seconds,
         "gpus": gpus,
     }
+
+
+def _iso(at: dt.datetime | None) -> str | None:
+    return at.isoformat() if at is not None else None
 
 
 async def handle_gpus(request: web.Request) -> web.Response:

@@ -21,7 +21,16 @@ from typing import Any
 
 import structlog
 
-from agent import dedupe, latching, readings, settings, snapshots, statefile, verdicts
+from agent import (
+    dcgmwatch,
+    dedupe,
+    latching,
+    readings,
+    settings,
+    snapshots,
+    statefile,
+    verdicts,
+)
 from agent.probing import dcgm, kmsg, nvml
 from shared import health
 
@@ -63,6 +72,12 @@ class Monitor:
             command_timeout_s=config.dcgm_command_timeout_s,
             diag_timeout_s=config.diag_timeout_s,
             clock=clock,
+        )
+        self._watch = dcgmwatch.WatchState()
+        self._timing = dcgmwatch.Timing(
+            check_interval_s=config.dcgm_health_interval_s,
+            retry_initial_s=config.dcgm_retry_initial_s,
+            retry_max_s=config.dcgm_retry_max_s,
         )
         self._wake = asyncio.Event()
         self._pending: collections.deque[nvml.NvmlEvent | kmsg.Record] = collections.deque()
@@ -113,14 +128,13 @@ class Monitor:
         self._state_problem = loaded.problem
         self._state = loaded.state
         await self._start_nvml()
-        if self._settings.dcgm_enabled and self._dcgm.installed:
-            status = await self._dcgm.start()
-            log.info("dcgm", available=status.available, detail=status.detail)
+        if self._dcgm_usable:
+            await self.dcgm_step()
         self._set_view()
         if not loops:
             return
         self._tasks.append(asyncio.create_task(self._run(), name="probe-loop"))
-        if self._settings.dcgm_enabled and self._dcgm.installed:
+        if self._dcgm_usable:
             self._tasks.append(asyncio.create_task(self._health_loop(), name="dcgm-health"))
 
     async def _start_nvml(self) -> None:
@@ -227,14 +241,68 @@ class Monitor:
                 await asyncio.wait_for(self._wake.wait(), interval)
             self._wake.clear()
 
+    @property
+    def _dcgm_usable(self) -> bool:
+        return self._settings.dcgm_enabled and self._dcgm.installed
+
     async def _health_loop(self) -> None:
         while True:
-            if self.view.dcgm_status.available:
-                try:
-                    self._last_health = await self._dcgm.health()
-                except dcgm.DcgmError as err:
-                    log.warning("dcgm_health_failed", error=str(err))
-            await asyncio.sleep(self._settings.dcgm_health_interval_s)
+            now = self._clock()
+            due = dcgmwatch.plan(self._watch, now).at
+            wait = (due - now).total_seconds()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            await self.dcgm_step()
+
+    async def dcgm_step(self) -> dcgmwatch.Step:
+        """Make the one dcgmi call the supervisor asks for, and fold its outcome."""
+        step = dcgmwatch.plan(self._watch, self._clock()).step
+        before = self._watch
+        if step is dcgmwatch.Step.ARM:
+            ok, detail = await self._dcgm.arm()
+            self._watch = dcgmwatch.after_arm(
+                self._watch, ok=ok, detail=detail, now=self._clock(), timing=self._timing
+            )
+        else:
+            try:
+                check = await self._dcgm.health()
+            except dcgm.DcgmError as err:
+                self._last_health = None
+                self._watch = dcgmwatch.after_check(
+                    self._watch, ok=False, detail=str(err), now=self._clock(), timing=self._timing
+                )
+            else:
+                self._last_health = check
+                self._watch = dcgmwatch.after_check(
+                    self._watch, ok=True, detail="", now=self._clock(), timing=self._timing
+                )
+        if (before.available, before.armed) != (self._watch.available, self._watch.armed):
+            log.info(
+                "dcgm",
+                step=str(step),
+                available=self._watch.available,
+                armed=self._watch.armed,
+                detail=self._watch.detail,
+            )
+        self.view = dataclasses.replace(self.view, dcgm_status=self._dcgm_status())
+        return step
+
+    def _dcgm_status(self) -> readings.DcgmStatus:
+        host = self._dcgm.hostengine
+        if not self._settings.dcgm_enabled:
+            return readings.DcgmStatus(False, "disabled by setting", host)
+        if not self._dcgm.installed:
+            return readings.DcgmStatus(False, self._dcgm.missing, host)
+        w = self._watch
+        return readings.DcgmStatus(
+            available=w.available,
+            detail=w.detail,
+            hostengine=host,
+            failures=w.failures,
+            retry_at=None if w.available else w.next_at,
+            rearmed=w.rearmed,
+            last_check_at=w.last_check_at,
+        )
 
     def _take_events(self) -> list[readings.XidEvent]:
         by_pci = {
@@ -450,7 +518,7 @@ class Monitor:
             last_xid=dict(self._last_xid),
             last_diag=self._last_diag,
             last_health=self._last_health,
-            dcgm_status=self._dcgm.status,
+            dcgm_status=self._dcgm_status(),
             diag_running=self._dcgm.running_level,
             probe_errors=dict(self._probe.errors),
             kmsg_detail=self._kmsg.error if self._kmsg else "",

@@ -188,3 +188,10 @@ class DcgmStatus:
     available: bool
     detail: str
     hostengine: str
+    failures: int = 0
+    """dcgmi calls that failed in a row."""
+    retry_at: dt.datetime | None = None
+    """When the next attempt is due while DCGM is unavailable."""
+    rearmed: int = 0
+    """How often the health watches were set again (a host-engine restart, a failed check)."""
+    last_check_at: dt.datetime | None = None

@@ -87,6 +87,12 @@ class Settings(pydantic_settings.BaseSettings):
     """nv-hostengine address (`--host`), e.g. the GPU Operator's `nvidia-dcgm` service."""
     dcgm_health_interval_s: float = pydantic.Field(default=60.0, gt=0)
     """Seconds between `dcgmi health -c -j` reads; DCGM needs about a minute of samples."""
+    dcgm_retry_initial_s: float = pydantic.Field(default=5.0, gt=0)
+    """First wait before setting the health watches again after DCGM did not answer; doubles
+    on each failure. Short, because a host-engine restart takes seconds."""
+    dcgm_retry_max_s: float = pydantic.Field(default=300.0, gt=0)
+    """Cap of that backoff: an absent DCGM is tried every five minutes for as long as the agent
+    runs, so one that comes up later is found without a restart."""
     dcgm_command_timeout_s: float = pydantic.Field(default=30.0, gt=0)
     """Timeout of `dcgmi health` and discovery calls."""
     diag_timeout_level1_s: float = pydantic.Field(default=120.0, gt=0)

@@ -373,7 +373,10 @@ def _health_value(raw: object) -> readings.HealthValue:
 
 
 class Dcgm:
-    """Run `dcgmi` as a subprocess: watches at start, health reads, one diagnostic at a time."""
+    """Run `dcgmi` as a subprocess: set and read health watches, one diagnostic at a time.
+
+    When to call what is `agent.dcgmwatch`'s decision; this class only runs the commands.
+    """
 
     def __init__(
         self,
@@ -390,12 +393,14 @@ class Dcgm:
         self._diag_timeout_s = diag_timeout_s
         self._clock = clock
         self._diag_lock = asyncio.Lock()
-        self.status = readings.DcgmStatus(
-            available=False,
-            detail=f"dcgmi not found ({dcgmi})" if self._dcgmi is None else "not started",
-            hostengine=hostengine,
-        )
+        self.missing = f"dcgmi not found ({dcgmi})" if self._dcgmi is None else ""
+        """Why there is no dcgmi to run ('' when there is one)."""
         self.running_level: int | None = None
+
+    @property
+    def hostengine(self) -> str:
+        """The nv-hostengine address dcgmi is pointed at."""
+        return self._hostengine
 
     @property
     def installed(self) -> bool:
@@ -436,27 +441,30 @@ class Dcgm:
             raise
         return proc.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace")
 
-    async def start(self) -> readings.DcgmStatus:
-        """Set health watches on every system (`dcgmi health -s a`)."""
-        if self._dcgmi is None:
-            return self.status
+    async def arm(self) -> tuple[bool, str]:
+        """Set health watches on every system (`dcgmi health -s a`); return (ok, detail)."""
         try:
             rc, out, err = await self._run(["health", "-s", "a"], self._command_timeout_s)
         except DcgmError as exc:
-            self.status = readings.DcgmStatus(False, str(exc), self._hostengine)
-            return self.status
+            return False, str(exc)
         if rc != 0:
             detail = (err or out).strip().splitlines()[-1:] or [f"exit code {rc}"]
-            self.status = readings.DcgmStatus(
-                False, f"dcgmi health -s a failed: {detail[0]}", self._hostengine
-            )
-        else:
-            self.status = readings.DcgmStatus(True, "health watches set", self._hostengine)
-        return self.status
+            return False, f"dcgmi health -s a failed: {detail[0]}"
+        return True, "health watches set"
 
     async def health(self) -> readings.HealthCheck:
-        """Read the health watches (`dcgmi health -c -j`)."""
-        _rc, out, err = await self._run(["health", "-c", "-j"], self._command_timeout_s)
+        """Read the health watches (`dcgmi health -c -j`); anything but JSON is an error.
+
+        A host engine without watches (it restarted) prints "Error: Health watches not
+        enabled" and exits nonzero; one that is down, "Error: unable to establish a
+        connection"; both raise `DcgmError` with that text, and the caller sets the watches
+        again.
+        """
+        rc, out, err = await self._run(["health", "-c", "-j"], self._command_timeout_s)
+        said = (out.strip() or err.strip()).splitlines()
+        if rc != 0:
+            msg = f"dcgmi health -c -j exited {rc}: {said[0][:200] if said else 'no output'}"
+            raise DcgmError(msg)
         if not out.strip():
             msg = f"dcgmi health -c -j printed nothing: {err.strip()[:200]}"
             raise DcgmError(msg)

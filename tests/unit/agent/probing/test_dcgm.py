@@ -210,10 +210,9 @@ def client(timeout_s: float = 30.0) -> dcgm.Dcgm:
 
 
 async def test_watches_are_set_before_health_is_read(fake_dcgmi: pathlib.Path) -> None:
-    """Start sets `health -s a` on the configured hostengine; reads use `health -c -j`."""
+    """Arming sets `health -s a` on the configured hostengine; reads use `health -c -j`."""
     runner = client()
-    status = await runner.start()
-    assert status.available
+    assert await runner.arm() == (True, "health watches set")
     check = await runner.health()
     assert check.overall == "Failure"
     lines = argv(fake_dcgmi)
@@ -252,6 +251,32 @@ async def test_absent_dcgmi_is_reported_not_raised() -> None:
     runner = dcgm.Dcgm(
         "/nonexistent/dcgmi", "localhost", command_timeout_s=1, diag_timeout_s=lambda _: 1
     )
-    status = await runner.start()
-    assert not status.available
-    assert "not found" in status.detail
+    ok, detail = await runner.arm()
+    assert not ok
+    assert "dcgmi is not installed" in detail
+    assert "not found" in runner.missing
+
+
+@pytest.mark.parametrize(
+    ("setup", "problem"),
+    [
+        pytest.param("down", "unable to establish a connection",
+                     id="a host engine that does not answer"),
+        pytest.param("restarted", "Health watches not enabled",
+                     id="a host engine that restarted and forgot the watches"),
+    ],
+)  # fmt: skip
+async def test_a_health_read_that_is_not_json_is_an_error_naming_dcgmis_words(
+    fake_dcgmi: pathlib.Path,
+    tmp_path: pathlib.Path,
+    monkeypatch: pytest.MonkeyPatch,
+    setup: str,
+    problem: str,
+) -> None:
+    """dcgmi's plain-text errors (nonzero exit) raise DcgmError with its own text."""
+    monkeypatch.setenv("FAKE_DCGMI_STATE", str(tmp_path / "engine"))
+    if setup == "down":
+        monkeypatch.setenv("FAKE_DCGMI_DOWN", str(tmp_path / "down"))
+        (tmp_path / "down").touch()
+    with pytest.raises(dcgm.DcgmError, match=problem):
+        await client().health()
