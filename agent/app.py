@@ -152,6 +152,7 @@ def gpus_document(
             "available": view.nvml_available,
             "detail": view.nvml_detail,
             "eventsRegistered": view.events_registered,
+            "calls": view.nvml_calls,
             "enumerationErrors": {str(i): e for i, e in view.enumeration_errors.items()},
         },
         "dcgm": {

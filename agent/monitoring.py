@@ -478,6 +478,17 @@ class Monitor:
             log.error("nvml_probe_hung", timeout_s=self._settings.probe_timeout_s)
             return None
 
+    def _nvml_calls(self) -> dict[str, str]:
+        calls: dict[str, str] = {}
+        if self._probe.memory_version is not None:
+            calls["memoryInfo"] = f"v{self._probe.memory_version}"
+        if self._probe.clock_reasons_call:
+            calls["clockReasons"] = self._probe.clock_reasons_call
+        if self._watcher is not None and self._watcher.registered:
+            masks = {f"0x{m:x}" for m in self._watcher.registered.values()}
+            calls["eventTypes"] = ",".join(sorted(masks))
+        return calls
+
     def _nvml_ok_detail(self) -> str:
         return f"{len(self._probe.devices)} GPUs"
 
@@ -523,6 +534,7 @@ class Monitor:
             probe_errors=dict(self._probe.errors),
             kmsg_detail=self._kmsg.error if self._kmsg else "",
             events_registered=len(self._watcher.registered) if self._watcher else 0,
+            nvml_calls=self._nvml_calls(),
             enumeration_errors=dict(self._probe.enumeration_errors),
             state_detail="; ".join(d for d in (self._state_problem, self._state_write_error) if d),
             **changes,

@@ -42,6 +42,9 @@ class View:
     kmsg_detail: str = ""
     events_registered: int = 0
     """GPUs whose NVML event registration succeeded (Xid events before that are kmsg-only)."""
+    nvml_calls: dict[str, str] = dataclasses.field(default_factory=dict)
+    """Which NVML variants this driver answers: `memoryInfo` (v2/v1), `clockReasons`
+    (EventReasons/ThrottleReasons), `eventTypes` (the mask registered, per GPU 0)."""
     enumeration_errors: dict[int, str] = dataclasses.field(default_factory=dict)
     """GPU index -> why NVML could not enumerate it (retried every counter pass)."""
     state_detail: str = ""
