@@ -73,6 +73,8 @@ async def handle_metrics(request: web.Request) -> web.Response:
         request.app[MONITOR].view,
         export_dcgm=cfg.export_dcgm_families,
         hostname_label=cfg.hostname_label,
+        host_label=cfg.host_label,
+        pod_labels=cfg.pod_labels,
     )
     return web.Response(body=text.encode(), headers={"Content-Type": metrics.CONTENT_TYPE})
 
@@ -118,6 +120,7 @@ def gpus_document(
         ]
         diag = diag_by_index.get(v.index)
         gpu_health = health_by_index.get(v.index)
+        holders = view.pods.sharing.get(v.uuid, ())
         gpus.append(
             {
                 "index": v.index,
@@ -138,6 +141,10 @@ def gpus_document(
                 "dcgmHealth": (
                     gpu_health.model_dump(mode="json", by_alias=True) if gpu_health else None
                 ),
+                "pods": [
+                    {"namespace": r.namespace, "pod": r.pod, "container": r.container}
+                    for r in holders
+                ],
             }
         )
     dcgm_detail = view.dcgm_status.detail if dcgm_enabled else "disabled by setting"
@@ -166,6 +173,14 @@ def gpus_document(
             "lastCheckAt": _iso(view.dcgm_status.last_check_at),
         },
         "kernelLog": {"error": view.kmsg_detail},
+        "podAttribution": {
+            "enabled": view.attribution_status.enabled,
+            "detail": view.attribution_status.detail,
+            "socket": view.attribution_status.socket,
+            "refreshedAt": _iso(view.attribution_status.refreshed_at),
+            "client": view.attribution_status.client,
+            "unmatchedDevices": list(view.pods.unmatched),
+        },
         "stateFile": {"problem": view.state_detail},
         "lastDiagnostic": (
             view.last_diag.model_dump(mode="json", by_alias=True) if view.last_diag else None

@@ -22,6 +22,7 @@ from typing import Any
 import structlog
 
 from agent import (
+    attribution,
     dcgmwatch,
     dedupe,
     latching,
@@ -31,7 +32,7 @@ from agent import (
     statefile,
     verdicts,
 )
-from agent.probing import dcgm, kmsg, nvml
+from agent.probing import dcgm, kmsg, nvml, podresources
 from shared import health
 
 log = structlog.get_logger("agent.monitoring")
@@ -79,6 +80,10 @@ class Monitor:
             retry_initial_s=config.dcgm_retry_initial_s,
             retry_max_s=config.dcgm_retry_max_s,
         )
+        self._pods = attribution.Attribution()
+        self._pods_status = readings.AttributionStatus(False, "not started")
+        self._pod_client: podresources.Client | None = None
+        self._mig_parents: dict[str, str] = {}
         self._wake = asyncio.Event()
         self._pending: collections.deque[nvml.NvmlEvent | kmsg.Record] = collections.deque()
         self._recent: list[dedupe.Seen] = []
@@ -136,6 +141,11 @@ class Monitor:
         self._tasks.append(asyncio.create_task(self._run(), name="probe-loop"))
         if self._dcgm_usable:
             self._tasks.append(asyncio.create_task(self._health_loop(), name="dcgm-health"))
+        if self._settings.pod_labels and self._settings.podresources_socket is not None:
+            self._tasks.append(asyncio.create_task(self._pods_loop(), name="pod-attribution"))
+        else:
+            self._pods_status = readings.AttributionStatus(False, "off by setting")
+            self._set_view()
 
     async def _start_nvml(self) -> None:
         if self._start_future is None:
@@ -185,6 +195,8 @@ class Monitor:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks.clear()
+        if self._pod_client is not None:
+            await self._pod_client.close()
         if self._watcher is not None:
             await asyncio.to_thread(self._watcher.stop)
         if self._kmsg is not None:
@@ -303,6 +315,73 @@ class Monitor:
             rearmed=w.rearmed,
             last_check_at=w.last_check_at,
         )
+
+    async def _pods_loop(self) -> None:
+        while True:
+            await self.refresh_pods()
+            await asyncio.sleep(self._settings.podresources_interval_s)
+
+    async def refresh_pods(self) -> readings.AttributionStatus:
+        """Read the kubelet's PodResources once and map allocations to this node's GPUs.
+
+        Off, with the reason, when the generated client or the socket is missing or the kubelet
+        does not answer: the GPU series then carry no pod labels, as with dcgm-exporter.
+        """
+        cfg = self._settings
+        socket = cfg.podresources_socket
+        if socket is None or not cfg.pod_labels:
+            return self._pods_off("off by setting", "")
+        if self._pod_client is None:
+            try:
+                self._pod_client = podresources.Client(
+                    cfg.podresources_client_dir, socket, timeout_s=cfg.podresources_timeout_s
+                )
+            except podresources.PodResourcesError as err:
+                return self._pods_off(f"off: {err}", str(socket))
+        if not socket.exists():
+            return self._pods_off(f"off: the kubelet socket {socket} does not exist", str(socket))
+        try:
+            devices, claims = await self._pod_client.list()
+        except podresources.PodResourcesError as err:
+            return self._pods_off(f"off: {err}", str(socket))
+        missing = attribution.mig_ids(devices, cfg.podresources_resources) - set(self._mig_parents)
+        for mig in sorted(missing):
+            parent = await asyncio.to_thread(self._probe.mig_parent, mig)
+            if parent is not None:
+                self._mig_parents[mig] = parent
+        self._pods = attribution.attribute(
+            devices,
+            claims,
+            [attribution.Gpu(d.index, d.uuid) for d in self._probe.devices],
+            resources=cfg.podresources_resources,
+            dra_driver=cfg.dra_driver,
+            dra_table=cfg.dra_devices,
+            mig_parents=self._mig_parents,
+        )
+        self._pods_status = readings.AttributionStatus(
+            True,
+            f"{len(self._pods.pods)} of {len(self._probe.devices)} GPUs allocated to pods",
+            str(socket),
+            self._clock(),
+            {k: str(v) for k, v in self._pod_client.source.items()},
+        )
+        self.view = dataclasses.replace(
+            self.view, pods=self._pods, attribution_status=self._pods_status
+        )
+        return self._pods_status
+
+    def _pods_off(self, detail: str, socket: str) -> readings.AttributionStatus:
+        if detail != self._pods_status.detail:
+            log.info("pod_attribution", enabled=False, detail=detail)
+        client = self._pod_client.source if self._pod_client is not None else {}
+        self._pods = attribution.Attribution()
+        self._pods_status = readings.AttributionStatus(
+            False, detail, socket, self._clock(), {k: str(v) for k, v in client.items()}
+        )
+        self.view = dataclasses.replace(
+            self.view, pods=self._pods, attribution_status=self._pods_status
+        )
+        return self._pods_status
 
     def _take_events(self) -> list[readings.XidEvent]:
         by_pci = {
@@ -535,6 +614,8 @@ class Monitor:
             kmsg_detail=self._kmsg.error if self._kmsg else "",
             events_registered=len(self._watcher.registered) if self._watcher else 0,
             nvml_calls=self._nvml_calls(),
+            pods=self._pods,
+            attribution_status=self._pods_status,
             enumeration_errors=dict(self._probe.enumeration_errors),
             state_detail="; ".join(d for d in (self._state_problem, self._state_write_error) if d),
             **changes,

@@ -195,3 +195,15 @@ class DcgmStatus:
     rearmed: int = 0
     """How often the health watches were set again (a host-engine restart, a failed check)."""
     last_check_at: dt.datetime | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class AttributionStatus:
+    """What `/v1/gpus` says about pod attribution."""
+
+    enabled: bool
+    detail: str
+    socket: str = ""
+    refreshed_at: dt.datetime | None = None
+    client: dict[str, str] = dataclasses.field(default_factory=dict)
+    """Where the generated client came from (module, version, go.sum hash, proto digest)."""

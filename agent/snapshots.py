@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 
-from agent import latching, readings, verdicts
+from agent import attribution, latching, readings, verdicts
 from shared import heartbeat
 
 
@@ -49,6 +49,11 @@ class View:
     """GPU index -> why NVML could not enumerate it (retried every counter pass)."""
     state_detail: str = ""
     """What is wrong with the state file (set aside at start, or not writable); '' when fine."""
+    pods: attribution.Attribution = dataclasses.field(default_factory=attribution.Attribution)
+    """Which pod each GPU is allocated to (the kubelet's PodResources, its own tier)."""
+    attribution_status: readings.AttributionStatus = dataclasses.field(
+        default_factory=lambda: readings.AttributionStatus(False, "not started")
+    )
 
 
 def build_heartbeat(

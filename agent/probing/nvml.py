@@ -265,6 +265,17 @@ class Probe:
         device.nvlinks = tuple(v.scopeId for v in values if v.nvmlReturn == pynvml.NVML_SUCCESS)
         return device
 
+    def mig_parent(self, mig_uuid: str) -> str | None:
+        """The UUID of the GPU a MIG device (`MIG-…`) belongs to, or None when NVML cannot say."""
+        parent_of = getattr(pynvml, "nvmlDeviceGetDeviceHandleFromMigDeviceHandle", None)
+        if parent_of is None:
+            return None
+        try:
+            handle = pynvml.nvmlDeviceGetHandleByUUID(mig_uuid)
+            return _text(pynvml.nvmlDeviceGetUUID(parent_of(handle)))
+        except pynvml.NVMLError:
+            return None
+
     def shutdown(self) -> None:
         """Release NVML."""
         if self._started:
