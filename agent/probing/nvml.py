@@ -172,6 +172,10 @@ EVENTS_NEEDING_COUNTERS: int = pynvml.nvmlEventTypeDoubleBitEccError | EVENT_GPU
 MIB = 1024 * 1024
 
 
+FALLBACK = object()
+"""What `Probe._read` returns when the driver lacks the call (use the older one)."""
+
+
 class NvmlUnavailableError(Exception):
     """NVML could not be initialised (no driver, no library); the agent reports GPUs Unknown."""
 
@@ -287,11 +291,23 @@ class Probe:
         key = f"{tier}:{_error_name(err)}"
         self.errors[key] = self.errors.get(key, 0) + 1
 
-    def _read(self, tier: str, fn: Callable[..., Any], *args: Any) -> Any:
-        """Call NVML; return None for an absent reading, raise `_GpuError` for a sick GPU."""
+    def _read(
+        self,
+        tier: str,
+        fn: Callable[..., Any],
+        *args: Any,
+        fallback_on: frozenset[int] = frozenset(),
+    ) -> Any:
+        """Call NVML; return None for an absent reading, raise `_GpuError` for a sick GPU.
+
+        An error in `fallback_on` (the driver has no such call) returns `FALLBACK` instead,
+        uncounted, so the caller can use the older call.
+        """
         try:
             return fn(*args)
         except pynvml.NVMLError as err:
+            if int(err.value) in fallback_on:
+                return FALLBACK
             self._count(tier, err)
             kind = classify(err)
             if kind is None:
@@ -340,16 +356,11 @@ class Probe:
         before R510) switches this probe to v1 for good.
         """
         if self.memory_version != 1:
-            try:
-                mem = pynvml.nvmlDeviceGetMemoryInfo(handle, version=MEMORY_V2)
-            except pynvml.NVMLError as err:
-                if int(err.value) not in _NO_SUCH_CALL:
-                    self._count("gauges", err)
-                    kind = classify(err)
-                    if kind is None:
-                        return None
-                    raise _GpuError(kind, f"nvmlDeviceGetMemoryInfo_v2: {err}") from err
-            else:
+            mem = self._read(
+                "gauges", pynvml.nvmlDeviceGetMemoryInfo, handle, MEMORY_V2,
+                fallback_on=_NO_SUCH_CALL,
+            )  # fmt: skip
+            if mem is not FALLBACK:
                 self.memory_version = 2
                 return mem
         self.memory_version = 1
@@ -359,18 +370,13 @@ class Probe:
         """The clock-event reasons: `...EventReasons` (R535+), else `...ThrottleReasons`."""
         newer = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
         if newer is not None and self.clock_reasons_call != "ThrottleReasons":
-            try:
-                value = newer(handle)
-            except pynvml.NVMLError as err:
-                if int(err.value) != pynvml.NVML_ERROR_FUNCTION_NOT_FOUND:
-                    self._count("gauges", err)
-                    kind = classify(err)
-                    if kind is None:
-                        return None
-                    raise _GpuError(kind, f"nvmlDeviceGetCurrentClocksEventReasons: {err}") from err
-            else:
+            value = self._read(
+                "gauges", newer, handle,
+                fallback_on=frozenset({pynvml.NVML_ERROR_FUNCTION_NOT_FOUND}),
+            )  # fmt: skip
+            if value is not FALLBACK:
                 self.clock_reasons_call = "EventReasons"
-                return int(value)
+                return None if value is None else int(value)
         self.clock_reasons_call = "ThrottleReasons"
         value = self._read("gauges", pynvml.nvmlDeviceGetCurrentClocksThrottleReasons, handle)
         return None if value is None else int(value)
