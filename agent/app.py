@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import datetime as dt
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -72,6 +73,8 @@ async def handle_metrics(request: web.Request) -> web.Response:
         request.app[MONITOR].view,
         export_dcgm=cfg.export_dcgm_families,
         hostname_label=cfg.hostname_label,
+        host_label=cfg.host_label,
+        pod_labels=cfg.pod_labels,
     )
     return web.Response(body=text.encode(), headers={"Content-Type": metrics.CONTENT_TYPE})
 
@@ -117,6 +120,7 @@ def gpus_document(
         ]
         diag = diag_by_index.get(v.index)
         gpu_health = health_by_index.get(v.index)
+        holders = view.pods.sharing.get(v.uuid, ())
         gpus.append(
             {
                 "index": v.index,
@@ -137,6 +141,10 @@ def gpus_document(
                 "dcgmHealth": (
                     gpu_health.model_dump(mode="json", by_alias=True) if gpu_health else None
                 ),
+                "pods": [
+                    {"namespace": r.namespace, "pod": r.pod, "container": r.container}
+                    for r in holders
+                ],
             }
         )
     dcgm_detail = view.dcgm_status.detail if dcgm_enabled else "disabled by setting"
@@ -151,6 +159,7 @@ def gpus_document(
             "available": view.nvml_available,
             "detail": view.nvml_detail,
             "eventsRegistered": view.events_registered,
+            "calls": view.nvml_calls,
             "enumerationErrors": {str(i): e for i, e in view.enumeration_errors.items()},
         },
         "dcgm": {
@@ -158,8 +167,20 @@ def gpus_document(
             "detail": dcgm_detail,
             "hostengine": view.dcgm_status.hostengine,
             "diagRunning": view.diag_running,
+            "failures": view.dcgm_status.failures,
+            "retryAt": _iso(view.dcgm_status.retry_at),
+            "watchesSetAgain": view.dcgm_status.rearmed,
+            "lastCheckAt": _iso(view.dcgm_status.last_check_at),
         },
         "kernelLog": {"error": view.kmsg_detail},
+        "podAttribution": {
+            "enabled": view.attribution_status.enabled,
+            "detail": view.attribution_status.detail,
+            "socket": view.attribution_status.socket,
+            "refreshedAt": _iso(view.attribution_status.refreshed_at),
+            "client": view.attribution_status.client,
+            "unmatchedDevices": list(view.pods.unmatched),
+        },
         "stateFile": {"problem": view.state_detail},
         "lastDiagnostic": (
             view.last_diag.model_dump(mode="json", by_alias=True) if view.last_diag else None
@@ -180,6 +201,10 @@ def gpus_document(
         "probeSeconds": view.probe_seconds,
         "gpus": gpus,
     }
+
+
+def _iso(at: dt.datetime | None) -> str | None:
+    return at.isoformat() if at is not None else None
 
 
 async def handle_gpus(request: web.Request) -> web.Response:

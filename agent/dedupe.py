@@ -3,6 +3,10 @@
 Pure: the monitor keeps the `Recent` list and passes `now`. Matching is one-to-one across
 sources, so a genuine burst (Xid 119 three times) still counts three times while each NVML
 event swallows at most one kernel-log line for the same GPU and Xid within the window.
+
+A kernel-log line that arrives after its NVML twin is not counted again, but it is returned
+as a `twin`: for Xid 144-150 only that line carries the subcode registers NVIDIA's decode
+needs, so the verdict core must still see it.
 """
 
 from __future__ import annotations
@@ -25,16 +29,27 @@ class Seen:
     matched: bool = False
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Deduped:
+    """The outcome of one pass: what counts, the late kernel-log twins, the new recent list."""
+
+    fresh: list[readings.XidEvent]
+    twins: list[readings.XidEvent]
+    """Kernel-log lines whose NVML twin was already counted (not counted again)."""
+    recent: list[Seen]
+
+
 def dedupe(
     recent: Iterable[Seen],
     events: Iterable[readings.XidEvent],
     *,
     window_s: float,
     now: dt.datetime,
-) -> tuple[list[readings.XidEvent], list[Seen]]:
-    """Return the events that are new and the updated recent list (older entries pruned)."""
+) -> Deduped:
+    """Return the events that are new, the late twins and the updated recent list."""
     kept = [s for s in recent if (now - s.at).total_seconds() <= 2 * window_s]
     fresh: list[readings.XidEvent] = []
+    twins: list[readings.XidEvent] = []
     for event in events:
         twin = next(
             (
@@ -50,7 +65,9 @@ def dedupe(
         )
         if twin is not None:
             kept[twin] = dataclasses.replace(kept[twin], matched=True)
+            if event.source is readings.XidSource.KMSG:
+                twins.append(event)
             continue
         kept.append(Seen(event.gpu_index, event.xid, event.at, event.source))
         fresh.append(event)
-    return fresh, kept
+    return Deduped(fresh=fresh, twins=twins, recent=kept)

@@ -79,6 +79,8 @@ class XidOccurrence(heartbeat.WireModel):
 
     xid: int
     at: dt.datetime
+    detail: str = ""
+    """What to show instead of the catalog's text (an NVLink5 decode, why it is pending)."""
 
 
 class GpuState(heartbeat.WireModel):
@@ -92,6 +94,9 @@ class GpuState(heartbeat.WireModel):
     """Reset-class Xids inside the escalation window, oldest first."""
     app_xids: tuple[XidOccurrence, ...] = ()
     """Application Xids still inside the display window (they say RestartApp, then vanish)."""
+    nvlink5_pending: tuple[XidOccurrence, ...] = ()
+    """Xid 144-150 not decoded yet (NVML's event carries no subcode): Degraded, never
+    escalated, until the kernel-log line decodes them or the decode window passes."""
     pending_since: dict[str, dt.datetime] = pydantic.Field(default_factory=dict)
     """Debounced findings (thermal, clock events) by code: when each was first seen."""
     nvlinks_seen_up: tuple[int, ...] = ()

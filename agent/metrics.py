@@ -3,9 +3,13 @@
 Rendered by hand in the Prometheus text format 0.0.4 from the last probe `View` (never NVML at
 scrape time), because prometheus_client appends `_total` to counter families and dcgm-exporter
 does not (`# TYPE DCGM_FI_DEV_PCIE_REPLAY_COUNTER counter`). Names, HELP strings, types and
-labels are dcgm-exporter's (etc/default-counters.csv, render_metrics.go). Left out, because NVML
-cannot supply them: `DCGM_FI_PROF_*` (DCGM profiling) and `DCGM_FI_DEV_VGPU_LICENSE_STATUS`;
-`DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL` is left out too (DCGM's own aggregate of per-lane counters).
+labels are dcgm-exporter's (etc/default-counters.csv; `render_metrics.go` of its 4.5.3-4.8.2
+release): `gpu, UUID, pci_bus_id, device, modelName`, the host label, `DCGM_FI_DRIVER_VERSION`,
+then its attributes in name order, as Go's template prints a map: `container`, `err_code` and
+`err_msg` (the Xid family only, `gpu_collector.go` toMetric), `namespace`, `pod` (GPUs allocated
+to a pod, `transformation/kubernetes.go`). Left out: `DCGM_FI_PROF_*` (DCGM's profiling module;
+NVML's GPM has analogues on Hopper+, in other units), `DCGM_FI_DEV_VGPU_LICENSE_STATUS` and
+`DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL` (which NVML could supply: not done yet).
 """
 
 from __future__ import annotations
@@ -13,8 +17,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from agent import readings, snapshots
-from shared import health
+from agent import attribution, readings, snapshots
+from shared import health, xid
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -85,12 +89,28 @@ def _number(value: float | bool) -> str:
     return repr(float(value))
 
 
-def render(view: snapshots.View, *, export_dcgm: bool = True, hostname_label: bool = True) -> str:
+def _pod_attributes(ref: attribution.PodRef | None) -> list[tuple[str, str]]:
+    if ref is None:
+        return []
+    return [("container", ref.container), ("namespace", ref.namespace), ("pod", ref.pod)]
+
+
+def render(
+    view: snapshots.View,
+    *,
+    export_dcgm: bool = True,
+    hostname_label: bool = True,
+    host_label: str = "Hostname",
+    pod_labels: bool = True,
+) -> str:
     """Render the whole `/metrics` body from one view."""
     lines: list[str] = []
     snapshots = sorted(view.snapshots, key=lambda s: s.index)
+    pods = view.pods.pods if pod_labels else {}
 
-    def gpu_labels(s: readings.GpuSnapshot) -> list[tuple[str, str]]:
+    def gpu_labels(
+        s: readings.GpuSnapshot, extra: list[tuple[str, str]] | None = None
+    ) -> list[tuple[str, str]]:
         pairs = [
             ("gpu", str(s.index)),
             ("UUID", s.uuid),
@@ -99,9 +119,10 @@ def render(view: snapshots.View, *, export_dcgm: bool = True, hostname_label: bo
             ("modelName", s.name),
         ]
         if hostname_label:
-            pairs.append(("Hostname", view.node_name))
+            pairs.append((host_label, view.node_name))
         pairs.append(("DCGM_FI_DRIVER_VERSION", view.driver_version))
-        return pairs
+        attributes = [*_pod_attributes(pods.get(s.uuid)), *(extra or [])]
+        return pairs + sorted(attributes)
 
     if export_dcgm:
         for family in DCGM_FAMILIES:
@@ -117,9 +138,10 @@ def render(view: snapshots.View, *, export_dcgm: bool = True, hostname_label: bo
             name, kind, text = XID_FAMILY
             lines.append(f"# HELP {name} {text}")
             lines.append(f"# TYPE {name} {kind}")
-            lines.extend(
-                f"{name}{_labels(gpu_labels(s))} {view.last_xid.get(s.index, 0)}" for s in healthy
-            )
+            for s in healthy:
+                code = view.last_xid.get(s.index, 0)
+                extra = [("err_code", str(code)), ("err_msg", xid.exporter_err_msg(code))]
+                lines.append(f"{name}{_labels(gpu_labels(s, extra))} {code}")
 
     by_uuid = {s.uuid: s for s in snapshots}
     verdict_rows = sorted(view.verdicts, key=lambda v: v.index)

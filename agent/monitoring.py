@@ -21,8 +21,18 @@ from typing import Any
 
 import structlog
 
-from agent import dedupe, latching, readings, settings, snapshots, statefile, verdicts
-from agent.probing import dcgm, kmsg, nvml
+from agent import (
+    attribution,
+    dcgmwatch,
+    dedupe,
+    latching,
+    readings,
+    settings,
+    snapshots,
+    statefile,
+    verdicts,
+)
+from agent.probing import dcgm, kmsg, nvml, podresources
 from shared import health
 
 log = structlog.get_logger("agent.monitoring")
@@ -64,6 +74,16 @@ class Monitor:
             diag_timeout_s=config.diag_timeout_s,
             clock=clock,
         )
+        self._watch = dcgmwatch.WatchState()
+        self._timing = dcgmwatch.Timing(
+            check_interval_s=config.dcgm_health_interval_s,
+            retry_initial_s=config.dcgm_retry_initial_s,
+            retry_max_s=config.dcgm_retry_max_s,
+        )
+        self._pods = attribution.Attribution()
+        self._pods_status = readings.AttributionStatus(False, "not started")
+        self._pod_client: podresources.Client | None = None
+        self._mig_parents: dict[str, str] = {}
         self._wake = asyncio.Event()
         self._pending: collections.deque[nvml.NvmlEvent | kmsg.Record] = collections.deque()
         self._recent: list[dedupe.Seen] = []
@@ -113,15 +133,19 @@ class Monitor:
         self._state_problem = loaded.problem
         self._state = loaded.state
         await self._start_nvml()
-        if self._settings.dcgm_enabled and self._dcgm.installed:
-            status = await self._dcgm.start()
-            log.info("dcgm", available=status.available, detail=status.detail)
+        if self._dcgm_usable:
+            await self.dcgm_step()
         self._set_view()
         if not loops:
             return
         self._tasks.append(asyncio.create_task(self._run(), name="probe-loop"))
-        if self._settings.dcgm_enabled and self._dcgm.installed:
+        if self._dcgm_usable:
             self._tasks.append(asyncio.create_task(self._health_loop(), name="dcgm-health"))
+        if self._settings.pod_labels and self._settings.podresources_socket is not None:
+            self._tasks.append(asyncio.create_task(self._pods_loop(), name="pod-attribution"))
+        else:
+            self._pods_status = readings.AttributionStatus(False, "off by setting")
+            self._set_view()
 
     async def _start_nvml(self) -> None:
         if self._start_future is None:
@@ -171,6 +195,8 @@ class Monitor:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks.clear()
+        if self._pod_client is not None:
+            await self._pod_client.close()
         if self._watcher is not None:
             await asyncio.to_thread(self._watcher.stop)
         if self._kmsg is not None:
@@ -227,14 +253,135 @@ class Monitor:
                 await asyncio.wait_for(self._wake.wait(), interval)
             self._wake.clear()
 
+    @property
+    def _dcgm_usable(self) -> bool:
+        return self._settings.dcgm_enabled and self._dcgm.installed
+
     async def _health_loop(self) -> None:
         while True:
-            if self.view.dcgm_status.available:
-                try:
-                    self._last_health = await self._dcgm.health()
-                except dcgm.DcgmError as err:
-                    log.warning("dcgm_health_failed", error=str(err))
-            await asyncio.sleep(self._settings.dcgm_health_interval_s)
+            now = self._clock()
+            due = dcgmwatch.plan(self._watch, now).at
+            wait = (due - now).total_seconds()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            await self.dcgm_step()
+
+    async def dcgm_step(self) -> dcgmwatch.Step:
+        """Make the one dcgmi call the supervisor asks for, and fold its outcome."""
+        step = dcgmwatch.plan(self._watch, self._clock()).step
+        before = self._watch
+        if step is dcgmwatch.Step.ARM:
+            ok, detail = await self._dcgm.arm()
+            self._watch = dcgmwatch.after_arm(
+                self._watch, ok=ok, detail=detail, now=self._clock(), timing=self._timing
+            )
+        else:
+            try:
+                check = await self._dcgm.health()
+            except dcgm.DcgmError as err:
+                self._last_health = None
+                self._watch = dcgmwatch.after_check(
+                    self._watch, ok=False, detail=str(err), now=self._clock(), timing=self._timing
+                )
+            else:
+                self._last_health = check
+                self._watch = dcgmwatch.after_check(
+                    self._watch, ok=True, detail="", now=self._clock(), timing=self._timing
+                )
+        if (before.available, before.armed) != (self._watch.available, self._watch.armed):
+            log.info(
+                "dcgm",
+                step=str(step),
+                available=self._watch.available,
+                armed=self._watch.armed,
+                detail=self._watch.detail,
+            )
+        self.view = dataclasses.replace(self.view, dcgm_status=self._dcgm_status())
+        return step
+
+    def _dcgm_status(self) -> readings.DcgmStatus:
+        host = self._dcgm.hostengine
+        if not self._settings.dcgm_enabled:
+            return readings.DcgmStatus(False, "disabled by setting", host)
+        if not self._dcgm.installed:
+            return readings.DcgmStatus(False, self._dcgm.missing, host)
+        w = self._watch
+        return readings.DcgmStatus(
+            available=w.available,
+            detail=w.detail,
+            hostengine=host,
+            failures=w.failures,
+            retry_at=None if w.available else w.next_at,
+            rearmed=w.rearmed,
+            last_check_at=w.last_check_at,
+        )
+
+    async def _pods_loop(self) -> None:
+        while True:
+            await self.refresh_pods()
+            await asyncio.sleep(self._settings.podresources_interval_s)
+
+    async def refresh_pods(self) -> readings.AttributionStatus:
+        """Read the kubelet's PodResources once and map allocations to this node's GPUs.
+
+        Off, with the reason, when the generated client or the socket is missing or the kubelet
+        does not answer: the GPU series then carry no pod labels, as with dcgm-exporter.
+        """
+        cfg = self._settings
+        socket = cfg.podresources_socket
+        if socket is None or not cfg.pod_labels:
+            return self._pods_off("off by setting", "")
+        if self._pod_client is None:
+            try:
+                self._pod_client = podresources.Client(
+                    cfg.podresources_client_dir, socket, timeout_s=cfg.podresources_timeout_s
+                )
+            except podresources.PodResourcesError as err:
+                return self._pods_off(f"off: {err}", str(socket))
+        if not socket.exists():
+            return self._pods_off(f"off: the kubelet socket {socket} does not exist", str(socket))
+        try:
+            devices, claims = await self._pod_client.list()
+        except podresources.PodResourcesError as err:
+            return self._pods_off(f"off: {err}", str(socket))
+        missing = attribution.mig_ids(devices, cfg.podresources_resources) - set(self._mig_parents)
+        for mig in sorted(missing):
+            parent = await asyncio.to_thread(self._probe.mig_parent, mig)
+            if parent is not None:
+                self._mig_parents[mig] = parent
+        self._pods = attribution.attribute(
+            devices,
+            claims,
+            [attribution.Gpu(d.index, d.uuid) for d in self._probe.devices],
+            resources=cfg.podresources_resources,
+            dra_driver=cfg.dra_driver,
+            dra_table=cfg.dra_devices,
+            mig_parents=self._mig_parents,
+        )
+        self._pods_status = readings.AttributionStatus(
+            True,
+            f"{len(self._pods.pods)} of {len(self._probe.devices)} GPUs allocated to pods",
+            str(socket),
+            self._clock(),
+            {k: str(v) for k, v in self._pod_client.source.items()},
+        )
+        self.view = dataclasses.replace(
+            self.view, pods=self._pods, attribution_status=self._pods_status
+        )
+        return self._pods_status
+
+    def _pods_off(self, detail: str, socket: str) -> readings.AttributionStatus:
+        if detail != self._pods_status.detail:
+            log.info("pod_attribution", enabled=False, detail=detail)
+        client = self._pod_client.source if self._pod_client is not None else {}
+        self._pods = attribution.Attribution()
+        self._pods_status = readings.AttributionStatus(
+            False, detail, socket, self._clock(), {k: str(v) for k, v in client.items()}
+        )
+        self.view = dataclasses.replace(
+            self.view, pods=self._pods, attribution_status=self._pods_status
+        )
+        return self._pods_status
 
     def _take_events(self) -> list[readings.XidEvent]:
         by_pci = {
@@ -314,9 +461,10 @@ class Monitor:
                     self._force_counters = False
                     self._counters_due_at = time.monotonic() + self._settings.counter_interval_s
         nvml_ok = self.view.nvml_available and self._hung_pass is None
-        fresh, self._recent = dedupe.dedupe(
+        deduped = dedupe.dedupe(
             self._recent, events, window_s=self._settings.xid_dedupe_window_s, now=now
         )
+        fresh, self._recent = deduped.fresh, deduped.recent
         for event in fresh:
             if event.gpu_index is not None:
                 queue = self._recent_events.setdefault(
@@ -343,6 +491,8 @@ class Monitor:
                 health_check=self._last_health,
                 nvml_available=nvml_ok,
                 kmsg_seq=self._kmsg_seq,
+                twins=deduped.twins,
+                driver_version=self.view.driver_version,
             ),
             policy,
             now,
@@ -407,6 +557,17 @@ class Monitor:
             log.error("nvml_probe_hung", timeout_s=self._settings.probe_timeout_s)
             return None
 
+    def _nvml_calls(self) -> dict[str, str]:
+        calls: dict[str, str] = {}
+        if self._probe.memory_version is not None:
+            calls["memoryInfo"] = f"v{self._probe.memory_version}"
+        if self._probe.clock_reasons_call:
+            calls["clockReasons"] = self._probe.clock_reasons_call
+        if self._watcher is not None and self._watcher.registered:
+            masks = {f"0x{m:x}" for m in self._watcher.registered.values()}
+            calls["eventTypes"] = ",".join(sorted(masks))
+        return calls
+
     def _nvml_ok_detail(self) -> str:
         return f"{len(self._probe.devices)} GPUs"
 
@@ -436,6 +597,7 @@ class Monitor:
             debounce_s=self._settings.debounce_s,
             app_xid_display_s=self._settings.app_xid_display_s,
             dcgm_present=self.view.dcgm_status.available,
+            nvlink5_decode_window_s=self._settings.nvlink5_decode_window_s,
         )
 
     def _set_view(self, **changes: Any) -> None:
@@ -446,11 +608,14 @@ class Monitor:
             last_xid=dict(self._last_xid),
             last_diag=self._last_diag,
             last_health=self._last_health,
-            dcgm_status=self._dcgm.status,
+            dcgm_status=self._dcgm_status(),
             diag_running=self._dcgm.running_level,
             probe_errors=dict(self._probe.errors),
             kmsg_detail=self._kmsg.error if self._kmsg else "",
             events_registered=len(self._watcher.registered) if self._watcher else 0,
+            nvml_calls=self._nvml_calls(),
+            pods=self._pods,
+            attribution_status=self._pods_status,
             enumeration_errors=dict(self._probe.enumeration_errors),
             state_detail="; ".join(d for d in (self._state_problem, self._state_write_error) if d),
             **changes,

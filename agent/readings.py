@@ -90,6 +90,14 @@ class XidEvent(heartbeat.WireModel):
     pci_bus_id: str = ""
     message: str = ""
     kmsg_seq: int | None = None
+    unit: str = ""
+    """Xid 144-150: the subcode unit the kernel-log line names (`NETIR_LINK_EVT`)."""
+    intr_info: int | None = None
+    """Xid 144-150: the IntrInfo register of the kernel-log line (NVML's event lacks it)."""
+    error_status: int | None = None
+    """Xid 144-150: the error-status register of the kernel-log line."""
+    recovery_action: int | None = None
+    """Xid 154: the recovery action the kernel-log line says it changed to."""
 
 
 class DiagStatus(enum.StrEnum):
@@ -102,7 +110,7 @@ class DiagStatus(enum.StrEnum):
 
 
 class DiagFinding(heartbeat.WireModel):
-    """One failed or warned test for one GPU."""
+    """One failed or warned test for one GPU (or for the node: see `DiagResult.node_findings`)."""
 
     test: str
     status: DiagStatus
@@ -110,6 +118,8 @@ class DiagFinding(heartbeat.WireModel):
     error_id: int | None = None
     severity: int | None = None
     """DCGM error severity: MONITOR=1, ISOLATE=2, UNKNOWN=3, TRIAGE=4, CONFIG=5, RESET=6."""
+    category: int | None = None
+    """DCGM error category (`DCGM_FR_EC_*`), when the layout prints one (3.3 on)."""
 
 
 class GpuDiag(heartbeat.WireModel):
@@ -131,9 +141,17 @@ class DiagResult(heartbeat.WireModel):
     error: str = ""
     """Set when the run itself failed (timeout, dcgmi error, runtime_error); no GPU verdict then."""
     dcgm_version: str = ""
+    node_findings: tuple[DiagFinding, ...] = ()
+    """Failures tied to no GPU: the software/deployment checks of 3.x, results without an
+    entity or of another entity group (CPU) and errors only in a 4.x `test_summary`. They
+    concern every GPU of the run, never GPU 0 in particular."""
+    layout: str = ""
+    """Which dcgmi JSON layout was read: `4.x`, `3.3` (gpu_id, warning objects) or `3.0-3.2`
+    (gpu_ids, warnings as one string)."""
 
 
-HealthValue = Literal["Healthy", "Warning", "Failure"]
+HealthValue = Literal["Healthy", "Warning", "Failure", "Unknown"]
+"""DCGM's health strings; `Unknown` stands for its "Internal error"."""
 
 
 class GpuHealth(heartbeat.WireModel):
@@ -144,12 +162,23 @@ class GpuHealth(heartbeat.WireModel):
     incidents: tuple[str, ...] = ()
 
 
+class EntityHealth(heartbeat.WireModel):
+    """`dcgmi health -c -j` for an entity that is not a GPU (an NVSwitch, a CPU)."""
+
+    entity: str
+    """`<group> <id>`, as DCGM names it (`Switch 0`)."""
+    value: HealthValue
+    incidents: tuple[str, ...] = ()
+
+
 class HealthCheck(heartbeat.WireModel):
     """One `dcgmi health -c -j` run."""
 
     at: dt.datetime
     overall: HealthValue
     gpus: tuple[GpuHealth, ...] = ()
+    others: tuple[EntityHealth, ...] = ()
+    """Entities that are not GPUs; a failure there concerns the whole node."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -159,3 +188,22 @@ class DcgmStatus:
     available: bool
     detail: str
     hostengine: str
+    failures: int = 0
+    """dcgmi calls that failed in a row."""
+    retry_at: dt.datetime | None = None
+    """When the next attempt is due while DCGM is unavailable."""
+    rearmed: int = 0
+    """How often the health watches were set again (a host-engine restart, a failed check)."""
+    last_check_at: dt.datetime | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class AttributionStatus:
+    """What `/v1/gpus` says about pod attribution."""
+
+    enabled: bool
+    detail: str
+    socket: str = ""
+    refreshed_at: dt.datetime | None = None
+    client: dict[str, str] = dataclasses.field(default_factory=dict)
+    """Where the generated client came from (module, version, go.sum hash, proto digest)."""

@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import pathlib
+import re
 import socket
 
 import pydantic
 import pydantic_settings
+
+_LABEL = re.compile(r"\A[a-zA-Z_][a-zA-Z0-9_]*\Z")
+_TAKEN = frozenset(
+    {"gpu", "UUID", "pci_bus_id", "device", "modelName", "DCGM_FI_DRIVER_VERSION",
+     "err_code", "err_msg", "pod", "namespace", "container"}
+)  # fmt: skip
 
 
 class Settings(pydantic_settings.BaseSettings):
@@ -70,6 +77,12 @@ class Settings(pydantic_settings.BaseSettings):
     """Thermal and clock-event findings count only after persisting this long (60 s)."""
     app_xid_display_s: float = pydantic.Field(default=60.0, ge=0)
     """How long an application Xid shows as a RestartApp reason before it is only a count."""
+    nvlink5_decode_window_s: float = pydantic.Field(default=300.0, gt=0)
+    """How long an Xid 144-150 seen without its kernel-log line stays Degraded/Inspect-pending:
+    NVIDIA decides these per subcode, which only the kernel log carries. Five minutes lets the
+    kernel-log reader catch up (it reads back to boot at start) and stays well short of the
+    controller's 30-minute Degraded drain, so an undecoded event never evicts work by itself;
+    after it the Xid is only counted."""
     recent_events: int = pydantic.Field(default=50, ge=0, le=10_000)
     """Recent Xid events kept per GPU for `/v1/gpus`."""
 
@@ -81,6 +94,12 @@ class Settings(pydantic_settings.BaseSettings):
     """nv-hostengine address (`--host`), e.g. the GPU Operator's `nvidia-dcgm` service."""
     dcgm_health_interval_s: float = pydantic.Field(default=60.0, gt=0)
     """Seconds between `dcgmi health -c -j` reads; DCGM needs about a minute of samples."""
+    dcgm_retry_initial_s: float = pydantic.Field(default=5.0, gt=0)
+    """First wait before setting the health watches again after DCGM did not answer; doubles
+    on each failure. Short, because a host-engine restart takes seconds."""
+    dcgm_retry_max_s: float = pydantic.Field(default=300.0, gt=0)
+    """Cap of that backoff: an absent DCGM is tried every five minutes for as long as the agent
+    runs, so one that comes up later is found without a restart."""
     dcgm_command_timeout_s: float = pydantic.Field(default=30.0, gt=0)
     """Timeout of `dcgmi health` and discovery calls."""
     diag_timeout_level1_s: float = pydantic.Field(default=120.0, gt=0)
@@ -97,7 +116,35 @@ class Settings(pydantic_settings.BaseSettings):
     """Serve the dcgm-exporter `DCGM_FI_*` families; turn off where dcgm-exporter already runs
     on the node so series are never duplicated."""
     hostname_label: bool = True
-    """Add dcgm-exporter's `Hostname` label (like its default; `--no-hostname` drops it)."""
+    """Add dcgm-exporter's host label (like its default; `--no-hostname` drops it)."""
+    host_label: str = "Hostname"
+    """The host label's name. dcgm-exporter's releases up to 4.5.3-4.8.2 say `Hostname`; its
+    main branch renamed it `hostname` (#655, in no release yet), so set `hostname` to match an
+    exporter built from there, and keep one spelling across a fleet."""
+    pod_labels: bool = True
+    """Add `pod`, `namespace` and `container` to the GPU series of allocated GPUs, as
+    dcgm-exporter does with its Kubernetes mapping on (its chart's default)."""
+    podresources_socket: pathlib.Path | None = pathlib.Path(
+        "/var/lib/kubelet/pod-resources/kubelet.sock"
+    )
+    """The kubelet's PodResources socket (the chart mounts its directory read-only); None turns
+    attribution off. dcgm-exporter's default path."""
+    podresources_client_dir: pathlib.Path = pathlib.Path("/opt/taugrid/podresources")
+    """Where the generated PodResources client lives (`devcluster/podresources.py build
+    --out`); the image builds it there. Absent: attribution is off, said in /v1/gpus."""
+    podresources_interval_s: float = pydantic.Field(default=10.0, gt=0)
+    """Seconds between PodResources reads, a tier of its own: pods come and go in seconds to
+    minutes, and one List a period is cheap for the kubelet (dcgm-exporter reads per scrape)."""
+    podresources_timeout_s: float = pydantic.Field(default=5.0, gt=0)
+    """Timeout of one List call; a kubelet that does not answer leaves the last mapping out."""
+    podresources_resources: tuple[str, ...] = ("nvidia.com/gpu",)
+    """Device-plugin resources that hold NVIDIA GPUs (dcgm-exporter's `--nvidia-resource-
+    names`); `nvidia.com/mig-*` resources always count."""
+    dra_driver: str = "gpu.nvidia.com"
+    """The DRA driver whose claimed devices are GPUs (NVIDIA's)."""
+    dra_devices: dict[str, str] = pydantic.Field(default_factory=dict)
+    """DRA device name (or `pool/device`) -> GPU UUID, for a driver that does not name whole
+    GPUs `gpu-<NVML index>` as NVIDIA's does; JSON in the environment."""
 
     auth_enabled: bool = True
     """Authenticate `POST /v1/diag` and `/v1/release` with TokenReview + SubjectAccessReview;
@@ -112,6 +159,17 @@ class Settings(pydantic_settings.BaseSettings):
     """JSON logs (None: JSON unless stderr is a terminal)."""
     shutdown_grace_s: float = pydantic.Field(default=5.0, ge=0)
     """Seconds between readiness going false and the sites stopping on SIGTERM."""
+
+    @pydantic.field_validator("host_label")
+    @classmethod
+    def _host_label_name(cls, value: str) -> str:
+        if not _LABEL.fullmatch(value):
+            msg = f"host_label: {value!r} is not a Prometheus label name"
+            raise ValueError(msg)
+        if value in _TAKEN:
+            msg = f"host_label: {value!r} is already one of the GPU series' labels"
+            raise ValueError(msg)
+        return value
 
     @pydantic.field_validator("node_name")
     @classmethod

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 
-from agent import latching, readings, verdicts
+from agent import attribution, latching, readings, verdicts
 from shared import heartbeat
 
 
@@ -42,10 +42,18 @@ class View:
     kmsg_detail: str = ""
     events_registered: int = 0
     """GPUs whose NVML event registration succeeded (Xid events before that are kmsg-only)."""
+    nvml_calls: dict[str, str] = dataclasses.field(default_factory=dict)
+    """Which NVML variants this driver answers: `memoryInfo` (v2/v1), `clockReasons`
+    (EventReasons/ThrottleReasons), `eventTypes` (the mask registered, per GPU 0)."""
     enumeration_errors: dict[int, str] = dataclasses.field(default_factory=dict)
     """GPU index -> why NVML could not enumerate it (retried every counter pass)."""
     state_detail: str = ""
     """What is wrong with the state file (set aside at start, or not writable); '' when fine."""
+    pods: attribution.Attribution = dataclasses.field(default_factory=attribution.Attribution)
+    """Which pod each GPU is allocated to (the kubelet's PodResources, its own tier)."""
+    attribution_status: readings.AttributionStatus = dataclasses.field(
+        default_factory=lambda: readings.AttributionStatus(False, "not started")
+    )
 
 
 def build_heartbeat(

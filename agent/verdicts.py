@@ -21,17 +21,25 @@ CLOCK_EVENT_HW_THERMAL_SLOWDOWN = 0x40
 CLOCK_EVENT_HW_POWER_BRAKE_SLOWDOWN = 0x80
 
 RECOVERY_ACTION_NONE = 0
-_RECOVERY_ACTIONS: dict[int, tuple[str, health.Verdict, health.Action, str]] = {
+RECOVERY_ACTIONS: dict[int, tuple[str, health.Verdict, health.Action, str]] = {
     1: ("RecoveryActionGpuReset", health.Verdict.FAILED, health.Action.RESET_GPU, "GPU_RESET"),
     2: ("RecoveryActionNodeReboot", health.Verdict.FAILED, health.Action.REBOOT_NODE,
         "NODE_REBOOT"),
     3: ("RecoveryActionDrainP2p", health.Verdict.DEGRADED, health.Action.RESET_GPU, "DRAIN_P2P"),
     4: ("RecoveryActionDrainAndReset", health.Verdict.DEGRADED, health.Action.RESET_GPU,
         "DRAIN_AND_RESET"),
+    5: ("RecoveryActionRecoverImexDomain", health.Verdict.DEGRADED, health.Action.NONE,
+        "RECOVER_IMEX_DOMAIN"),
     6: ("RecoveryActionBusReset", health.Verdict.FAILED, health.Action.RESET_GPU, "BUS_RESET"),
     7: ("RecoveryActionSystemReboot", health.Verdict.FAILED, health.Action.REBOOT_NODE,
         "SYSTEM_REBOOT"),
 }  # fmt: skip
+"""NVML's `nvmlDeviceGpuRecoveryAction_t` values 1-7 (0 is NONE) and what each asks of us.
+
+RECOVER_IMEX_DOMAIN is no GPU reset: the node's IMEX domain (GB200 multi-node NVLink) must be
+recovered, which none of our actions does, so it keeps new work off (Degraded) for as long as
+NVML reports it and latches nothing. A value NVML adds later reads Degraded/None, named.
+"""
 
 # DCGM error severities (reference nvml-dcgm.md section 4).
 _SEVERITY_MONITOR = 1
@@ -47,6 +55,8 @@ class Policy:
     debounce_s: float = 60.0
     app_xid_display_s: float = 60.0
     dcgm_present: bool = False
+    nvlink5_decode_window_s: float = 300.0
+    """How long an Xid 144-150 without its kernel-log decode stays Degraded/Inspect-pending."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -84,6 +94,11 @@ class Inputs:
     nvml_available: bool = True
     kmsg_seq: int | None = None
     """The newest kernel-log record read this pass, folded or deduplicated away."""
+    twins: Sequence[readings.XidEvent] = ()
+    """Kernel-log lines whose NVML twin was counted already: not counted again, but an Xid
+    144-150 line is the only carrier of the decode NVIDIA's table needs."""
+    driver_version: str = ""
+    """The driver's version string; it tells the NVLink5 IntrInfo encoding (R575+: V2)."""
 
 
 def evaluate_node(
@@ -98,10 +113,18 @@ def evaluate_node(
     for event in inputs.xids:
         if event.gpu_index is not None:
             xids_by_index.setdefault(event.gpu_index, []).append(event)
+    twins_by_index: dict[int, list[readings.XidEvent]] = {}
+    for event in inputs.twins:
+        if event.gpu_index is not None:
+            twins_by_index.setdefault(event.gpu_index, []).append(event)
     health_by_index = (
         {g.gpu_index: g for g in inputs.health_check.gpus} if inputs.health_check else {}
     )
-    diag_by_index = {g.gpu_index: g for g in inputs.diag.gpus} if inputs.diag else {}
+    node_health = tuple(
+        e
+        for e in (inputs.health_check.others if inputs.health_check else ())
+        if e.value == "Failure"
+    )
 
     verdicts: list[GpuVerdict] = []
     seen: set[str] = set()
@@ -114,11 +137,14 @@ def evaluate_node(
             previous,
             snapshot,
             xids_by_index.get(snapshot.index, ()),
-            diag=_diag_for(inputs.diag, diag_by_index.get(snapshot.index)),
+            diag=_diag_for(inputs.diag, snapshot.index),
             gpu_health=health_by_index.get(snapshot.index),
+            node_health=node_health,
             boot_id=inputs.boot_id,
             policy=policy,
             now=now,
+            twins=twins_by_index.get(snapshot.index, ()),
+            driver_version=inputs.driver_version,
         )
         gpus[snapshot.uuid] = gpu
         verdicts.append(verdict)
@@ -161,10 +187,16 @@ def evaluate_node(
 
 
 def _diag_for(
-    result: readings.DiagResult | None, gpu: readings.GpuDiag | None
+    result: readings.DiagResult | None, index: int
 ) -> tuple[readings.DiagResult, readings.GpuDiag] | None:
-    if result is None or gpu is None or result.error:
+    """The diagnostic as one GPU sees it: its own outcome, or only the node-wide findings."""
+    if result is None or result.error:
         return None
+    gpu = next((g for g in result.gpus if g.gpu_index == index), None)
+    if gpu is None:
+        if not result.node_findings:
+            return None
+        gpu = readings.GpuDiag(gpu_index=index, status=readings.DiagStatus.SKIP)
     return result, gpu
 
 
@@ -183,6 +215,7 @@ def _on_new_boot(gpu: latching.GpuState, now: dt.datetime) -> latching.GpuState:
             "pending_since": {},
             "nvlinks_seen_up": (),
             "app_xids": (),
+            "nvlink5_pending": (),
             "last_ecc_dbe": None,
             "last_ecc_sbe_volatile": None,
             "last_ecc_dbe_volatile": None,
@@ -247,6 +280,9 @@ def evaluate_gpu(
     boot_id: str,
     policy: Policy,
     now: dt.datetime,
+    node_health: Sequence[readings.EntityHealth] = (),
+    twins: Iterable[readings.XidEvent] = (),
+    driver_version: str = "",
 ) -> tuple[latching.GpuState, GpuVerdict]:
     """Apply the fault table to one GPU; return its new state and verdict."""
     state = previous.model_copy(
@@ -272,7 +308,11 @@ def evaluate_gpu(
     if diag is not None and new_diag:
         result, gpu_diag = diag
         state = state.model_copy(update={"last_diag_at": result.finished_at})
-        if gpu_diag.status in (readings.DiagStatus.PASS, readings.DiagStatus.SKIP):
+        node_bad = any(
+            f.status in (readings.DiagStatus.FAIL, readings.DiagStatus.WARN)
+            for f in result.node_findings
+        )
+        if gpu_diag.status in (readings.DiagStatus.PASS, readings.DiagStatus.SKIP) and not node_bad:
             diag_passed_at = result.finished_at
 
     # 2. Findings: events first, then levels.
@@ -281,13 +321,43 @@ def evaluate_gpu(
     counts = dict(state.xid_counts)
     reset_xids = [o for o in state.reset_xids if _age_s(now, o.at) <= policy.escalation_window_s]
     app_xids = [o for o in state.app_xids if _age_s(now, o.at) <= policy.app_xid_display_s]
-    for event in sorted(xids, key=lambda e: e.at):
-        counts[event.xid] = counts.get(event.xid, 0) + 1
+    nvlink5_pending = [
+        o for o in state.nvlink5_pending if _age_s(now, o.at) <= policy.nvlink5_decode_window_s
+    ]
+    r575 = xid.driver_is_r575_or_newer(driver_version)
+    ordered = [(e, True) for e in xids] + [(e, False) for e in twins]
+    for event, counted in sorted(ordered, key=lambda pair: (pair[0].at, not pair[1])):
+        if counted:
+            counts[event.xid] = counts.get(event.xid, 0) + 1
+        entry = xid.lookup(event.xid)
+        if entry.xid_class is xid.XidClass.NVLINK5:
+            outcome = _nvlink5_outcome(event, entry, r575)
+            if outcome is None:
+                if counted:
+                    nvlink5_pending.append(
+                        latching.XidOccurrence(
+                            xid=event.xid, at=event.at, detail=_undecoded_why(event)
+                        )
+                    )
+                continue
+            nvlink5_pending = _drop_first(nvlink5_pending, event.xid)
+            bucket, text = outcome
+            if bucket == "XID_154_EVAL":
+                app_xids.append(latching.XidOccurrence(xid=event.xid, at=event.at, detail=text))
+            elif bucket == "RESET_GPU":
+                findings.append(_reset_finding(event, entry.reason, text, reset_xids, policy))
+                reset_xids.append(latching.XidOccurrence(xid=event.xid, at=event.at))
+            continue
+        if not counted:
+            if event.xid == 154 and snapshot.recovery_action is None:
+                finding = _recovery_finding(event.recovery_action, "the Xid 154 kernel-log line")
+                if finding is not None:
+                    findings.append(finding)
+            continue
         finding = _xid_finding(event, snapshot, reset_xids, policy)
         if finding is not None:
             findings.append(finding)
-        entry = xid.lookup(event.xid)
-        if event.xid in xid.APPLICATION_XIDS:
+        if entry.xid_class is xid.XidClass.APPLICATION:
             app_xids.append(latching.XidOccurrence(xid=event.xid, at=event.at))
         elif entry.xid_class is xid.XidClass.RESET:
             reset_xids.append(latching.XidOccurrence(xid=event.xid, at=event.at))
@@ -298,15 +368,39 @@ def evaluate_gpu(
                 code=entry.reason,
                 verdict=health.Verdict.HEALTHY,
                 action=health.Action.RESTART_APP,
-                message=f"Xid {occurrence.xid}: {entry.description} (the application's fault)",
+                message=occurrence.detail
+                or f"Xid {occurrence.xid}: {entry.description} (the application's fault)",
+                xid=occurrence.xid,
+                since=occurrence.at,
+            )
+        )
+    for occurrence in nvlink5_pending:
+        entry = xid.lookup(occurrence.xid)
+        transient.append(
+            heartbeat.Reason(
+                code="XidNvLink5Undecoded",
+                verdict=health.Verdict.DEGRADED,
+                action=health.Action.INSPECT,
+                message=(
+                    f"Xid {occurrence.xid} ({entry.mnemonic}): {occurrence.detail}; NVIDIA "
+                    "decides Xid 144-150 per subcode, so this waits for the kernel-log line "
+                    f"for up to {policy.nvlink5_decode_window_s:g} s (never escalated)"
+                )[:1024],
                 xid=occurrence.xid,
                 since=occurrence.at,
             )
         )
     level, pending = _level_findings(state, snapshot, gpu_health, policy, now)
     findings.extend(level)
-    if diag is not None and new_diag:
-        findings.extend(_diag_findings(diag[1]))
+    findings.extend(_node_health_findings(node_health))
+    if diag is not None:
+        # A finding that latches is folded once; one that does not stays visible for as long
+        # as this is the last diagnostic.
+        findings.extend(
+            f
+            for f in _diag_findings(diag[1], diag[0].node_findings)
+            if new_diag or latching.clearing_for(f.action) is None
+        )
 
     # 3. Latch what latches, keep the rest for this pass only.
     latched = list(state.latched)
@@ -349,6 +443,7 @@ def evaluate_gpu(
             "latched": tuple(kept),
             "reset_xids": tuple(reset_xids),
             "app_xids": tuple(app_xids),
+            "nvlink5_pending": tuple(nvlink5_pending),
             "pending_since": pending,
             "nvlinks_seen_up": tuple(sorted(nvlinks_up)),
             "xid_counts": counts,
@@ -422,7 +517,7 @@ def _xid_finding(
 ) -> Finding | None:
     entry = xid.lookup(event.xid)
     label = f"Xid {event.xid} ({entry.mnemonic}): {entry.description}"
-    if event.xid in xid.APPLICATION_XIDS:
+    if entry.xid_class is xid.XidClass.APPLICATION:
         return None
     if entry.xid_class is xid.XidClass.REBOOT:
         return Finding(
@@ -431,24 +526,7 @@ def _xid_finding(
     if entry.xid_class is xid.XidClass.INSPECT:
         return Finding(entry.reason, health.Verdict.FAILED, health.Action.INSPECT, label, event.xid)
     if entry.xid_class is xid.XidClass.RESET:
-        repeats = [
-            o
-            for o in reset_xids
-            if o.xid == event.xid and 0 <= _age_s(event.at, o.at) <= policy.escalation_window_s
-        ]
-        if repeats:
-            hours = policy.escalation_window_s / 3600
-            return Finding(
-                "XidRepeated",
-                health.Verdict.FAILED,
-                health.Action.REBOOT_NODE,
-                f"{label}; seen again within {hours:g} h (first at "
-                f"{repeats[0].at.isoformat()}), a reset did not hold",
-                event.xid,
-            )
-        return Finding(
-            entry.reason, health.Verdict.FAILED, health.Action.RESET_GPU, label, event.xid
-        )
+        return _reset_finding(event, entry.reason, label, reset_xids, policy)
     if event.xid == 48:
         if snapshot.remap_failure:
             return Finding(
@@ -486,8 +564,90 @@ def _xid_finding(
             64,
         )
     # Xid 154 is read through the recovery-action field (a level finding); IGNORE-class Xids
-    # and unlisted ones are counted only.
+    # (157 among them: NVIDIA says workloads may still run) and unlisted ones are counted only.
     return None
+
+
+def _reset_finding(
+    event: readings.XidEvent,
+    reason: str,
+    label: str,
+    reset_xids: Sequence[latching.XidOccurrence],
+    policy: Policy,
+) -> Finding:
+    """A reset-class Xid: ResetGPU, or RebootNode when the same Xid came back within the window."""
+    repeats = [
+        o
+        for o in reset_xids
+        if o.xid == event.xid and 0 <= _age_s(event.at, o.at) <= policy.escalation_window_s
+    ]
+    if repeats:
+        hours = policy.escalation_window_s / 3600
+        return Finding(
+            "XidRepeated",
+            health.Verdict.FAILED,
+            health.Action.REBOOT_NODE,
+            f"{label}; seen again within {hours:g} h (first at "
+            f"{repeats[0].at.isoformat()}), a reset did not hold",
+            event.xid,
+        )
+    return Finding(reason, health.Verdict.FAILED, health.Action.RESET_GPU, label, event.xid)
+
+
+def _nvlink5_outcome(
+    event: readings.XidEvent, entry: xid.XidEntry, r575: bool | None
+) -> tuple[str, str] | None:
+    """Decode an Xid 144-150 by NVIDIA's sheet: (bucket, message), or None if undecoded."""
+    if event.intr_info is None:
+        return None
+    decode = xid.decode_nvlink5(event.xid, event.intr_info, event.error_status, r575=r575)
+    if decode is None or decode.bucket not in xid.NVLINK5_BUCKET_RANK:
+        return None
+    rule = decode.rule
+    status = "any" if event.error_status is None else f"0x{event.error_status:08x}"
+    text = (
+        f"Xid {event.xid} ({entry.mnemonic}) {rule.unit}, IntrInfo 0x{event.intr_info:08x}, "
+        f"error status {status}: NVIDIA's decode says {decode.bucket}"
+        f"{' (action 2)' if decode.by_action2 else ''}, severity {rule.severity or '?'}, "
+        f"investigate: {rule.investigatory or '-'}"
+    )
+    if decode.bucket == "XID_154_EVAL":
+        text += "; follow an accompanying Xid 154, else restart the application"
+    return decode.bucket, text[:1024]
+
+
+def _undecoded_why(event: readings.XidEvent) -> str:
+    if event.intr_info is None:
+        if event.source is readings.XidSource.NVML:
+            return "seen through NVML, whose event carries no subcode"
+        return "its kernel-log line carries no IntrInfo/error-status registers"
+    status = "none" if event.error_status is None else f"0x{event.error_status:08x}"
+    return (
+        f"no row of NVIDIA's decode matches {event.unit or 'its unit'} IntrInfo "
+        f"0x{event.intr_info:08x}, error status {status}"
+    )
+
+
+def _drop_first(pending: list[latching.XidOccurrence], code: int) -> list[latching.XidOccurrence]:
+    for i, occurrence in enumerate(pending):
+        if occurrence.xid == code:
+            return pending[:i] + pending[i + 1 :]
+    return pending
+
+
+def _recovery_finding(value: int | None, source: str) -> Finding | None:
+    """NVIDIA's recovery action as a finding (None for NONE or no reading)."""
+    if value is None or value == RECOVERY_ACTION_NONE:
+        return None
+    if value in RECOVERY_ACTIONS:
+        code, verdict, action, name = RECOVERY_ACTIONS[value]
+        return Finding(code, verdict, action, f"{source} says {name}")
+    return Finding(
+        "RecoveryActionUnknown",
+        health.Verdict.DEGRADED,
+        health.Action.NONE,
+        f"{source} says {value}, a recovery action this agent does not know",
+    )
 
 
 def _level_findings(
@@ -578,11 +738,9 @@ def _level_findings(
                     f"NVLink {', '.join(map(str, down))} went down after being up",
                 )
             )
-    if snapshot.recovery_action and snapshot.recovery_action in _RECOVERY_ACTIONS:
-        code, verdict, action, name = _RECOVERY_ACTIONS[snapshot.recovery_action]
-        findings.append(
-            Finding(code, verdict, action, f"NVIDIA's recovery-action field says {name}")
-        )
+    recovery = _recovery_finding(snapshot.recovery_action, "NVIDIA's recovery-action field")
+    if recovery is not None:
+        findings.append(recovery)
     if gpu_health is not None and gpu_health.value == "Failure":
         findings.append(
             Finding(
@@ -621,17 +779,62 @@ def _level_findings(
     return findings, pending
 
 
-def _diag_findings(gpu: readings.GpuDiag) -> list[Finding]:
-    if gpu.status is not readings.DiagStatus.FAIL:
-        return []
-    failed = [f for f in gpu.findings if f.status is readings.DiagStatus.FAIL] or list(gpu.findings)
-    severities = [f.severity for f in failed if f.severity is not None]
-    text = "; ".join(f"{f.test}: {f.message}" for f in failed) or "diagnostic failed"
+def _diag_findings(
+    gpu: readings.GpuDiag, node: Sequence[readings.DiagFinding] = ()
+) -> list[Finding]:
+    out: list[Finding] = []
+    bad = [f for f in node if f.status in (readings.DiagStatus.FAIL, readings.DiagStatus.WARN)]
+    # A GPU that ran only the node-wide checks takes their outcome as its status; the node
+    # finding below says so once, not again as this GPU's own failure.
+    if gpu.status is readings.DiagStatus.FAIL and (gpu.findings or not bad):
+        failed = [f for f in gpu.findings if f.status is readings.DiagStatus.FAIL] or list(
+            gpu.findings
+        )
+        text = "; ".join(f"{f.test}: {f.message}" for f in failed) or "diagnostic failed"
+        out.append(_by_severity("DcgmDiagFailed", "DcgmDiagWarning", failed, text, node=False))
+    if bad:
+        text = "node-wide, not tied to a GPU: " + "; ".join(
+            f"{f.test}: {f.message}" if f.message else f.test for f in bad
+        )
+        out.append(
+            _by_severity("DcgmDiagNodeFailed", "DcgmDiagNodeWarning", bad, text[:1024], node=True)
+        )
+    return out
+
+
+def _by_severity(
+    failed_code: str,
+    warning_code: str,
+    findings: Sequence[readings.DiagFinding],
+    text: str,
+    *,
+    node: bool,
+) -> Finding:
+    """Map DCGM's error severities onto a finding (DESIGN.md section 5)."""
+    severities = [f.severity for f in findings if f.severity is not None]
     if severities and max(severities) == _SEVERITY_RESET:
-        return [Finding("DcgmDiagFailed", health.Verdict.FAILED, health.Action.RESET_GPU, text)]
+        return Finding(failed_code, health.Verdict.FAILED, health.Action.RESET_GPU, text)
     if severities and all(s in (_SEVERITY_MONITOR, _SEVERITY_CONFIG) for s in severities):
-        return [Finding("DcgmDiagWarning", health.Verdict.DEGRADED, health.Action.NONE, text)]
-    return [Finding("DcgmDiagFailed", health.Verdict.FAILED, health.Action.INSPECT, text)]
+        return Finding(warning_code, health.Verdict.DEGRADED, health.Action.NONE, text)
+    if node and not severities:
+        # DCGM 3.0-3.2 print no severity at all: a node-wide deployment finding is shown and
+        # keeps new work off, but is no reason to latch every GPU of the node for a person.
+        return Finding(warning_code, health.Verdict.DEGRADED, health.Action.NONE, text)
+    return Finding(failed_code, health.Verdict.FAILED, health.Action.INSPECT, text)
+
+
+def _node_health_findings(entities: Sequence[readings.EntityHealth]) -> list[Finding]:
+    if not entities:
+        return []
+    text = "; ".join(f"{e.entity}: " + ("; ".join(e.incidents) or e.value) for e in entities)
+    return [
+        Finding(
+            "DcgmHealthNodeFailure",
+            health.Verdict.DEGRADED,
+            health.Action.NONE,
+            f"DCGM health watch failure, node-wide: {text}"[:1024],
+        )
+    ]
 
 
 def _latched_reason(fault: latching.LatchedFault, policy: Policy) -> heartbeat.Reason:

@@ -1,25 +1,37 @@
 """The Xid catalog: what each NVIDIA Xid means and what it asks of us.
 
-Each entry cites NVIDIA's Xid catalog for Ampere and newer
-(docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html), columns "Resolution Bucket
-(Immediate Action)" and "(Investigatory Action)", as mirrored in leptonai/gpud
-`components/accelerator/nvidia/xid/catalog_generated.go` (generated 2025-10). `xid_class` is our
-reading of those buckets for the verdict (DESIGN.md section 5):
+The rows are NVIDIA's, read verbatim from its published `Xid-Catalog.xlsx`
+(docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html) into the generated module
+`shared.xid_catalog`, which records the spreadsheet's SHA-256 and date. `immediate` and
+`investigatory` are NVIDIA's "Resolution Bucket (Immediate Action)" and "(Investigatory
+Action)" cells verbatim; `mnemonic` and `description` are NVIDIA's too. What is ours is the
+reading of a bucket for the verdict, `xid_class` (DESIGN.md section 5):
 
-- `Application`: the job's fault; counted, never changes the GPU verdict (13, 31, 32, 43, 45 alone,
-  68, 69, 94 are pinned by `APPLICATION_XIDS`).
-- `Reset`: RESET_GPU bucket; the GPU fails until a reset (and escalates to a reboot on a repeat).
-- `Reboot`: RESTART_BM / RESTART_VM; only a reboot brings the GPU back.
-- `Inspect`: CHECK_MECHANICALS / hardware service; a person must look.
+- `Application` (RESTART_APP, WORKFLOW_XID_45): the job's fault; counted, never changes the GPU
+  verdict. 43 is pinned here too (DESIGN.md), though NVIDIA's bucket is IGNORE.
+- `Reset` (RESET_GPU; WORKFLOW_NVLINK_ERR, whose text says "A GPU reset or node reboot is
+  needed"; CHECK_UVM, "If UVM/vGPU is being utilized, RESET_GPU", since the agent cannot tell
+  whether a job uses CUDA managed memory): the GPU fails until a reset, and a repeat inside the
+  escalation window asks for a reboot.
+- `Reboot` (RESTART_BM, RESTART_VM): only a reboot brings the GPU back.
+- `Inspect` (CHECK_MECHANICALS; CONTACT_SUPPORT for a row NVIDIA says applies to one of its
+  listed products): a person must look.
 - `Workflow`: NVIDIA's multi-step decision, resolved by the verdict core from other readings
-  (Xid 48 and 64 by the row-remapper state, Xid 154 by the recovery-action field).
-- `Ignore`: IGNORE bucket or informational; counted only.
+  (48 and 64 by the row-remapper state, 154 by NVML's recovery-action field).
+- `NvLink5` (WORKFLOW_NVLINK5_ERR, Xid 144-150): decided per subcode by NVIDIA's "Xid 144-150
+  Decode" sheet (`decode_nvlink5`), from the IntrInfo and error-status registers that only the
+  kernel-log line carries.
+- `Ignore` (IGNORE; CONTACT_SUPPORT rows NVIDIA marks "Unused" on A100/H100/B100/GB200;
+  UPDATE_SWFW, a vGPU guest's start error; rows NVIDIA has not classified yet): counted only.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+import re
+
+from shared import xid_catalog
 
 
 class XidClass(enum.StrEnum):
@@ -30,12 +42,13 @@ class XidClass(enum.StrEnum):
     REBOOT = "Reboot"
     INSPECT = "Inspect"
     WORKFLOW = "Workflow"
+    NVLINK5 = "NvLink5"
     IGNORE = "Ignore"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class XidEntry:
-    """One catalog row; `immediate`/`investigatory` are NVIDIA's bucket names verbatim."""
+    """One catalog row; every text field but `reason` is NVIDIA's cell text verbatim."""
 
     xid: int
     mnemonic: str
@@ -45,121 +58,122 @@ class XidEntry:
     investigatory: str
     xid_class: XidClass
     description: str
+    applies_to: tuple[str, ...] = ()
+    """The products NVIDIA says the row applies to (A100, H100, B100, GB200)."""
+    xid154_linkage: str = ""
 
 
-def _e(  # noqa: PLR0917 - positional rows keep the catalog table readable
-    xid: int,
-    mnemonic: str,
-    reason: str,
-    immediate: str,
-    investigatory: str,
-    xid_class: XidClass,
-    description: str,
-) -> XidEntry:
-    return XidEntry(xid, mnemonic, reason, immediate, investigatory, xid_class, description)
+BUCKET_CLASS: dict[str, XidClass] = {
+    "RESTART_APP": XidClass.APPLICATION,
+    "WORKFLOW_XID_45": XidClass.APPLICATION,
+    "IGNORE": XidClass.IGNORE,
+    "RESET_GPU": XidClass.RESET,
+    "WORKFLOW_NVLINK_ERR": XidClass.RESET,
+    "CHECK_UVM": XidClass.RESET,
+    "RESTART_BM": XidClass.REBOOT,
+    "RESTART_VM": XidClass.REBOOT,
+    "CHECK_MECHANICALS": XidClass.INSPECT,
+    "WORKFLOW_XID_48": XidClass.WORKFLOW,
+    "XID_154": XidClass.WORKFLOW,
+    "WORKFLOW_NVLINK5_ERR": XidClass.NVLINK5,
+    "UPDATE_SWFW": XidClass.IGNORE,
+    "": XidClass.IGNORE,
+}
+"""Our reading of NVIDIA's immediate buckets; CONTACT_SUPPORT is decided by `_class_of`."""
+
+_CLASS_OVERRIDES: dict[int, XidClass] = {
+    43: XidClass.APPLICATION,  # DESIGN.md: an application Xid (NVIDIA: IGNORE, so counted anyway)
+    64: XidClass.WORKFLOW,  # NVIDIA: RESET_GPU; the row remapper tells a reset from an RMA
+}
+
+# Our reason codes for the Xids the agent had named before the catalog was generated; they
+# appear in NodeConditions and dashboards, so they stay stable. Others are derived.
+_REASONS: dict[int, str] = {
+    8: "XidIdleTimeout",
+    13: "XidGraphicsEngineException",
+    31: "XidMemoryPageFault",
+    32: "XidCorruptedPushBuffer",
+    38: "XidFecsWatchdog",
+    43: "XidChannelReset",
+    44: "XidContextSwitchFault",
+    45: "XidPreemptiveCleanup",
+    46: "XidGpuStoppedProcessing",
+    48: "XidDoubleBitEcc",
+    54: "XidAuxPowerNotConnected",
+    61: "XidPmuBreakpoint",
+    62: "XidMicroControllerHalt",
+    63: "XidRowRemapEvent",
+    64: "XidRowRemapFailure",
+    68: "XidVideoDecoderException",
+    69: "XidGraphicsClassError",
+    74: "XidNvLinkError",
+    79: "XidFallenOffBus",
+    92: "XidHighSingleBitEccRate",
+    94: "XidContainedEcc",
+    95: "XidUncontainedEcc",
+    109: "XidContextSwitchTimeout",
+    110: "XidSecurityFault",
+    119: "XidGspRpcTimeout",
+    120: "XidGspError",
+    121: "XidChipToChipError",
+    136: "XidLinkTrainingFailed",
+    140: "XidUnrecoveredEcc",
+    143: "XidGpuInitError",
+    144: "XidNvLinkSawError",
+    145: "XidNvLinkRlwError",
+    146: "XidNvLinkTlwError",
+    147: "XidNvLinkTrexError",
+    148: "XidNvLinkPowerControlError",
+    149: "XidNvLinkNetirError",
+    150: "XidNvLinkMseError",
+    151: "XidKeyRotation",
+    154: "XidRecoveryActionChanged",
+    155: "XidNvLinkSoftwareError",
+    156: "XidResourceRetirement",
+    157: "XidResourceRetirementFailure",
+    158: "XidGpuFatalTimeout",
+}
 
 
-_A = XidClass.APPLICATION
-_R = XidClass.RESET
-_B = XidClass.REBOOT
-_I = XidClass.INSPECT
-_W = XidClass.WORKFLOW
-_G = XidClass.IGNORE
+def _reason_of(code: int, mnemonic: str) -> str:
+    if code in _REASONS:
+        return _REASONS[code]
+    first = mnemonic.split("/", maxsplit=1)[0].strip().removeprefix("ROBUST_CHANNEL_")
+    words = [w for w in re.split(r"[^A-Za-z0-9]+", first) if w]
+    return ("Xid" + "".join(w.capitalize() for w in words))[:63] or f"Xid{code}"
 
-_ENTRIES: tuple[XidEntry, ...] = (
-    _e(8, "IDLE_TIMEOUT", "XidIdleTimeout", "RESTART_APP", "CONTACT_SUPPORT", _A,
-       "GPU stopped processing: idle timeout"),
-    _e(13, "GR_EXCEPTION", "XidGraphicsEngineException", "RESTART_APP", "WORKFLOW_XID_13", _A,
-       "Graphics engine exception"),
-    _e(31, "MMU_FAULT", "XidMemoryPageFault", "RESTART_APP", "WORKFLOW_XID_31", _A,
-       "GPU memory page fault"),
-    _e(32, "PBDMA_ERROR", "XidCorruptedPushBuffer", "RESTART_APP", "CHECK_APP/CUDA", _A,
-       "Invalid or corrupted push buffer stream"),
-    _e(38, "FECS_WATCHDOG", "XidFecsWatchdog", "IGNORE", "CONTACT_SUPPORT", _G,
-       "Driver firmware error (FECS watchdog)"),
-    _e(43, "RESETCHANNEL_VERIF", "XidChannelReset", "IGNORE", "CONTACT_SUPPORT", _A,
-       "GPU stopped processing (channel reset)"),
-    _e(44, "CTXSW_FAULT", "XidContextSwitchFault", "IGNORE", "CONTACT_SUPPORT", _G,
-       "Graphics engine fault during context switch"),
-    _e(45, "PREEMPTIVE_REMOVAL", "XidPreemptiveCleanup", "WORKFLOW_XID_45", "RESTART_FM", _A,
-       "Preemptive cleanup after an earlier error; alone it is the application's"),
-    _e(46, "GPU_TIMEOUT", "XidGpuStoppedProcessing", "RESET_GPU", "CONTACT_SUPPORT", _R,
-       "GPU stopped processing (timeout)"),
-    _e(48, "DBE", "XidDoubleBitEcc", "WORKFLOW_XID_48", "CONTACT_SUPPORT", _W,
-       "Double-bit ECC error; the row remapper decides reset or RMA"),
-    _e(54, "AUX_POWER", "XidAuxPowerNotConnected", "CHECK_MECHANICALS", "CONTACT_SUPPORT", _I,
-       "Auxiliary power is not connected to the GPU board"),
-    _e(61, "PMU_BREAKPOINT", "XidPmuBreakpoint", "CONTACT_SUPPORT", "CONTACT_SUPPORT", _I,
-       "Internal micro-controller breakpoint/warning (unused on Ampere and newer)"),
-    _e(62, "PMU_HALT", "XidMicroControllerHalt", "RESET_GPU", "CONTACT_SUPPORT", _R,
-       "Internal micro-controller halt"),
-    _e(63, "ECC_PAGE_RETIREMENT", "XidRowRemapEvent", "IGNORE", "IGNORE", _G,
-       "Row-remapping or page-retirement recording event"),
-    _e(64, "ECC_PAGE_RETIREMENT_FAILURE", "XidRowRemapFailure", "RESET_GPU", "CONTACT_SUPPORT",
-       _W, "Row-remapping or page-retirement recording failure"),
-    _e(68, "NVDEC0_EXCEPTION", "XidVideoDecoderException", "RESTART_APP", "CONTACT_SUPPORT", _A,
-       "NVDEC0 exception"),
-    _e(69, "GR_CLASS_ERROR", "XidGraphicsClassError", "RESTART_APP", "CONTACT_SUPPORT", _A,
-       "Graphics engine class error"),
-    _e(74, "NVLINK_ERROR", "XidNvLinkError", "WORKFLOW_NVLINK_ERR", "CONTACT_SUPPORT", _R,
-       "NVLink error; reset, replace if it recurs"),
-    _e(79, "GPU_FALLEN_OFF_BUS", "XidFallenOffBus", "RESTART_BM", "CONTACT_SUPPORT", _B,
-       "GPU has fallen off the bus"),
-    _e(92, "HIGH_SBE_RATE", "XidHighSingleBitEccRate", "IGNORE", "CONTACT_SUPPORT", _G,
-       "High single-bit ECC error rate"),
-    _e(94, "CONTAINED_ECC", "XidContainedEcc", "RESTART_APP", "IGNORE", _A,
-       "Contained ECC error; only the affected application is hit"),
-    _e(95, "UNCONTAINED_ECC", "XidUncontainedEcc", "RESET_GPU", "CONTACT_SUPPORT", _R,
-       "Uncontained ECC error"),
-    _e(109, "CTXSW_TIMEOUT", "XidContextSwitchTimeout", "RESET_GPU", "CONTACT_SUPPORT", _R,
-       "Context-switch timeout"),
-    _e(110, "SECURITY_FAULT", "XidSecurityFault", "RESET_GPU", "INVESTIGATE_SW", _R,
-       "Security fault"),
-    _e(119, "GSP_RPC_TIMEOUT", "XidGspRpcTimeout", "RESET_GPU", "INVESTIGATE_SW", _R,
-       "GSP RPC timeout"),
-    _e(120, "GSP_ERROR", "XidGspError", "RESET_GPU", "INVESTIGATE_SW", _R,
-       "GSP error"),
-    _e(121, "C2C_ERROR", "XidChipToChipError", "IGNORE", "CONTACT_SUPPORT", _G,
-       "C2C link corrected error"),
-    _e(136, "LINK_TRAINING_FAILED", "XidLinkTrainingFailed", "RESET_GPU", "INVESTIGATE_LINK_SI",
-       _R, "Link training failed"),
-    _e(140, "UNRECOVERED_ECC", "XidUnrecoveredEcc", "RESET_GPU", "CONTACT_SUPPORT", _R,
-       "Unrecovered ECC error escaped containment"),
-    _e(143, "GPU_INIT_ERROR", "XidGpuInitError", "RESET_GPU", "CONTACT_SUPPORT", _R,
-       "GPU initialisation error"),
-    _e(144, "NVLINK_SAW_ERROR", "XidNvLinkSawError", "WORKFLOW_NVLINK5_ERR", "CONTACT_SUPPORT",
-       _R, "NVLink5 SAW error"),
-    _e(145, "NVLINK_RLW_ERROR", "XidNvLinkRlwError", "WORKFLOW_NVLINK5_ERR", "CONTACT_SUPPORT",
-       _R, "NVLink5 RLW error"),
-    _e(146, "NVLINK_TLW_ERROR", "XidNvLinkTlwError", "WORKFLOW_NVLINK5_ERR", "CONTACT_SUPPORT",
-       _R, "NVLink5 TLW error"),
-    _e(147, "NVLINK_TREX_ERROR", "XidNvLinkTrexError", "WORKFLOW_NVLINK5_ERR",
-       "CONTACT_SUPPORT", _R, "NVLink5 TREX error"),
-    _e(148, "NVLINK_NVLPW_CTRL_ERROR", "XidNvLinkPowerControlError", "WORKFLOW_NVLINK5_ERR",
-       "CONTACT_SUPPORT", _R, "NVLink5 NVLPW control error"),
-    _e(149, "NVLINK_NETIR_ERROR", "XidNvLinkNetirError", "WORKFLOW_NVLINK5_ERR",
-       "CONTACT_SUPPORT", _R, "NVLink5 NETIR error"),
-    _e(150, "NVLINK_MSE_ERROR", "XidNvLinkMseError", "WORKFLOW_NVLINK5_ERR", "CONTACT_SUPPORT",
-       _R, "NVLink5 MSE error"),
-    _e(151, "KEY_ROTATION", "XidKeyRotation", "RESTART_VM", "CONTACT_SUPPORT", _B,
-       "Key rotation error"),
-    _e(154, "RECOVERY_ACTION_CHANGED", "XidRecoveryActionChanged", "XID_154", "IGNORE", _W,
-       "GPU recovery action changed; read NVML_FI_DEV_GET_GPU_RECOVERY_ACTION"),
-    _e(155, "NVLINK_SW_DEFINED", "XidNvLinkSoftwareError", "RESET_GPU", "INVESTIGATE_SW_USER", _R,
-       "NVLink software-defined error"),
-    _e(156, "RESOURCE_RETIREMENT_EVENT", "XidResourceRetirement", "RESET_GPU", "IGNORE", _R,
-       "Resource retirement event"),
-    _e(157, "RESOURCE_RETIREMENT_FAILURE", "XidResourceRetirementFailure", "IGNORE",
-       "CONTACT_SUPPORT", _I, "Resource retirement failure"),
-    _e(158, "GPU_FATAL_TIMEOUT", "XidGpuFatalTimeout", "RESET_GPU", "CONTACT_SUPPORT", _R,
-       "GPU fatal timeout"),
-)  # fmt: skip
 
-CATALOG: dict[int, XidEntry] = {entry.xid: entry for entry in _ENTRIES}
-"""Every Xid we know, keyed by number."""
+def _class_of(code: int, immediate: str, applies_to: tuple[str, ...]) -> XidClass:
+    if code in _CLASS_OVERRIDES:
+        return _CLASS_OVERRIDES[code]
+    if immediate == "CONTACT_SUPPORT":
+        return XidClass.INSPECT if applies_to else XidClass.IGNORE
+    return BUCKET_CLASS.get(immediate, XidClass.IGNORE)
+
+
+def _entry(row: tuple[int, str, str, str, str, str, tuple[str, ...]]) -> XidEntry:
+    code, mnemonic, description, immediate, investigatory, linkage, applies_to = row
+    return XidEntry(
+        xid=code,
+        mnemonic=mnemonic,
+        reason=_reason_of(code, mnemonic),
+        immediate=immediate,
+        investigatory=investigatory,
+        xid_class=_class_of(code, immediate, applies_to),
+        description=description,
+        applies_to=applies_to,
+        xid154_linkage=linkage,
+    )
+
+
+CATALOG: dict[int, XidEntry] = {row[0]: _entry(row) for row in xid_catalog.XIDS}
+"""Every Xid NVIDIA's catalog lists, keyed by number."""
 
 APPLICATION_XIDS: frozenset[int] = frozenset({13, 31, 32, 43, 45, 68, 69, 94})
-"""Xids that never change a verdict (DESIGN.md section 5); 45 counts here when it comes alone."""
+"""The Xids DESIGN.md section 5 names as never changing a verdict (45 when it comes alone);
+every other RESTART_APP Xid of the catalog is treated the same way."""
+
+NVLINK5_XIDS: frozenset[int] = frozenset(range(144, 151))
 
 
 def lookup(xid: int) -> XidEntry:
@@ -181,3 +195,105 @@ def lookup(xid: int) -> XidEntry:
         xid_class=XidClass.IGNORE,
         description=f"Xid {xid} is not in the catalog this agent was built with",
     )
+
+
+# ---------------------------------------------------------------- Xid 144-150 (NVLink5)
+@dataclasses.dataclass(frozen=True, slots=True)
+class Nvlink5Rule:
+    """One row of NVIDIA's "Xid 144-150 Decode" sheet, verbatim."""
+
+    xid: int
+    unit: str
+    v1: str
+    """IntrInfo pattern for drivers before R575 (32 characters, bit 31 first; '-' is free)."""
+    v2: str
+    """IntrInfo pattern from R575 on."""
+    error_statuses: tuple[int, ...] | None
+    """The error-status register values the row covers; None covers any."""
+    immediate: str
+    action2_v1: str
+    action2_v2: str
+    action2: str
+    """The bucket when IntrInfo matches the action-2 pattern instead ("promotable" rows)."""
+    investigatory: str
+    severity: str
+    hw_sw: str
+
+
+NVLINK5_RULES: tuple[Nvlink5Rule, ...] = tuple(
+    Nvlink5Rule(*row) for row in xid_catalog.NVLINK5_DECODE
+)
+
+NVLINK5_BUCKET_RANK: dict[str, int] = {"IGNORE": 0, "XID_154_EVAL": 1, "RESET_GPU": 2}
+"""How severe each decoded bucket is, to pick one when several rows match."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Nvlink5Decode:
+    """The row an Xid 144-150 message matched, and the bucket it decides."""
+
+    rule: Nvlink5Rule
+    bucket: str
+    """NVIDIA's bucket: IGNORE, RESET_GPU or XID_154_EVAL (or a bucket this agent does not
+    know, which the verdict core treats as undecoded)."""
+    by_action2: bool = False
+
+
+def pattern_matches(pattern: str, value: int) -> bool:
+    """Say whether a 32-bit register value matches one of NVIDIA's 0/1/- patterns."""
+    if len(pattern) != 32:
+        return False
+    for position, char in enumerate(pattern):
+        bit = (value >> (31 - position)) & 1
+        if (char == "1" and bit != 1) or (char == "0" and bit != 0):
+            return False
+    return True
+
+
+def driver_is_r575_or_newer(driver_version: str) -> bool | None:
+    """Say which IntrInfo encoding a driver writes (V2 from R575 on); None when unknown."""
+    match = re.match(r"\A(\d+)\.", driver_version.strip())
+    if match is None:
+        return None
+    return int(match.group(1)) >= 575
+
+
+def decode_nvlink5(
+    xid: int, intr_info: int, error_status: int | None, *, r575: bool | None
+) -> Nvlink5Decode | None:
+    """Decode an Xid 144-150 message by NVIDIA's sheet; None when no row matches.
+
+    `r575` picks the pattern set (True: V2, False: V1, None: either). A row matches when its
+    IntrInfo pattern (or its action-2 pattern) matches and its error status covers the
+    message's; when several match, the most severe bucket wins.
+    """
+    versions = {True: ("v2",), False: ("v1",), None: ("v2", "v1")}[r575]
+    found: list[Nvlink5Decode] = []
+    for rule in NVLINK5_RULES:
+        if rule.xid != xid:
+            continue
+        if rule.error_statuses is not None and error_status not in rule.error_statuses:
+            continue
+        for version in versions:
+            base = rule.v1 if version == "v1" else rule.v2
+            second = rule.action2_v1 if version == "v1" else rule.action2_v2
+            if base and pattern_matches(base, intr_info):
+                found.append(Nvlink5Decode(rule, rule.immediate))
+                break
+            if second and rule.action2 and pattern_matches(second, intr_info):
+                found.append(Nvlink5Decode(rule, rule.action2, by_action2=True))
+                break
+    if not found:
+        return None
+    return max(found, key=lambda d: NVLINK5_BUCKET_RANK.get(d.bucket, len(NVLINK5_BUCKET_RANK)))
+
+
+# ---------------------------------------------------------------- dcgm-exporter's err_msg
+EXPORTER_UNKNOWN_ERROR = "Unknown Error"
+
+
+def exporter_err_msg(code: int) -> str:
+    """Return the `err_msg` label dcgm-exporter puts on `DCGM_FI_DEV_XID_ERRORS` for a value."""
+    if 0 <= code < len(xid_catalog.EXPORTER_XID_TEXT):
+        return xid_catalog.EXPORTER_XID_TEXT[code]
+    return EXPORTER_UNKNOWN_ERROR

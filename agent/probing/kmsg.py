@@ -25,6 +25,17 @@ _XID = re.compile(
     r"NVRM: Xid \(PCI:(?P<pci>[0-9A-Fa-f]+:[0-9A-Fa-f]+:[0-9A-Fa-f]+(?:\.[0-9A-Fa-f]+)?)\): "
     r"(?P<xid>\d+)\b"
 )
+# Xid 144-150 (R565+): `<Xid>, <unit> <Fatal|Nonfatal> XC<n> i<n> Link <nn> (<IntrInfo>
+# <ErrorStatus> <debug words...>)`, NVIDIA's "WORKFLOW_NVLINK5_ERR" bucket text; some
+# drivers print the registers in brackets.
+_NVLINK5 = re.compile(
+    r"\A,\s*(?P<unit>[A-Za-z0-9_/]+)\b.*?[(\[]\s*"
+    r"(?P<regs>0x[0-9A-Fa-f]{1,8}(?:\s+0x[0-9A-Fa-f]{1,16})*)\s*[)\]]"
+)
+# Xid 154: `GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)`.
+_RECOVERY = re.compile(
+    r"recovery action changed from 0x[0-9A-Fa-f]+ \([^)]*\) to 0x(?P<to>[0-9A-Fa-f]+)"
+)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -52,6 +63,40 @@ def parse_xid(message: str) -> tuple[str, int] | None:
     return match["pci"], int(match["xid"])
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class XidDetail:
+    """What an Xid line says beyond its number, for the Xids that need it."""
+
+    unit: str = ""
+    intr_info: int | None = None
+    error_status: int | None = None
+    recovery_action: int | None = None
+
+
+def parse_detail(message: str) -> XidDetail:
+    """Read the Xid 144-150 registers or the Xid 154 new recovery action from a line."""
+    match = _XID.search(message)
+    if match is None:
+        return XidDetail()
+    code = int(match["xid"])
+    rest = message[match.end() :]
+    if 144 <= code <= 150:
+        nvlink = _NVLINK5.search(rest)
+        if nvlink is None:
+            return XidDetail()
+        regs = [int(word, 16) for word in nvlink["regs"].split()]
+        return XidDetail(
+            unit=nvlink["unit"],
+            intr_info=regs[0],
+            error_status=regs[1] if len(regs) > 1 else None,
+        )
+    if code == 154:
+        recovery = _RECOVERY.search(rest)
+        if recovery is not None:
+            return XidDetail(recovery_action=int(recovery["to"], 16))
+    return XidDetail()
+
+
 def pci_key(address: str) -> tuple[int, int, int] | None:
     """Normalise `0000:07:00`, `00000000:07:00.0` and friends to (domain, bus, device)."""
     parts = address.lower().split(":")
@@ -75,6 +120,7 @@ def to_event(
         return None
     pci, code = parsed
     key = pci_key(pci)
+    detail = parse_detail(record.message)
     return readings.XidEvent(
         xid=code,
         at=boot_time + dt.timedelta(microseconds=record.timestamp_us),
@@ -83,6 +129,10 @@ def to_event(
         pci_bus_id=pci,
         message=record.message[:1024],
         kmsg_seq=record.seq,
+        unit=detail.unit,
+        intr_info=detail.intr_info,
+        error_status=detail.error_status,
+        recovery_action=detail.recovery_action,
     )
 
 

@@ -25,26 +25,62 @@ import pynvml
 
 from agent import readings
 
+
+def _abi(name: str, value: int) -> int:
+    """An NVML constant: pynvml's when it defines it, else nvml.h's value.
+
+    The numbers are the C library's ABI, fixed by nvml.h; an older nvidia-ml-py only lacks the
+    name. Looking them up this way keeps the agent importable down to the floor pyproject.toml
+    declares (tests/integration/agent/test_pynvml_floor.py installs that version and checks).
+    """
+    return int(getattr(pynvml, name, value))
+
+
+NVML_ERROR_NO_DATA = _abi("NVML_ERROR_NO_DATA", 21)
+NVML_ERROR_ARGUMENT_VERSION_MISMATCH = _abi("NVML_ERROR_ARGUMENT_VERSION_MISMATCH", 25)
+NVML_ERROR_DEPRECATED = _abi("NVML_ERROR_DEPRECATED", 26)
+NVML_ERROR_NOT_READY = _abi("NVML_ERROR_NOT_READY", 27)
+NVML_ERROR_GPU_NOT_FOUND = _abi("NVML_ERROR_GPU_NOT_FOUND", 28)
+NVML_ERROR_INVALID_STATE = _abi("NVML_ERROR_INVALID_STATE", 29)
+NVML_VALUE_TYPE_SIGNED_INT = _abi("NVML_VALUE_TYPE_SIGNED_INT", 5)
+NVML_VALUE_TYPE_UNSIGNED_SHORT = _abi("NVML_VALUE_TYPE_UNSIGNED_SHORT", 6)
+EVENT_GPU_UNAVAILABLE = _abi("nvmlEventTypeGpuUnavailableError", 0x4000)
+EVENT_GPU_RECOVERY_ACTION = _abi("nvmlEventTypeGpuRecoveryAction", 0x8000)
+NVLINK_MAX_LINKS = 36
+"""NVML_NVLINK_MAX_LINKS of nvml.h today; older pynvml releases say 12 or 18."""
+MEMORY_V2: int = pynvml.nvmlMemory_v2
+"""nvmlMemory_v2's version word (nvml.h: sizeof(nvmlMemory_v2_t) | 2 << 24). Taken from pynvml
+on purpose: reading memory the way DCGM does needs pynvml's `version=` argument (11.510+), so
+an older pynvml fails here, at import, naming what it lacks (the declared floor)."""
+
 # Errors that mean "this reading is not available here", not "the GPU is unhealthy".
 _ABSENT = frozenset(
     {
         pynvml.NVML_ERROR_NOT_SUPPORTED,
         pynvml.NVML_ERROR_FUNCTION_NOT_FOUND,
-        pynvml.NVML_ERROR_NO_DATA,
+        NVML_ERROR_NO_DATA,
         pynvml.NVML_ERROR_NO_PERMISSION,
         pynvml.NVML_ERROR_NOT_FOUND,
         pynvml.NVML_ERROR_INVALID_ARGUMENT,
-        pynvml.NVML_ERROR_NOT_READY,
+        NVML_ERROR_NOT_READY,
         pynvml.NVML_ERROR_INSUFFICIENT_SIZE,
-        pynvml.NVML_ERROR_DEPRECATED,
-        pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH,
+        NVML_ERROR_DEPRECATED,
+        NVML_ERROR_ARGUMENT_VERSION_MISMATCH,
         pynvml.NVML_ERROR_TIMEOUT,
-        pynvml.NVML_ERROR_INVALID_STATE,
+        NVML_ERROR_INVALID_STATE,
+    }
+)
+# A call this driver (or this pynvml) does not have: use the older one instead.
+_NO_SUCH_CALL = frozenset(
+    {
+        pynvml.NVML_ERROR_FUNCTION_NOT_FOUND,
+        pynvml.NVML_ERROR_NOT_SUPPORTED,
+        NVML_ERROR_ARGUMENT_VERSION_MISMATCH,
     }
 )
 _KINDS = {
     pynvml.NVML_ERROR_GPU_IS_LOST: readings.NvmlErrorKind.GPU_IS_LOST,
-    pynvml.NVML_ERROR_GPU_NOT_FOUND: readings.NvmlErrorKind.GPU_NOT_FOUND,
+    NVML_ERROR_GPU_NOT_FOUND: readings.NvmlErrorKind.GPU_NOT_FOUND,
     pynvml.NVML_ERROR_RESET_REQUIRED: readings.NvmlErrorKind.RESET_REQUIRED,
 }
 # Severity order when several calls in one pass fail differently.
@@ -123,17 +159,21 @@ _BOOL_FIELDS: dict[int, str] = {
 EVENT_MASK = (
     pynvml.nvmlEventTypeXidCriticalError
     | pynvml.nvmlEventTypeDoubleBitEccError
-    | pynvml.nvmlEventTypeGpuUnavailableError
-    | pynvml.nvmlEventTypeGpuRecoveryAction
+    | EVENT_GPU_UNAVAILABLE
+    | EVENT_GPU_RECOVERY_ACTION
 )
+"""What the agent registers for, masked by what each GPU supports: a driver before R565 has
+neither GpuUnavailableError nor GpuRecoveryAction, and then Xids and ECC events still come."""
 
 EVENT_XID: int = pynvml.nvmlEventTypeXidCriticalError
-EVENTS_NEEDING_COUNTERS: int = (
-    pynvml.nvmlEventTypeDoubleBitEccError | pynvml.nvmlEventTypeGpuRecoveryAction
-)
+EVENTS_NEEDING_COUNTERS: int = pynvml.nvmlEventTypeDoubleBitEccError | EVENT_GPU_RECOVERY_ACTION
 """Events after which the counter tier is read at once (ECC, remap, recovery action)."""
 
 MIB = 1024 * 1024
+
+
+FALLBACK = object()
+"""What `Probe._read` returns when the driver lacks the call (use the older one)."""
 
 
 class NvmlUnavailableError(Exception):
@@ -164,6 +204,10 @@ class Probe:
     driver_version: str = ""
     enumeration_errors: dict[int, str] = dataclasses.field(default_factory=dict)
     """GPU index -> why it could not be enumerated at start."""
+    memory_version: int | None = None
+    """Which nvmlMemory struct the driver answers (2, or 1 on a driver/pynvml without v2)."""
+    clock_reasons_call: str = ""
+    """Which clock-event call answers (`EventReasons` from R535, else `ThrottleReasons`)."""
     _started: bool = False
 
     def start(self) -> None:
@@ -217,13 +261,24 @@ class Probe:
             address=ctypes.cast(handle, ctypes.c_void_p).value or 0,
         )
         # Discover which NVLinks exist once; counters then ask only for those.
-        scopes = [(FI_NVLINK_STATE, link) for link in range(pynvml.NVML_NVLINK_MAX_LINKS)]
+        scopes = [(FI_NVLINK_STATE, link) for link in range(NVLINK_MAX_LINKS)]
         try:
             values = pynvml.nvmlDeviceGetFieldValues(handle, scopes)
         except pynvml.NVMLError:
             return device
         device.nvlinks = tuple(v.scopeId for v in values if v.nvmlReturn == pynvml.NVML_SUCCESS)
         return device
+
+    def mig_parent(self, mig_uuid: str) -> str | None:
+        """The UUID of the GPU a MIG device (`MIG-…`) belongs to, or None when NVML cannot say."""
+        parent_of = getattr(pynvml, "nvmlDeviceGetDeviceHandleFromMigDeviceHandle", None)
+        if parent_of is None:
+            return None
+        try:
+            handle = pynvml.nvmlDeviceGetHandleByUUID(mig_uuid)
+            return _text(pynvml.nvmlDeviceGetUUID(parent_of(handle)))
+        except pynvml.NVMLError:
+            return None
 
     def shutdown(self) -> None:
         """Release NVML."""
@@ -236,11 +291,23 @@ class Probe:
         key = f"{tier}:{_error_name(err)}"
         self.errors[key] = self.errors.get(key, 0) + 1
 
-    def _read(self, tier: str, fn: Callable[..., Any], *args: Any) -> Any:
-        """Call NVML; return None for an absent reading, raise `_GpuError` for a sick GPU."""
+    def _read(
+        self,
+        tier: str,
+        fn: Callable[..., Any],
+        *args: Any,
+        fallback_on: frozenset[int] = frozenset(),
+    ) -> Any:
+        """Call NVML; return None for an absent reading, raise `_GpuError` for a sick GPU.
+
+        An error in `fallback_on` (the driver has no such call) returns `FALLBACK` instead,
+        uncounted, so the caller can use the older call.
+        """
         try:
             return fn(*args)
         except pynvml.NVMLError as err:
+            if int(err.value) in fallback_on:
+                return FALLBACK
             self._count(tier, err)
             kind = classify(err)
             if kind is None:
@@ -264,23 +331,55 @@ class Probe:
         out["encoder_util_pct"] = None if enc is None else float(enc[0])
         dec = self._read("gauges", pynvml.nvmlDeviceGetDecoderUtilization, h)
         out["decoder_util_pct"] = None if dec is None else float(dec[0])
-        mem = self._read("gauges", pynvml.nvmlDeviceGetMemoryInfo, h)
+        mem = self._memory(h)
         if mem is not None:
-            out["fb_total_mib"] = mem.total / MIB
-            out["fb_used_mib"] = mem.used / MIB
-            out["fb_free_mib"] = mem.free / MIB
+            # DCGM floors each to whole MiB (DcgmCacheManager ReadAndCacheFBMemoryInfo).
+            out["fb_total_mib"] = float(mem.total // MIB)
+            out["fb_used_mib"] = float(mem.used // MIB)
+            out["fb_free_mib"] = float(mem.free // MIB)
             reserved = getattr(mem, "reserved", None)
-            out["fb_reserved_mib"] = None if reserved is None else reserved / MIB
+            out["fb_reserved_mib"] = None if reserved is None else float(reserved // MIB)
         out["sm_clock_mhz"] = self._read(
             "gauges", pynvml.nvmlDeviceGetClockInfo, h, pynvml.NVML_CLOCK_SM
         )
         out["mem_clock_mhz"] = self._read(
             "gauges", pynvml.nvmlDeviceGetClockInfo, h, pynvml.NVML_CLOCK_MEM
         )
-        out["clock_event_reasons"] = self._read(
-            "gauges", pynvml.nvmlDeviceGetCurrentClocksEventReasons, h
-        )
+        out["clock_event_reasons"] = self._clock_reasons(h)
         return out
+
+    def _memory(self, handle: Any) -> Any:
+        """nvmlMemory_v2 as DCGM reads it (used excludes reserved), else the v1 struct.
+
+        v2 exists from R510; v1 counts the driver's reserved memory as used and has no
+        `reserved`. The first NOT_SUPPORTED / FUNCTION_NOT_FOUND / version mismatch (a driver
+        before R510) switches this probe to v1 for good.
+        """
+        if self.memory_version != 1:
+            mem = self._read(
+                "gauges", pynvml.nvmlDeviceGetMemoryInfo, handle, MEMORY_V2,
+                fallback_on=_NO_SUCH_CALL,
+            )  # fmt: skip
+            if mem is not FALLBACK:
+                self.memory_version = 2
+                return mem
+        self.memory_version = 1
+        return self._read("gauges", pynvml.nvmlDeviceGetMemoryInfo, handle)
+
+    def _clock_reasons(self, handle: Any) -> int | None:
+        """The clock-event reasons: `...EventReasons` (R535+), else `...ThrottleReasons`."""
+        newer = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
+        if newer is not None and self.clock_reasons_call != "ThrottleReasons":
+            value = self._read(
+                "gauges", newer, handle,
+                fallback_on=frozenset({pynvml.NVML_ERROR_FUNCTION_NOT_FOUND}),
+            )  # fmt: skip
+            if value is not FALLBACK:
+                self.clock_reasons_call = "EventReasons"
+                return None if value is None else int(value)
+        self.clock_reasons_call = "ThrottleReasons"
+        value = self._read("gauges", pynvml.nvmlDeviceGetCurrentClocksThrottleReasons, handle)
+        return None if value is None else int(value)
 
     def counters(self, device: Device) -> dict[str, Any]:
         """Read the counter tier for one GPU in a single field-values batch."""
@@ -380,9 +479,9 @@ def _field_value(v: Any) -> float | int:
         return int(v.value.ulVal)
     if kind == pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG:
         return int(v.value.sllVal)
-    if kind == pynvml.NVML_VALUE_TYPE_SIGNED_INT:
+    if kind == NVML_VALUE_TYPE_SIGNED_INT:
         return int(v.value.siVal)
-    if kind == pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT:
+    if kind == NVML_VALUE_TYPE_UNSIGNED_SHORT:
         return int(v.value.usVal)
     return int(v.value.ullVal)
 

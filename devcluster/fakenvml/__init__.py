@@ -212,6 +212,9 @@ class Control(Protocol):
     def reset_all(self) -> None:
         """Reload the scenario: every GPU, override and queue back to its start."""
 
+    def driver_branch(self, branch: int) -> None:
+        """Pretend to be a driver of that branch."""
+
 
 class ControlBase(abc.ABC):
     """The convenience commands, written once over :meth:`query`."""
@@ -295,6 +298,10 @@ class ControlBase(abc.ABC):
     def reset_all(self) -> None:
         """Reload the scenario: every GPU, override and queue back to its start."""
         self.send("reset_all")
+
+    def driver_branch(self, branch: int) -> None:
+        """Pretend to be a driver of that branch (`550`: no R565 event types, no field 230)."""
+        self.send(f"driver_branch {branch}")
 
 
 def _one_line(command: str) -> bytes:

@@ -42,6 +42,7 @@ enum {
     NVML_ERROR_NOT_FOUND = 6,
     NVML_ERROR_INSUFFICIENT_SIZE = 7,
     NVML_ERROR_TIMEOUT = 10,
+    NVML_ERROR_FUNCTION_NOT_FOUND = 13,
     NVML_ERROR_GPU_IS_LOST = 15,
     NVML_ERROR_RESET_REQUIRED = 16,
     NVML_ERROR_UNKNOWN = 999,
@@ -228,9 +229,12 @@ static char g_load_error[512];
 static unsigned int g_refcount;
 static unsigned int g_count = 8;
 static char g_seed[128];
-static char g_driver_version[80] = "550.54.15";
-static char g_nvml_version[80] = "12.550.54.15";
-static int g_cuda_version = 12040;
+static char g_driver_version[80] = "570.148.08";
+static char g_nvml_version[80] = "12.570.148.08";
+static int g_cuda_version = 12080;
+/* The driver branch the library pretends to be (`driver_branch N`): older branches lack the
+ * newer event types, the recovery-action field and some functions, as real drivers do. */
+static unsigned int g_branch = 570;
 static struct gpu_s g_gpus[MAX_GPUS];
 static gpu_values_t g_defaults[MAX_GPUS];
 static rc_override_t g_rc[MAX_RC];
@@ -253,6 +257,27 @@ static uint64_t fnv1a(const char *s, uint64_t h) {
 }
 
 static const unsigned int k_h100_buses[8] = {0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB};
+
+/* The event types a branch supports: SBE, DBE, PState, Xid and Clock on every branch; the
+ * ECC-storm, DRAM retirement and poison types from R560; GpuUnavailableError (0x4000) and
+ * GpuRecoveryAction (0x8000) from R565 (NVML change log, "Changes between v560 and v565"). */
+static unsigned long long branch_events(unsigned int branch) {
+    unsigned long long mask = 0x1FULL;
+    if (branch >= 560) mask |= 0x3E00ULL;
+    if (branch >= 565) mask |= 0xC000ULL;
+    return mask;
+}
+
+static const struct {
+    unsigned int branch;
+    const char *version;
+    int cuda;
+} k_branches[] = {
+    {470, "470.256.02", 11040}, {510, "510.108.03", 11060}, {525, "525.147.05", 12000},
+    {535, "535.183.06", 12020}, {550, "550.54.15", 12040},  {555, "555.42.06", 12050},
+    {560, "560.35.03", 12060},  {565, "565.57.01", 12070},  {570, "570.148.08", 12080},
+    {575, "575.51.03", 12090},  {580, "580.65.06", 13000},
+};
 
 static void default_values(gpu_values_t *v, unsigned int i) {
     memset(v, 0, sizeof(*v));
@@ -292,7 +317,7 @@ static void default_values(gpu_values_t *v, unsigned int i) {
     v->pcie_max_width = 16;
     v->nvlink_count = 18;
     for (unsigned int l = 0; l < MAX_LINKS; l++) v->nvlink_state[l] = l < 18 ? 1 : 0;
-    v->supported_events = 0xFE1FULL;
+    v->supported_events = branch_events(g_branch);
 }
 
 static int64_t now_us(void) {
@@ -801,6 +826,26 @@ static int exec_locked(const char *line, int scenario, char *reply, size_t rlen)
                  t.tok[1]);
         return 0;
     }
+    if (strcmp(cmd, "driver_branch") == 0) {
+        if (need_args(&t, 2, "driver_branch BRANCH", reply, rlen) != 0) return -1;
+        if (parse_u64(t.tok[1], &n) != 0 || n < 100 || n > 999) {
+            snprintf(reply, rlen, "bad driver branch '%s': expected a number like 550", t.tok[1]);
+            return -1;
+        }
+        g_branch = (unsigned int)n;
+        snprintf(g_driver_version, sizeof(g_driver_version), "%u.00.00", g_branch);
+        g_cuda_version = 12000;
+        for (size_t i = 0; i < sizeof(k_branches) / sizeof(k_branches[0]); i++) {
+            if (k_branches[i].branch == g_branch) {
+                copy_str(g_driver_version, sizeof(g_driver_version), k_branches[i].version);
+                g_cuda_version = k_branches[i].cuda;
+            }
+        }
+        snprintf(g_nvml_version, sizeof(g_nvml_version), "%d.%s", g_cuda_version / 1000,
+                 g_driver_version);
+        for (unsigned int i = 0; i < MAX_GPUS; i++) g_gpus[i].v.supported_events = branch_events(g_branch);
+        return 0;
+    }
     if (strcmp(cmd, "cuda_version") == 0) {
         if (need_args(&t, 2, "cuda_version NUMBER", reply, rlen) != 0) return -1;
         if (parse_u64(t.tok[1], &n) != 0 || n > 0x7FFFFFFF) {
@@ -900,9 +945,10 @@ static int load_locked(const char *path) {
     const char *seed = getenv("FAKE_NVML_SEED");
     g_count = 8;
     copy_str(g_seed, sizeof(g_seed), seed != NULL ? seed : "");
-    copy_str(g_driver_version, sizeof(g_driver_version), "550.54.15");
-    copy_str(g_nvml_version, sizeof(g_nvml_version), "12.550.54.15");
-    g_cuda_version = 12040;
+    copy_str(g_driver_version, sizeof(g_driver_version), "570.148.08");
+    copy_str(g_nvml_version, sizeof(g_nvml_version), "12.570.148.08");
+    g_cuda_version = 12080;
+    g_branch = 570;
     g_rc_len = 0;
     g_load_error[0] = '\0';
     clear_queues_locked();
@@ -1524,8 +1570,16 @@ GETTER_U32(nvmlDeviceGetCurrPcieLinkGeneration, pcie_gen)
 GETTER_U32(nvmlDeviceGetCurrPcieLinkWidth, pcie_width)
 GETTER_U32(nvmlDeviceGetMaxPcieLinkGeneration, pcie_max_gen)
 GETTER_U32(nvmlDeviceGetMaxPcieLinkWidth, pcie_max_width)
-GETTER_U64(nvmlDeviceGetCurrentClocksEventReasons, clock_event_reasons)
 GETTER_U64(nvmlDeviceGetCurrentClocksThrottleReasons, clock_event_reasons)
+
+/* The "event reasons" name arrived in R535; older drivers only answer the throttle one. */
+EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t dev, unsigned long long *out) {
+    BEGIN_DEVICE(dev, 1);
+    REQUIRE(out);
+    if (g_branch < 535) UNLOCK_RETURN(NVML_ERROR_FUNCTION_NOT_FOUND);
+    *out = v->clock_event_reasons;
+    UNLOCK_RETURN(NVML_SUCCESS);
+}
 GETTER_U32(nvmlDeviceGetRetiredPagesPendingStatus, retired_pending)
 
 EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t dev, nvmlUtilization_t *util) {
@@ -1574,6 +1628,8 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t dev, nvmlMemory_t *mem)
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t dev, nvmlMemory_v2_t *mem) {
     BEGIN_DEVICE(dev, 1);
     REQUIRE(mem);
+    /* nvmlMemory_v2 arrived in R510; an older driver has no such entry point. */
+    if (g_branch < 510) UNLOCK_RETURN(NVML_ERROR_FUNCTION_NOT_FOUND);
     if (mem->version != 0x02000028u) UNLOCK_RETURN(25); /* ARGUMENT_VERSION_MISMATCH */
     mem->total = v->memory_total;
     mem->reserved = v->memory_reserved;
@@ -1756,7 +1812,12 @@ static nvmlReturn_t field_value(const gpu_values_t *v, nvmlFieldValue_t *f) {
         break;
     }
     case 186: is64 = 0; u32 = v->power_mw; break;
-    case 230: is64 = 0; u32 = v->recovery_action; break;
+    case 230:
+        /* NVML_FI_DEV_GET_GPU_RECOVERY_ACTION arrived with R565, with Xid 154. */
+        if (g_branch < 565) return NVML_ERROR_NOT_SUPPORTED;
+        is64 = 0;
+        u32 = v->recovery_action;
+        break;
     default: return NVML_ERROR_NOT_SUPPORTED;
     }
     if (is64) {

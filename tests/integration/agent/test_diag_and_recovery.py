@@ -522,3 +522,56 @@ async def test_gpus_answers_while_nvml_hangs_and_the_gpus_read_unknown(
             c, lambda d: {g["verdict"] for g in d["gpus"]} == {"Healthy"}, "Healthy again"
         )
         assert doc["nvml"]["detail"] == "8 GPUs"
+
+
+DCGM_FAST = {"dcgm_health_interval_s": 0.1, "dcgm_retry_initial_s": 0.05, "dcgm_retry_max_s": 0.2}
+
+
+async def test_health_watches_are_set_again_after_a_host_engine_restart(
+    fake: fakenvml.InProcessControl,
+    tmp_path: pathlib.Path,
+    dcgmi: pathlib.Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A host engine that forgot its watches ("not enabled", not JSON) has them set again."""
+    del dcgmi
+    fake.reset_all()
+    engine = tmp_path / "engine"
+    monkeypatch.setenv("FAKE_DCGMI_STATE", str(engine))
+    cfg = agent_settings(tmp_path, **DCGM_FAST)
+    application = agent_app.make_app(cfg, authenticator=TokenTable())
+    async with test_utils.TestClient(test_utils.TestServer(application)) as c:
+        await poll(c, lambda d: d["dcgm"]["lastCheckAt"] is not None, "a first health read")
+        engine.unlink()  # the host engine restarts and forgets its watches
+        doc = await poll(
+            c,
+            lambda d: d["dcgm"]["watchesSetAgain"] >= 1 and d["dcgm"]["available"],
+            "the watches set again",
+        )
+        assert doc["dcgm"]["detail"] == "health watches set"
+    calls = (tmp_path / "dcgmi.log").read_text().splitlines()
+    assert sum(1 for call in calls if call.startswith("health -s a")) >= 2
+
+
+async def test_a_dcgm_down_at_start_is_retried_and_found(
+    fake: fakenvml.InProcessControl,
+    tmp_path: pathlib.Path,
+    dcgmi: pathlib.Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No host engine at start: unavailable with the retry said in /v1/gpus, then found."""
+    del dcgmi
+    fake.reset_all()
+    down = tmp_path / "down"
+    down.touch()
+    monkeypatch.setenv("FAKE_DCGMI_DOWN", str(down))
+    cfg = agent_settings(tmp_path, **DCGM_FAST)
+    application = agent_app.make_app(cfg, authenticator=TokenTable())
+    async with test_utils.TestClient(test_utils.TestServer(application)) as c:
+        doc = await poll(c, lambda d: d["dcgm"]["failures"] >= 2, "retries")
+        assert doc["dcgm"]["available"] is False
+        assert "unable to establish a connection" in doc["dcgm"]["detail"]
+        assert "retrying in" in doc["dcgm"]["detail"]
+        assert doc["dcgm"]["retryAt"] is not None
+        down.unlink()
+        await poll(c, lambda d: d["dcgm"]["available"], "DCGM found")

@@ -94,6 +94,12 @@ async def rig(fake: fakenvml.InProcessControl, tmp_path: pathlib.Path) -> AsyncI
         await r.monitor.stop()
 
 
+def fixed(view: snapshots.View) -> bool:
+    """The GPU's last readings show no remap failure and no thermal slowdown."""
+    snap = next(s for s in view.snapshots if s.index == GPU)
+    return snap.remap_failure is False and not (snap.clock_event_reasons or 0) & 0x40
+
+
 def gpu_verdict(view: snapshots.View, index: int = GPU) -> tuple[health.Verdict, health.Action]:
     """The (verdict, action) of one GPU."""
     v = next(v for v in view.verdicts if v.index == index)
@@ -213,6 +219,9 @@ async def test_fault_row_latches_and_clears_only_on_its_condition(  # noqa: PLR0
         assert gpu_verdict(view) == (verdict, action), "a fix without a reboot must not clear"
         await rig.restart(boot_id="boot-2")
     elif clearing == "release":
+        # Release only once a pass has read the fixed state: a release while the cached
+        # counters still show the fault latches it again, by design.
+        view = await rig.until(lambda v: fixed(v) and v.taken_at is not None)
         for _ in range(3):
             view = await rig.monitor.probe_once()
         assert gpu_verdict(view)[0] != health.Verdict.HEALTHY, "only a release clears it"
@@ -273,3 +282,60 @@ async def test_event_thread_survives_a_lost_gpu(rig: Rig) -> None:
     await rig.until(lambda v: gpu_verdict(v, 1)[0] == F)
     rig.control.xid(GPU, 95)
     await rig.until(lambda v: gpu_verdict(v) == (F, A.RESET_GPU))
+
+
+@pytest.mark.parametrize(
+    ("line", "after"),
+    [
+        pytest.param("149, NETIR_BER_EVENT Nonfatal XC0 i0 Link 00 (0x00000226 0x00000001)",
+                     (health.Verdict.HEALTHY, health.Action.NONE),
+                     id="a BER event the kernel log decodes as IGNORE clears the pending state"),
+        pytest.param("149, NETIR_LINK_EVT  Fatal   XC0 i0 Link 09 (0x025525c6 0x00000000)",
+                     (F, A.RESET_GPU),
+                     id="a link-down the kernel log decodes as RESET_GPU fails the GPU"),
+    ],
+)  # fmt: skip
+async def test_an_nvlink5_xid_waits_for_its_kernel_log_decode(
+    rig: Rig, line: str, after: tuple[health.Verdict, health.Action]
+) -> None:
+    """Xid 149 from NVML alone is Degraded/Inspect-pending; its kernel-log line decides it."""
+    await rig.registered()
+    rig.control.xid(GPU, 149)
+    view = await rig.until(lambda v: gpu_verdict(v) == (health.Verdict.DEGRADED, A.INSPECT))
+    pci = next(s.pci_bus_id for s in view.snapshots if s.index == GPU)[4:-2]
+    ts = int(time.monotonic() * 1_000_000)
+    with rig.kmsg.open("a") as fh:
+        fh.write(f"4,201,{ts},-;NVRM: Xid (PCI:{pci}): {line}\n")
+    view = await rig.until(lambda v: gpu_verdict(v) == after and v.state.kmsg_seq == 201)
+    assert metric_value(view, "taugrid_gpu_xid_total", gpu=str(GPU), xid="149") == 1
+
+
+@pytest.mark.parametrize(
+    ("branch", "calls", "reserved", "used"),
+    [
+        pytest.param(570, {"memoryInfo": "v2", "clockReasons": "EventReasons",
+                           "eventTypes": "0xc00a"}, 543.0, 0.0,
+                     id="on R570 memory is v2: reserved apart, as DCGM reads it"),
+        pytest.param(550, {"memoryInfo": "v2", "clockReasons": "EventReasons",
+                           "eventTypes": "0xa"}, 543.0, 0.0,
+                     id="on R550 only the Xid and ECC events are registered"),
+        pytest.param(470, {"memoryInfo": "v1", "clockReasons": "ThrottleReasons",
+                           "eventTypes": "0xa"}, None, 543.0,
+                     id="on R470 memory falls back to v1 and clocks to the throttle call"),
+    ],
+)  # fmt: skip
+async def test_an_older_driver_still_gives_xids_and_readings(
+    rig: Rig, branch: int, calls: dict[str, str], reserved: float | None, used: float
+) -> None:
+    """The agent registers what the driver supports and falls back to the calls it has."""
+    rig.control.driver_branch(branch)
+    await rig.restart()
+    view = await rig.until(lambda v: v.events_registered == 8 and bool(v.snapshots))
+    assert calls == view.nvml_calls
+    snap = next(s for s in view.snapshots if s.index == GPU)
+    assert (reserved, used) == (snap.fb_reserved_mib, snap.fb_used_mib)
+    assert (snap.recovery_action is None) == (branch < 565)
+    rig.control.thermal(GPU, on=True)
+    await rig.until(lambda v: not fixed(v))  # the slowdown is read through either call
+    rig.control.xid(GPU, 79)
+    await rig.until(lambda v: gpu_verdict(v) == (F, A.REBOOT_NODE))

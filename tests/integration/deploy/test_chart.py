@@ -564,6 +564,41 @@ def test_the_dcgm_families_can_be_turned_off_where_dcgm_exporter_runs() -> None:
     assert env_of(ds)["TAUGRID_AGENT_EXPORT_DCGM_FAMILIES"] == "false"
 
 
+@pytest.mark.parametrize(
+    ("values", "mounted", "labels"),
+    [
+        pytest.param({}, True, "true", id="by default the socket directory is mounted read-only"),
+        pytest.param({"agent": {"podResources": {"enabled": False}}}, False, "false",
+                     id="attribution off: no mount and no pod labels"),
+    ],
+)  # fmt: skip
+def test_the_agent_reads_the_kubelets_pod_resources_read_only(
+    values: dict[str, Any], mounted: bool, labels: str
+) -> None:
+    """The kubelet's pod-resources directory is mounted read-only where the agent looks."""
+    ds = one(render(values), "DaemonSet")
+    mounts = {m["name"]: m for m in container(ds)["volumeMounts"]}
+    volumes = {v["name"]: v for v in ds["spec"]["template"]["spec"]["volumes"]}
+    env = env_of(ds)
+    assert labels == env["TAUGRID_AGENT_POD_LABELS"]
+    assert mounted == ("pod-resources" in mounts)
+    if mounted:
+        assert {k: mounts["pod-resources"][k] for k in ("mountPath", "readOnly")} == {
+            "mountPath": "/var/lib/kubelet/pod-resources",
+            "readOnly": True,
+        }
+        assert volumes["pod-resources"]["hostPath"] == {"path": "/var/lib/kubelet/pod-resources"}
+        socket = pathlib.Path(env["TAUGRID_AGENT_PODRESOURCES_SOCKET"])
+        assert socket.parent == pathlib.Path(mounts["pod-resources"]["mountPath"])
+
+
+@pytest.mark.parametrize("name", ["Hostname", "hostname"])
+def test_the_host_label_name_reaches_the_agent(name: str) -> None:
+    """agent.hostLabel reaches TAUGRID_AGENT_HOST_LABEL (dcgm-exporter releases vs main)."""
+    ds = one(render({"agent": {"hostLabel": name}}), "DaemonSet")
+    assert name == env_of(ds)["TAUGRID_AGENT_HOST_LABEL"]
+
+
 # ---------------------------------------------------------------------- the controller
 def test_the_controller_runs_two_probed_replicas_over_https(
     defaults: list[dict[str, Any]],

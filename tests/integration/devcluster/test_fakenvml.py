@@ -142,13 +142,13 @@ def test_pynvml_resolves_every_symbol_the_agent_needs(fake: fakenvml.InProcessCo
 
 
 def test_defaults_describe_an_hgx_h100_board(fake: fakenvml.InProcessControl) -> None:
-    """Without a scenario there are 8 H100s with unique UUIDs, HGX bus ids and 18 NVLinks."""
+    """Without a scenario there are 8 H100s on an R570 driver, unique UUIDs, 18 NVLinks."""
     count = pynvml.nvmlDeviceGetCount()
     uuids = [pynvml.nvmlDeviceGetUUID(handle(i)) for i in range(count)]
     expected = {
         "count": 8,
-        "driver": "550.54.15",
-        "cuda": 12040,
+        "driver": "570.148.08",
+        "cuda": 12080,
         "names": {"NVIDIA H100 80GB HBM3"},
         "bus0": "00000000:18:00.0",
         "indexes": list(range(8)),
@@ -811,3 +811,55 @@ def test_build_without_gcc_says_how_to_install_it(
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     with pytest.raises(fakenvml.FakeNvmlError, match=re.escape("apt-get install gcc")):
         fakenvml.build(tmp_path / "cache")
+
+
+# ---------------------------------------------------------------- older drivers
+
+
+def _try(call: Any) -> Any:
+    try:
+        return call()
+    except pynvml.NVMLError as err:
+        return type(err).__name__
+
+
+@pytest.mark.parametrize(
+    ("branch", "expected"),
+    [
+        pytest.param(570, {"driver": "570.148.08", "events": 0xFE1F, "field_230": 0,
+                           "memory_v2": "reserved", "event_reasons": 0},
+                     id="R570 has every event type, the recovery action and both calls"),
+        pytest.param(560, {"driver": "560.35.03", "events": 0x3E1F,
+                           "field_230": pynvml.NVML_ERROR_NOT_SUPPORTED,
+                           "memory_v2": "reserved", "event_reasons": 0},
+                     id="R560 lacks GpuUnavailable and GpuRecoveryAction and field 230"),
+        pytest.param(530, {"driver": "530.00.00", "events": 0x1F,
+                           "field_230": pynvml.NVML_ERROR_NOT_SUPPORTED,
+                           "memory_v2": "reserved", "event_reasons": "NVMLError_FunctionNotFound"},
+                     id="R530 also lacks the clock event-reasons call"),
+        pytest.param(470, {"driver": "470.256.02", "events": 0x1F,
+                           "field_230": pynvml.NVML_ERROR_NOT_SUPPORTED,
+                           "memory_v2": "NVMLError_FunctionNotFound",
+                           "event_reasons": "NVMLError_FunctionNotFound"},
+                     id="R470 also lacks nvmlMemory_v2"),
+    ],
+)  # fmt: skip
+def test_the_library_pretends_to_be_an_older_driver(
+    fake: fakenvml.InProcessControl, branch: int, expected: dict[str, Any]
+) -> None:
+    """`driver_branch N` takes away what drivers before that branch did not have."""
+    fake.driver_branch(branch)
+    h = handle(0)
+    (field,) = pynvml.nvmlDeviceGetFieldValues(h, [230])
+    memory = _try(lambda: pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2))
+    actual = {
+        "driver": pynvml.nvmlSystemGetDriverVersion(),
+        "events": pynvml.nvmlDeviceGetSupportedEventTypes(h),
+        "field_230": field.nvmlReturn or field.value.uiVal,
+        "memory_v2": memory if isinstance(memory, str) else "reserved" * (memory.reserved > 0),
+        "event_reasons": _try(lambda: pynvml.nvmlDeviceGetCurrentClocksEventReasons(h)),
+    }
+    assert expected == actual
+    assert pynvml.nvmlDeviceGetCurrentClocksThrottleReasons(h) == 0
+    fake.reset_all()
+    assert pynvml.nvmlSystemGetDriverVersion() == "570.148.08"

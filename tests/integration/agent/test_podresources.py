@@ -1,0 +1,201 @@
+"""Pod attribution end to end: a gRPC server implementing the kubelet's PodResources proto on a
+Unix socket, the agent's generated client, the fake NVML's GPUs, and `/metrics`.
+
+The client is generated from k8s.io/kubelet v0.37.2's api.proto by devcluster/podresources.py
+(scripts/test builds it before pytest; here it is built on first use, like the fake NVML). The
+server speaks the same proto (`devcluster.podresources.FakeKubelet`); the real-kubelet test
+comes with the real node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import pathlib
+import shutil
+import tempfile
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+import pytest
+from aiohttp import test_utils
+from prometheus_client.parser import text_string_to_metric_families
+
+from agent import app as agent_app
+from agent import metrics, monitoring, settings, snapshots
+from devcluster import fakenvml, podresources
+
+DEADLINE_S = 30.0
+
+
+@pytest.fixture(scope="module")
+def fake() -> Iterator[fakenvml.InProcessControl]:
+    """The fake NVML library, loaded once for the module."""
+    control = fakenvml.InProcessControl(fakenvml.build())
+    yield control
+    control.reset_all()
+
+
+@pytest.fixture(scope="module")
+def client_dir() -> pathlib.Path:
+    """The generated PodResources client."""
+    return podresources.build()
+
+
+@pytest.fixture
+def sock_dir() -> Iterator[pathlib.Path]:
+    """A short directory for the socket (AF_UNIX paths are limited to 107 bytes)."""
+    path = pathlib.Path(tempfile.mkdtemp(prefix="pr-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+async def kubelet(client_dir: pathlib.Path, sock_dir: pathlib.Path) -> AsyncIterator[Any]:
+    """A PodResources server on a Unix socket."""
+    server = podresources.FakeKubelet(client_dir, sock_dir / "kubelet.sock")
+    await server.start()
+    yield server
+    await server.stop()
+
+
+def config(tmp_path: pathlib.Path, sock: pathlib.Path, client: pathlib.Path, **extra: Any) -> Any:
+    """Agent settings on the fake, with attribution pointed at the test's socket."""
+    boot = tmp_path / "boot"
+    boot.write_text("b\n")
+    return settings.Settings(
+        node_name="gpu-node-1",
+        boot_id_path=boot,
+        state_path=tmp_path / "state.json",
+        kmsg_path=None,
+        dcgm_enabled=False,
+        auth_enabled=False,
+        gauge_interval_s=0.05,
+        podresources_socket=sock,
+        podresources_client_dir=client,
+        podresources_interval_s=0.05,
+        **extra,
+    )
+
+
+async def started(cfg: settings.Settings) -> monitoring.Monitor:
+    """A monitor with its first pass done (loops off: the test steps it)."""
+    mon = monitoring.Monitor(cfg)
+    await mon.start(loops=False)
+    await mon.probe_once()
+    return mon
+
+
+def uuids(view: snapshots.View) -> list[str]:
+    """The fake GPUs' UUIDs by index."""
+    return [s.uuid for s in sorted(view.snapshots, key=lambda s: s.index)]
+
+
+def labelled(view: snapshots.View, family: str) -> dict[str, dict[str, str]]:
+    """gpu index -> labels of one dcgm-exporter family in /metrics."""
+    families = {f.name: f for f in text_string_to_metric_families(metrics.render(view))}
+    return {s.labels["gpu"]: s.labels for s in families[family].samples}
+
+
+async def test_device_plugin_and_dra_gpus_get_their_pods_labels(
+    fake: fakenvml.InProcessControl, kubelet: Any, tmp_path: pathlib.Path, client_dir: pathlib.Path
+) -> None:
+    """UUIDs, replicas and DRA gpu-<index> devices all label their GPU's series."""
+    fake.reset_all()
+    mon = await started(config(tmp_path, kubelet.socket, client_dir))
+    try:
+        u = uuids(mon.view)
+        kubelet.pods = [
+            ("team-a", "train-0", [("trainer", [("nvidia.com/gpu", [u[0], f"{u[1]}::2"])], [])]),
+            ("team-b", "infer-1", [("server", [], [("gpu.nvidia.com", "gpu-node-1", "gpu-5")])]),
+            ("kube-system", "other", [("x", [("example.com/nic", ["eth1"])], [])]),
+            ("team-c", "lost", [("y", [("nvidia.com/gpu", ["GPU-99999999-1111-2222-3333-44"])],
+                                 [])]),
+        ]  # fmt: skip
+        status = await mon.refresh_pods()
+        assert status.enabled, status.detail
+        assert status.detail == "3 of 8 GPUs allocated to pods"
+        view = await mon.probe_once()
+        temps = labelled(view, "DCGM_FI_DEV_GPU_TEMP")
+        assert tuple(temps["1"][k] for k in ("namespace", "pod", "container")) == (
+            "team-a",
+            "train-0",
+            "trainer",
+        )
+        assert temps["5"]["pod"] == "infer-1"
+        assert "pod" not in temps["2"]
+        xid = labelled(view, "DCGM_FI_DEV_XID_ERRORS")["0"]
+        assert (xid["err_code"], xid["err_msg"], xid["pod"]) == ("0", "No Error", "train-0")
+        assert view.pods.unmatched == ("GPU-99999999-1111-2222-3333-44",)
+        assert status.client["version"] == "v0.37.2"
+    finally:
+        await mon.stop()
+
+
+async def test_attribution_follows_pods_as_they_come_and_go(
+    fake: fakenvml.InProcessControl, kubelet: Any, tmp_path: pathlib.Path, client_dir: pathlib.Path
+) -> None:
+    """A refresh tier of its own: the agent's own loop picks up a new allocation and its end."""
+    fake.reset_all()
+    cfg = config(tmp_path, kubelet.socket, client_dir)
+    application = agent_app.make_app(cfg)
+    async with test_utils.TestClient(test_utils.TestServer(application)) as c:
+
+        async def gpus_until(check: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
+            deadline = time.monotonic() + DEADLINE_S
+            while True:
+                doc: dict[str, Any] = await (await c.get("/v1/gpus")).json()
+                if check(doc):
+                    return doc
+                assert time.monotonic() < deadline, doc["podAttribution"]
+                await asyncio.sleep(0.05)
+
+        doc = await gpus_until(lambda d: d["podAttribution"]["enabled"] and d["gpus"])
+        uuid = doc["gpus"][3]["uuid"]
+        kubelet.pods = [("team-a", "job-3", [("main", [("nvidia.com/gpu", [uuid])], [])])]
+        doc = await gpus_until(lambda d: bool(d["gpus"][3]["pods"]))
+        assert doc["gpus"][3]["pods"] == [
+            {"namespace": "team-a", "pod": "job-3", "container": "main"}
+        ]
+        body = await (await c.get("/metrics")).text()
+        assert 'pod="job-3"' in body
+        kubelet.pods = []
+        await gpus_until(lambda d: not d["gpus"][3]["pods"])
+        assert kubelet.calls >= 3
+
+
+@pytest.mark.parametrize(
+    ("setup", "detail"),
+    [
+        pytest.param("no-socket", "does not exist", id="without the kubelet socket it is off"),
+        pytest.param("no-client", "no generated PodResources client",
+                     id="without the generated client it is off"),
+        pytest.param("not-answering", "PodResources List", id="a kubelet that does not answer"),
+        pytest.param("disabled", "off by setting", id="turned off by setting"),
+    ],
+)  # fmt: skip
+async def test_attribution_off_is_said_plainly_and_the_agent_works_on(  # noqa: PLR0917 - fixtures
+    fake: fakenvml.InProcessControl,
+    tmp_path: pathlib.Path,
+    sock_dir: pathlib.Path,
+    client_dir: pathlib.Path,
+    setup: str,
+    detail: str,
+) -> None:
+    """No socket, no client or no answer: no pod labels, the reason in /v1/gpus, GPUs probed."""
+    fake.reset_all()
+    sock = sock_dir / "kubelet.sock"
+    client = tmp_path / "nothing-here" if setup == "no-client" else client_dir
+    if setup == "not-answering":
+        sock.write_text("")  # a file where a socket should be: connection refused
+    extra = {"pod_labels": False} if setup == "disabled" else {}
+    mon = await started(config(tmp_path, sock, client, **extra))
+    try:
+        status = await mon.refresh_pods()
+        view = await mon.probe_once()
+        doc = agent_app.gpus_document(view, None, dcgm_enabled=False)
+        assert (status.enabled, detail in doc["podAttribution"]["detail"]) == (False, True)
+        assert len(view.snapshots) == 8
+        assert "pod" not in labelled(view, "DCGM_FI_DEV_GPU_TEMP")["0"]
+    finally:
+        await mon.stop()
