@@ -18,6 +18,7 @@ this one file into its builder stage and run it there.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import hashlib
 import json
 import os
@@ -238,6 +239,9 @@ class FakeKubelet:
         self.socket = socket
         self.pods: list[tuple[str, str, list[tuple[str, list[Any], list[Any]]]]] = []
         self.calls = 0
+        self.answering = asyncio.Event()
+        """Cleared, List waits for it: a kubelet that accepts the call and never answers."""
+        self.answering.set()
         self._server: Any = None
 
     def _response(self) -> Any:
@@ -269,6 +273,7 @@ class FakeKubelet:
             async def List(self, request: Any, context: Any) -> Any:  # noqa: N802 - gRPC name
                 del request, context
                 fake.calls += 1
+                await fake.answering.wait()
                 return fake._response()
 
         self.socket.unlink(missing_ok=True)

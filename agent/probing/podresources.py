@@ -76,7 +76,14 @@ def grants(response: Any) -> tuple[list[attribution.DeviceGrant], list[attributi
 class Client:
     """One channel to the kubelet's socket; `list()` is one List call."""
 
-    def __init__(self, directory: pathlib.Path, socket: pathlib.Path, *, timeout_s: float) -> None:
+    def __init__(
+        self,
+        directory: pathlib.Path,
+        socket: pathlib.Path,
+        *,
+        timeout_s: float,
+        max_message_bytes: int = MAX_MESSAGE_BYTES,
+    ) -> None:
         self._pb2, self._stubs, self.source = load_stubs(directory)
         # grpcio costs ~9 MiB of RSS: loaded only where attribution runs.
         import grpc  # noqa: PLC0415
@@ -84,6 +91,7 @@ class Client:
         self._grpc = grpc
         self._socket = socket
         self._timeout_s = timeout_s
+        self._max_message_bytes = max_message_bytes
         self._channel: grpc.aio.Channel | None = None
 
     async def list(self) -> tuple[list[attribution.DeviceGrant], list[attribution.ClaimGrant]]:
@@ -92,7 +100,7 @@ class Client:
         if self._channel is None:
             self._channel = grpc.aio.insecure_channel(
                 f"unix://{self._socket}",
-                options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)],
+                options=[("grpc.max_receive_message_length", self._max_message_bytes)],
             )
         stub = self._stubs.PodResourcesListerStub(self._channel)
         try:

@@ -22,7 +22,8 @@ from aiohttp import test_utils
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent import app as agent_app
-from agent import metrics, monitoring, settings, snapshots
+from agent import attribution, metrics, monitoring, settings, snapshots
+from agent.probing import podresources as pr_client
 from devcluster import fakenvml, podresources
 
 DEADLINE_S = 30.0
@@ -199,3 +200,97 @@ async def test_attribution_off_is_said_plainly_and_the_agent_works_on(  # noqa: 
         assert "pod" not in labelled(view, "DCGM_FI_DEV_GPU_TEMP")["0"]
     finally:
         await mon.stop()
+
+
+# ---------------------------------------------------------------- the client against the server
+
+
+def one_pod(uuid: str = "GPU-0") -> list[Any]:
+    """One pod holding one device-plugin GPU."""
+    return [("team-a", "job", [("main", [("nvidia.com/gpu", [uuid])], [])])]
+
+
+def held(devices: list[attribution.DeviceGrant]) -> list[tuple[str, str]]:
+    """(pod, device id) of each device-plugin grant."""
+    return [(d.ref.pod, d.device_id) for d in devices]
+
+
+async def test_a_call_the_kubelet_does_not_answer_in_time_gives_up_and_the_next_one_answers(
+    kubelet: Any, client_dir: pathlib.Path
+) -> None:
+    """The List timeout bounds a call to a kubelet that accepted it and never answers."""
+    kubelet.pods = one_pod()
+    client = pr_client.Client(client_dir, kubelet.socket, timeout_s=0.2)
+    try:
+        kubelet.answering.clear()
+        async with asyncio.timeout(DEADLINE_S):
+            with pytest.raises(pr_client.PodResourcesError, match="DEADLINE_EXCEEDED"):
+                await client.list()
+        kubelet.answering.set()
+        devices, _ = await client.list()
+        assert held(devices) == [("job", "GPU-0")]
+    finally:
+        await client.close()
+
+
+MIB = 1024 * 1024
+
+
+@pytest.mark.parametrize(
+    ("answer_bytes", "cap", "refused"),
+    [
+        pytest.param(5 * MIB, None, False,
+                     id="an answer over gRPC's usual 4 MiB and under the kubelet's 16 MiB is read"),
+        pytest.param(17 * MIB, None, True, id="an answer over 16 MiB is refused"),
+        pytest.param(64 * 1024, 32 * 1024, True, id="an answer over a smaller cap is refused"),
+    ],
+)  # fmt: skip
+async def test_answers_are_read_up_to_the_message_cap_and_the_next_call_works(
+    kubelet: Any, client_dir: pathlib.Path, answer_bytes: int, cap: int | None, refused: bool
+) -> None:
+    """The cap is the kubelet's own client's (16 MiB); a refusal leaves the client usable."""
+    # One device id of 40 characters costs 42 bytes in the answer.
+    ids = [f"GPU-{i:036d}" for i in range(answer_bytes // 42 + 1)]
+    kubelet.pods = [("team-a", "big", [("main", [("nvidia.com/gpu", ids)], [])])]
+    extra = {} if cap is None else {"max_message_bytes": cap}
+    client = pr_client.Client(client_dir, kubelet.socket, timeout_s=DEADLINE_S, **extra)
+    try:
+        if refused:
+            with pytest.raises(pr_client.PodResourcesError, match="RESOURCE_EXHAUSTED"):
+                await client.list()
+        else:
+            devices, _ = await client.list()
+            assert len(ids) == len(devices)
+        kubelet.pods = one_pod()
+        devices, _ = await client.list()
+        assert held(devices) == [("job", "GPU-0")]
+    finally:
+        await client.close()
+
+
+@pytest.mark.parametrize(
+    "call_while_down",
+    [
+        pytest.param(True, id="a call while the kubelet is down fails and the next one answers"),
+        pytest.param(False, id="the first call after a kubelet restart answers"),
+    ],
+)
+async def test_the_client_reconnects_after_a_kubelet_restart(
+    kubelet: Any, client_dir: pathlib.Path, call_while_down: bool
+) -> None:
+    """A restarted kubelet replaces its socket; the same client reaches the new one."""
+    kubelet.pods = one_pod()
+    client = pr_client.Client(client_dir, kubelet.socket, timeout_s=DEADLINE_S)
+    try:
+        devices, _ = await client.list()
+        assert held(devices) == [("job", "GPU-0")]
+        await kubelet.stop()
+        if call_while_down:
+            with pytest.raises(pr_client.PodResourcesError, match="PodResources List"):
+                await client.list()
+        kubelet.pods = one_pod("GPU-1")
+        await kubelet.start()
+        devices, _ = await client.list()
+        assert held(devices) == [("job", "GPU-1")]
+    finally:
+        await client.close()
