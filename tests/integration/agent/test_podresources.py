@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import pathlib
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -171,6 +172,8 @@ async def test_attribution_follows_pods_as_they_come_and_go(
         pytest.param("no-socket", "does not exist", id="without the kubelet socket it is off"),
         pytest.param("no-client", "no generated PodResources client",
                      id="without the generated client it is off"),
+        pytest.param("grpcio-client", "no generated PodResources client (grpclib)",
+                     id="a client an older builder made for grpcio only is not used"),
         pytest.param("not-answering", "PodResources List", id="a kubelet that does not answer"),
         pytest.param("disabled", "off by setting", id="turned off by setting"),
     ],
@@ -187,6 +190,10 @@ async def test_attribution_off_is_said_plainly_and_the_agent_works_on(  # noqa: 
     fake.reset_all()
     sock = sock_dir / "kubelet.sock"
     client = tmp_path / "nothing-here" if setup == "no-client" else client_dir
+    if setup == "grpcio-client":
+        client = tmp_path / "grpcio-only"
+        shutil.copytree(client_dir, client)
+        (client / podresources.PACKAGE / "api_grpc.py").unlink()
     if setup == "not-answering":
         sock.write_text("")  # a file where a socket should be: connection refused
     extra = {"pod_labels": False} if setup == "disabled" else {}
@@ -227,6 +234,24 @@ async def test_a_call_the_kubelet_does_not_answer_in_time_gives_up_and_the_next_
             with pytest.raises(pr_client.PodResourcesError, match="DEADLINE_EXCEEDED"):
                 await client.list()
         kubelet.answering.set()
+        devices, _ = await client.list()
+        assert held(devices) == [("job", "GPU-0")]
+    finally:
+        await client.close()
+
+
+async def test_a_kubelet_answering_an_error_status_is_said_by_its_name_and_the_next_call_works(
+    kubelet: Any, client_dir: pathlib.Path
+) -> None:
+    """A status the kubelet sends (here grpcio's) reaches `/v1/gpus` as gRPC names it."""
+    kubelet.error = ("PERMISSION_DENIED", "pod resources API is disabled")
+    client = pr_client.Client(client_dir, kubelet.socket, timeout_s=DEADLINE_S)
+    try:
+        with pytest.raises(pr_client.PodResourcesError) as caught:
+            await client.list()
+        assert str(caught.value).endswith(": PERMISSION_DENIED pod resources API is disabled")
+        kubelet.error = None
+        kubelet.pods = one_pod()
         devices, _ = await client.list()
         assert held(devices) == [("job", "GPU-0")]
     finally:
@@ -294,3 +319,38 @@ async def test_the_client_reconnects_after_a_kubelet_restart(
         assert held(devices) == [("job", "GPU-1")]
     finally:
         await client.close()
+
+
+AGENT_WITHOUT_GRPCIO = """
+import asyncio, pathlib, sys
+sys.modules["grpc"] = None  # `import grpc` now fails, as where grpcio is not installed
+from agent import app
+loaded = sorted(m for m in ("grpc", "grpclib", "h2") if sys.modules.get(m))
+from agent.probing import podresources
+
+async def main():
+    client = podresources.Client(
+        pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2]), timeout_s=30
+    )
+    devices, _ = await client.list()
+    await client.close()
+    print(loaded, [d.device_id for d in devices])
+
+asyncio.run(main())
+"""
+
+
+async def test_the_agent_calls_the_kubelet_without_grpcio_and_loads_grpclib_only_to_call(
+    kubelet: Any, client_dir: pathlib.Path
+) -> None:
+    """grpcio is a dev dependency (the stand-in kubelet): the agent's runtime never imports it,
+    and importing the agent loads no gRPC library until attribution runs."""
+    kubelet.pods = one_pod()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", AGENT_WITHOUT_GRPCIO, str(client_dir), str(kubelet.socket),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    async with asyncio.timeout(DEADLINE_S):
+        out, err = await proc.communicate()
+    assert (proc.returncode, out.decode().strip()) == (0, "[] ['GPU-0']"), err.decode()
