@@ -28,7 +28,7 @@ from typing import Any
 
 import yaml
 
-from devcluster import build, pki, processes
+from devcluster import build, netns, pki, processes
 
 STAGES_DIR = pathlib.Path(__file__).resolve().parent / "stages"
 
@@ -297,7 +297,9 @@ class Cluster:
         bin_dir = built / "bin"
         assets = built / "assets"
         self.state.mkdir(parents=True, exist_ok=True)
-        pki.ensure(self.pki)
+        # The real node reaches the API server at the host end of its link: the serving
+        # certificate covers that address too.
+        pki.ensure(self.pki, extra_ips=(netns.plan(self.state).host_ip,))
         self.write_kubeconfig()
         self.podlogs.mkdir(parents=True, exist_ok=True)
         started = time.monotonic()
