@@ -9,7 +9,7 @@ import pathlib
 import sys
 from collections.abc import Sequence
 
-from devcluster import build, cluster, stack, tokens
+from devcluster import build, cluster, images, imagespec, netns, node, stack, tokens
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -24,6 +24,13 @@ def _parser() -> argparse.ArgumentParser:
 
     up = sub.add_parser("up", help="start the control plane with fake GPU nodes and queues")
     up.add_argument("--nodes", type=int, default=4, help="number of fake GPU nodes (default 4)")
+    up.add_argument(
+        "--real-node",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also run one real node (kubelet, containerd, real pods); default on. Where the "
+        "machine cannot run it, `up` says why and the KWOK-only cluster comes up",
+    )
     up.add_argument(
         "--no-taugrid",
         action="store_true",
@@ -46,6 +53,14 @@ def _parser() -> argparse.ArgumentParser:
         "renew-tokens", help="keep the host processes' pod-bound tokens fresh (run by `up`)"
     )
     renew.add_argument("nodes", nargs="+", help="the fake GPU nodes whose agents run")
+    renew.add_argument(
+        "--controller-addr", type=pathlib.Path, default=None,
+        help="keep this file at the controller pod's ip:port (real node)",
+    )  # fmt: skip
+
+    img = sub.add_parser("images", help="build (or reuse) the images without Docker")
+    img.add_argument("names", nargs="*", help="images of the spec (default: all)")
+    sub.add_parser("dockerfiles", help="write deploy/docker/*.Dockerfile from the image spec")
 
     sub.add_parser("down", help="stop every process `up` started")
     st = sub.add_parser("status", help="report each component's health")
@@ -69,32 +84,43 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return 2
             build.check_prerequisites()
             c.up(nodes=args.nodes)
+            bin_dir = build.built_dir() / "bin"
+            real = _start_real_node(c, bin_dir) if args.real_node else None
             if not args.no_taugrid:
-                bin_dir = build.built_dir() / "bin"
                 stack.stop_agents_state(c)
-                stack.start(c, bin_dir, [f"gpu-node-{i}" for i in range(args.nodes)])
+                stack.start(c, bin_dir, [f"gpu-node-{i}" for i in range(args.nodes)], real)
                 print(cluster.summary(c))
                 print(_welcome(c, bin_dir))
             else:
                 print(cluster.summary(c))
             return 0
+        if args.command == "images":
+            return images.main(args.names)
+        if args.command == "dockerfiles":
+            changed = imagespec.write_dockerfiles()
+            print("\n".join(changed) if changed else "the Dockerfiles are up to date")
+            return 0
         if args.command == "renew-tokens":
             tokens.renew_forever(c, build.built_dir() / "bin", stack.NAMESPACE, stack.RELEASE,
-                                 args.nodes)  # fmt: skip
+                                 args.nodes, controller_addr_file=args.controller_addr)  # fmt: skip
             return 0
         if args.command == "inject":
             line = stack.inject(c, args.node, args.gpu, *_inject_command(args))
             print(f"injected on {args.node}: {line}")
             return 0
         if args.command == "down":
-            stopped = c.down()
+            stopped = node.RealNode(c).stop() if node.recorded(c) else []
+            stopped += c.down()
             print(f"stopped: {', '.join(stopped) if stopped else 'nothing was running'}")
             return 0
         if args.command == "status":
             if args.json:
                 print(cluster.json_status(c))
             else:
-                for name, state, detail in c.status():
+                rows = c.status()
+                if node.recorded(c):
+                    rows += node.RealNode(c).status()
+                for name, state, detail in rows:
                     print(f"{name:<24} {state:<10} {detail}")
             return 0 if c.is_up() else 1
     except cluster.AlreadyRunningError as err:
@@ -104,6 +130,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     return 2
+
+
+def _start_real_node(c: cluster.Cluster, bin_dir: pathlib.Path) -> stack.RealNode | None:
+    """Start the real node, or say exactly why not and go on with the KWOK nodes alone."""
+    real = node.RealNode(c, bin_dir)
+    problems = node.preflight(bin_dir)
+    if problems:
+        print("real node: not started, the KWOK-only cluster comes up. Why:")
+        print("\n".join(f"  - {p}" for p in problems))
+        return None
+    try:
+        refs = real.start()
+    except (cluster.ClusterError, images.ImageError, netns.NetnsError, OSError) as err:
+        print(f"real node: failed, stopping it; the KWOK-only cluster stays up. Why:\n{err}")
+        real.stop()
+        return None
+    return real.stack_view(refs)
 
 
 def _inject_command(args: argparse.Namespace) -> list[str]:

@@ -34,7 +34,7 @@ from typing import Any
 
 import yaml
 
-from devcluster import build, cluster, fakenvml, images, netns, pki, processes
+from devcluster import build, cluster, fakenvml, images, netns, pki, processes, stack
 
 NODE_NAME = "real-node"
 TAINT_KEY = "taugrid.dev/real-node"
@@ -616,6 +616,22 @@ class RealNode:
                 with contextlib.suppress(OSError):
                     d.rmdir()
 
+    def stack_view(self, refs: dict[str, str]) -> stack.RealNode:
+        """What the chart needs to know about this node (`stack.start`)."""
+        return stack.RealNode(
+            name=NODE_NAME,
+            images=refs,
+            host_ip=self.link.host_ip,
+            apiserver_port=self.cluster.ports.apiserver,
+            controller_port=stack.controller_port(),
+            agent_state=self.paths.agent_state,
+            controller_addr=self.paths.controller_addr,
+            fakenvml_lib=fakenvml.build(),
+            agents_dir=self.cluster.state / "agents",
+            taint_key=TAINT_KEY,
+            label=NODE_LABEL,
+        )
+
     # ------------------------------------------------------------------ status
     def status(self) -> list[tuple[str, str, str]]:
         """(what, state, detail) of the node: its processes and the Node object."""
@@ -631,6 +647,11 @@ class RealNode:
                 (f"node {NODE_NAME}", state, f"{self.link.node_ip}, {gpus} GPUs allocatable")
             )
         return out
+
+
+def recorded(c: cluster.Cluster) -> bool:
+    """True when this dev cluster has a real node's process recorded, or its namespace."""
+    return any(c.table.get(n) for n in PROCESS_ORDER) or Paths.of(c.state).root.exists()
 
 
 def owner() -> pathlib.Path | None:
