@@ -5,9 +5,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import pathlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from devcluster import build, cluster, images, imagespec, netns, node, stack, tokens
 
@@ -68,10 +70,38 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+@contextlib.contextmanager
+def _exclusive(c: cluster.Cluster, command: str) -> Iterator[None]:
+    """One `up` or `down` at a time per state directory (two racing would both start
+    processes and overwrite each other's PID records)."""
+    c.state.mkdir(parents=True, exist_ok=True)
+    with (c.state / ".lock").open("w") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            msg = f"another `taugrid dev up` or `down` is running on {c.state}; wait for it"
+            raise cluster.ClusterError(msg) from None
+        yield
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the `taugrid` command line; return its exit code."""
     args = _parser().parse_args(argv)
     c = cluster.Cluster()
+    try:
+        if args.command in {"up", "down"}:
+            with _exclusive(c, args.command):
+                return _run(c, args)
+        return _run(c, args)
+    except cluster.AlreadyRunningError as err:
+        print(str(err))
+        return 0
+    except (build.BuildError, cluster.ClusterError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+def _run(c: cluster.Cluster, args: argparse.Namespace) -> int:
     try:
         if args.command == "build":
             flags = ["--force"] if args.force else []

@@ -53,6 +53,7 @@ KCM_CONTROLLERS = (
     "statefulset-controller",
     "disruption-controller",
     "endpointslice-controller",
+    "persistentvolume-binder-controller",
     "ttl-after-finished-controller",
     "pod-garbage-collector-controller",
 )

@@ -132,6 +132,11 @@ class Paths:
         return self.root / "controller.addr"
 
     @property
+    def images(self) -> pathlib.Path:
+        """The references of the images imported into the node (JSON: name → reference)."""
+        return self.root / "images.json"
+
+    @property
     def agent_state(self) -> pathlib.Path:
         """The agent pod's latched-fault state directory (the chart's stateHostPath)."""
         return self.root / "agent-state"
@@ -400,8 +405,11 @@ class RealNode:
         built = self._images(out)
         self._start_containerd(built["pause"])
         self._say(out, "containerd ready", started)
-        images.import_archives(self.bin / "ctr", self.paths.socket, [a for _, a in built.values()])
-        self._say(out, f"imported {len(built)} images", started)
+        present = set(self._ctr("images", "ls", "-q").stdout.split())
+        wanted = [archive for ref, archive in built.values() if ref not in present]
+        images.import_archives(self.bin / "ctr", self.paths.socket, wanted)
+        self._say(out, f"imported {len(wanted)} images ({len(built) - len(wanted)} present)",
+                  started)  # fmt: skip
         self.cluster.apply(self.bin, NODE_RBAC)
         self._claim_device_plugin_dir()
         self._start_kubelet()
@@ -410,7 +418,9 @@ class RealNode:
         self._start_device_plugin()
         self._wait_gpus()
         self._say(out, "fake device plugin registered: nvidia.com/gpu allocatable", started)
-        return {name: ref for name, (ref, _) in built.items()}
+        refs = {name: ref for name, (ref, _) in built.items()}
+        self.paths.images.write_text(json.dumps(refs, indent=2) + "\n")
+        return refs
 
     # ------------------------------------------------------------------ steps
     def _images(self, out: Callable[[str], None]) -> dict[str, tuple[str, pathlib.Path]]:
@@ -571,8 +581,18 @@ class RealNode:
         for task in tasks.stdout.split():
             self._ctr("tasks", "kill", "-s", "SIGKILL", task)
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and self._ctr("tasks", "ls", "-q").stdout.strip():
+        while time.monotonic() < deadline:
+            left = self._ctr("tasks", "ls", "-q").stdout.split()
+            if not left:
+                break
+            for task in left:
+                self._ctr("tasks", "delete", "--force", task)
             time.sleep(0.2)
+        # The image content stays (the next `up` imports only what changed); what ran goes.
+        for kind in ("containers", "sandboxes"):
+            ids = self._ctr(kind, "ls", "-q").stdout.split()
+            if ids:
+                self._ctr(kind, "rm", *ids)
 
     def _kill_shims(self) -> None:
         """Kill the runc shims of *this* node (their command line names our socket)."""
@@ -599,7 +619,7 @@ class RealNode:
         self._remove_cgroup_parent(info)
         netns.remove(self.link)
         for d in (self.paths.containerd_state, self.paths.runc_root, self.paths.cni_ipam,
-                  self.paths.kubelet_root, self.paths.containerd_root):  # fmt: skip
+                  self.paths.kubelet_root):  # fmt: skip
             shutil.rmtree(d, ignore_errors=True)
 
     def _remove_cgroup_parent(self, info: str) -> None:
