@@ -31,7 +31,7 @@ import sys
 import tarfile
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from devcluster import build, imagespec
 
@@ -559,7 +559,7 @@ def _json_blob(obj: object) -> tuple[bytes, str]:
 
 
 def write_archive(
-    out: pathlib.Path, ref: str, config: dict[str, object], layers: Sequence[Layer]
+    out: pathlib.Path, ref: str, config: Mapping[str, object], layers: Sequence[Layer]
 ) -> None:
     """Write an OCI image-layout archive (oci-layout, index.json, blobs) naming `ref`."""
     config_bytes, config_digest = _json_blob(config)

@@ -39,7 +39,7 @@ class Rule:
 
 def parse_address(text: str) -> tuple[str, int]:
     """Parse `a.b.c.d:port` (full match)."""
-    m = _ADDR.fullmatch(text.strip())
+    m = _ADDR.fullmatch(text)
     if m is None or not 0 < int(m.group("port")) < 65536:
         msg = f"not an IPv4 host:port: {text!r}"
         raise RelayError(msg)
@@ -62,7 +62,8 @@ def resolve(rule: Rule) -> tuple[str, int]:
     """The target of a rule now (a file target is read afresh)."""
     if rule.target.startswith("@"):
         try:
-            return parse_address(pathlib.Path(rule.target[1:]).read_text())
+            text = pathlib.Path(rule.target[1:]).read_text()
+            return parse_address(text.removesuffix("\n"))
         except OSError as err:
             msg = f"target file {rule.target[1:]} unreadable: {err}"
             raise RelayError(msg) from err

@@ -230,7 +230,8 @@ async def test_a_real_run_is_sigtermed_on_quarantine_checkpoints_and_resumes(
 
         async def resumed() -> str:
             r = await run()
-            assert r["phase"] == "Running" and len(r["attempts"]) == 2, (r["phase"], r["message"])
+            assert len(r["attempts"]) == 2, r["attempts"]
+            assert r["phase"] == "Running", (r["phase"], r["message"])
             t.mark("attempt 2 running")
             log = dev_cluster.kubectl(
                 bin_dir, "-n", "default", "logs", "-l", f"job-name={r['attempts'][1]['objectName']}"
