@@ -58,6 +58,8 @@ DEV_TAG_PREFIX = "dev-"
 REPOSITORY = "docker.io/taugrid"
 """The chart's image repositories (`taugrid/<name>`), as containerd normalises them."""
 PAUSE_REF = "docker.io/taugrid/pause"
+KEEP_BUILDS = 2
+"""Builds of one image kept in the cache (the current one and the one before)."""
 
 
 class ImageError(Exception):
@@ -421,7 +423,18 @@ class Builder:
         write_archive(archive, ref, config, layers)
         shutil.rmtree(own)
         self.say(f"{name} {key}: {archive} ({sum(x.size for x in layers) >> 20} MiB)")
+        self._prune(name, keep=d)
         return ref, archive
+
+    def _prune(self, name: str, keep: pathlib.Path, count: int = KEEP_BUILDS) -> None:
+        """Keep the newest builds of an image (each is an archive of a few hundred MiB)."""
+        builds = sorted(
+            (p for p in (self.root / "image").glob(f"{name}-*") if p != keep),
+            key=lambda p: p.stat().st_mtime,
+            reverse=True,
+        )
+        for old in builds[count - 1 :]:
+            shutil.rmtree(old, ignore_errors=True)
 
     def _project_layer(self, image: imagespec.Image, own: pathlib.Path, venv: pathlib.Path) -> None:
         """Install the project's wheel (only the image's packages) over a copy of the deps venv
