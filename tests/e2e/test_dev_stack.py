@@ -17,7 +17,8 @@ import aiohttp
 import pytest
 from kubernetes_asyncio import client
 
-from devcluster import chart, cluster, node, stack, tokens
+from devcluster import chart, cluster, stack, tokens
+from devcluster import node as real_node
 from tests import support
 
 pytestmark = pytest.mark.cluster
@@ -43,8 +44,9 @@ async def _review(api: client.ApiClient, token: str, audience: str | None) -> An
 async def test_the_chart_installed_taugrid_and_kwok_runs_its_pods(
     dev_cluster: cluster.Cluster, bin_dir: pathlib.Path, k8s: client.ApiClient
 ) -> None:
-    """One Helm release holds TauGrid: a controller Deployment, an agent pod on every dev node, the AdmissionCheck (Active: the dev controller answers it) and the dev
-    queue waiting on it."""
+    """One Helm release holds TauGrid: a controller Deployment, an agent pod on every dev
+    node, the AdmissionCheck (Active: the dev controller answers it) and the dev queue waiting
+    on it."""
     nodes = _dev_nodes(dev_cluster)
     listing = await asyncio.to_thread(
         subprocess.run,
@@ -64,7 +66,7 @@ async def test_the_chart_installed_taugrid_and_kwok_runs_its_pods(
     )
     # With the real node the controller is the chart's one real pod there; else two replicas
     # that KWOK "runs", with a host process standing in for the leader.
-    assert (1 if node.running(dev_cluster) else 2) == deploy.spec.replicas
+    assert (1 if real_node.running(dev_cluster) else 2) == deploy.spec.replicas
     custom = client.CustomObjectsApi(k8s)
     check = await custom.get_cluster_custom_object(
         "kueue.x-k8s.io", "v1beta2", "admissionchecks", cluster.ADMISSION_CHECK
