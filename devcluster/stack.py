@@ -256,12 +256,18 @@ def real_node_values(real: RealNode) -> dict[str, Any]:
     """Dev-only chart values with a real node: one controller replica as a real pod there,
     and the agent DaemonSet's pod there on the fake NVML (KWOK keeps "running" the others)."""
     toleration = {"key": real.taint_key, "operator": "Exists", "effect": "NoSchedule"}
+    # The controller's one node is a GPU node it may quarantine: a controller pod replaced
+    # then (an upgrade) must still land there, or the dev cluster would have none.
+    quarantined = [
+        {"key": key, "operator": "Exists", "effect": "NoSchedule"}
+        for key in ("taugrid.dev/gpu-unhealthy", "node.kubernetes.io/unschedulable")
+    ]
     return {
         "controller": {
             "replicas": 1,
             "image": _image(real.images["controller"]),
             "nodeSelector": {real.label: "true"},
-            "tolerations": [toleration],
+            "tolerations": [toleration, *quarantined],
             "runControllerUrl": real.controller_url,
             "extraEnv": real.api_env(),
             "podDisruptionBudget": {"enabled": False},
