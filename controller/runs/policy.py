@@ -156,7 +156,10 @@ def _observe(
     creates = (
         () if run.attempt_object is not None else _render(spec, run.ref, current, st, settings)
     )
-    outcome = lifecycle.attempt_outcome(run.attempt_object, run.workload, run.pods, run.nodes)
+    outcome = lifecycle.attempt_outcome(
+        run.attempt_object, run.workload, run.pods, run.nodes,
+        recorded_nodes=st.last_attempt.nodes if st.last_attempt else (),
+    )  # fmt: skip
     record = lifecycle.attempt_record(
         current, object_kind=kind, object_name=name, outcome=outcome, workload=run.workload,
         previous=st.last_attempt or records.AttemptRecord(number=current),
