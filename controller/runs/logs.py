@@ -13,7 +13,7 @@ from typing import Any
 from aiohttp import web
 
 from controller import errors, marks, serving
-from controller.runs import context, lifecycle, reconciling, rendering, views
+from controller.runs import context, lifecycle, logtext, reconciling, rendering, views
 from shared import spec as specs
 
 LOG_POLL_S = 0.5
@@ -91,9 +91,16 @@ async def get_logs(request: web.Request) -> web.StreamResponse:
     try:
         first = await anext(chunks, b"")
     except Exception as err:
-        text = getattr(err, "body", None) or str(err)
-        msg = f"the log of pod {pod_name} is not available: {text}"
-        raise errors.Conflict(msg, code="LogUnavailable") from err
+        node = str((pod.get("spec") or {}).get("nodeName") or "")
+        why = logtext.unavailable(
+            pod=pod_name, node=node, container=container,
+            upstream_status=getattr(err, "status", None),
+            upstream=str(getattr(err, "reason", None) or getattr(err, "body", None) or err),
+            simulated=await _simulated(ctx, node),
+        )  # fmt: skip
+        if why.status == 404:
+            raise errors.NotFound(why.message, code=why.code) from err
+        raise errors.Unavailable(why.message, code=why.code) from err
     await resp.prepare(request)
     try:
         if first:
@@ -105,3 +112,17 @@ async def get_logs(request: web.Request) -> web.StreamResponse:
         raise
     await resp.write_eof()
     return resp
+
+
+async def _simulated(ctx: Any, node: str) -> bool:
+    """Whether KWOK plays the node's kubelet (its annotation says so)."""
+    if not node:
+        return False
+    try:
+        found = await ctx.store.list_nodes([node])
+    except Exception:  # noqa: BLE001  (the answer is only a better sentence)
+        return False
+    return any(
+        marks.SIMULATED_NODE_ANNOTATION in ((n.get("metadata") or {}).get("annotations") or {})
+        for n in found
+    )
