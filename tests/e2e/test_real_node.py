@@ -80,6 +80,11 @@ def _upgrade(dev: cluster.Cluster, bin_dir: pathlib.Path, values: dict[str, Any]
             leading = lease.startswith(ready[0]["metadata"]["name"] + "-")
             if leading and dev.probe(f"{stack.controller_url()}/readyz")[0]:
                 print(f"controller pod at {addr} with {values['controller']}")
+                # The controller's token is bound to its pod: issue the dev stack's tokens
+                # anew now, as the renewer would within 20 minutes.
+                agents = sorted(p.name for p in (dev.state / "agents").iterdir()
+                                if (p / "token").exists() and p.name != node.NODE_NAME)  # fmt: skip
+                tokens.issue(dev, bin_dir, stack.NAMESPACE, stack.RELEASE, agents)
                 return
         assert time.monotonic() < deadline, "the upgraded controller pod did not become ready"
         time.sleep(0.5)
@@ -102,6 +107,16 @@ async def _fast_controller(dev: cluster.Cluster, bin_dir: pathlib.Path) -> Async
         yield
     finally:
         await asyncio.to_thread(_upgrade, dev, bin_dir, original)
+
+
+@contextlib.asynccontextmanager
+async def _cleared(dev: cluster.Cluster) -> AsyncIterator[None]:
+    """Whatever happens, the real node's GPU ends reset and back to its scenario."""
+    try:
+        yield
+    finally:
+        stack.inject(dev, node.NODE_NAME, GPU, "reset")
+        stack.inject(dev, node.NODE_NAME, GPU, "clear")
 
 
 def _volume(dev: cluster.Cluster, name: str) -> list[dict[str, Any]]:
@@ -160,7 +175,11 @@ async def test_a_real_run_is_sigtermed_on_quarantine_checkpoints_and_resumes(
         "retry": {"maxAttempts": 3, "when": ["NodeFailure", "Evicted"]},
     }  # fmt: skip
     tau_env = {**os.environ, "TAU_URL": url, "TAU_TOKEN": token, "TAU_NAMESPACE": "default"}
-    async with _fast_controller(dev_cluster, bin_dir), aiohttp.ClientSession() as http:
+    async with (
+        _cleared(dev_cluster),
+        _fast_controller(dev_cluster, bin_dir),
+        aiohttp.ClientSession() as http,
+    ):
 
         async def run() -> dict[str, Any]:
             async with http.get(f"{url}/v1/runs/default/{name}", headers=headers) as resp:
@@ -221,7 +240,8 @@ async def test_a_real_run_is_sigtermed_on_quarantine_checkpoints_and_resumes(
             saved = max(c["step"] for c in hit["checkpoints"] if c["attempt"] == 1)
             assert hit["attempts"][0]["failureClass"] in {"NodeFailure", "Evicted"}, hit["attempts"]
         finally:
-            follow.kill()
+            with contextlib.suppress(ProcessLookupError):  # it ends with attempt 1's pod
+                follow.kill()
             await follow.wait()
             reading.cancel()
 
@@ -243,7 +263,6 @@ async def test_a_real_run_is_sigtermed_on_quarantine_checkpoints_and_resumes(
         await support.eventually(resumed, timeout_s=180, interval_s=1, what="attempt 2 resumes")
         async with http.delete(f"{url}/v1/runs/default/{name}", headers=headers) as resp:
             assert resp.status in {200, 202}, await resp.text()
-    stack.inject(dev_cluster, node.NODE_NAME, GPU, "clear")
     print("timeline (s after the fault):", json.dumps(t.marks))
     attempt1 = [line for line in streamed if "[train]" in line]
     assert attempt1, "tau logs -f streamed nothing of the real process"
