@@ -312,11 +312,14 @@ NODE_RBAC: list[dict[str, Any]] = [
 
 
 def mounted_cgroup_hierarchies(mountinfo: str) -> list[pathlib.Path]:
-    """The cgroup v1 hierarchies mounted under /sys/fs/cgroup (from /proc/self/mountinfo)."""
+    """The cgroup hierarchies mounted under /sys/fs/cgroup (from /proc/self/mountinfo): every
+    v1 controller, and the hybrid layout's v2 tree (`unified`), where runc makes its cgroups
+    too."""
     out = []
     for line in mountinfo.splitlines():
         fields = line.split()
-        if " - cgroup " in line and len(fields) > 4 and fields[4].startswith("/sys/fs/cgroup/"):
+        hierarchy = " - cgroup " in line or " - cgroup2 " in line
+        if hierarchy and len(fields) > 4 and fields[4].startswith("/sys/fs/cgroup/"):
             out.append(pathlib.Path(fields[4]))
     return sorted(set(out))
 
@@ -361,7 +364,8 @@ def preflight(bin_dir: pathlib.Path, mountinfo: str | None = None) -> list[str]:
         problems.append("the kernel has no overlay file system (containerd's snapshotter)")
     info = mountinfo if mountinfo is not None else pathlib.Path("/proc/self/mountinfo").read_text()
     unified = "cgroup2" in info and not mounted_cgroup_hierarchies(info)
-    if not unified and not any(h.name == "memory" for h in mounted_cgroup_hierarchies(info)):
+    v1 = [h for h in mounted_cgroup_hierarchies(info) if h.name != "unified"]
+    if not unified and not any(h.name == "memory" for h in v1):
         problems.append("no cgroup memory hierarchy mounted: the kubelet cannot run pods")
     return problems
 

@@ -88,9 +88,10 @@ def test_pods_get_one_route_and_it_stays_on_this_machine() -> None:
 
 
 def test_the_cgroup_v1_hierarchies_are_read_from_mountinfo() -> None:
-    """Every mounted v1 controller (captured on this machine) gets the kubelet's parent."""
+    """Every mounted v1 controller (captured on this machine) gets the kubelet's parent, and
+    the hybrid layout's v2 tree is cleaned too (runc makes cgroups there)."""
     names = [p.name for p in node.mounted_cgroup_hierarchies(MOUNTINFO)]
-    assert {"cpu", "memory", "devices", "pids", "systemd"} <= set(names)
+    assert {"cpu", "memory", "devices", "pids", "systemd", "unified"} <= set(names)
     assert "cgroup" not in names  # the tmpfs at /sys/fs/cgroup itself is no hierarchy
 
 
