@@ -102,63 +102,56 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(c: cluster.Cluster, args: argparse.Namespace) -> int:
-    try:
-        if args.command == "build":
-            flags = ["--force"] if args.force else []
-            if args.only:
-                flags.append(f"--only={args.only}")
-            return build.main(flags)
-        if args.command == "up":
-            if args.nodes < 1:
-                print("error: --nodes must be at least 1", file=sys.stderr)
-                return 2
-            build.check_prerequisites()
-            c.up(nodes=args.nodes)
-            bin_dir = build.built_dir() / "bin"
-            real = _start_real_node(c, bin_dir) if args.real_node else None
-            if not args.no_taugrid:
-                stack.stop_agents_state(c)
-                stack.start(c, bin_dir, [f"gpu-node-{i}" for i in range(args.nodes)], real)
-                print(cluster.summary(c))
-                print(_welcome(c, bin_dir))
-            else:
-                print(cluster.summary(c))
-            return 0
-        if args.command == "images":
-            return images.main(args.names)
-        if args.command == "dockerfiles":
-            changed = imagespec.write_dockerfiles()
-            print("\n".join(changed) if changed else "the Dockerfiles are up to date")
-            return 0
-        if args.command == "renew-tokens":
-            tokens.renew_forever(c, build.built_dir() / "bin", stack.NAMESPACE, stack.RELEASE,
-                                 args.nodes, controller_addr_file=args.controller_addr)  # fmt: skip
-            return 0
-        if args.command == "inject":
-            line = stack.inject(c, args.node, args.gpu, *_inject_command(args))
-            print(f"injected on {args.node}: {line}")
-            return 0
-        if args.command == "down":
-            stopped = node.RealNode(c).stop() if node.recorded(c) else []
-            stopped += c.down()
-            print(f"stopped: {', '.join(stopped) if stopped else 'nothing was running'}")
-            return 0
-        if args.command == "status":
-            if args.json:
-                print(cluster.json_status(c))
-            else:
-                rows = c.status()
-                if node.recorded(c):
-                    rows += node.RealNode(c).status()
-                for name, state, detail in rows:
-                    print(f"{name:<24} {state:<10} {detail}")
-            return 0 if c.is_up() else 1
-    except cluster.AlreadyRunningError as err:
-        print(str(err))
+    if args.command == "build":
+        flags = ["--force"] if args.force else []
+        if args.only:
+            flags.append(f"--only={args.only}")
+        return build.main(flags)
+    if args.command == "up":
+        if args.nodes < 1:
+            print("error: --nodes must be at least 1", file=sys.stderr)
+            return 2
+        build.check_prerequisites()
+        c.up(nodes=args.nodes)
+        bin_dir = build.built_dir() / "bin"
+        real = _start_real_node(c, bin_dir) if args.real_node else None
+        if not args.no_taugrid:
+            stack.stop_agents_state(c)
+            stack.start(c, bin_dir, [f"gpu-node-{i}" for i in range(args.nodes)], real)
+            print(cluster.summary(c))
+            print(_welcome(c, bin_dir))
+        else:
+            print(cluster.summary(c))
         return 0
-    except (build.BuildError, cluster.ClusterError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    if args.command == "images":
+        return images.main(args.names)
+    if args.command == "dockerfiles":
+        changed = imagespec.write_dockerfiles()
+        print("\n".join(changed) if changed else "the Dockerfiles are up to date")
+        return 0
+    if args.command == "renew-tokens":
+        tokens.renew_forever(c, build.built_dir() / "bin", stack.NAMESPACE, stack.RELEASE,
+                             args.nodes, controller_addr_file=args.controller_addr)  # fmt: skip
+        return 0
+    if args.command == "inject":
+        line = stack.inject(c, args.node, args.gpu, *_inject_command(args))
+        print(f"injected on {args.node}: {line}")
+        return 0
+    if args.command == "down":
+        stopped = node.RealNode(c).stop() if node.recorded(c) else []
+        stopped += c.down()
+        print(f"stopped: {', '.join(stopped) if stopped else 'nothing was running'}")
+        return 0
+    if args.command == "status":
+        if args.json:
+            print(cluster.json_status(c))
+        else:
+            rows = c.status()
+            if node.recorded(c):
+                rows += node.RealNode(c).status()
+            for name, state, detail in rows:
+                print(f"{name:<24} {state:<10} {detail}")
+        return 0 if c.is_up() else 1
     return 2
 
 
