@@ -29,7 +29,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import yaml
@@ -50,13 +50,6 @@ OWNER_FILE = DEVICE_PLUGIN_DIR / ".taugrid-owner"
 """The state directory of the dev cluster whose kubelet uses DEVICE_PLUGIN_DIR now."""
 CNI_BIN = pathlib.Path("/usr/lib/cni")
 CNI_PLUGINS = ("bridge", "host-local", "loopback")
-DEBIAN_PACKAGES = {
-    "runc": "runc",
-    "cni": "containernetworking-plugins",
-    "mmdebstrap": "mmdebstrap",
-    "ip": "iproute2",
-    "nsenter": "util-linux",
-}
 CONTROLLERS_V1 = ("cpu", "cpuacct", "cpuset", "memory", "devices", "freezer", "blkio", "pids",
                   "systemd", "hugetlb", "net_cls", "net_prio", "perf_event", "rdma")  # fmt: skip
 """cgroup v1 hierarchies the kubelet's cgroup parent is made in (those that are mounted)."""
@@ -355,7 +348,7 @@ def preflight(bin_dir: pathlib.Path, mountinfo: str | None = None) -> list[str]:
             f"CNI plugins {', '.join(missing_cni)} missing in {CNI_BIN}: "
             "apt-get install containernetworking-plugins"
         )
-    for tool, package in (("mmdebstrap", "mmdebstrap"), ("ip", "iproute2"),
+    for tool, package in (("mmdebstrap", "mmdebstrap"), ("ip", "iproute2"), ("sysctl", "procps"),
                           ("nsenter", "util-linux"), ("unshare", "util-linux")):  # fmt: skip
         if shutil.which(tool) is None:
             problems.append(f"{tool} missing: apt-get install {package}")
@@ -709,8 +702,3 @@ def running(c: cluster.Cluster) -> bool:
     """True when this dev cluster runs a real node (its kubelet is recorded and alive)."""
     rec = c.table.get("kubelet")
     return rec is not None and processes.is_alive(rec)
-
-
-def wanted_pids(names: Sequence[str] = PROCESS_ORDER) -> tuple[str, ...]:
-    """The recorded process names of the node, in start order."""
-    return tuple(names)

@@ -33,7 +33,7 @@ browser_prereq() {
   fi
 }
 
-NODE_PACKAGES=(runc containernetworking-plugins mmdebstrap iproute2 util-linux python3)
+NODE_PACKAGES=(runc containernetworking-plugins mmdebstrap iproute2 util-linux procps python3)
 node_prereq() {
   # The dev cluster's real node (devcluster/node.py): Debian's runc and CNI plugins, mmdebstrap
   # for the images' Debian rootfs, ip/nsenter/unshare for its network namespace, and Debian's
@@ -44,6 +44,7 @@ node_prereq() {
   command -v mmdebstrap >/dev/null 2>&1 || missing+=(mmdebstrap)
   command -v ip >/dev/null 2>&1 || missing+=(iproute2)
   command -v nsenter >/dev/null 2>&1 || missing+=(util-linux)
+  command -v sysctl >/dev/null 2>&1 || missing+=(procps)
   [ -x /usr/bin/python3 ] || missing+=(python3)
   [ ${#missing[@]} -eq 0 ] && return 0
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
