@@ -46,6 +46,9 @@ KUBELET_PORT = 10250
 RUNC = pathlib.Path("/usr/sbin/runc")
 DEVICE_PLUGIN_DIR = pathlib.Path("/var/lib/kubelet/device-plugins")
 """Hard-coded in the kubelet (its registration socket and device checkpoint live here)."""
+SHIM_SOCKETS = pathlib.Path("/run/containerd/s")
+"""Fixed in containerd's code (pkg/shim `defaults.DefaultStateDir`/s, as root): one socket per
+running container, named by a hash of our socket and the container; gone with the container."""
 OWNER_FILE = DEVICE_PLUGIN_DIR / ".taugrid-owner"
 """The state directory of the dev cluster whose kubelet uses DEVICE_PLUGIN_DIR now."""
 CNI_BIN = pathlib.Path("/usr/lib/cni")
@@ -568,6 +571,9 @@ class RealNode:
         self._kill_shims()
         self._clean_leftovers()
         self._release_device_plugin_dir()
+        for d in (SHIM_SOCKETS, SHIM_SOCKETS.parent):  # containerd's code makes them
+            with contextlib.suppress(OSError):
+                d.rmdir()  # only when empty: another containerd may use them
         return stopped
 
     def _kill_pods(self) -> None:
