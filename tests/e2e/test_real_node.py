@@ -38,7 +38,7 @@ from tests import support
 
 pytestmark = pytest.mark.cluster
 
-TAU = pathlib.Path(__file__).resolve().parents[2] / "controller" / "assets" / "tau"
+TAU = pathlib.Path(__file__).resolve().parents[2] / "controller" / "assets" / "tau.py"
 GPU = 0
 FAST = {"degradedDrainAfterS": 3, "releaseAfterS": 5, "evictGraceS": 3}
 STEP_S = 0.5
