@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import json
 import os
 import pathlib
@@ -305,6 +306,15 @@ NODE_RBAC: list[dict[str, Any]] = [
     },
 ]  # fmt: skip
 """The API server authorises with RBAC alone (no Node authorizer): kubelets get `system:node`."""
+
+
+def shim_socket_name(address: str, namespace: str, shim_id: str, *, debug: bool = False) -> str:
+    """The name of a runc shim's socket in SHIM_SOCKETS, as containerd's `pkg/shim`
+    (`CreateSocketAddress`) makes it: sha256 of `<containerd address>/<namespace>/<id>`."""
+    path = pathlib.PurePosixPath(address, namespace, shim_id)  # cleaned, as filepath.Join
+    if debug:
+        path = path / "debug"
+    return hashlib.sha256(str(path).encode()).hexdigest()
 
 
 def mounted_cgroup_hierarchies(mountinfo: str) -> list[pathlib.Path]:
@@ -610,6 +620,14 @@ class RealNode:
             if ours and str(self.paths.socket) in words and (not shim or words[0] == shim):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(int(proc.name), signal.SIGKILL)
+                # A killed shim leaves its socket behind: remove the ones it would have.
+                flags = dict(zip(words[1::2], words[2::2], strict=False))
+                for debug in (False, True):
+                    name = shim_socket_name(
+                        flags.get("-address", ""), flags.get("-namespace", ""),
+                        flags.get("-id", ""), debug=debug,
+                    )  # fmt: skip
+                    (SHIM_SOCKETS / name).unlink(missing_ok=True)
 
     def _clean_leftovers(self) -> None:
         """Unmount everything under the node's directory, empty its cgroup parent, remove the

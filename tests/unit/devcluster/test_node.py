@@ -3,6 +3,7 @@ our taint, our pause image, no route off the machine; and what `down` unmounts."
 
 from __future__ import annotations
 
+import hashlib
 import pathlib
 import re
 
@@ -111,3 +112,12 @@ def test_the_node_is_labelled_for_the_dev_fleet_and_a_gpu_node() -> None:
     assert labels[node.NODE_LABEL] == "true"
     assert labels["taugrid.dev/dev-fleet"] == "true"
     assert labels["nvidia.com/gpu.present"] == "true"
+
+
+def test_a_shim_socket_is_named_as_containerd_names_it() -> None:
+    """sha256 of `<address>/<namespace>/<id>` (containerd v2.3.7 pkg/shim/util_unix.go), so
+    `down` removes exactly the sockets of the shims it killed."""
+    address = str(PATHS.socket)
+    expected = hashlib.sha256(f"{address}/k8s.io/abc".encode()).hexdigest()
+    assert expected == node.shim_socket_name(address, "k8s.io", "abc")
+    assert expected != node.shim_socket_name(address, "k8s.io", "abc", debug=True)
