@@ -667,6 +667,7 @@ class RealNode:
             controller_port=stack.controller_port(),
             agent_state=self.paths.agent_state,
             controller_addr=self.paths.controller_addr,
+            pod_resources_dir=self.paths.pod_resources.parent,
             fakenvml_lib=fakenvml.build(),
             agents_dir=self.cluster.state / "agents",
             taint_key=TAINT_KEY,

@@ -229,6 +229,8 @@ class RealNode:
     agent_state: pathlib.Path
     controller_addr: pathlib.Path
     """The file the relay reads the controller pod's `ip:port` from."""
+    pod_resources_dir: pathlib.Path
+    """The directory of the kubelet's PodResources socket."""
     fakenvml_lib: pathlib.Path
     agents_dir: pathlib.Path
     taint_key: str
@@ -280,6 +282,8 @@ def real_node_values(real: RealNode) -> dict[str, Any]:
             "fakeNvml": {"libHostPath": str(real.fakenvml_lib),
                          "socketHostPath": str(real.agents_dir)},
             "dcgm": {"enabled": False},
+            # The real kubelet's PodResources socket lives under the state directory.
+            "podResources": {"hostPath": str(real.pod_resources_dir)},
             "extraEnv": real.api_env(),
         },
     }  # fmt: skip
