@@ -396,7 +396,8 @@ class Builder:
         sources = [*image.packages, *image.files]
         if image.packages:
             sources += ["pyproject.toml", "uv.lock", "README.md"]
-        source = tree_digest(self.repo, sources)
+        client = self._podresources() if image.podresources_client else None
+        source = tree_digest(self.repo, sources) + (client.name if client else "")
         key = image_key(self.spec, image, dkey if image.packages else "", source)
         d = self.root / "image" / f"{name}-{key}"
         archive = d / "image.oci.tar"
@@ -417,6 +418,8 @@ class Builder:
             shutil.copy(self.repo / src, target)
         if image.account:
             self._account(image, own, rootfs)
+        if client is not None:
+            shutil.copytree(client, own / image.podresources_client.lstrip("/"))
         layer = write_layer(d / "layer.tar", own)
         layers = [base, deps_layer, layer] if image.packages else [base, layer]
         config = oci_config(self.spec, image, [x.digest for x in layers])
@@ -486,6 +489,16 @@ class Builder:
                 target = own / self.spec.venv.lstrip("/") / rel
                 target.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(path, target, follow_symlinks=False)
+
+    def _podresources(self) -> pathlib.Path:
+        """The generated PodResources client (cached by its proto's digest)."""
+        from devcluster import podresources  # noqa: PLC0415  (needs grpc_tools: dev only)
+
+        try:
+            return podresources.build()
+        except (podresources.BuildError, OSError) as err:
+            msg = f"the agent's PodResources client did not build: {err}"
+            raise ImageError(msg) from err
 
     def _account(self, image: imagespec.Image, own: pathlib.Path, rootfs: pathlib.Path) -> None:
         passwd, group = account_lines(image.account, image.user)

@@ -38,6 +38,9 @@ class Image:
     account: str
     published: bool = True
     files: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    podresources_client: str = ""
+    """Where the generated kubelet PodResources client goes (`devcluster/podresources.py`);
+    the local build only so far: the published Dockerfile does not generate it yet."""
     summary: str = ""
     build_notes: str = ""
     pin_notes: str = ""
