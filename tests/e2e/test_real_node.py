@@ -42,6 +42,9 @@ TAU = pathlib.Path(__file__).resolve().parents[2] / "controller" / "assets" / "t
 GPU = 0
 FAST = {"degradedDrainAfterS": 3, "releaseAfterS": 5, "evictGraceS": 3}
 STEP_S = 0.5
+SHOW_DEVICES = (
+    "import os, time; print(os.environ['NVIDIA_VISIBLE_DEVICES'], flush=True); time.sleep(120)"
+)
 CHART_DRAIN_S = yaml.safe_load((chart.CHART_DIR / "values.yaml").read_text())["controller"][
     "degradedDrainAfterS"
 ]
@@ -266,3 +269,53 @@ async def test_a_real_run_is_sigtermed_on_quarantine_checkpoints_and_resumes(
     print("timeline (s after the fault):", json.dumps(t.marks))
     attempt1 = [line for line in streamed if "[train]" in line]
     assert attempt1, "tau logs -f streamed nothing of the real process"
+
+
+async def test_the_real_kubelet_reports_the_fake_plugins_gpus_to_the_agent(
+    dev_cluster: cluster.Cluster, bin_dir: pathlib.Path
+) -> None:
+    """A pod asking for two GPUs gets two of the fake device plugin's devices: its
+    NVIDIA_VISIBLE_DEVICES names them (Allocate), and the real node's agent pod attributes
+    exactly those GPUs to it through the kubelet's PodResources API."""
+    images = _real_node(dev_cluster, bin_dir)
+    name = support.unique_name("gpus", max_len=30)
+    dev_cluster.apply(bin_dir, [{
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "restartPolicy": "Never", "nodeSelector": {node.NODE_LABEL: "true"},
+            "tolerations": [{"key": node.TAINT_KEY, "operator": "Exists"}],
+            "containers": [{
+                "name": "main", "image": images["run"], "imagePullPolicy": "Never",
+                "command": ["python3", "-c", SHOW_DEVICES],
+                "resources": {"limits": {"nvidia.com/gpu": 2}},
+            }],
+        },
+    }])  # fmt: skip
+    agent = tokens.wait_ready_pod(
+        dev_cluster, bin_dir, stack.NAMESPACE, stack.RELEASE, component="agent",
+        node=node.NODE_NAME,
+    )  # fmt: skip
+    url = f"http://{agent['status']['podIP']}:9400/v1/gpus"
+    try:
+        async with aiohttp.ClientSession() as http:
+
+            async def attributed() -> tuple[set[str], set[str]]:
+                try:
+                    log = dev_cluster.kubectl(bin_dir, "-n", "default", "logs", name).strip()
+                except cluster.ClusterError as err:  # not started yet
+                    raise AssertionError(str(err)) from err
+                assert log, "the pod has not printed its devices yet"
+                async with http.get(url) as resp:
+                    body = await resp.json()
+                mine = {g["uuid"] for g in body["gpus"]
+                        if any(p.get("pod") == name for p in g.get("pods") or [])}  # fmt: skip
+                assert mine, body["podAttribution"]
+                return set(log.split(",")), mine
+
+            visible, attributed_uuids = await support.eventually(
+                attributed, timeout_s=90, interval_s=1, what="the agent to attribute the GPUs"
+            )
+    finally:
+        dev_cluster.kubectl(bin_dir, "-n", "default", "delete", "pod", name, "--wait=false")
+    assert len(visible) == 2
+    assert visible == attributed_uuids
