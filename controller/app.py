@@ -37,7 +37,7 @@ from controller.kube import nodes as kube_nodes
 from controller.kube import runs as kube_runs
 from controller.runs import api as runs_api
 from controller.runs import context as runs_context
-from controller.runs import reconciling, rendering
+from controller.runs import reconciling, rendering, results
 from controller.settings import ControllerSettings
 
 log = structlog.get_logger()
@@ -143,6 +143,12 @@ def _runtime(
             pod_annotations=settings.run_pod_annotations, manager=settings.run_manager,
             resume_priority_class=settings.resume_priority_class,
             checkpoints_kept=settings.run_checkpoints_kept, gate_message=gate.message_for,
+            results_limits=results.Limits(
+                points=settings.run_results_points, metrics=settings.run_results_metrics,
+                artifacts=settings.run_results_artifacts,
+            ),
+            results_flush_s=settings.run_results_flush_s,
+            results_pending_max=settings.run_results_pending_max,
         )  # fmt: skip
         if settings.run_urgent_resume:
             quarantiner.on_quarantine.append(reconciler.urgent)
@@ -167,6 +173,7 @@ def _runtime(
             yield
         finally:
             st.ready = False
+            await reconciler.collector.aclose()  # while this replica still leads
             for t in tasks:
                 t.cancel()
             for t in tasks:

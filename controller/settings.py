@@ -171,3 +171,17 @@ class ControllerSettings(pydantic_settings.BaseSettings):
     cluster). Off only to compare the two (bench/resume.py) or to rule the fast path out."""
     run_checkpoints_kept: int = pydantic.Field(default=10, ge=1, le=100)
     """Checkpoints kept in a TauRun's status (the newest)."""
+    run_results_flush_s: float = pydantic.Field(default=1.0, gt=0, le=60)
+    """Results reports (`POST …/results`) are answered at once and written to the TauRun this
+    long after the first of a burst, all in one status write: a loop reporting every step
+    costs one write a second, not one per report. A failover loses at most this much."""
+    run_results_points: int = pydantic.Field(default=100, ge=2, le=1000)
+    """Points kept per metric; past it the series is thinned evenly (first and newest kept)."""
+    run_results_metrics: int = pydantic.Field(default=16, ge=1, le=128)
+    """Metric names kept per run; a report naming one more is refused (422). With the point
+    cap this bounds a run's results to about points × metrics × 60 bytes (96 KiB by
+    default) on a status every reconcile pass lists."""
+    run_results_artifacts: int = pydantic.Field(default=32, ge=1, le=256)
+    """Artifacts kept per run; past it the oldest go (the newest is usually the model)."""
+    run_results_pending_max: int = pydantic.Field(default=4096, ge=1)
+    """Points, artifacts and summaries of one run waiting to be written; more is 429."""

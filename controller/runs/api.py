@@ -28,11 +28,13 @@ from controller.kube import runs as kube_runs
 from controller.runs import (
     checkpoints,
     context,
+    experiments,
     lifecycle,
     logs,
     objects,
     queues,
     reconciling,
+    results,
 )
 from shared import spec as specs
 
@@ -58,6 +60,10 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/v1/runs/{namespace}/{name}/checkpoints", list_checkpoints)
     app.router.add_get("/v1/runs/{namespace}/{name}/checkpoints/latest", get_latest_checkpoint)
     app.router.add_post("/v1/runs/{namespace}/{name}/resume", post_resume)
+    app.router.add_post("/v1/runs/{namespace}/{name}/results", post_results)
+    app.router.add_get("/v1/runs/{namespace}/{name}/results", get_results)
+    app.router.add_get("/v1/experiments", experiments.list_experiments)
+    app.router.add_get("/v1/experiments/compare", experiments.compare)
     app.router.add_get("/v1/queues", queues.get_queues)
     app.router.add_get("/v1/schema/run", get_schema)
 
@@ -158,7 +164,7 @@ def _key_digest(key: str) -> str:
 
 # ---------------------------------------------------------------------- read
 async def list_runs(request: web.Request) -> web.StreamResponse:
-    """List runs; filters: namespace, phase, queue."""
+    """List runs; filters: namespace, phase, queue, experiment (its name)."""
     identity = await serving.identity(request)
     namespace = request.query.get("namespace") or None
     if namespace is not None:
@@ -167,11 +173,14 @@ async def list_runs(request: web.Request) -> web.StreamResponse:
     items = await context.context_of(request).store.list_runs(namespace)
     phase = request.query.get("phase")
     queue = request.query.get("queue")
+    experiment = request.query.get("experiment")
     out = [context.run_json(i, with_spec=False) for i in items]
     if phase:
         out = [r for r in out if r["phase"].lower() == phase.lower()]
     if queue:
         out = [r for r in out if r["queue"] == queue]
+    if experiment:
+        out = [r for r in out if (r["experiment"] or {}).get("name") == experiment]
     out.sort(key=lambda r: (r["namespace"], r["createdAt"] or "", r["name"]))
     return web.json_response({"items": out})
 
@@ -328,6 +337,40 @@ async def post_resume(request: web.Request) -> web.StreamResponse:
         namespace, name, checkpoint=checkpoint, by=identity.username[:200]
     )
     return web.json_response(context.run_json(item))
+
+
+# ---------------------------------------------------------------------- results
+@serving.leader_only
+async def post_results(request: web.Request) -> web.StreamResponse:
+    """A run's pod reports metrics, artifacts or a summary (`tau result`); 202: written
+    within `writtenWithinS`, in one status write with the rest of the burst."""
+    caller = await _run_caller(request, "update", "status")
+    namespace, name = request.match_info["namespace"], request.match_info["name"]
+    report = results.parse_report(await _json_body(request))
+    collector = context.context_of(request).reconciler.collector
+    accepted = await collector.accept(namespace, name, report)
+    log.debug("results reported", run=f"{namespace}/{name}", by=caller)
+    return web.json_response(accepted, status=202)
+
+
+async def get_results(request: web.Request) -> web.StreamResponse:
+    """The run's results: metrics over steps (each with its last point), artifacts, the
+    summary; `?metric=NAME` gives that metric alone (404 when the run has none of it)."""
+    await _run_caller(request, "get")
+    namespace, name = request.match_info["namespace"], request.match_info["name"]
+    item = await context.context_of(request).store.get_run(namespace, name)
+    if item is None:
+        raise reconciling.RunNotFoundError(namespace, name)
+    metric = request.query.get("metric") or None
+    kept = context.results_of(item)
+    body = results.wire(kept, metric=metric)
+    if metric is not None and not body["metrics"]:
+        known = ", ".join(s.name for s in (kept.metrics if kept else ())) or "none yet"
+        msg = f"run {name!r} has reported no metric {metric!r} (it has: {known})"
+        raise errors.NotFound(msg, field="metric", code="NoMetric")
+    run = context.run_json(item, with_spec=False)
+    head = {k: run[k] for k in ("name", "namespace", "phase", "attempt", "experiment")}
+    return web.json_response({**head, **body})
 
 
 async def get_schema(request: web.Request) -> web.StreamResponse:

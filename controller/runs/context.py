@@ -126,7 +126,23 @@ def run_json(item: dict[str, Any], *, with_spec: bool = True) -> dict[str, Any]:
         "attempts": status.get("attempts") or [],
         "conditions": status.get("conditions") or [],
         "checkpoints": status.get("checkpoints") or [],
+        "experiment": spec.get("experiment"),
+        "rerunOf": ((status.get("evidence") or {}).get("rerunOf") or None),
     }
     if with_spec:
         out["spec"] = spec
     return out
+
+
+def results_of(item: dict[str, Any]) -> records.Results | None:
+    """The results a TauRun's status keeps (None before the first report); a member this
+    controller cannot read is a 409, never a 500."""
+    raw = (item.get("status") or {}).get("results")
+    if raw is None:
+        return None
+    try:
+        return records.Results.model_validate(raw)
+    except ValueError as err:
+        name = (item.get("metadata") or {}).get("name", "")
+        msg = f"run {name!r} keeps results this controller cannot read ({err})"
+        raise errors.Conflict(msg, code="UnreadableStatus") from err

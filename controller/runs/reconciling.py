@@ -25,11 +25,13 @@ from controller import errors, leading, marks, metrics
 from controller.runs import (
     attempts,
     checkpoints,
+    collecting,
     objects,
     policy,
     positions,
     records,
     rendering,
+    results,
     snapshots,
 )
 from shared import spec as specs
@@ -107,6 +109,9 @@ class Reconciler:
         resume_priority_class: str = "",
         checkpoints_kept: int = checkpoints.DEFAULT_KEEP,
         gate_message: Callable[[str, str], str | None] | None = None,
+        results_limits: results.Limits | None = None,
+        results_flush_s: float = 1.0,
+        results_pending_max: int = 4096,
         clock: Callable[[], dt.datetime] = _now,
     ) -> None:
         self.store = store
@@ -131,6 +136,11 @@ class Reconciler:
         self._urgent: set[asyncio.Task[None]] = set()
         self._priority_classes: frozenset[str] | None = None
         self._warned_missing_class = False
+        self.collector = collecting.Collector(
+            self, flush_s=results_flush_s, limits=results_limits or results.Limits(),
+            pending_max=results_pending_max, clock=clock,
+        )  # fmt: skip
+        """Results reports, buffered and written in batches."""
 
     def poke(self) -> None:
         """Ask for a pass now."""
@@ -153,7 +163,7 @@ class Reconciler:
         due: list[dt.datetime] = []
         for item in items:
             key = snapshots.key(item)
-            async with self._lock(key):
+            async with self.lock(key):
                 if self._stale(key, item):
                     fresh = await self.store.get_run(*key)
                     if fresh is None:
@@ -180,7 +190,7 @@ class Reconciler:
     async def reconcile_now(self, namespace: str, name: str) -> dict[str, Any] | None:
         """Reconcile one run at once (after a submission or a cancel); return it. Only what
         needs no read of its attempt is decided here; the next pass does the rest."""
-        async with self._lock((namespace, name)):
+        async with self.lock((namespace, name)):
             item = await self.store.get_run(namespace, name)
             if item is None or not self.manages(item):
                 return item
@@ -194,8 +204,8 @@ class Reconciler:
         """Accept a checkpoint report from the run's current attempt: keep it in the status
         (newest `checkpoints_kept`) and rewrite the per-run ConfigMap its pods read as a file.
         Raise RunNotFoundError, or checkpoints.FencedError for a stale or unknown attempt."""
-        async with self._lock((namespace, name)):
-            item = await self._managed_run(namespace, name)
+        async with self.lock((namespace, name)):
+            item = await self.managed_run(namespace, name)
             old = records.read(item.get("status"))
             checkpoints.fence(report, old.current_attempt)
             entry = checkpoints.record(report, self._clock())
@@ -204,7 +214,7 @@ class Reconciler:
                     "checkpoints": checkpoints.add(old.checkpoints, entry, self.checkpoints_kept)
                 }
             )
-            await self._write(item, new)
+            await self.write_status(item, new)
             self.elector.ensure_leader()
             body = objects.render_checkpoint_configmap(
                 objects.run_ref(item), objects.checkpoint_configmap_name(name), "",
@@ -223,8 +233,8 @@ class Reconciler:
     ) -> dict[str, Any]:
         """Start the next attempt of a Failed or Cancelled run by hand (`policy.decide_resume`);
         raise RunNotFoundError, or errors.Conflict when the run has not ended badly."""
-        async with self._lock((namespace, name)):
-            item = await self._managed_run(namespace, name)
+        async with self.lock((namespace, name)):
+            item = await self.managed_run(namespace, name)
             run = self.run_input(item, None, self._priority_classes)
             plan = policy.decide_resume(run, self.settings, self._clock(), checkpoint=checkpoint,
                                         by=by)  # fmt: skip
@@ -251,7 +261,7 @@ class Reconciler:
                 {(snapshots.key(p)[0], str(p["metadata"]["labels"][marks.RUN_LABEL])) for p in pods}
             )
             for namespace, name in hit:
-                async with self._lock((namespace, name)):
+                async with self.lock((namespace, name)):
                     item = await self.store.get_run(namespace, name)
                     if item is None or not self.manages(item):
                         continue
@@ -389,7 +399,7 @@ class Reconciler:
             self.metrics.run_resumes.labels(plan.resumed).inc()
         if plan.queue_wait_s is not None:
             self.metrics.run_queue_seconds.observe(plan.queue_wait_s)
-        return await self._write(item, plan.status)
+        return await self.write_status(item, plan.status)
 
     async def visibility_position(
         self, namespace: str, queue: str, workload: str
@@ -400,7 +410,7 @@ class Reconciler:
             return None
         return positions.position_from_visibility(items, namespace, workload)
 
-    async def _write(self, item: dict[str, Any], status: records.RunStatus) -> dict[str, Any]:
+    async def write_status(self, item: dict[str, Any], status: records.RunStatus) -> dict[str, Any]:
         """Patch the status with what changed (nothing when nothing did)."""
         old = records.wire(records.read(item.get("status")))
         new = records.wire(status)
@@ -420,7 +430,7 @@ class Reconciler:
         return written
 
     # ------------------------------------------------------------------ helpers
-    async def _managed_run(self, namespace: str, name: str) -> dict[str, Any]:
+    async def managed_run(self, namespace: str, name: str) -> dict[str, Any]:
         """The run, read fresh; RunNotFoundError when it is gone or another manager's."""
         item = await self.store.get_run(namespace, name)
         if item is None or not self.manages(item):
@@ -433,7 +443,7 @@ class Reconciler:
         manager = annotations.get(marks.MANAGED_BY_ANNOTATION, marks.DEFAULT_RUN_MANAGER)
         return bool(manager == self.manager)
 
-    def _lock(self, key: tuple[str, str]) -> asyncio.Lock:
+    def lock(self, key: tuple[str, str]) -> asyncio.Lock:
         return self._locks.setdefault(key, asyncio.Lock())
 
     def _stale(self, key: tuple[str, str], item: Mapping[str, Any]) -> bool:
