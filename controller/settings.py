@@ -165,6 +165,11 @@ class ControllerSettings(pydantic_settings.BaseSettings):
     (NodeFailure, Evicted) of a run without a priority of its own, so it does not queue
     behind work submitted since (docs/researcher.md, "Resume"). Empty: no boost. When the
     class does not exist, resumed attempts queue normally."""
+    pods_ready_timeout_s: float | None = pydantic.Field(default=None, gt=0)
+    """Kueue's `waitForPodsReady.timeout` on this cluster, in seconds, as the platform
+    configured Kueue (docs/platform.md); None when it is not enabled. The controller does
+    not read Kueue's configuration: this only tells a run whose pods cannot start when
+    Kueue will release its quota (or that nothing will)."""
     run_urgent_resume: bool = True
     """When a node is quarantined because a GPU failed, reconcile the runs on it at once from
     their own snapshot, instead of poking the full reconcile pass (which reads the whole

@@ -38,6 +38,9 @@ class RunSettings:
     """Annotations added to every pod of every run (cluster tooling)."""
     resume_priority_class: str = ""
     """The class a run resumed after an infrastructure failure gets; '' gives none."""
+    pods_ready_timeout_s: float | None = None
+    """Kueue's `waitForPodsReady.timeout` as the platform configured it (None: not enabled):
+    what an admitted run whose pods do not run is told about its quota."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,7 +194,8 @@ def _observe(
     st, waited = lifecycle.phase_conditions(st, outcome, run.workload, now)
     st = positions.place(
         st, spec=spec, phase=outcome.phase, workload=run.workload, namespace=run.ref.namespace,
-        position=run.position, cluster_queue=run.cluster_queue, held=run.held,
+        position=run.position, cluster_queue=run.cluster_queue, held=run.held, pods=run.pods,
+        pods_ready_timeout_s=settings.pods_ready_timeout_s, now=now,
     )  # fmt: skip
     plan = RunPlan(
         st, creates=creates, queue_wait_s=waited, requeue_at=_timeout_at(spec, first_start)
