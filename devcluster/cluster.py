@@ -513,7 +513,7 @@ class Cluster:
             "leaderElection": {"leaderElect": False},
             "internalCertManagement": {"enable": False},
             "manageJobsWithoutQueueName": False,
-            "waitForPodsReady": {"timeout": "5m", "blockAdmission": False},
+            "waitForPodsReady": {"timeout": f"{PODS_READY_TIMEOUT_S}s", "blockAdmission": False},
             "integrations": {"frameworks": ["batch/job", "ray.io/rayjob", "ray.io/raycluster"]},
             "featureGates": {"VisibilityOnDemand": visibility},
         }
@@ -597,6 +597,9 @@ def fake_gpu_node(name: str, gpus: int = 8, labels: dict[str, str] | None = None
     }
 
 
+PODS_READY_TIMEOUT_S = 300
+"""Kueue's waitForPodsReady timeout on the dev cluster: an admitted Workload whose pods are
+not ready this long after admission loses its quota and is queued again (with backoff)."""
 ADMISSION_CHECK = "taugrid-gpu-health"
 """TauGrid's AdmissionCheck on the dev cluster (made by the chart)."""
 RESUME_PRIORITY_CLASS = "taugrid-resume"

@@ -168,6 +168,7 @@ def controller_env(
         "TAUGRID_CONTROLLER_NAMESPACE": namespace,
         "TAUGRID_CONTROLLER_IDENTITY": identity,
         "TAUGRID_CONTROLLER_NODE_SELECTOR": node_selector,
+        "TAUGRID_CONTROLLER_PODS_READY_TIMEOUT_S": str(cluster.PODS_READY_TIMEOUT_S),
     }
 
 
@@ -311,7 +312,8 @@ def chart_values(nodes: int, real: RealNode | None = None) -> dict[str, Any]:
     values = {
         "fullnameOverride": RELEASE,
         "tls": {"enabled": False},
-        "controller": {"nodeSelector": dev_fleet, "managedNodeSelector": DEV_FLEET_SELECTOR},
+        "controller": {"nodeSelector": dev_fleet, "managedNodeSelector": DEV_FLEET_SELECTOR,
+                       "podsReadyTimeoutS": cluster.PODS_READY_TIMEOUT_S},
         "agent": {"nodeSelector": dev_fleet, "controllerUrl": controller_url()},
         "admissionCheck": {"name": cluster.ADMISSION_CHECK},
         "resumePriorityClass": {"name": cluster.RESUME_PRIORITY_CLASS},
