@@ -386,10 +386,24 @@ def cmd_logs(client: Client, args: argparse.Namespace) -> int:
         "attempt": args.attempt,
         "worker": args.worker,
         "tail": args.tail,
+        "kept": "true" if args.kept else None,
     }
     resp = client.request(
         "GET", f"/v1/runs/{ns}/{urllib.parse.quote(args.run)}/logs", query=query, stream=True
     )
+    if resp.headers.get("X-TauGrid-Log-Source") == "kept":
+        how = "complete" if resp.headers.get("X-TauGrid-Log-Complete") == "true" else "partial"
+        older = (
+            ", older output dropped"
+            if resp.headers.get("X-TauGrid-Log-Truncated") == "true"
+            else ""
+        )
+        print(
+            f"tau: pod {resp.headers.get('X-TauGrid-Pod') or '?'} is gone; this is the kept tail"
+            f" of its log ({how}{older}, captured at"
+            f" {resp.headers.get('X-TauGrid-Log-Captured-At') or '?'})",
+            file=sys.stderr,
+        )
     out = getattr(sys.stdout, "buffer", None)
     with resp:
         while True:
@@ -735,6 +749,7 @@ def parser() -> argparse.ArgumentParser:
     logs.add_argument("--attempt", type=int)
     logs.add_argument("--worker", type=int, default=0)
     logs.add_argument("--tail", type=int)
+    logs.add_argument("--kept", action="store_true", help="the kept tail, even if the pod lives")
     logs.set_defaults(func=cmd_logs)
 
     cancel = sub.add_parser("cancel", parents=[common], help="stop a run, free its GPUs")
