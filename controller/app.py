@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import functools
 import pathlib
 import ssl
 from collections.abc import AsyncIterator, Callable
@@ -37,7 +38,7 @@ from controller.kube import nodes as kube_nodes
 from controller.kube import runs as kube_runs
 from controller.runs import api as runs_api
 from controller.runs import context as runs_context
-from controller.runs import reconciling, rendering, results
+from controller.runs import keeping, reconciling, rendering, results
 from controller.settings import ControllerSettings
 
 log = structlog.get_logger()
@@ -131,6 +132,13 @@ def _runtime(
         )  # fmt: skip
         holder.append(quarantiner)
         store = kube_runs.RunStore(api)
+        keeper = keeping.LogKeeper(
+            store, elector, m,
+            manages=functools.partial(reconciling.manages, manager=settings.run_manager),
+            keep_bytes=settings.run_log_keep_kib * 1024,
+            interval_s=settings.run_log_capture_interval_s,
+            read_timeout_s=settings.run_log_read_timeout_s,
+        )  # fmt: skip
         reconciler = reconciling.Reconciler(
             store, elector, m,
             rendering.RenderSettings(
@@ -150,6 +158,7 @@ def _runtime(
             ),
             results_flush_s=settings.run_results_flush_s,
             results_pending_max=settings.run_results_pending_max,
+            keep_logs=keeper.keep_final,
         )  # fmt: skip
         if settings.run_urgent_resume:
             quarantiner.on_quarantine.append(reconciler.urgent)
@@ -160,7 +169,7 @@ def _runtime(
         st.readiness.append(cache.synced.is_set)
         app[serving.SERVING] = st
         app[fleet_api.FLEET] = fleet_api.FleetContext(fleet, quarantiner, cache)
-        app[runs_context.RUNS] = runs_context.RunsContext(store, reconciler)
+        app[runs_context.RUNS] = runs_context.RunsContext(store, reconciler, keeper)
         app[GATE] = gate
         tasks = [
             asyncio.create_task(cache.run(), name="node-cache"),
@@ -168,6 +177,7 @@ def _runtime(
             asyncio.create_task(quarantiner.run(), name="quarantine"),
             asyncio.create_task(gate.run(), name="admission"),
             asyncio.create_task(reconciler.run(), name="runs"),
+            asyncio.create_task(keeper.run(), name="logs"),
         ]
         st.ready = True
         try:

@@ -61,6 +61,11 @@ CHECK_ACTIVE_REASON = "ControllerReady"
 # ---------------------------------------------------------------- runs
 RUN_LABEL = "taugrid.dev/run"
 ATTEMPT_LABEL = "taugrid.dev/attempt"
+WORKER_LABEL = "taugrid.dev/worker"
+"""On a TauRunLog: which worker's log it keeps (0 is the first pod, or a ray run's head)."""
+RERUN_OF_ANNOTATION = "taugrid.dev/rerun-of"
+"""On a TauRun made by `POST …/rerun`: the run it reruns, as JSON (name, uid, specHash,
+imageID), which the new run's evidence repeats."""
 CONFIG_HASH_ANNOTATION = "taugrid.dev/config-hash"
 CANCEL_ANNOTATION = "taugrid.dev/cancel-requested"
 """Set (to who asked, and when) by `DELETE /v1/runs/...` or `kubectl annotate`: cancel."""

@@ -190,3 +190,14 @@ class ControllerSettings(pydantic_settings.BaseSettings):
     """Artifacts kept per run; past it the oldest go (the newest is usually the model)."""
     run_results_pending_max: int = pydantic.Field(default=4096, ge=1)
     """Points, artifacts and summaries of one run waiting to be written; more is 429."""
+    run_log_keep_kib: int = pydantic.Field(default=64, ge=1, le=512)
+    """KiB of each worker's log kept in its TauRunLog (the tail), so a failed attempt's last
+    lines outlive its pods. 64 KiB is a few thousand lines; at most 512 (etcd's object limit
+    is 1.5 MiB)."""
+    run_log_capture_interval_s: float = pydantic.Field(default=30.0, gt=0)
+    """How often the tail of every running worker's log is kept (one tail read per worker).
+    A pod that vanishes without warning loses at most this much of its last output; an
+    attempt that ends normally is captured whole before its pods are deleted."""
+    run_log_read_timeout_s: float = pydantic.Field(default=5.0, gt=0)
+    """A log read gives up after this long (a node that stopped answering must not hold up
+    the end of an attempt: its periodic capture is what is kept then)."""

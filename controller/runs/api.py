@@ -29,6 +29,7 @@ from controller.runs import (
     checkpoints,
     context,
     experiments,
+    keptlogs,
     lifecycle,
     logs,
     objects,
@@ -192,10 +193,15 @@ async def get_run(request: web.Request) -> web.StreamResponse:
 
 
 async def get_evidence(request: web.Request) -> web.StreamResponse:
-    """The run's evidence record: enough to reproduce it and to see where it ran."""
+    """The run's evidence record: enough to reproduce it and to see where it ran, and which
+    workers' logs are kept (their text: `GET …/logs?attempt=N&worker=K`, needs pods/log)."""
     _, item = await context.read_run(request)
     status = item.get("status") or {}
     meta = item.get("metadata") or {}
+    ref = objects.run_ref(item)
+    logs_kept = await context.context_of(request).store.list_run_logs(
+        ref.namespace, f"{marks.RUN_LABEL}={ref.name}"
+    )
     body = {
         "name": meta.get("name"),
         "namespace": meta.get("namespace"),
@@ -203,6 +209,7 @@ async def get_evidence(request: web.Request) -> web.StreamResponse:
         "phase": status.get("phase", str(lifecycle.Phase.PENDING)),
         **(status.get("evidence") or {}),
         "attempts": status.get("attempts") or [],
+        "keptLogs": keptlogs.index([k for k in logs_kept if keptlogs.read(k).owner_uid == ref.uid]),
     }
     return web.json_response(body)
 

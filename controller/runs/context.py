@@ -17,7 +17,7 @@ from aiohttp import web
 
 from controller import auth, errors, serving
 from controller.kube import runs as kube_runs
-from controller.runs import lifecycle, reconciling, records
+from controller.runs import keeping, lifecycle, reconciling, records
 from shared import spec as specs
 
 GROUP = "taugrid.dev"
@@ -33,6 +33,7 @@ class RunsContext:
 
     store: kube_runs.RunStore
     reconciler: reconciling.Reconciler
+    keeper: keeping.LogKeeper
     run_tokens: dict[tuple[str, str], tuple[str, float]] = dataclasses.field(default_factory=dict)
     """(namespace, run) -> (the digest of its run-scoped token, when read)."""
 

@@ -102,6 +102,9 @@ class RunPlan:
     """The failure class a retry follows, when this plan starts one."""
     queue_wait_s: float | None = None
     """Seconds the run waited in line, when it was admitted just now."""
+    keep_logs: tuple[int, ...] = ()
+    """Attempts whose workers' logs are kept now, before the deletes: those the plan deletes
+    and the one that ended (their pods may be gone by the next look)."""
 
 
 def attempt_kind(spec: specs.TauSpec) -> str:
@@ -111,6 +114,20 @@ def attempt_kind(spec: specs.TauSpec) -> str:
 
 def decide_run(run: RunInput, settings: RunSettings, now: dt.datetime) -> RunPlan:
     """Decide one step of one run (see the module docstring)."""
+    return _keeping_logs(_decide(run, settings, now), run.ref)
+
+
+def _keeping_logs(plan: RunPlan, ref: objects.RunRef) -> RunPlan:
+    """The plan, with the attempts whose logs it must keep first (see `RunPlan.keep_logs`)."""
+    attempts = {
+        n for d in plan.deletes if (n := objects.attempt_number(ref.name, d.name)) is not None
+    }
+    if plan.ended is not None and not plan.started:
+        attempts.add(plan.status.current_attempt)
+    return dataclasses.replace(plan, keep_logs=tuple(sorted(attempts)))
+
+
+def _decide(run: RunInput, settings: RunSettings, now: dt.datetime) -> RunPlan:
     st = run.status
     try:
         spec = specs.validate_spec(dict(run.spec)).spec

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import structlog
@@ -113,6 +113,7 @@ class Reconciler:
         results_limits: results.Limits | None = None,
         results_flush_s: float = 1.0,
         results_pending_max: int = 4096,
+        keep_logs: Callable[[objects.RunRef, Sequence[int]], Awaitable[None]] | None = None,
         clock: Callable[[], dt.datetime] = _now,
     ) -> None:
         self.store = store
@@ -130,7 +131,7 @@ class Reconciler:
         self.checkpoints_kept = checkpoints_kept
         self.gate_message = gate_message
         """Why our AdmissionCheck holds a Workload back, by (namespace, Workload name)."""
-        self.attempts = attempts.Attempts(store, elector)
+        self.attempts = attempts.Attempts(store, elector, keep_logs)
         self._clock = clock
         self._wake = asyncio.Event()
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
@@ -391,7 +392,7 @@ class Reconciler:
     async def _execute(self, item: dict[str, Any], plan: policy.RunPlan) -> dict[str, Any]:
         """Carry a plan out: its writes in order, then the status; count what it decided."""
         namespace, name = snapshots.key(item)
-        item = await self.attempts.apply(namespace, name, plan) or item
+        item = await self.attempts.apply(objects.run_ref(item), plan) or item
         for attempt in plan.started:
             self.metrics.run_attempts.labels("started").inc()
             log.info("attempt started", run=f"{namespace}/{name}", attempt=attempt)
@@ -441,9 +442,7 @@ class Reconciler:
 
     def manages(self, item: Mapping[str, Any]) -> bool:
         """Whether this reconciler is the run's manager (see `marks.MANAGED_BY_ANNOTATION`)."""
-        annotations = (item.get("metadata") or {}).get("annotations") or {}
-        manager = annotations.get(marks.MANAGED_BY_ANNOTATION, marks.DEFAULT_RUN_MANAGER)
-        return bool(manager == self.manager)
+        return manages(item, self.manager)
 
     def lock(self, key: tuple[str, str]) -> asyncio.Lock:
         return self._locks.setdefault(key, asyncio.Lock())
@@ -454,6 +453,12 @@ class Reconciler:
             return False
         rv = str((item.get("metadata") or {}).get("resourceVersion", ""))
         return not rv.isdigit() or int(rv) < written
+
+
+def manages(item: Mapping[str, Any], manager: str) -> bool:
+    """Whether `manager` manages the TauRun (its `taugrid.dev/managed-by`, else the default)."""
+    annotations = (item.get("metadata") or {}).get("annotations") or {}
+    return bool(annotations.get(marks.MANAGED_BY_ANNOTATION, marks.DEFAULT_RUN_MANAGER) == manager)
 
 
 def attempt_kind(item: Mapping[str, Any]) -> str:

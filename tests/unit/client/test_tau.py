@@ -118,7 +118,7 @@ def test_tau_reads_api_errors(status: int, body: bytes, code: int, message: str)
 
 # ---------------------------------------------------------------------- exact output
 NOW = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
-CREATED = (NOW - datetime.timedelta(minutes=5)).strftime("%Y-%m-%dT%H:%M:%SZ")
+CREATED = (NOW - datetime.timedelta(days=10, hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
 RUN = {
     "name": "mnist", "namespace": "default", "kind": "job", "queue": "default",
     "phase": "Failed", "reason": "AppError", "message": "attempt 1 failed", "attempt": 1,
@@ -203,7 +203,7 @@ TAU = pathlib.Path(__file__).resolve().parents[3] / "controller" / "assets" / "t
         ), id="tau status RUN ends its attempts table with a newline"),
         pytest.param(["status"], (
             "NAME   PHASE   QUEUE    GPUS  ATTEMPT  POSITION  AGE  MESSAGE\n"
-            "mnist  Failed  default  1     1        -         5m   -\n"
+            "mnist  Failed  default  1     1        -         10d  -\n"
         ), id="tau status lists runs, the last row ending with a newline"),
         pytest.param(["results", "mnist"], (
             "Run:     mnist (Succeeded, attempt 1)\n"

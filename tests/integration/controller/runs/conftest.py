@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import aiohttp
+import pytest
 import pytest_asyncio
 from kubernetes_asyncio import client
 
@@ -15,17 +16,24 @@ from tests.runskit import RESEARCHER_RULES, Env, make_token
 
 @pytest_asyncio.fixture
 async def env(
-    dev_cluster: cluster.Cluster, k8s: client.ApiClient, namespace: str
+    dev_cluster: cluster.Cluster,
+    k8s: client.ApiClient,
+    namespace: str,
+    request: pytest.FixtureRequest,
 ) -> AsyncIterator[Env]:
-    """A controller, 8 GPUs of private quota and a researcher token in a fresh namespace."""
+    """A controller, 8 GPUs of private quota and a researcher token in a fresh namespace
+    (`@pytest.mark.controller(setting=value)` changes the controller's settings)."""
+    marker = request.node.get_closest_marker("controller")
+    overrides = dict(marker.kwargs) if marker is not None else {}
     await kueue.create_queues(k8s, namespace, gpus=8)
     token = await make_token(k8s, namespace, "researcher", RESEARCHER_RULES)
-    ctl = await controllerkit.start_controller(
-        dev_cluster.kubeconfig, namespace,
-        run_pass_interval_s=0.5,
-        run_pod_annotations={"kwok.taugrid.dev/run-for": "600s"},
-        run_manager=f"test/{namespace}",
-    )  # fmt: skip
+    settings = {
+        "run_pass_interval_s": 0.5,
+        "run_pod_annotations": {"kwok.taugrid.dev/run-for": "600s"},
+        "run_manager": f"test/{namespace}",
+        **overrides,
+    }
+    ctl = await controllerkit.start_controller(dev_cluster.kubeconfig, namespace, **settings)
     await controllerkit.wait_leader(ctl)
     http = aiohttp.ClientSession()
     try:
