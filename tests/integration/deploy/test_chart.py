@@ -292,6 +292,7 @@ CONTROLLER_RIGHTS = [
     Right("ray.io", "rayjobs", "create"), Right("ray.io", "rayjobs/status", "patch"),
     Right("", "services", "create"), Right("", "secrets", "create"), Right("", "secrets", "patch"),
     Right("", "configmaps", "create"), Right("", "configmaps", "patch"),
+    Right("", "persistentvolumeclaims", "get"),
     Right("events.k8s.io", "events", "create"), Right("events.k8s.io", "events", "patch"),
     Right("coordination.k8s.io", "leases", "create"),
     Right("coordination.k8s.io", "leases", "update", "taugrid-controller"),
@@ -361,6 +362,8 @@ CALL_RIGHTS: dict[tuple[str, str, str], tuple[Right, ...]] = {
     ("_core", "create_namespaced_config_map", ""): (Right("", "configmaps", "create"),),
     ("_core", "patch_namespaced_config_map", ""): (Right("", "configmaps", "patch"),),
     ("_core", "patch_namespaced_secret", ""): (Right("", "secrets", "patch"),),
+    ("_core", "read_namespaced_persistent_volume_claim", ""): (
+        Right("", "persistentvolumeclaims", "get"),),
     ("_events", "create_namespaced_event", ""): (Right("events.k8s.io", "events", "create"),),
     ("_batch", "create_namespaced_job", ""): (Right("batch", "jobs", "create"),),
     ("_batch", "delete_namespaced_job", ""): (Right("batch", "jobs", "delete"),),
