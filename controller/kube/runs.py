@@ -266,6 +266,42 @@ class RunStore:
             )
         return list((await _api.read_json(resp)).get("items") or [])
 
+    async def get_cluster_queue(self, name: str) -> dict[str, Any] | None:
+        """A Kueue ClusterQueue, None when there is none."""
+        try:
+            resp = await self._custom.get_cluster_custom_object(
+                *KUEUE, "clusterqueues", name, _preload_content=False
+            )
+            return dict(await _api.read_json(resp))
+        except client.ApiException as err:
+            if err.status == 404:
+                return None
+            raise
+
+    async def get_priority_class(self, name: str) -> dict[str, Any] | None:
+        """A Kueue WorkloadPriorityClass, None when there is none."""
+        try:
+            resp = await self._custom.get_cluster_custom_object(
+                *KUEUE, "workloadpriorityclasses", name, _preload_content=False
+            )
+            return dict(await _api.read_json(resp))
+        except client.ApiException as err:
+            if err.status == 404:
+                return None
+            raise
+
+    async def get_claim(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """A PersistentVolumeClaim, None when there is none."""
+        try:
+            resp = await self._core.read_namespaced_persistent_volume_claim(
+                name, namespace, _preload_content=False
+            )
+            return dict(await _api.read_json(resp))
+        except client.ApiException as err:
+            if err.status == 404:
+                return None
+            raise
+
     async def pending_workloads(
         self, namespace: str, local_queue: str
     ) -> list[dict[str, Any]] | None:

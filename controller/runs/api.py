@@ -33,6 +33,7 @@ from controller.runs import (
     lifecycle,
     logs,
     objects,
+    preflight,
     queues,
     reconciling,
     results,
@@ -97,6 +98,7 @@ async def post_run(request: web.Request) -> web.StreamResponse:
         if namespace is None:
             namespace = spec.namespace or "default"
             await context.allow(request, identity, "create", namespace)
+        checked = await preflight.run(ctx.store, spec, namespace)
         key = request.headers.get("Idempotency-Key", "").strip()
         annotations = {
             marks.SUBMITTED_BY_ANNOTATION: identity.username[:253],
@@ -136,7 +138,7 @@ async def post_run(request: web.Request) -> web.StreamResponse:
         outcome = "created"
         log.info("run submitted", run=f"{namespace}/{spec.name}", user=identity.username)
         return web.json_response(
-            {**context.run_json(result), "warnings": list(parsed.warnings)}, status=201
+            {**context.run_json(result), "warnings": [*parsed.warnings, *checked]}, status=201
         )
     except errors.Forbidden:
         outcome = "forbidden"

@@ -183,7 +183,7 @@ def admitted_message(
             return "admitted; waiting for its pods to be created"
         return ""
     gpus = ctx.gpus_per_worker * ctx.workers
-    quota = f"its {gpus} GPUs" if gpus else "its quota"
+    quota = (f"its {gpus} GPU" + ("s" if gpus != 1 else "")) if gpus else "its quota"
     admitted = workload.condition("Admitted") if workload is not None else None
     if ctx.pods_ready_timeout_s is None:
         return (
