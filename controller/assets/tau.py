@@ -2,6 +2,8 @@
 """tau: submit and follow TauGrid runs. One file, Python 3.8+, standard library only.
 
     tau run tau.yaml                              submit a run described by a tau.yaml
+    tau validate tau.yaml                         check it as a submission would, create nothing
+    tau schema                                    the JSON Schema of tau.yaml
     tau run --gpus 4 --image IMG -- python t.py   submit without a file
     tau status [RUN]                              one run in detail, or all your runs
     tau list [--phase P] [--queue Q] [-A]         runs as a table
@@ -10,6 +12,7 @@
     tau queues                                    your queues: quota, usage, who waits
     tau evidence RUN                              what ran where, to reproduce it
     tau resume RUN [--checkpoint P]               start a failed or cancelled run again
+    tau rerun RUN [--name NEW]                    a new run from RUN's evidence (image by digest)
     tau checkpoint --step N --path P              (inside a run) report a saved checkpoint
     tau checkpoint latest [--path-only]           (inside a run) the newest checkpoint
     tau result --metric loss=0.12 --step 900      (inside a run) report metrics at a step
@@ -300,11 +303,7 @@ def cmd_run(client: Client, args: argparse.Namespace) -> int:
     if args.file and (args.image or args.command):
         raise TauError("give either a tau.yaml or --image with a command, not both", EXIT_USAGE)
     if args.file:
-        try:
-            body = pathlib.Path(args.file).read_bytes()
-        except OSError as err:
-            raise TauError(f"cannot read {args.file}: {err.strerror}", EXIT_USAGE) from None
-        content_type = "application/json" if args.file.endswith(".json") else "application/yaml"
+        body, content_type = _spec_body(args.file)
     else:
         if not args.image or not args.command:
             raise TauError("give a tau.yaml, or --image IMAGE -- command ...", EXIT_USAGE)
@@ -688,6 +687,77 @@ def cmd_experiments(client: Client, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _spec_body(path: str) -> tuple[bytes, str]:
+    try:
+        body = pathlib.Path(path).read_bytes()
+    except OSError as err:
+        raise TauError(f"cannot read {path}: {err.strerror}", EXIT_USAGE) from None
+    return body, ("application/json" if path.endswith(".json") else "application/yaml")
+
+
+def _supports_dry_run(client: Client) -> bool:
+    """Whether the controller documents `dryRun` on POST /v1/runs: an older one would ignore
+    the parameter and *create* the run, so validate never sends it to one that does not."""
+    _, doc = client.request("GET", "/openapi.json")
+    post = ((doc.get("paths") or {}).get("/v1/runs") or {}).get("post") or {}
+    return any(p.get("name") == "dryRun" for p in post.get("parameters") or [])
+
+
+def cmd_validate(client: Client, args: argparse.Namespace) -> int:
+    body, content_type = _spec_body(args.file)
+    if not _supports_dry_run(client):
+        raise TauError(
+            "this controller cannot validate without submitting (no dryRun on POST /v1/runs);"
+            " upgrade it, or check the file against `tau schema`", EXIT_UNAVAILABLE,
+        )  # fmt: skip
+    query = {**_namespace_query(args), "dryRun": "true"}
+    _, answer = client.request("POST", "/v1/runs", body,
+                               headers={"Content-Type": content_type}, query=query)  # fmt: skip
+    if not answer.get("dryRun"):
+        raise TauError("the controller did not answer as a dry run; nothing is certain",
+                       EXIT_UNAVAILABLE)  # fmt: skip
+    if args.json:
+        print(json.dumps(answer, indent=2))
+        return EXIT_OK
+    for warning in answer.get("warnings") or []:
+        print(f"warning: {warning}", file=sys.stderr)
+    run = answer.get("run") or {}
+    meta = run.get("metadata") or {}
+    spec = run.get("spec") or {}
+    print(f"{args.file} is valid: run {meta.get('name')} in namespace {meta.get('namespace')},"
+          f" queue {spec.get('queue') or 'default'}")  # fmt: skip
+    rows = [["TauRun", meta.get("name")]] + [
+        [o.get("kind"), (o.get("metadata") or {}).get("name")] for o in answer.get("objects") or []
+    ]
+    print("submitting it would create:")
+    print(_table(["KIND", "NAME"], rows))
+    return EXIT_OK
+
+
+def cmd_schema(client: Client, args: argparse.Namespace) -> int:
+    _, schema = client.request("GET", "/v1/schema/run")
+    print(json.dumps(schema, indent=2))
+    return EXIT_OK
+
+
+def cmd_rerun(client: Client, args: argparse.Namespace) -> int:
+    ns = args.namespace or "default"
+    body = {"name": args.name} if args.name else {}
+    _, run = client.request(
+        "POST", f"/v1/runs/{ns}/{urllib.parse.quote(args.run)}/rerun", json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )  # fmt: skip
+    if args.json:
+        print(json.dumps(run, indent=2))
+        return EXIT_OK
+    for warning in run.get("warnings") or []:
+        print(f"warning: {warning}", file=sys.stderr)
+    print(f"run {run['name']} submitted to queue {run['queue']} in namespace {run['namespace']}"
+          f" (a rerun of {args.run}): {run['phase']}")  # fmt: skip
+    print(f"follow it with: tau status {run['name']}  |  tau logs -f {run['name']}")
+    return EXIT_OK
+
+
 # ---------------------------------------------------------------- main
 def parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
@@ -728,6 +798,13 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("command", nargs=argparse.REMAINDER, help="-- command and arguments")
     run.set_defaults(func=cmd_run)
 
+    validate = sub.add_parser("validate", parents=[common], help="check a tau.yaml, create nothing")
+    validate.add_argument("file", help="tau.yaml (or .json)")
+    validate.set_defaults(func=cmd_validate)
+
+    schema = sub.add_parser("schema", parents=[common], help="the JSON Schema of tau.yaml")
+    schema.set_defaults(func=cmd_schema)
+
     status = sub.add_parser("status", parents=[common], help="a run in detail, or all runs")
     status.add_argument("run", nargs="?")
     status.add_argument(
@@ -767,6 +844,11 @@ def parser() -> argparse.ArgumentParser:
     resume.add_argument("run")
     resume.add_argument("--checkpoint", help="start from this path (default: the latest)")
     resume.set_defaults(func=cmd_resume)
+
+    rerun = sub.add_parser("rerun", parents=[common], help="a new run from a run's evidence")
+    rerun.add_argument("run")
+    rerun.add_argument("--name", help="the new run's name (default: RUN-r<N>)")
+    rerun.set_defaults(func=cmd_rerun)
 
     ckpt = sub.add_parser(
         "checkpoint", parents=[common], help="report (or read) a checkpoint, inside a run"

@@ -146,27 +146,58 @@ ANSWERS: dict[str, Any] = {
             {"step": 100, "value": 0.5, "time": "2026-01-01T00:00:00Z"},
             {"step": 200, "value": 0.25, "time": "2026-01-01T00:01:00Z"}],
             "last": {"step": 200, "value": 0.25, "time": "2026-01-01T00:01:00Z"}}]},
+    "/openapi.json": {"paths": {"/v1/runs": {"post": {"parameters": [
+        {"name": "namespace", "in": "query"}, {"name": "dryRun", "in": "query"}]}}}},
 }  # fmt: skip
 """What the controller answers, in the shapes its handlers write."""
+DRY_RUN = {
+    "dryRun": True,
+    "run": {"apiVersion": "taugrid.dev/v1alpha1", "kind": "TauRun",
+            "metadata": {"name": "mnist", "namespace": "default"},
+            "spec": {"name": "mnist", "queue": "default"}},
+    "objects": [{"kind": "Secret", "metadata": {"name": "mnist-token"}},
+                {"kind": "ConfigMap", "metadata": {"name": "mnist-checkpoint"}},
+                {"kind": "Job", "metadata": {"name": "mnist-a1"}}],
+    "warnings": ["image 'python:3.12' is not pinned by digest"],
+}  # fmt: skip
+"""`POST /v1/runs?dryRun=true` as documented by the server side (controller/runs/schemas.py
+`DryRun` of the branch that implements it): the TauRun and the objects it would create."""
 
 
 class _Answers(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        body = json.dumps(ANSWERS[urllib.parse.urlsplit(self.path).path]).encode()
+    posts: list[str] = []  # noqa: RUF012  (a record the tests read back)
+    dry_run = True
+
+    def _send(self, answer: Any) -> None:
+        body = json.dumps(answer).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
 
+    def do_GET(self) -> None:
+        path = urllib.parse.urlsplit(self.path).path
+        if path == "/openapi.json" and not self.dry_run:
+            self._send({"paths": {"/v1/runs": {"post": {}}}})
+            return
+        self._send(ANSWERS[path])
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        type(self).posts.append(self.path)
+        self._send(DRY_RUN)
+
     def log_message(self, *args: Any) -> None:
         """Quiet."""
 
 
-@pytest.fixture(scope="module")
-def answering() -> Iterator[str]:
-    """A loopback HTTP server that answers as the controller does, for the client's output."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Answers)
+class _OldController(_Answers):
+    dry_run = False
+
+
+def _serve(handler: type[_Answers]) -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
@@ -175,6 +206,18 @@ def answering() -> Iterator[str]:
         server.shutdown()
         thread.join()
         server.server_close()
+
+
+@pytest.fixture(scope="module")
+def answering() -> Iterator[str]:
+    """A loopback HTTP server that answers as the controller does, for the client's output."""
+    yield from _serve(_Answers)
+
+
+@pytest.fixture(scope="module")
+def answering_old() -> Iterator[str]:
+    """The same, as a controller without `dryRun` on POST /v1/runs answers."""
+    yield from _serve(_OldController)
 
 
 TAU = pathlib.Path(__file__).resolve().parents[3] / "controller" / "assets" / "tau.py"
@@ -228,3 +271,43 @@ def test_tau_prints_exactly_this(argv: list[str], expected: str, answering: str)
         env={"TAU_URL": answering, "TAU_TOKEN": "t", "PATH": os.environ["PATH"]},
     )  # fmt: skip
     assert (0, "", expected) == (done.returncode, done.stderr, done.stdout)
+
+
+def _tau(url: str, *argv: str, cwd: pathlib.Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(TAU), *argv], capture_output=True, text=True, check=False, cwd=cwd,
+        env={"TAU_URL": url, "TAU_TOKEN": "t", "PATH": os.environ["PATH"]},
+    )  # fmt: skip
+
+
+def test_tau_validate_prints_what_would_be_created(answering: str, tmp_path: pathlib.Path) -> None:
+    """`tau validate` posts the file with dryRun=true and prints the TauRun and its objects;
+    the server's warnings go to stderr."""
+    (tmp_path / "tau.yaml").write_text("name: mnist\nimage: python:3.12\ncommand: [python]\n")
+    done = _tau(answering, "validate", "tau.yaml", cwd=tmp_path)
+    expected = (
+        0,
+        "warning: image 'python:3.12' is not pinned by digest\n",
+        (
+            "tau.yaml is valid: run mnist in namespace default, queue default\n"
+            "submitting it would create:\n"
+            "KIND       NAME\n"
+            "TauRun     mnist\n"
+            "Secret     mnist-token\n"
+            "ConfigMap  mnist-checkpoint\n"
+            "Job        mnist-a1\n"
+        ),
+    )
+    assert expected == (done.returncode, done.stderr, done.stdout)
+    assert _Answers.posts[-1] == "/v1/runs?dryRun=true"
+
+
+def test_tau_validate_never_posts_to_a_controller_without_dry_run(
+    answering_old: str, tmp_path: pathlib.Path
+) -> None:
+    """A controller that does not document dryRun would create the run: nothing is sent."""
+    (tmp_path / "tau.yaml").write_text("name: mnist\n")
+    before = len(_OldController.posts)
+    done = _tau(answering_old, "validate", "tau.yaml", cwd=tmp_path)
+    assert (7, before) == (done.returncode, len(_OldController.posts))
+    assert "cannot validate without submitting" in done.stderr
