@@ -36,6 +36,8 @@ from controller.runs import (
     preflight,
     queues,
     reconciling,
+    records,
+    reruns,
     results,
 )
 from shared import spec as specs
@@ -62,6 +64,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/v1/runs/{namespace}/{name}/checkpoints", list_checkpoints)
     app.router.add_get("/v1/runs/{namespace}/{name}/checkpoints/latest", get_latest_checkpoint)
     app.router.add_post("/v1/runs/{namespace}/{name}/resume", post_resume)
+    app.router.add_post("/v1/runs/{namespace}/{name}/rerun", post_rerun)
     app.router.add_post("/v1/runs/{namespace}/{name}/results", post_results)
     app.router.add_get("/v1/runs/{namespace}/{name}/results", get_results)
     app.router.add_get("/v1/experiments", experiments.list_experiments)
@@ -106,18 +109,8 @@ async def post_run(request: web.Request) -> web.StreamResponse:
         }
         if key:
             annotations[marks.IDEMPOTENCY_ANNOTATION] = _key_digest(key)
-        body = {
-            "apiVersion": specs.API_VERSION,
-            "kind": "TauRun",
-            "metadata": {"name": spec.name, "namespace": namespace, "annotations": annotations},
-            "spec": specs.spec_to_wire(spec),
-        }
-        st.elector.ensure_leader()
         try:
-            created = await ctx.store.create_run(namespace, body)
-        except kube_runs.NotFoundError as err:
-            msg = f"namespace {namespace!r} does not exist"
-            raise errors.NotFound(msg, field="namespace") from err
+            created = await _create_run(request, spec, namespace, annotations)
         except kube_runs.ConflictError as err:
             existing = await ctx.store.get_run(namespace, spec.name)
             stored = ((existing or {}).get("metadata") or {}).get("annotations") or {}
@@ -145,6 +138,25 @@ async def post_run(request: web.Request) -> web.StreamResponse:
         raise
     finally:
         st.metrics.run_submissions.labels(outcome).inc()
+
+
+async def _create_run(
+    request: web.Request, spec: specs.TauSpec, namespace: str, annotations: dict[str, str]
+) -> dict[str, Any]:
+    """Create the TauRun of a validated, pre-flighted spec; NotFound for a namespace that
+    does not exist; kube_runs.ConflictError (for the caller to word) when the name is taken."""
+    body = {
+        "apiVersion": specs.API_VERSION,
+        "kind": "TauRun",
+        "metadata": {"name": spec.name, "namespace": namespace, "annotations": annotations},
+        "spec": specs.spec_to_wire(spec),
+    }
+    serving.serving_of(request).elector.ensure_leader()
+    try:
+        return await context.context_of(request).store.create_run(namespace, body)
+    except kube_runs.NotFoundError as err:
+        msg = f"namespace {namespace!r} does not exist"
+        raise errors.NotFound(msg, field="namespace") from err
 
 
 def _content_type(request: web.Request) -> str | None:
@@ -346,6 +358,72 @@ async def post_resume(request: web.Request) -> web.StreamResponse:
         namespace, name, checkpoint=checkpoint, by=identity.username[:200]
     )
     return web.json_response(context.run_json(item))
+
+
+# ---------------------------------------------------------------------- rerun
+@serving.leader_only
+async def post_rerun(request: web.Request) -> web.StreamResponse:
+    """Submit a new run from a run's evidence: the same spec, its image pinned to the digest
+    that ran when the evidence has one, a new name (`<name>-r<N>`, or `{"name": …}`); the new
+    run's evidence points back at the old one. Needs `get` and `create tauruns`."""
+    identity, item = await context.read_run(request)
+    namespace = request.match_info["namespace"]
+    old = request.match_info["name"]
+    await context.allow(request, identity, "create", namespace)
+    body = await _json_body(request, optional=True)
+    if not isinstance(body, dict):
+        raise errors.Invalid("the body must be a JSON object", field="body")
+    unknown = sorted(set(body) - {"name"})
+    if unknown:
+        raise errors.Invalid(f"unknown field {unknown[0]!r}; allowed: name", field=unknown[0])
+    ctx = context.context_of(request)
+    try:
+        status = records.read(item.get("status"))
+    except ValueError as err:
+        msg = f"run {old!r} has a status this controller cannot read ({err})"
+        raise errors.Conflict(msg, code="UnreadableStatus") from err
+    requested = body.get("name")
+    if requested is not None and not isinstance(requested, str):
+        raise errors.Invalid("name must be a string", field="name")
+    name = requested or reruns.next_name(
+        old,
+        [
+            str((i.get("metadata") or {}).get("name", ""))
+            for i in await ctx.store.list_runs(namespace)
+        ],
+    )
+    image, pin_warning = reruns.pinned_image(
+        str((item.get("spec") or {}).get("image", "")),
+        status.evidence.image_id if status.evidence else None,
+    )
+    try:
+        parsed = reruns.validated(item.get("spec") or {}, name=name, image=image)
+    except specs.SpecError as err:
+        if err.field == "name":
+            raise _spec_error(err) from err
+        msg = f"run {old!r} cannot be rerun: its spec is not valid ({err})"
+        raise errors.Conflict(msg, field="name", code="NotRerunnable") from err
+    spec = parsed.spec
+    checked = await preflight.run(ctx.store, spec, namespace)
+    src = reruns.source(item, status)
+    annotations = {
+        marks.SUBMITTED_BY_ANNOTATION: identity.username[:253],
+        marks.MANAGED_BY_ANNOTATION: ctx.reconciler.manager,
+        marks.RERUN_OF_ANNOTATION: reruns.annotation(src),
+    }
+    try:
+        created = await _create_run(request, spec, namespace, annotations)
+    except kube_runs.ConflictError as err:
+        msg = f"a run named {name!r} already exists in namespace {namespace}; pick another name"
+        raise errors.Conflict(msg, field="name", code="AlreadyExists") from err
+    result = await ctx.reconciler.reconcile_now(namespace, name) or created
+    log.info("run rerun", run=f"{namespace}/{name}", of=old, image=image, user=identity.username)
+    warnings = [*parsed.warnings, *([pin_warning] if pin_warning else []), *checked]
+    return web.json_response(
+        {**context.run_json(result), "rerunOf": src.model_dump(mode="json", by_alias=True,
+                                                               exclude_none=True),
+         "warnings": warnings}, status=201,
+    )  # fmt: skip
 
 
 # ---------------------------------------------------------------------- results

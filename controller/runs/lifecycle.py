@@ -278,6 +278,7 @@ def evidence(
     pods: Iterable[views.PodView],
     workload: views.WorkloadView | None,
     previous: records.Evidence | None = None,
+    rerun_of: records.RerunSource | None = None,
 ) -> records.Evidence:
     """The evidence record (DESIGN.md section 2): enough to reproduce the run and to see
     where it ran. Values once seen are kept when their source has gone (pods are deleted)."""
@@ -319,6 +320,8 @@ def evidence(
         update["experiment"] = spec.experiment.model_dump(
             mode="json", by_alias=True, exclude_none=True
         )
+    if rerun_of is not None:
+        update["rerun_of"] = rerun_of
     return prev.model_copy(update=update)
 
 

@@ -71,6 +71,8 @@ class RunInput:
     """The WorkloadPriorityClasses that exist; None when they could not be listed."""
     new_token: str = ""
     """A fresh run-scoped token, used only when the run has none yet."""
+    rerun_of: records.RerunSource | None = None
+    """The run this one reruns (its `taugrid.dev/rerun-of` annotation), for the evidence."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,7 +191,7 @@ def _observe(
         update={"attempts": attempts,
                 "evidence": lifecycle.evidence(spec, run.ref.namespace, attempts=attempts,
                                                pods=run.pods, workload=run.workload,
-                                               previous=st.evidence)}
+                                               previous=st.evidence, rerun_of=run.rerun_of)}
     )  # fmt: skip
     first_start = st.attempts[0].start_time
     if (

@@ -31,6 +31,7 @@ from controller.runs import (
     positions,
     records,
     rendering,
+    reruns,
     results,
     snapshots,
 )
@@ -343,12 +344,14 @@ class Reconciler:
     ) -> policy.RunInput:
         """One run's share of what was read (`snap` None: only the TauRun itself)."""
         meta = item.get("metadata") or {}
+        annotations = meta.get("annotations") or {}
         status = records.read(item.get("status"))
         base = policy.RunInput(
             ref=objects.run_ref(item), spec=item.get("spec") or {}, status=status,
-            cancel_requested=bool((meta.get("annotations") or {}).get(marks.CANCEL_ANNOTATION)),
+            cancel_requested=bool(annotations.get(marks.CANCEL_ANNOTATION)),
             observed=snap is not None, priority_classes=classes,
             new_token="" if status.token_sha256 else attempts.new_token(),
+            rerun_of=reruns.read_source(annotations),
         )  # fmt: skip
         if snap is None:
             return base
@@ -366,7 +369,7 @@ class Reconciler:
             observed=True, attempt_object=seen.attempt_object, workload=workload,
             pods=seen.pods, nodes=snap.nodes, position=position,
             cluster_queue=snap.local_queues.get((base.ref.namespace, queue)), held=held,
-            priority_classes=classes, new_token=base.new_token,
+            priority_classes=classes, new_token=base.new_token, rerun_of=base.rerun_of,
         )  # fmt: skip
 
     # ------------------------------------------------------------------ decide, execute
