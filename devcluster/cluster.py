@@ -56,8 +56,10 @@ KCM_CONTROLLERS = (
     "persistentvolume-binder-controller",
     "ttl-after-finished-controller",
     "pod-garbage-collector-controller",
+    "persistentvolume-binder-controller",
 )
-"""The controllers DESIGN.md section 8 lists. node-lifecycle stays out: KWOK heartbeats nodes."""
+"""The controllers DESIGN.md section 8 lists. node-lifecycle stays out: KWOK heartbeats nodes.
+The volume binder binds the example claims to their volumes (examples/ runs as shipped)."""
 
 KUEUE_WEBHOOKS_KEPT = ("batch-v1-job", "ray-io-v1-rayjob", "ray-io-v1-raycluster", "kueue-x-k8s-io")
 
@@ -315,6 +317,7 @@ class Cluster:
             self._start_kueue(bin_dir, assets)
             self._start_kuberay(bin_dir)
             self._bootstrap_queues(bin_dir, nodes)
+            self.apply(bin_dir, example_volumes(self.state / "volumes"))
         except BaseException:
             out("start failed; stopping what was started")
             self.table.stop_all()
@@ -637,6 +640,34 @@ def default_queues(nodes: int, namespace: str = "default") -> list[dict[str, Any
             "spec": {"clusterQueue": CLUSTER_QUEUE},
         },
     ]
+
+
+EXAMPLE_CLAIMS = {"datasets": "1Ti", "checkpoints": "1Ti"}
+"""The PersistentVolumeClaims examples/pytorch.yaml names, in namespace `default`."""
+
+
+def example_volumes(root: pathlib.Path, namespace: str = "default") -> list[dict[str, Any]]:
+    """A PersistentVolume and a claim bound to it for each claim the examples name: host
+    directories (KWOK's pods never mount them; a kubelet's would), ReadWriteMany, each claim
+    pre-bound to its volume so the volume binder binds exactly these two."""
+    out: list[dict[str, Any]] = []
+    for claim, size in EXAMPLE_CLAIMS.items():
+        volume = f"dev-{namespace}-{claim}"
+        out.append({
+            "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": volume},
+            "spec": {"capacity": {"storage": size}, "accessModes": ["ReadWriteMany"],
+                     "persistentVolumeReclaimPolicy": "Retain", "storageClassName": "",
+                     "hostPath": {"path": str(root / namespace / claim),
+                                  "type": "DirectoryOrCreate"},
+                     "claimRef": {"namespace": namespace, "name": claim}},
+        })  # fmt: skip
+        out.append({
+            "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": {"name": claim, "namespace": namespace},
+            "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "",
+                     "volumeName": volume, "resources": {"requests": {"storage": size}}},
+        })  # fmt: skip
+    return out
 
 
 def _dev_cluster_queue(nodes: int) -> dict[str, Any]:
