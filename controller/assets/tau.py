@@ -562,10 +562,17 @@ def cmd_result(client: Client, args: argparse.Namespace) -> int:
     if len(report) == 1:
         raise TauError("report something: --metric NAME=V --step N, --artifact URI or --summary",
                        EXIT_USAGE)  # fmt: skip
-    _, body = client.request(
-        "POST", f"/v1/runs/{ns}/{urllib.parse.quote(run)}/results",
-        json.dumps(report).encode(), headers={"Content-Type": "application/json"},
-    )  # fmt: skip
+    for tries_left in (2, 1, 0):  # a leader change answers 503 for a moment: ask again
+        try:
+            _, body = client.request(
+                "POST", f"/v1/runs/{ns}/{urllib.parse.quote(run)}/results",
+                json.dumps(report).encode(), headers={"Content-Type": "application/json"},
+            )  # fmt: skip
+            break
+        except TauError as err:
+            if err.code != EXIT_UNAVAILABLE or not tries_left:
+                raise
+            time.sleep(1.0)
     if args.json:
         print(json.dumps(body, indent=2))
     else:
