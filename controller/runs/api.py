@@ -378,7 +378,7 @@ async def post_rerun(request: web.Request) -> web.StreamResponse:
         raise errors.Invalid(f"unknown field {unknown[0]!r}; allowed: name", field=unknown[0])
     ctx = context.context_of(request)
     try:
-        status = records.read(item.get("status"))
+        status = records.read(item.get("status"), results=False)
     except ValueError as err:
         msg = f"run {old!r} has a status this controller cannot read ({err})"
         raise errors.Conflict(msg, code="UnreadableStatus") from err

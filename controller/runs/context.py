@@ -46,7 +46,7 @@ class RunsContext:
             return cached[0]
         item = await self.store.get_run(namespace, name)
         try:
-            digest = records.read((item or {}).get("status")).token_sha256
+            digest = records.read((item or {}).get("status"), results=False).token_sha256
         except ValueError:
             digest = ""  # a damaged status holds no digest we can trust
         if not digest:

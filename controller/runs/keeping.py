@@ -141,7 +141,7 @@ class LogKeeper:
         for (namespace, run_name, attempt), pods in by_attempt.items():
             ref, item = runs[(namespace, run_name)]
             try:
-                current = records.read(item.get("status")).current_attempt
+                current = records.read(item.get("status"), results=False).current_attempt
             except ValueError:
                 continue
             if attempt == current:

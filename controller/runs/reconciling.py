@@ -210,7 +210,7 @@ class Reconciler:
         Raise RunNotFoundError, or checkpoints.FencedError for a stale or unknown attempt."""
         async with self.lock((namespace, name)):
             item = await self.managed_run(namespace, name)
-            old = records.read(item.get("status"))
+            old = records.read(item.get("status"), results=False)
             checkpoints.fence(report, old.current_attempt)
             entry = checkpoints.record(report, self._clock())
             new = old.model_copy(
@@ -345,7 +345,7 @@ class Reconciler:
         """One run's share of what was read (`snap` None: only the TauRun itself)."""
         meta = item.get("metadata") or {}
         annotations = meta.get("annotations") or {}
-        status = records.read(item.get("status"))
+        status = records.read(item.get("status"), results=False)
         base = policy.RunInput(
             ref=objects.run_ref(item), spec=item.get("spec") or {}, status=status,
             cancel_requested=bool(annotations.get(marks.CANCEL_ANNOTATION)),
@@ -418,7 +418,9 @@ class Reconciler:
 
     async def write_status(self, item: dict[str, Any], status: records.RunStatus) -> dict[str, Any]:
         """Patch the status with what changed (nothing when nothing did)."""
-        old = records.wire(records.read(item.get("status")))
+        # The results are written by the collector alone (with them in `status`); a status
+        # read without them patches everything else and leaves them as they are.
+        old = records.wire(records.read(item.get("status"), results=status.results is not None))
         new = records.wire(status)
         if old == new:
             return item

@@ -248,11 +248,16 @@ class RunStatus(StatusModel):
         return next((a for a in self.attempts if a.number == number), None)
 
 
-def read(raw: Mapping[str, Any] | None) -> RunStatus:
+def read(raw: Mapping[str, Any] | None, *, results: bool = True) -> RunStatus:
     """The status of a raw TauRun; a status that cannot be read is reported, never guessed
-    (ValueError naming the member)."""
+    (ValueError naming the member). `results=False` leaves `results` out (None): the
+    reconciler never needs them and they are most of a busy run's status, so its passes do
+    not parse them, and `patch_body` of two such statuses never touches them."""
+    members = dict(raw or {})
+    if not results:
+        members.pop("results", None)
     try:
-        return RunStatus.model_validate(dict(raw or {}))
+        return RunStatus.model_validate(members)
     except pydantic.ValidationError as err:
         first = err.errors(include_url=False)[0]
         where = ".".join(str(p) for p in first["loc"])

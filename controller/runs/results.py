@@ -202,26 +202,34 @@ def thin(
     newest never go. Return the points and how many went.
 
     So a long series stays spread evenly over its steps, from the first one on, and the
-    points that go are the older ones first (a fresh point has no near neighbour yet).
-    Halving a series each time it fills would erase old history exponentially fast."""
+    points that go are the older ones first (a fresh point has no near neighbour yet); one
+    new point costs one old one, so what is drawn does not jump from one write to the next.
+    Halving a series each time it fills would erase old history exponentially fast. A burst
+    of more than twice `cap` is first taken at even intervals down to that (the greedy
+    step is quadratic)."""
     cap = max(cap, 2)
     kept = list(points)
     dropped = 0
+    if len(kept) > 2 * cap:
+        last = len(kept) - 1
+        chosen = sorted({round(i * last / (2 * cap - 1)) for i in range(2 * cap)})
+        dropped += len(kept) - len(chosen)
+        kept = [kept[i] for i in chosen]
+    if len(kept) <= cap:
+        return tuple(kept), dropped
+    steps = [p.step for p in kept]
+    # gaps[j]: how far apart the neighbours of point j + 1 are; the smallest goes first, and
+    # list.index finds the oldest of equal ones. Removing a point changes two gaps only.
+    gaps = [steps[i + 1] - steps[i - 1] for i in range(1, len(steps) - 1)]
     while len(kept) > cap:
-        gone = min(range(1, len(kept) - 1), key=lambda i: (kept[i + 1].step - kept[i - 1].step, i))
-        del kept[gone]
+        j = gaps.index(min(gaps))
+        del kept[j + 1], steps[j + 1], gaps[j]
+        if j > 0:
+            gaps[j - 1] = steps[j + 1] - steps[j - 1]
+        if j < len(gaps):
+            gaps[j] = steps[j + 2] - steps[j]
         dropped += 1
     return tuple(kept), dropped
-
-
-def _add_point(
-    series: records.MetricSeries, point: records.MetricPoint, cap: int
-) -> records.MetricSeries:
-    points = [p for p in series.points if p.step != point.step]
-    at = next((i for i, p in enumerate(points) if p.step > point.step), len(points))
-    points.insert(at, point)
-    kept, dropped = thin(points, cap)
-    return series.model_copy(update={"points": kept, "thinned": series.thinned + dropped})
 
 
 def merge(
@@ -232,10 +240,12 @@ def merge(
 ) -> records.Results:
     """Fold reports, in the order they came, into the kept results (see the module
     docstring); `now` stamps what they add. A metric name past the cap is skipped here (the
-    API refuses it first, with `check_names`)."""
+    API refuses it first, with `check_names`). Each series is thinned once, after the whole
+    burst is in."""
     out = results or records.Results()
-    series = {s.name: s for s in out.metrics}
     order = [s.name for s in out.metrics]
+    kept = {s.name: s for s in out.metrics}
+    added: dict[str, dict[int, records.MetricPoint]] = {}
     artifacts = list(out.artifacts)
     dropped = out.artifacts_dropped
     summary, summary_time = out.summary, out.summary_time
@@ -243,13 +253,15 @@ def merge(
     for report in reports:
         count += 1
         for metric in report.metrics:
-            if metric.name not in series:
-                if len(series) >= limits.metrics:
+            if metric.name not in kept and metric.name not in added:
+                if len(order) >= limits.metrics:
                     continue
-                series[metric.name] = records.MetricSeries(name=metric.name)
                 order.append(metric.name)
-            point = records.MetricPoint(step=metric.step, value=metric.value, time=now)
-            series[metric.name] = _add_point(series[metric.name], point, limits.points)
+            # Validated already: built without validating again (a burst has thousands).
+            point = records.MetricPoint.model_construct(
+                step=metric.step, value=metric.value, time=now
+            )
+            added.setdefault(metric.name, {})[metric.step] = point
         for art in report.artifacts:
             entry = records.Artifact(
                 uri=art.uri, size=art.size, digest=art.digest, attempt=report.attempt, time=now
@@ -261,10 +273,20 @@ def merge(
             artifacts = artifacts[-limits.artifacts :]
         if report.summary is not None:
             summary, summary_time = report.summary, now
+    metrics = []
+    for name in order:
+        old = kept.get(name) or records.MetricSeries(name=name)
+        if name not in added:
+            metrics.append(old)
+            continue
+        by_step = {p.step: p for p in old.points}
+        by_step.update(added[name])
+        points, gone = thin([by_step[k] for k in sorted(by_step)], limits.points)
+        metrics.append(records.MetricSeries(name=name, points=points, thinned=old.thinned + gone))
     return records.Results(
-        metrics=tuple(series[n] for n in order), artifacts=tuple(artifacts),
-        artifacts_dropped=dropped, summary=summary, summary_time=summary_time,
-        reports=count, updated_time=now if count != out.reports else out.updated_time,
+        metrics=tuple(metrics), artifacts=tuple(artifacts), artifacts_dropped=dropped,
+        summary=summary, summary_time=summary_time, reports=count,
+        updated_time=now if count != out.reports else out.updated_time,
     )  # fmt: skip
 
 
