@@ -216,7 +216,7 @@ async def openapi(request: web.Request) -> web.StreamResponse:
             }
     schemas = {
         name: model.model_json_schema(by_alias=True)
-        for name, model in fleet_api.REQUEST_BODIES.items()
+        for name, model in {**fleet_api.REQUEST_BODIES, **runs_api.REQUEST_BODIES}.items()
     }
     doc = {
         "openapi": "3.1.0",

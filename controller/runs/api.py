@@ -20,6 +20,7 @@ import hmac
 import json
 from typing import Any
 
+import pydantic
 import structlog
 from aiohttp import web
 
@@ -43,6 +44,9 @@ from controller.runs import (
 from shared import spec as specs
 
 log = structlog.get_logger()
+
+REQUEST_BODIES: dict[str, type[pydantic.BaseModel]] = {"ResultReport": results.ResultReport}
+"""Request bodies of the runs API given as models, for the OpenAPI document."""
 
 _SPEC_ERRORS: dict[specs.SpecErrorKind, type[errors.Invalid]] = {
     specs.SpecErrorKind.TOO_LARGE: errors.TooLarge,
