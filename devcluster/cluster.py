@@ -56,10 +56,10 @@ KCM_CONTROLLERS = (
     "persistentvolume-binder-controller",
     "ttl-after-finished-controller",
     "pod-garbage-collector-controller",
-    "persistentvolume-binder-controller",
 )
 """The controllers DESIGN.md section 8 lists. node-lifecycle stays out: KWOK heartbeats nodes.
-The volume binder binds the example claims to their volumes (examples/ runs as shipped)."""
+The volume binder binds the real run's checkpoint claim and the example claims (examples/ runs as
+shipped) to their volumes."""
 
 KUEUE_WEBHOOKS_KEPT = ("batch-v1-job", "ray-io-v1-rayjob", "ray-io-v1-raycluster", "kueue-x-k8s-io")
 
