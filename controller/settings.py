@@ -198,6 +198,7 @@ class ControllerSettings(pydantic_settings.BaseSettings):
     """How often the tail of every running worker's log is kept (one tail read per worker).
     A pod that vanishes without warning loses at most this much of its last output; an
     attempt that ends normally is captured whole before its pods are deleted."""
-    run_log_read_timeout_s: float = pydantic.Field(default=5.0, gt=0)
-    """A log read gives up after this long (a node that stopped answering must not hold up
-    the end of an attempt: its periodic capture is what is kept then)."""
+    run_log_read_timeout_s: float = pydantic.Field(default=2.0, gt=0)
+    """A log read gives up after this long. The final capture runs before a failed attempt's
+    objects are deleted and its next attempt created, so a kubelet that stops answering (a
+    lost node) delays a resume by at most this; its periodic capture is what is kept then."""

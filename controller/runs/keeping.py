@@ -91,7 +91,7 @@ class LogKeeper:
         manages: Callable[[Mapping[str, Any]], bool],
         keep_bytes: int = keptlogs.DEFAULT_KEEP_BYTES,
         interval_s: float = 30.0,
-        read_timeout_s: float = 5.0,
+        read_timeout_s: float = 2.0,
         clock: Callable[[], dt.datetime] = _now,
     ) -> None:
         self.store = store
