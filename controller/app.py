@@ -145,6 +145,8 @@ def _runtime(
                 controller_url=settings.run_controller_url or url,
                 termination_grace_period_s=settings.run_termination_grace_s,
                 ray_version=settings.ray_version, ca_pem=run_ca,
+                ray_operator_namespace=settings.ray_operator_namespace,
+                ray_token_auth=settings.ray_token_auth,
             ),
             pass_interval_s=settings.run_pass_interval_s,
             ttl_after_finished_s=settings.run_ttl_after_finished_s,

@@ -154,6 +154,13 @@ class ControllerSettings(pydantic_settings.BaseSettings):
     (the CA of the controller's own certificate); both empty: the pods' system store."""
     ray_version: str | None = None
     """`rayClusterSpec.rayVersion` of rendered RayJobs, when the cluster's KubeRay wants one."""
+    ray_operator_namespace: str = "kuberay-system"
+    """Namespace of the KubeRay operator: its pods may reach a ray run's dashboard port
+    through the run's NetworkPolicy (DESIGN §10). Set it to where the platform installed
+    KubeRay; empty lets only the run's own submitter pod in."""
+    ray_token_auth: bool = False
+    """Render `authOptions: {mode: token}` on RayJobs, so a run's dashboard and Jobs API ask
+    for the token KubeRay keeps; needs KubeRay 1.6+ and `ray_version` 2.52.0 or later."""
     logs_wait_s: float = pydantic.Field(default=120.0, ge=0)
     """How long `GET …/logs?follow=true` waits for a run's pod to start before giving up."""
     run_manager: str = marks.DEFAULT_RUN_MANAGER
@@ -202,3 +209,26 @@ class ControllerSettings(pydantic_settings.BaseSettings):
     """A log read gives up after this long. The final capture runs before a failed attempt's
     objects are deleted and its next attempt created, so a kubelet that stops answering (a
     lost node) delays a resume by at most this; its periodic capture is what is kept then."""
+
+    @pydantic.model_validator(mode="after")
+    def _ray_token_auth_needs_its_version(self) -> ControllerSettings:
+        """KubeRay refuses `authOptions.mode: token` without `rayVersion` 2.52.0 or later:
+        say so at startup, not on every ray run's create."""
+        if self.ray_token_auth and not _at_least(self.ray_version or "", (2, 52, 0)):
+            msg = (
+                "ray_token_auth needs ray_version 2.52.0 or later (KubeRay refuses token auth"
+                f" for older Ray), got {self.ray_version!r}"
+            )
+            raise ValueError(msg)
+        return self
+
+
+def _at_least(version: str, minimum: tuple[int, ...]) -> bool:
+    """Whether a dotted version (`2.52.1`, `v2.53`) is at least `minimum`; False when it
+    does not parse."""
+    parts = version.strip().removeprefix("v").split(".")
+    try:
+        numbers = tuple(int(p) for p in parts)
+    except ValueError:
+        return False
+    return numbers >= minimum

@@ -43,6 +43,7 @@ class RunStore:
         self._custom = client.CustomObjectsApi(api)
         self._core = client.CoreV1Api(api)
         self._batch = client.BatchV1Api(api)
+        self._networking = client.NetworkingV1Api(api)
         self._visibility_down_until = 0.0
 
     # ------------------------------------------------------------------ TauRuns
@@ -117,7 +118,8 @@ class RunStore:
 
     # ------------------------------------------------------------------ owned objects
     async def create(self, obj: dict[str, Any]) -> bool:
-        """Create a Job, Service, RayJob, Secret or ConfigMap; False when it already exists."""
+        """Create a Job, Service, RayJob, NetworkPolicy, Secret or ConfigMap; False when it
+        already exists."""
         ns = obj["metadata"]["namespace"]
         kind = obj["kind"]
         try:
@@ -134,6 +136,10 @@ class RunStore:
             elif kind == "RayJob":
                 resp = await self._custom.create_namespaced_custom_object(
                     *RAYJOB[:2], ns, RAYJOB[2], obj, _preload_content=False
+                )
+            elif kind == "NetworkPolicy":
+                resp = await self._networking.create_namespaced_network_policy(
+                    ns, obj, _preload_content=False
                 )
             else:
                 msg = f"cannot create a {kind}"
@@ -172,7 +178,8 @@ class RunStore:
         await _api.read_json(resp)
 
     async def delete(self, kind: str, namespace: str, name: str) -> bool:
-        """Delete a Job, Service or RayJob with its dependents (background); False if gone."""
+        """Delete a Job, Service, RayJob or NetworkPolicy with its dependents (background);
+        False if gone."""
         opts = {"propagation_policy": "Background"}
         try:
             if kind == "Job":
@@ -183,6 +190,8 @@ class RunStore:
                 await self._custom.delete_namespaced_custom_object(
                     *RAYJOB[:2], namespace, RAYJOB[2], name, **opts
                 )
+            elif kind == "NetworkPolicy":
+                await self._networking.delete_namespaced_network_policy(name, namespace)
             else:
                 msg = f"cannot delete a {kind}"
                 raise ValueError(msg)

@@ -21,7 +21,16 @@ from collections.abc import Mapping
 from typing import Any
 
 from controller import errors, marks, timestamps
-from controller.runs import checkpoints, lifecycle, objects, positions, records, rendering, views
+from controller.runs import (
+    checkpoints,
+    lifecycle,
+    networks,
+    objects,
+    positions,
+    records,
+    rendering,
+    views,
+)
 from shared import spec as specs
 
 Phase = records.Phase
@@ -300,7 +309,9 @@ def _finished(
         return RunPlan(st)
     if not lifecycle.ttl_expired(st.end_time, settings.ttl_after_finished_s, now):
         return RunPlan(st, requeue_at=_ttl_at(st, settings))
-    deletes = tuple(d for a in st.attempts for d in _attempt_objects(spec, ref, a.number))
+    deletes = tuple(
+        d for a in st.attempts for d in _attempt_objects(spec, ref, a.number, fence=True)
+    )
     return RunPlan(st.model_copy(update={"objects_deleted": True}), deletes=deletes)
 
 
@@ -423,15 +434,20 @@ def _render(
 
 
 def _attempt_objects(
-    spec: specs.TauSpec, ref: objects.RunRef, attempt: int
+    spec: specs.TauSpec, ref: objects.RunRef, attempt: int, *, fence: bool = False
 ) -> tuple[ObjectRef, ...]:
-    """The objects of attempt `attempt` (none before the first)."""
+    """The objects of attempt `attempt` (none before the first); with `fence`, its
+    NetworkPolicy too. An attempt that ends keeps its policy until the run's objects go
+    after their TTL: the Job's pods are deleted in the background and may still run their
+    grace period, fenced."""
     if attempt < 1:
         return ()
     name = objects.attempt_name(ref.name, attempt)
     out = [ObjectRef(attempt_kind(spec), ref.namespace, name)]
     if spec.kind == specs.RunKind.PYTORCH:
         out.append(ObjectRef("Service", ref.namespace, name))
+    if fence and networks.fenced(spec):
+        out.append(ObjectRef(networks.KIND, ref.namespace, name))
     return tuple(out)
 
 

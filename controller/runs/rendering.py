@@ -44,7 +44,7 @@ import shlex
 from typing import Any
 
 from controller import marks
-from controller.runs import objects
+from controller.runs import networks, objects
 from shared import spec as specs
 
 CONTAINER_NAME = "main"
@@ -97,6 +97,12 @@ class RenderSettings:
     """`ttlSecondsAfterFinished` for Jobs; None leaves finished Jobs to the reconciler."""
     ray_version: str | None = None
     """`rayClusterSpec.rayVersion`, when the cluster's KubeRay wants it."""
+    ray_operator_namespace: str = ""
+    """Namespace of the KubeRay operator, whose pods may reach a ray run's dashboard port
+    (`networks.render_policy`); empty: only the run's own submitter may."""
+    ray_token_auth: bool = False
+    """Render `authOptions: {mode: token}` on RayJobs (KubeRay 1.6+, Ray 2.52+): the
+    dashboard and its Jobs API then ask for the cluster's token, which KubeRay keeps."""
     ca_pem: str = ""
     """PEM bundle run pods trust for `controller_url` (read by the controller at startup):
     the per-run ConfigMap carries it as `ca.crt` and `TAU_CA_FILE` names the mounted file.
@@ -108,17 +114,33 @@ def render_attempt(
 ) -> list[dict[str, Any]]:
     """Return the objects of one attempt, in the order to create them.
 
-    job: `[Job]`; pytorch: `[Service, Job]` (the Service first, so that DNS for worker 0
-    exists by the time any pod resolves it); ray: `[RayJob]`.
+    job: `[Job]`; pytorch: `[NetworkPolicy, Service, Job]` (the Service before the Job, so
+    that DNS for worker 0 exists by the time any pod resolves it); ray:
+    `[NetworkPolicy, RayJob]`. The policy comes first, so no pod of the attempt runs unfenced.
     """
     if ctx.attempt < 1:
         msg = f"attempt numbers start at 1, got {ctx.attempt}"
         raise ValueError(msg)
+    fence = [_render_network_policy(spec, ctx, settings)] if networks.fenced(spec) else []
     if spec.kind == specs.RunKind.PYTORCH:
-        return [_render_headless_service(spec, ctx, settings), _render_job(spec, ctx, settings)]
+        return [
+            *fence,
+            _render_headless_service(spec, ctx, settings),
+            _render_job(spec, ctx, settings),
+        ]
     if spec.kind == specs.RunKind.RAY:
-        return [_render_rayjob(spec, ctx, settings)]
+        return [*fence, _render_rayjob(spec, ctx, settings)]
     return [_render_job(spec, ctx, settings)]
+
+
+def _render_network_policy(
+    spec: specs.TauSpec, ctx: AttemptContext, settings: RenderSettings
+) -> dict[str, Any]:
+    name = objects.attempt_name(ctx.run.name, ctx.attempt)
+    return networks.render_policy(
+        spec, ctx.run, ctx.attempt, _metadata(spec, ctx, name, _run_labels(spec, ctx)),
+        ray_operator_namespace=settings.ray_operator_namespace,
+    )  # fmt: skip
 
 
 # ---------------------------------------------------------------- pieces
@@ -459,6 +481,8 @@ def _render_rayjob(
     }
     if settings.ray_version is not None:
         cluster["rayVersion"] = settings.ray_version
+    if settings.ray_token_auth:
+        cluster["authOptions"] = {"mode": "token"}
     return {
         "apiVersion": "ray.io/v1",
         "kind": "RayJob",

@@ -16,7 +16,7 @@ import pytest_asyncio
 from kubernetes_asyncio import client
 
 from devcluster import cluster
-from tests import controllerkit, kueue, support
+from tests import controllerkit, kueue, netpolicy, support
 from tests import runskit as kit
 
 pytestmark = pytest.mark.cluster
@@ -77,6 +77,24 @@ async def run_pods(env: kit.Env, run: str, count: int = 1) -> list[dict[str, Any
         return list(pods)
 
     return await support.eventually(probe, what=f"pods of {run}")
+
+
+async def stored_policy(env: kit.Env, run: str) -> dict[str, Any]:
+    """The attempt's NetworkPolicy as the API server stored it (defaults applied), after
+    checking it is owned by the run's TauRun."""
+    resp = await client.NetworkingV1Api(env.api).read_namespaced_network_policy(
+        f"{run}-a1", env.namespace, _preload_content=False
+    )
+    policy = dict(await resp.json())
+    (owner,) = policy["metadata"]["ownerReferences"]
+    assert (owner["kind"], owner["name"], owner["controller"]) == ("TauRun", run, True)
+    return policy
+
+
+def pod_view(pod: dict[str, Any]) -> netpolicy.Pod:
+    """A stored pod as the policy evaluator sees it."""
+    meta = pod["metadata"]
+    return netpolicy.Pod(meta["namespace"], meta.get("labels") or {})
 
 
 async def test_single_gpu_run_from_queue_to_success(
@@ -169,6 +187,17 @@ async def test_two_node_pytorch_run(env: kit.Env) -> None:
         assert env_vars["MASTER_ADDR"] == "ddp-a1-0.ddp-a1"
         assert env_vars["NNODES"] == "2"
         assert pod["spec"]["subdomain"] == "ddp-a1"
+    # The attempt's pods reach each other on any port (torchrun's rendezvous, NCCL); a pod
+    # of the same namespace that is not the attempt's reaches none of them.
+    policy = await stored_policy(env, "ddp")
+    worker, peer = (pod_view(p) for p in pods)
+    stranger = netpolicy.Pod(env.namespace, {"app": "curious"})
+    namespaces = {env.namespace: {"kubernetes.io/metadata.name": env.namespace}}
+    assert netpolicy.allowed([policy], namespaces, netpolicy.Connection(worker, peer, 29500))
+    assert netpolicy.allowed([policy], namespaces, netpolicy.Connection(peer, worker, 41000))
+    for port in (29500, 22, 8080):
+        conn = netpolicy.Connection(stranger, worker, port)
+        assert not netpolicy.allowed([policy], namespaces, conn), port
     await env.wait_phase("ddp", "Running", "Succeeded")
 
 
@@ -198,6 +227,23 @@ async def test_ray_run_becomes_an_admitted_ray_cluster(env: kit.Env) -> None:
     assert group["replicas"] == 2
     limits = group["template"]["spec"]["containers"][0]["resources"]["limits"]
     assert limits["nvidia.com/gpu"] == "2"
+    # The head's dashboard (the Jobs API, no auth of its own) takes KubeRay's operator and
+    # this attempt's submitter Job only; a stranger of the run's namespace reaches nothing.
+    policy = await stored_policy(env, "rl")
+    labels = rc["spec"]["headGroupSpec"]["template"]["metadata"]["labels"]
+    head = netpolicy.Pod(env.namespace, labels)
+    submitter = netpolicy.Pod(env.namespace, {"batch.kubernetes.io/job-name": "rl-a1"})
+    operator = netpolicy.Pod("kuberay-system", {"app.kubernetes.io/name": "kuberay"})
+    stranger = netpolicy.Pod(env.namespace, {"app": "curious"})
+    namespaces = {
+        ns: {"kubernetes.io/metadata.name": ns} for ns in (env.namespace, "kuberay-system")
+    }
+    for source, port, ok in [
+        (submitter, 8265, True), (operator, 8265, True), (stranger, 8265, False),
+        (submitter, 6379, False), (stranger, 10001, False),
+    ]:  # fmt: skip
+        conn = netpolicy.Connection(source, head, port)
+        assert netpolicy.allowed([policy], namespaces, conn) is ok, (source, port)
 
     async def mark_succeeded() -> None:
         await custom.patch_namespaced_custom_object_status(

@@ -365,6 +365,10 @@ CALL_RIGHTS: dict[tuple[str, str, str], tuple[Right, ...]] = {
     ("_core", "read_namespaced_persistent_volume_claim", ""): (
         Right("", "persistentvolumeclaims", "get"),),
     ("_events", "create_namespaced_event", ""): (Right("events.k8s.io", "events", "create"),),
+    ("_networking", "create_namespaced_network_policy", ""): (
+        Right("networking.k8s.io", "networkpolicies", "create"),),
+    ("_networking", "delete_namespaced_network_policy", ""): (
+        Right("networking.k8s.io", "networkpolicies", "delete"),),
     ("_batch", "create_namespaced_job", ""): (Right("batch", "jobs", "create"),),
     ("_batch", "delete_namespaced_job", ""): (Right("batch", "jobs", "delete"),),
     ("_batch", "list_job_for_all_namespaces", ""): (Right("batch", "jobs", "list"),),

@@ -268,12 +268,12 @@ CASES = [
             "Queued",
             "Submitted",
             deletes=(("Job", "demo-a1"), ("Service", "demo-a1")),
-            creates=(("Service", "demo-a2"), ("Job", "demo-a2")),
+            creates=(("NetworkPolicy", "demo-a2"), ("Service", "demo-a2"), ("Job", "demo-a2")),
             started=(2,),
             ended="NodeFailure",
             resumed="NodeFailure",
         ),
-        id="a pytorch attempt goes with its headless Service",
+        id="a pytorch attempt goes with its headless Service; its NetworkPolicy stays",
     ),
     pytest.param(
         Case(run(cancel_requested=True), "Cancelled", "Cancelled", deletes=(("Job", "demo-a1"),)),
@@ -391,6 +391,23 @@ def test_a_finished_runs_objects_go_after_the_ttl(
     actual = (tuple((d.kind, d.name) for d in plan.deletes), bool(plan.status.objects_deleted),
               plan.requeue_at)  # fmt: skip
     assert expected == actual
+
+
+def test_after_the_ttl_every_attempts_network_policy_goes_too() -> None:
+    """An attempt that ends keeps its NetworkPolicy (its pods may still be terminating); the
+    TTL's deletes take every attempt's objects, the policies included."""
+    ended = T0 - dt.timedelta(seconds=30)
+    done = status_with(phase="Failed", endTime=ended.strftime("%Y-%m-%dT%H:%M:%SZ"),
+                       currentAttempt=2, attempts=[
+        {"number": n, "objectKind": "Job", "objectName": f"demo-a{n}", "phase": "Failed"}
+        for n in (1, 2)
+    ])  # fmt: skip
+    spec = spec_with(kind="pytorch", workers=2)
+    plan = policy.decide_run(run(status=done, spec=spec), SETTINGS, NOW)
+    expected = tuple(
+        (kind, f"demo-a{n}") for n in (1, 2) for kind in ("Job", "Service", "NetworkPolicy")
+    )
+    assert expected == tuple((d.kind, d.name) for d in plan.deletes)
 
 
 def test_a_queued_run_says_where_it_stands_and_why() -> None:

@@ -80,10 +80,21 @@ ALL_FIXTURES = pytest.mark.parametrize(
         pytest.param("job.yaml", [("batch/v1", "Job", "demo-a1")], id="a job is one Job"),
         pytest.param(
             "pytorch.yaml",
-            [("v1", "Service", "demo-a1"), ("batch/v1", "Job", "demo-a1")],
-            id="a pytorch run is a headless Service then an Indexed Job",
+            [
+                ("networking.k8s.io/v1", "NetworkPolicy", "demo-a1"),
+                ("v1", "Service", "demo-a1"),
+                ("batch/v1", "Job", "demo-a1"),
+            ],
+            id="a pytorch run is its NetworkPolicy, a headless Service, then an Indexed Job",
         ),
-        pytest.param("ray.yaml", [("ray.io/v1", "RayJob", "demo-a1")], id="a ray run is a RayJob"),
+        pytest.param(
+            "ray.yaml",
+            [
+                ("networking.k8s.io/v1", "NetworkPolicy", "demo-a1"),
+                ("ray.io/v1", "RayJob", "demo-a1"),
+            ],
+            id="a ray run is its NetworkPolicy then a RayJob",
+        ),
     ],
 )
 def test_objects_per_kind(fixture: str, expected: list[tuple[str, str, str]]) -> None:
@@ -506,7 +517,7 @@ def test_job_ttl_and_ray_version_come_from_settings() -> None:
         controller_url="http://c", job_ttl_after_finished_s=600, ray_version="2.52.0"
     )
     job = rendering.render_attempt(_fixture("job.yaml"), _ctx(), settings)[0]
-    rayjob = rendering.render_attempt(_fixture("ray.yaml"), _ctx(), settings)[0]
+    rayjob = _by_kind(rendering.render_attempt(_fixture("ray.yaml"), _ctx(), settings), "RayJob")
     expected = (600, "2.52.0", False)
     actual = (
         job["spec"]["ttlSecondsAfterFinished"],
