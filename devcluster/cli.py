@@ -5,11 +5,12 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import pathlib
 import sys
 from collections.abc import Sequence
 
-from devcluster import build, cluster, stack, tokens
+from devcluster import build, cluster, drapublisher, stack, tokens
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -47,6 +48,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     renew.add_argument("nodes", nargs="+", help="the fake GPU nodes whose agents run")
 
+    dra = sub.add_parser(
+        "dra-publisher", help="publish a ResourceSlice per fake DRA node (run by `up`)"
+    )
+    dra.add_argument("--port", type=int, required=True, help="loopback port of /healthz")
+
     sub.add_parser("down", help="stop every process `up` started")
     st = sub.add_parser("status", help="report each component's health")
     st.add_argument("--json", action="store_true", help="print JSON")
@@ -81,6 +87,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "renew-tokens":
             tokens.renew_forever(c, build.built_dir() / "bin", stack.NAMESPACE, stack.RELEASE,
                                  args.nodes)  # fmt: skip
+            return 0
+        if args.command == "dra-publisher":
+            asyncio.run(drapublisher.serve(c.kubeconfig, args.port))
             return 0
         if args.command == "inject":
             line = stack.inject(c, args.node, args.gpu, *_inject_command(args))

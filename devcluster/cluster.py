@@ -20,15 +20,16 @@ import re
 import shutil
 import ssl
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
-from devcluster import build, pki, processes
+from devcluster import build, drapublisher, pki, processes
 
 STAGES_DIR = pathlib.Path(__file__).resolve().parent / "stages"
 
@@ -55,8 +56,13 @@ KCM_CONTROLLERS = (
     "endpointslice-controller",
     "ttl-after-finished-controller",
     "pod-garbage-collector-controller",
+    "resourceclaim-controller",
+    "device-taint-eviction-controller",
 )
-"""The controllers DESIGN.md section 8 lists. node-lifecycle stays out: KWOK heartbeats nodes."""
+"""The controllers DESIGN.md section 8 lists. node-lifecycle stays out: KWOK heartbeats nodes.
+DRA needs the last two: the first makes each pod's ResourceClaim from its template and frees
+it afterwards, the second deletes pods holding a device with a NoExecute taint (DESIGN.md
+section 2); the DRA feature gates are all on by default in Kubernetes 1.37."""
 
 KUEUE_WEBHOOKS_KEPT = ("batch-v1-job", "ray-io-v1-rayjob", "ray-io-v1-raycluster", "kueue-x-k8s-io")
 
@@ -66,9 +72,14 @@ START_ORDER = (
     "kube-controller-manager",
     "kube-scheduler",
     "kwok",
+    "dra-publisher",
     "kueue",
     "kuberay",
 )
+
+
+GpuDriver = Literal["device-plugin", "dra"]
+"""How a fake node's GPUs are advertised (`fake_gpu_node`)."""
 
 
 class ClusterError(Exception):
@@ -111,6 +122,7 @@ class Ports:
     kueue_visibility: int = 8082
     kuberay_metrics: int = 18080
     kuberay_health: int = 18082
+    dra_publisher: int = 18090
 
     @classmethod
     def from_env(cls) -> Ports:
@@ -153,6 +165,7 @@ class Cluster:
             Component("kube-controller-manager", f"https://127.0.0.1:{p.kcm}/healthz"),
             Component("kube-scheduler", f"https://127.0.0.1:{p.scheduler}/healthz"),
             Component("kwok", f"http://127.0.0.1:{p.kwok}/healthz"),
+            Component("dra-publisher", f"http://127.0.0.1:{p.dra_publisher}/healthz"),
             Component("kueue", f"http://127.0.0.1:{p.kueue_health}/readyz"),
             Component("kuberay", f"http://127.0.0.1:{p.kuberay_health}/readyz"),
         ]
@@ -308,6 +321,7 @@ class Cluster:
             self._start_kcm(bin_dir)
             self._start_scheduler(bin_dir)
             self._start_kwok(bin_dir, assets)
+            self._start_dra_publisher(bin_dir)
             self.ensure_nodes(bin_dir, nodes, labels={"taugrid.dev/dev-fleet": "true"})
             self._start_kueue(bin_dir, assets)
             self._start_kuberay(bin_dir)
@@ -475,19 +489,51 @@ class Cluster:
             "--enable-crds=Logs,ClusterLogs",
         ])  # fmt: skip
 
+    def _start_dra_publisher(self, bin_dir: pathlib.Path) -> None:
+        """NVIDIA's DeviceClass, then our stand-in for its kubelet plugin (one ResourceSlice
+        per fake DRA node; `devcluster.drapublisher`)."""
+        self.apply(bin_dir, [drapublisher.device_class()])
+        self._start("dra-publisher", [
+            sys.executable, "-m", "devcluster.cli", "dev", "dra-publisher",
+            f"--port={self.ports.dra_publisher}",
+        ], env={"KUBECONFIG": str(self.kubeconfig), "PYTHONUNBUFFERED": "1"})  # fmt: skip
+
     def ensure_nodes(
         self,
         bin_dir: pathlib.Path,
         count: int,
         prefix: str = "gpu-node-",
         labels: dict[str, str] | None = None,
+        *,
+        gpu_driver: GpuDriver = "device-plugin",
     ) -> list[str]:
-        """Create `count` fake GPU nodes (idempotent) and wait until they are Ready."""
+        """Create `count` fake GPU nodes (idempotent) and wait until they are Ready; DRA
+        nodes also until the publisher has written their ResourceSlice."""
         names = [f"{prefix}{i}" for i in range(count)]
-        self.apply(bin_dir, [fake_gpu_node(n, labels=labels) for n in names])
+        self.apply(bin_dir, [fake_gpu_node(n, labels=labels, gpu_driver=gpu_driver)
+                             for n in names])  # fmt: skip
         self.kubectl(bin_dir, "wait", "--for=condition=Ready", "--timeout=60s",
                      *(f"node/{n}" for n in names))  # fmt: skip
+        if gpu_driver == "dra":
+            self.wait_slices(bin_dir, names)
         return names
+
+    def wait_slices(
+        self, bin_dir: pathlib.Path, nodes: Sequence[str], timeout_s: float = 60.0
+    ) -> None:
+        """Wait until every named DRA node's ResourceSlice exists (and names the node)."""
+        deadline = time.monotonic() + timeout_s
+        missing = list(nodes)
+        while time.monotonic() < deadline:
+            raw = self.kubectl(bin_dir, "get", "resourceslices.resource.k8s.io", "-o", "json")
+            have = {s["spec"].get("nodeName") for s in json.loads(raw)["items"]}
+            missing = [n for n in nodes if n not in have]
+            if not missing:
+                return
+            time.sleep(0.2)
+        tail = self.log_tail("dra-publisher")
+        msg = f"no ResourceSlice for {', '.join(missing)}; log tail:\n{tail}"
+        raise ClusterError(msg)
 
     def _start_kueue(self, bin_dir: pathlib.Path, assets: pathlib.Path) -> None:
         certs = self.state / "kueue-certs"
@@ -512,7 +558,15 @@ class Cluster:
             "manageJobsWithoutQueueName": False,
             "waitForPodsReady": {"timeout": "5m", "blockAdmission": False},
             "integrations": {"frameworks": ["batch/job", "ray.io/rayjob", "ray.io/raycluster"]},
-            "featureGates": {"VisibilityOnDemand": visibility},
+            # Kueue counts DRA devices only behind its alpha gate, and only for the device
+            # classes mapped to a quota name here: NVIDIA's class counts as nvidia.com/gpu,
+            # the name device-plugin GPUs have, so one quota covers both kinds of node.
+            "featureGates": {"VisibilityOnDemand": visibility, "DynamicResourceAllocation": True},
+            "resources": {
+                "deviceClassMappings": [
+                    {"name": "nvidia.com/gpu", "deviceClassNames": [drapublisher.DEVICE_CLASS]},
+                ]
+            },
         }
         cfg_path = self.state / "kueue.yaml"
         cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
@@ -570,9 +624,21 @@ class AlreadyRunningError(ClusterError):
     """`up` was asked for while a dev cluster runs from the same state directory."""
 
 
-def fake_gpu_node(name: str, gpus: int = 8, labels: dict[str, str] | None = None) -> dict[str, Any]:
-    """A KWOK-managed node with 8 H100-like GPUs, labelled as GPU feature discovery would."""
-    resources = {"cpu": "96", "memory": "1Ti", "pods": "110", "nvidia.com/gpu": str(gpus)}
+def fake_gpu_node(
+    name: str,
+    gpus: int = 8,
+    labels: dict[str, str] | None = None,
+    *,
+    gpu_driver: GpuDriver = "device-plugin",
+) -> dict[str, Any]:
+    """A KWOK-managed node with 8 H100-like GPUs, labelled as GPU feature discovery would.
+
+    A `device-plugin` node advertises them as `nvidia.com/gpu` in its allocatable; a `dra`
+    node advertises none there: the DRA publisher lists them in a ResourceSlice instead.
+    """
+    resources = {"cpu": "96", "memory": "1Ti", "pods": "110"}
+    if gpu_driver == "device-plugin":
+        resources["nvidia.com/gpu"] = str(gpus)
     return {
         "apiVersion": "v1",
         "kind": "Node",
@@ -587,6 +653,7 @@ def fake_gpu_node(name: str, gpus: int = 8, labels: dict[str, str] | None = None
                 "nvidia.com/gpu.present": "true",
                 "nvidia.com/gpu.product": GPU_PRODUCT,
                 "nvidia.com/gpu.count": str(gpus),
+                drapublisher.DRIVER_LABEL: gpu_driver,
                 **(labels or {}),
             },
         },
