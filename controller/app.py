@@ -29,9 +29,10 @@ from aiohttp import web
 from controller import auth, leading, metrics, pages, serving
 from controller.admission import admitting
 from controller.fleet import api as fleet_api
-from controller.fleet import policy, quarantining, state
+from controller.fleet import devicepolicy, policy, quarantining, state
 from controller.kube import admission as kube_admission
 from controller.kube import client as kube_client
+from controller.kube import devices as kube_devices
 from controller.kube import leases, reviews
 from controller.kube import nodes as kube_nodes
 from controller.kube import runs as kube_runs
@@ -123,11 +124,14 @@ def _runtime(
         cache = kube_nodes.NodeCache(
             api, on_change=node_changed, label_selector=settings.node_selector
         )
+        device_cache = kube_devices.DeviceCache(api, on_change=node_changed)
         quarantiner = quarantining.Quarantiner(
             fleet, cache=cache, settings=policy.settings_from(settings), elector=elector,
             writer=kube_nodes.NodeWriter(api, settings.namespace, component=elector.identity),
             metrics=m, pass_interval_s=settings.pass_interval_s, lease_name=settings.lease_name,
-            save_state=lease_store.save_state,
+            save_state=lease_store.save_state, device_cache=device_cache,
+            device_writer=kube_devices.DeviceWriter(api),
+            device_settings=devicepolicy.settings_from(settings),
         )  # fmt: skip
         holder.append(quarantiner)
         store = kube_runs.RunStore(api)
@@ -157,6 +161,7 @@ def _runtime(
         app[GATE] = gate
         tasks = [
             asyncio.create_task(cache.run(), name="node-cache"),
+            asyncio.create_task(device_cache.run(), name="device-cache"),
             asyncio.create_task(elector.run(), name="elector"),
             asyncio.create_task(quarantiner.run(), name="quarantine"),
             asyncio.create_task(gate.run(), name="admission"),

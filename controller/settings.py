@@ -122,6 +122,37 @@ class ControllerSettings(pydantic_settings.BaseSettings):
     eviction_retry_s: float = pydantic.Field(default=5.0, gt=0)
     """Back-off between eviction attempts refused with 429 (a PodDisruptionBudget) or 409."""
 
+    gpu_mode: Literal["auto", "dra", "device-plugin"] = "auto"
+    """How the cluster's GPUs are advertised (DESIGN.md section 2). `auto`: a node whose
+    GPUs NVIDIA's DRA driver lists in ResourceSlices gets device quarantine, others node
+    quarantine; runs ask for GPUs through DRA claims when GPUs are published as DRA devices
+    and no managed node advertises `nvidia.com/gpu`, else through the extended resource.
+    `dra` or `device-plugin` decide both for the whole cluster."""
+    device_quarantine_max_per_node: int = pydantic.Field(default=2, ge=0)
+    """A DRA node with more bad GPUs than this is quarantined as a node instead: a third
+    GPU failing on one board points at the board, its power or its fabric. 0 turns device
+    quarantine off."""
+    max_quarantined_devices: int | None = pydantic.Field(default=None, ge=1)
+    """Absolute cap on GPUs fenced by device quarantine at once; overrides the fraction."""
+    max_quarantined_devices_fraction: float = pydantic.Field(default=0.2, gt=0, le=1)
+    """At most this share of the DRA fleet's GPUs fenced at once (at least one), the same
+    share as for nodes."""
+    device_breaker_percent: float = pydantic.Field(default=25.0, gt=0, le=100)
+    """The device breaker opens when more than this share of the DRA fleet's GPUs turned bad
+    inside `breaker_window_s`: GPUs failing together point at a common cause (a driver or
+    firmware roll-out, a cooling loop), which fencing them one by one would not fix."""
+    device_breaker_min_devices: int = pydantic.Field(default=4, ge=1)
+    """The device breaker never opens for fewer GPUs than this."""
+    run_device_grace_s: int = pydantic.Field(default=60, ge=0)
+    """A run's checkpoint grace on DRA clusters unless its tau.yaml sets `checkpoint.grace`:
+    the `tolerationSeconds` of its claims for our `taugrid.dev/gpu-evict` taint, i.e. how
+    long it keeps a fenced GPU to reach a checkpoint before kube-controller-manager deletes
+    its pod (which then has `run_termination_grace_s` more to exit). A minute, like the
+    SIGTERM window: enough for a run that checkpoints often to lose little."""
+    dra_quota_resource: str = pydantic.Field(default=marks.GPU_RESOURCE, min_length=1)
+    """The name Kueue's `resources.deviceClassMappings` gives NVIDIA's DeviceClass: the
+    admission gate reads a DRA pod set's GPUs from its quota usage under this name."""
+
     admission_check: str = pydantic.Field(default=marks.DEFAULT_ADMISSION_CHECK, min_length=1)
     """Name of the AdmissionCheck this controller answers (DESIGN.md section 7); it must name
     `taugrid.dev/gpu-health` as its `spec.controllerName`. Another name lets a second

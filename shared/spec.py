@@ -336,6 +336,15 @@ class Checkpoint(SpecModel):
     """PersistentVolumeClaim holding `dir`, so checkpoints outlive a pod. If it is not also
     listed in `volumes`, it is mounted at `dir`. Multi-worker runs need a ReadWriteMany
     claim, or only rank 0 may write."""
+    grace: Duration | None = None
+    """How long the run may keep its GPUs after one of them is fenced for a fault that
+    leaves work running (on DRA clusters: the `tolerationSeconds` of its claims), to reach
+    its next checkpoint; default: the controller's `runDeviceGraceS`."""
+
+    @property
+    def grace_s(self) -> int | None:
+        """The grace in seconds, None for the controller's default."""
+        return None if self.grace is None else parse_duration(self.grace)
 
 
 class Retry(SpecModel):

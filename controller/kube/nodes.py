@@ -260,6 +260,10 @@ class NodeWriter:
 
 
 def _requests_gpu(pod: dict[str, Any]) -> bool:
+    """Whether the pod asks for GPUs: the device plugin's resource, or DRA claims (on a DRA
+    node its GPUs come through claims; other DRA devices are rare enough to count too)."""
+    if (pod.get("spec") or {}).get("resourceClaims"):
+        return True
     for c in (pod.get("spec") or {}).get("containers") or []:
         res = c.get("resources") or {}
         for part in ("limits", "requests"):
