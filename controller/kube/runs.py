@@ -19,6 +19,7 @@ from controller.kube import _api
 TAURUN = ("taugrid.dev", "v1alpha1", "tauruns")
 KUEUE = ("kueue.x-k8s.io", "v1beta2")
 RAYJOB = ("ray.io", "v1", "rayjobs")
+CLAIM_TEMPLATES = ("resource.k8s.io", "v1", "resourceclaimtemplates")
 VISIBILITY_VERSIONS = ("v1beta2", "v1beta1")
 NODE_METADATA = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
 """Accept header asking the API server for object metadata only."""
@@ -116,7 +117,8 @@ class RunStore:
 
     # ------------------------------------------------------------------ owned objects
     async def create(self, obj: dict[str, Any]) -> bool:
-        """Create a Job, Service, RayJob, Secret or ConfigMap; False when it already exists."""
+        """Create a Job, Service, RayJob, ResourceClaimTemplate, Secret or ConfigMap; False when
+        it already exists."""
         ns = obj["metadata"]["namespace"]
         kind = obj["kind"]
         try:
@@ -133,6 +135,10 @@ class RunStore:
             elif kind == "RayJob":
                 resp = await self._custom.create_namespaced_custom_object(
                     *RAYJOB[:2], ns, RAYJOB[2], obj, _preload_content=False
+                )
+            elif kind == "ResourceClaimTemplate":
+                resp = await self._custom.create_namespaced_custom_object(
+                    *CLAIM_TEMPLATES[:2], ns, CLAIM_TEMPLATES[2], obj, _preload_content=False
                 )
             else:
                 msg = f"cannot create a {kind}"
@@ -171,7 +177,8 @@ class RunStore:
         await _api.read_json(resp)
 
     async def delete(self, kind: str, namespace: str, name: str) -> bool:
-        """Delete a Job, Service or RayJob with its dependents (background); False if gone."""
+        """Delete a Job, Service, RayJob or ResourceClaimTemplate (dependents in the background);
+        False if gone."""
         opts = {"propagation_policy": "Background"}
         try:
             if kind == "Job":
@@ -181,6 +188,10 @@ class RunStore:
             elif kind == "RayJob":
                 await self._custom.delete_namespaced_custom_object(
                     *RAYJOB[:2], namespace, RAYJOB[2], name, **opts
+                )
+            elif kind == "ResourceClaimTemplate":
+                await self._custom.delete_namespaced_custom_object(
+                    *CLAIM_TEMPLATES[:2], namespace, CLAIM_TEMPLATES[2], name
                 )
             else:
                 msg = f"cannot delete a {kind}"

@@ -49,6 +49,11 @@ def attempt_name(run_name: str, attempt: int) -> str:
     return f"{run_name}-a{attempt}"
 
 
+def claim_template_name(run_name: str, attempt: int) -> str:
+    """Return the ResourceClaimTemplate of an attempt's pods on DRA: `<run>-a<N>-gpus`."""
+    return f"{attempt_name(run_name, attempt)}-gpus"
+
+
 def token_secret_name(run_name: str) -> str:
     """Return the conventional name of a run's token Secret."""
     return f"{run_name}-token"

@@ -35,6 +35,13 @@ Choices that hold for every kind (DESIGN.md sections 2, 3 and 7):
   gain); memory as request and limit (a run cannot take its neighbours' memory).
 - **`enableServiceLinks: false`**: a namespace with many Services would otherwise flood the
   environment with `*_SERVICE_HOST` variables.
+- **GPUs on DRA** (`RenderSettings.dra`): a ResourceClaimTemplate per attempt, created first,
+  from which each pod gets a claim of its own (never a named ResourceClaim, which Kueue 0.17
+  cannot admit): one request `gpus`, `exactly` NVIDIA's DeviceClass with `allocationMode:
+  ExactCount` and `count: resources.gpus` (no CEL selectors, constraints or config: Kueue
+  counts only this form), tolerating our `taugrid.dev/gpu-evict` NoExecute taint for the
+  run's checkpoint grace (`checkpoint.grace`, else the controller's default). The container
+  names the claim instead of asking for `nvidia.com/gpu`.
 """
 
 from __future__ import annotations
@@ -101,6 +108,12 @@ class RenderSettings:
     """PEM bundle run pods trust for `controller_url` (read by the controller at startup):
     the per-run ConfigMap carries it as `ca.crt` and `TAU_CA_FILE` names the mounted file.
     Empty: no CA file, the pods' system store decides."""
+    dra: bool = False
+    """Ask for GPUs through DRA claims (a ResourceClaimTemplate per attempt) instead of the
+    `nvidia.com/gpu` extended resource."""
+    dra_grace_s: int = 60
+    """`tolerationSeconds` for `taugrid.dev/gpu-evict` when the run sets no
+    `checkpoint.grace`."""
 
 
 def render_attempt(
@@ -114,11 +127,53 @@ def render_attempt(
     if ctx.attempt < 1:
         msg = f"attempt numbers start at 1, got {ctx.attempt}"
         raise ValueError(msg)
+    claims = [_render_claim_template(spec, ctx, settings)] if _uses_claims(spec, settings) else []
     if spec.kind == specs.RunKind.PYTORCH:
-        return [_render_headless_service(spec, ctx, settings), _render_job(spec, ctx, settings)]
+        return [*claims, _render_headless_service(spec, ctx, settings),
+                _render_job(spec, ctx, settings)]  # fmt: skip
     if spec.kind == specs.RunKind.RAY:
-        return [_render_rayjob(spec, ctx, settings)]
-    return [_render_job(spec, ctx, settings)]
+        return [*claims, _render_rayjob(spec, ctx, settings)]
+    return [*claims, _render_job(spec, ctx, settings)]
+
+
+CLAIM_NAME = "gpus"
+"""The pod's claim and the template's request: both are called `gpus`."""
+
+
+def _uses_claims(spec: specs.TauSpec, settings: RenderSettings) -> bool:
+    return settings.dra and spec.resources.gpus > 0
+
+
+def grace_s(spec: specs.TauSpec, settings: RenderSettings) -> int:
+    """The run's checkpoint grace on DRA: `checkpoint.grace`, else the controller's."""
+    own = spec.checkpoint.grace_s if spec.checkpoint is not None else None
+    return settings.dra_grace_s if own is None else own
+
+
+def _render_claim_template(
+    spec: specs.TauSpec, ctx: AttemptContext, settings: RenderSettings
+) -> dict[str, Any]:
+    """The ResourceClaimTemplate every pod of the attempt gets its GPUs from (see the
+    module docstring)."""
+    name = objects.claim_template_name(ctx.run.name, ctx.attempt)
+    exactly = {
+        "deviceClassName": marks.DRA_DEVICE_CLASS,
+        "allocationMode": "ExactCount",
+        "count": spec.resources.gpus,
+        "tolerations": [
+            {"key": marks.DEVICE_EVICT_KEY, "operator": "Exists", "effect": "NoExecute",
+             "tolerationSeconds": grace_s(spec, settings)}
+        ],
+    }  # fmt: skip
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": _metadata(spec, ctx, name, _run_labels(spec, ctx)),
+        "spec": {
+            "metadata": {"labels": _run_labels(spec, ctx)},
+            "spec": {"devices": {"requests": [{"name": CLAIM_NAME, "exactly": exactly}]}},
+        },
+    }
 
 
 # ---------------------------------------------------------------- pieces
@@ -220,9 +275,13 @@ def _user_env(spec: specs.TauSpec) -> list[dict[str, Any]]:
     return [{"name": key, "value": value} for key, value in spec.env.items()]
 
 
-def _resources(spec: specs.TauSpec, *, gpus: int) -> dict[str, Any]:
+def _resources(spec: specs.TauSpec, *, gpus: int, claims: bool = False) -> dict[str, Any]:
     requests: dict[str, str] = {}
     limits: dict[str, str] = {}
+    result: dict[str, Any] = {}
+    if claims and gpus > 0:
+        result["claims"] = [{"name": CLAIM_NAME}]
+        gpus = 0
     if spec.resources.cpu is not None:
         requests["cpu"] = spec.resources.cpu
     if spec.resources.memory is not None:
@@ -231,7 +290,6 @@ def _resources(spec: specs.TauSpec, *, gpus: int) -> dict[str, Any]:
     if gpus > 0:
         requests[marks.GPU_RESOURCE] = str(gpus)
         limits[marks.GPU_RESOURCE] = str(gpus)
-    result: dict[str, Any] = {}
     if requests:
         result["requests"] = requests
     if limits:
@@ -305,6 +363,8 @@ def _pod_spec(
     ctx: AttemptContext,
     settings: RenderSettings,
     container: dict[str, Any],
+    *,
+    gpus: int = 0,
 ) -> dict[str, Any]:
     volumes, mounts = _volumes_and_mounts(spec, ctx, with_ca=bool(settings.ca_pem))
     pod: dict[str, Any] = {
@@ -316,6 +376,9 @@ def _pod_spec(
     }
     if spec.image_pull_secrets:
         pod["imagePullSecrets"] = [{"name": name} for name in spec.image_pull_secrets]
+    if gpus > 0 and _uses_claims(spec, settings):
+        template = objects.claim_template_name(ctx.run.name, ctx.attempt)
+        pod["resourceClaims"] = [{"name": CLAIM_NAME, "resourceClaimTemplateName": template}]
     return pod
 
 
@@ -342,11 +405,13 @@ def _render_job(
         "image": spec.image,
         "command": command,
         "env": env,
-        "resources": _resources(spec, gpus=spec.resources.gpus),
+        "resources": _resources(
+            spec, gpus=spec.resources.gpus, claims=_uses_claims(spec, settings)
+        ),
     }
     if args:
         container["args"] = args
-    pod = _pod_spec(spec, ctx, settings, container)
+    pod = _pod_spec(spec, ctx, settings, container, gpus=spec.resources.gpus)
     if pytorch:
         pod["subdomain"] = name
     job_spec: dict[str, Any] = {
@@ -432,11 +497,11 @@ def _render_rayjob(
             "name": container_name,
             "image": spec.image,
             "env": env,
-            "resources": _resources(spec, gpus=gpus),
+            "resources": _resources(spec, gpus=gpus, claims=_uses_claims(spec, settings)),
         }
         return {
             "metadata": {"labels": pod_labels},
-            "spec": _pod_spec(spec, ctx, settings, container),
+            "spec": _pod_spec(spec, ctx, settings, container, gpus=gpus),
         }
 
     cluster: dict[str, Any] = {

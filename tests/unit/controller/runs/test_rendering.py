@@ -546,3 +546,65 @@ def test_longest_names_fit_kubernetes_limits() -> None:
     job_name = objects.attempt_name(name, specs.MAX_ATTEMPTS)
     hostname = f"{job_name}-{specs.MAX_WORKERS - 1}"
     assert len(hostname) <= 63
+
+
+DRA = rendering.RenderSettings(
+    controller_url="http://taugrid.taugrid-system:8080", dra=True, dra_grace_s=45
+)
+
+
+@ALL_FIXTURES
+def test_on_dra_an_attempt_starts_with_a_claim_template_its_gpu_pods_claim_from(
+    fixture: str,
+) -> None:
+    """DRA: a ResourceClaimTemplate `<run>-a<N>-gpus` comes first; every pod that wants
+    GPUs names it (never a named claim) and its container names the claim instead of
+    asking for nvidia.com/gpu; pods without GPUs (the ray head) claim nothing."""
+    spec = _fixture(fixture)
+    rendered = rendering.render_attempt(spec, _ctx(), DRA)
+    first = rendered[0]
+    expected = ("ResourceClaimTemplate", "demo-a1-gpus", "team-a", RUN.uid)
+    actual = (first["kind"], first["metadata"]["name"], first["metadata"]["namespace"],
+              first["metadata"]["ownerReferences"][0]["uid"])  # fmt: skip
+    assert expected == actual
+    for obj in rendered[1:]:
+        for pod in _pod_specs(obj):
+            container = pod["containers"][0]
+            wants = "claims" in container["resources"]
+            assert marks.GPU_RESOURCE not in str(container["resources"])
+            claims = [{"name": "gpus", "resourceClaimTemplateName": "demo-a1-gpus"}]
+            assert (claims if wants else None) == pod.get("resourceClaims")
+
+
+@pytest.mark.parametrize(
+    ("checkpoint", "expected_seconds"),
+    [
+        pytest.param("", 45, id="without checkpoint.grace the controller's default counts"),
+        pytest.param("checkpoint: {dir: /ckpt, grace: 2m}\n", 120,
+                     id="checkpoint.grace is the run's own"),
+    ],
+)  # fmt: skip
+def test_the_claim_request_is_kueue_countable_and_tolerates_our_evict_taint_for_the_grace(
+    checkpoint: str, expected_seconds: int
+) -> None:
+    """One request, `exactly` NVIDIA's class with ExactCount and the run's GPU count, no
+    selectors; tolerating taugrid.dev/gpu-evict NoExecute for the checkpoint grace."""
+    spec = _spec(
+        f"name: demo\nimage: repo/train{DIGEST}\ncommand: [python, t.py]\n"
+        f"resources: {{gpus: 4}}\n{checkpoint}"
+    )
+    template = rendering.render_attempt(spec, _ctx(), DRA)[0]
+    expected = [{"name": "gpus", "exactly": {
+        "deviceClassName": "gpu.nvidia.com", "allocationMode": "ExactCount", "count": 4,
+        "tolerations": [{"key": "taugrid.dev/gpu-evict", "operator": "Exists",
+                         "effect": "NoExecute", "tolerationSeconds": expected_seconds}],
+    }}]  # fmt: skip
+    assert expected == template["spec"]["spec"]["devices"]["requests"]
+
+
+def test_a_run_without_gpus_gets_no_claim_template_on_dra() -> None:
+    """0 GPUs: no template, no claims (a CPU run must not wait for devices)."""
+    spec = _spec(f"name: demo\nimage: repo/train{DIGEST}\ncommand: [python, t.py]\n")
+    rendered = rendering.render_attempt(spec, _ctx(), DRA)
+    assert [o["kind"] for o in rendered] == ["Job"]
+    assert "resourceClaims" not in rendered[0]["spec"]["template"]["spec"]
