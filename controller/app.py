@@ -28,6 +28,7 @@ from aiohttp import web
 
 from controller import auth, leading, metrics, pages, serving
 from controller.admission import admitting
+from controller.admission import views as admission_views
 from controller.fleet import api as fleet_api
 from controller.fleet import devicepolicy, policy, quarantining, state
 from controller.kube import admission as kube_admission
@@ -111,10 +112,22 @@ def _runtime(
             lease_duration_s=settings.lease_duration_s, renew_deadline_s=settings.renew_deadline_s,
             retry_period_s=settings.retry_period_s, on_started=started, on_stopped=stopped,
         )  # fmt: skip
+
+        def dra_devices() -> dict[str, admission_views.DeviceNode]:
+            # fleet -> admission: the DRA nodes' GPUs as device quarantine judges them.
+            report = holder[0].device_report(_now()) if holder else {}
+            return {
+                node: admission_views.DeviceNode(fresh, tuple(
+                    admission_views.DeviceSlot(d.pool, d.name, d.usable, d.why) for d in found
+                ))
+                for node, (fresh, found) in report.items()
+            }  # fmt: skip
+
         gate = admitting.Gate(
             kube_admission.AdmissionStore(api, component=elector.identity), elector, m,
             check=settings.admission_check, retry_after_s=settings.admission_retry_after_s,
-            pass_interval_s=settings.admission_pass_interval_s,
+            pass_interval_s=settings.admission_pass_interval_s, devices=dra_devices,
+            dra_resource=settings.dra_quota_resource,
         )  # fmt: skip
 
         def node_changed() -> None:
@@ -141,12 +154,14 @@ def _runtime(
                 controller_url=settings.run_controller_url or url,
                 termination_grace_period_s=settings.run_termination_grace_s,
                 ray_version=settings.ray_version, ca_pem=run_ca,
+                dra_grace_s=settings.run_device_grace_s,
             ),
             pass_interval_s=settings.run_pass_interval_s,
             ttl_after_finished_s=settings.run_ttl_after_finished_s,
             pod_annotations=settings.run_pod_annotations, manager=settings.run_manager,
             resume_priority_class=settings.resume_priority_class,
             checkpoints_kept=settings.run_checkpoints_kept, gate_message=gate.message_for,
+            dra=quarantiner.dra_render,  # fleet -> runs: how GPUs are requested now
         )  # fmt: skip
         if settings.run_urgent_resume:
             quarantiner.on_quarantine.append(reconciler.urgent)

@@ -236,6 +236,48 @@ def decide(
     )
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Usable:
+    """One GPU of a DRA node: may a new claim use it, and if not, why."""
+
+    pool: str
+    name: str
+    uuid: str
+    usable: bool
+    why: str = ""
+
+
+def usable(
+    fleet_state: state.FleetState,
+    managed: Iterable[str],
+    settings: Settings,
+    now: dt.datetime,
+    *,
+    inventory: Mapping[str, devices.NodeDevices],
+    rules: Sequence[devices.TaintRule],
+) -> dict[str, tuple[bool, tuple[Usable, ...]]]:
+    """Per managed DRA node: whether its health data is fresh, and each GPU with whether a
+    new claim may use it (no hard taint from any rule or from the driver, and not reported
+    faulty by the agent, so a fault not yet fenced, or held back by a limit, counts too).
+    What the admission gate counts (the root hands it over)."""
+    out: dict[str, tuple[bool, tuple[Usable, ...]]] = {}
+    hard = [r for r in rules if r.effect in devices.HARD_EFFECTS]
+    for node in sorted(set(managed)):
+        found = inventory.get(node)
+        if found is None or not found.devices or settings.mode == GpuMode.DEVICE_PLUGIN:
+            continue
+        h = fleet_state.assess(node, now, default_interval_s=settings.default_interval_s)
+        faulty = {f.gpu_uuid for f in h.faults}
+        listed = []
+        for device in found.devices:
+            taints = [f"{r.key}:{r.effect}" for r in hard if r.selects(device)]
+            taints += [f"{k}:{e}" for k, e in device.taints if e in devices.HARD_EFFECTS]
+            why = "tainted" if taints else ("faulty" if device.uuid in faulty else "")
+            listed.append(Usable(device.pool, device.name, device.uuid, not why, why))
+        out[node] = (h.state in _FRESH, tuple(listed))
+    return out
+
+
 def render_mode(mode: GpuMode, *, dra_published: bool, plugin_nodes: int) -> bool:
     """Whether runs ask for GPUs through DRA claims (True) or the extended resource."""
     if mode == GpuMode.DRA:

@@ -139,14 +139,17 @@ class Quarantiner:
             self.device_cache is None or self.device_cache.synced()
         )
 
-    def device_inputs(self) -> tuple[dict[str, devices.NodeDevices], list[devices.TaintRule]]:
-        """The DRA inventory and every DeviceTaintRule, from the device cache."""
+    def device_inputs(
+        self, *, report: bool = False
+    ) -> tuple[dict[str, devices.NodeDevices], list[devices.TaintRule]]:
+        """The DRA inventory and every DeviceTaintRule, from the device cache (`report`:
+        log the problems of damaged rules, once per pass)."""
         if self.device_cache is None:
             return {}, []
         inventory = devices.inventory(self.device_cache.slices.items.values())
         rules = [devices.parse_rule(r) for r in self.device_cache.rules.items.values()]
         for rule in rules:
-            if rule.problems:
+            if report and rule.problems:
                 log.warning("malformed device rule", rule=rule.name, problems=rule.problems)
         return inventory, rules
 
@@ -156,11 +159,39 @@ class Quarantiner:
         """The device policy's decision for this pass (None without device quarantine)."""
         if self.device_settings is None or self.device_cache is None:
             return None
-        inventory, rules = self.device_inputs()
+        inventory, rules = self.device_inputs(report=True)
         return devicepolicy.decide(
             self.fleet, views, self.device_settings, self.device_breaker, now,
             inventory=inventory, rules=rules, dry_run=self.settings.dry_run,
         )  # fmt: skip
+
+    def device_report(
+        self, now: dt.datetime
+    ) -> dict[str, tuple[bool, tuple[devicepolicy.Usable, ...]]]:
+        """Per managed DRA node: fresh health data, and each GPU with whether a new claim
+        may use it (`devicepolicy.usable`); what the admission gate counts."""
+        if self.device_settings is None or self.device_cache is None:
+            return {}
+        inventory, rules = self.device_inputs()
+        managed = [
+            name for name, raw in self.cache.nodes.items()
+            if str(raw["metadata"]["labels"].get(marks.MANAGED_LABEL, "")).lower() != "false"
+        ]  # fmt: skip
+        return dict(devicepolicy.usable(self.fleet, managed, self.device_settings, now,
+                                        inventory=inventory, rules=rules))  # fmt: skip
+
+    def dra_render(self) -> bool:
+        """Whether runs ask for GPUs through DRA claims now (`gpuMode`, detected under auto:
+        GPUs are published as DRA devices and no managed node advertises nvidia.com/gpu)."""
+        if self.device_settings is None:
+            return False
+        published = bool(self.device_cache and self.device_cache.slices.items)
+        plugin_nodes = sum(
+            1 for raw in self.cache.nodes.values()
+            if marks.GPU_RESOURCE in (raw["status"].get("capacity") or {})
+        )  # fmt: skip
+        return devicepolicy.render_mode(self.device_settings.mode, dra_published=published,
+                                        plugin_nodes=plugin_nodes)  # fmt: skip
 
     async def _pass_until_due(self) -> float | None:
         deadline = await self.run_pass()
