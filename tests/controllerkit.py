@@ -25,7 +25,7 @@ from controller import serving
 from controller.admission import admitting
 from controller.fleet import api as fleet_api
 from controller.settings import ControllerSettings
-from devcluster import cluster
+from devcluster import cluster, fakenvml
 from shared import health, heartbeat
 from tests import support
 
@@ -203,8 +203,10 @@ def gpu(
     node: str,
     verdict: health.Verdict = health.Verdict.HEALTHY,
     reasons: tuple[heartbeat.Reason, ...] = (),
+    *,
+    uuid: str = "",
 ) -> heartbeat.GpuReport:
-    """One GPU of a fake node, with a UUID derived from the node name."""
+    """One GPU of a fake node, with a UUID derived from the node name (or the one given)."""
     action = max(
         (r.action for r in reasons),
         key=health.ACTION_SEVERITY.__getitem__,
@@ -212,7 +214,7 @@ def gpu(
     )
     return heartbeat.GpuReport(
         index=index,
-        uuid=f"GPU-{node}-{index}",
+        uuid=uuid or f"GPU-{node}-{index}",
         name="NVIDIA H100 80GB HBM3",
         verdict=verdict,
         action=action,
@@ -231,21 +233,58 @@ XID_79 = heartbeat.Reason(
 )
 
 
-class Agent:
-    """A scripted agent: posts heartbeats for one node with its pod-bound token."""
+ECC_RISING = heartbeat.Reason(
+    code="EccUncorrectedRising",
+    verdict=health.Verdict.DEGRADED,
+    action=health.Action.RESET_GPU,
+    message="uncorrected ECC errors rising",
+    latched=True,
+    clears_when="a GPU reset",
+)
+"""A reset-class fault scoped to one GPU (device quarantine on DRA nodes)."""
+XID_95 = heartbeat.Reason(
+    code="XidUncontainedEcc",
+    verdict=health.Verdict.FAILED,
+    action=health.Action.RESET_GPU,
+    message="Xid 95: uncontained ECC error",
+    xid=95,
+    latched=True,
+    clears_when="a GPU reset",
+)
 
-    def __init__(self, node: str, token: str, boot_id: str = "boot-1") -> None:
+
+class Agent:
+    """A scripted agent: posts heartbeats for one node with its pod-bound token.
+
+    `dra=True` reports the UUIDs the dev cluster's fake NVML gives that node, which its DRA
+    publisher lists in the node's ResourceSlice."""
+
+    def __init__(
+        self, node: str, token: str, boot_id: str = "boot-1", *, dra: bool = False
+    ) -> None:
         self.node = node
         self.token = token
         self.boot_id = boot_id
         self.sequence = 0
-        self.gpus = [gpu(i, node) for i in range(8)]
+        self.dra = dra
+        self.gpus = [self._gpu(i) for i in range(8)]
+
+    def uuid(self, index: int) -> str:
+        """The UUID this agent reports for GPU `index`."""
+        return fakenvml.default_uuid(self.node, index) if self.dra else f"GPU-{self.node}-{index}"
+
+    def _gpu(self, index: int, reason: heartbeat.Reason | None = None) -> heartbeat.GpuReport:
+        if reason is None:
+            return gpu(index, self.node, uuid=self.uuid(index))
+        return gpu(index, self.node, reason.verdict, (reason,), uuid=self.uuid(index))
 
     def fail(self, index: int, reason: heartbeat.Reason = XID_79) -> None:
-        self.gpus[index] = gpu(index, self.node, reason.verdict, (reason,))
+        self.gpus[index] = self._gpu(index, reason)
 
-    def heal(self) -> None:
-        self.gpus = [gpu(i, self.node) for i in range(8)]
+    def heal(self, index: int | None = None) -> None:
+        """All GPUs healthy again (or only GPU `index`)."""
+        for i in range(8) if index is None else (index,):
+            self.gpus[i] = self._gpu(i)
 
     def report(self, interval_s: float = 1.0) -> heartbeat.Heartbeat:
         self.sequence += 1

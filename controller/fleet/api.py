@@ -20,7 +20,7 @@ import structlog
 from aiohttp import web
 
 from controller import auth, errors, serving, timestamps
-from controller.fleet import nodes, quarantining, state
+from controller.fleet import actions, devices, nodes, quarantining, state
 from controller.kube import nodes as kube_nodes
 from shared import heartbeat
 
@@ -145,6 +145,7 @@ def _node_json(ctx: FleetContext, name: str, *, detail: bool) -> dict[str, Any]:
         "gpuCapacity": view.gpu_capacity if view else 0,
         "quarantine": None,
         "inCluster": raw is not None,
+        "fencedGpus": len(_fenced(q, name)),
     }
     if view is not None and view.quarantine is not None:
         record = view.quarantine
@@ -157,6 +158,7 @@ def _node_json(ctx: FleetContext, name: str, *, detail: bool) -> dict[str, Any]:
             "evictAfter": timestamps.rfc3339_exact(record.evict_after),
         }
     if detail:
+        out["devices"] = [_fenced_json(f, q) for f in _fenced(q, name)]
         gpus = rec.heartbeat.gpus if rec else []
         out["gpus"] = [g.model_dump(mode="json", by_alias=True) for g in gpus]
         out["history"] = [dataclasses.asdict(e) for e in view.history] if view else []
@@ -235,10 +237,69 @@ async def delete_quarantine(request: web.Request) -> web.StreamResponse:
     return await _manual(request, release=True)
 
 
+def _fenced(q: quarantining.Quarantiner, node: str) -> tuple[actions.FencedDevice, ...]:
+    devs = q.last_devices
+    return devs.fenced.get(node, ()) if devs is not None else ()
+
+
+def _clears(f: actions.FencedDevice, q: quarantining.Quarantiner) -> str:
+    """What clears a fenced GPU, in words, from its record and where its streak stands."""
+    after = q.device_settings.release_after_s if q.device_settings else 0
+    if f.release_at is not None:
+        return f"healthy since {timestamps.rfc3339(f.healthy_since)}: released at " + str(
+            timestamps.rfc3339(f.release_at)
+        )
+    first = "the agent clearing its latched fault"
+    if f.record is not None and f.record.clears_with is nodes.Clearing.MANUAL_RELEASE:
+        first = "an on-call release of the latched fault on the agent (POST /v1/release)"
+    elif f.record is not None:
+        first = "a GPU reset the agent observes (then a passing diagnostic, with DCGM)"
+    return f"{first}, then healthy reports for {after:g}s"
+
+
+def _fenced_json(f: actions.FencedDevice, q: quarantining.Quarantiner) -> dict[str, Any]:
+    record = f.record
+    return {
+        "device": f.device,
+        "gpuUuid": f.gpu_uuid,
+        "dryRun": all(r.kind is devices.RuleKind.DRY_RUN for r in f.rules),
+        "reason": record.reason if record else "",
+        "message": record.message if record else "",
+        "since": timestamps.rfc3339_exact(record.at) if record else None,
+        "clearsWith": record.clears_with.value if record else None,
+        "clears": _clears(f, q),
+        "healthySince": timestamps.rfc3339_exact(f.healthy_since),
+        "releaseAt": timestamps.rfc3339_exact(f.release_at),
+        "rules": [
+            {
+                "name": r.name,
+                "key": r.key,
+                "effect": r.effect,
+                "timeAdded": timestamps.rfc3339(r.time_added),
+                "evictionInProgress": (
+                    {"status": r.eviction_status, "message": r.eviction_message}
+                    if r.eviction_status
+                    else None
+                ),
+            }
+            for r in f.rules
+        ],
+    }
+
+
 def _fleet_json(st: serving.ServingState, ctx: FleetContext) -> dict[str, Any]:
     q = ctx.quarantiner
     last = q.last
     states = collections.Counter(h.state.value for h in last.health.values()) if last else {}
+    devs = q.last_devices
+    device_json = {
+        "gpuMode": q.device_settings.mode.value if q.device_settings else "device-plugin",
+        "breaker": q.device_breaker.model_dump(mode="json", by_alias=True),
+        "draNodes": len(devs.dra_nodes) if devs else 0,
+        "gpus": devs.devices_total if devs else 0,
+        "quarantined": devs.quarantined_devices if devs else 0,
+        "maxQuarantined": devs.max_quarantined_devices if devs else None,
+    }
     return {
         "leader": st.elector.identity,
         "dryRun": q.settings.dry_run,
@@ -247,6 +308,7 @@ def _fleet_json(st: serving.ServingState, ctx: FleetContext) -> dict[str, Any]:
         "quarantined": last.quarantined if last else 0,
         "maxQuarantined": last.max_quarantined if last else None,
         "states": dict(sorted(states.items())),
+        "devices": device_json,
     }
 
 
