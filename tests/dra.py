@@ -110,6 +110,20 @@ async def allocations(api: client.ApiClient, namespace: str) -> dict[str, tuple[
     return out
 
 
+async def devices_of(api: client.ApiClient, namespace: str) -> dict[str, set[tuple[str, str]]]:
+    """Every (pool, device) allocated to each pod's claims in `namespace` (several devices
+    per claim: a pod of N GPUs)."""
+    custom = client.CustomObjectsApi(api)
+    claims = await custom.list_namespaced_custom_object(*RESOURCE, namespace, "resourceclaims")
+    out: dict[str, set[tuple[str, str]]] = {}
+    for claim in claims["items"]:
+        results = ((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}
+        owner = str((claim["metadata"].get("ownerReferences") or [{}])[0].get("name", ""))
+        for result in results.get("results") or []:
+            out.setdefault(owner, set()).add((result["pool"], result["device"]))
+    return out
+
+
 async def rule(api: client.ApiClient, name: str) -> dict[str, Any]:
     """Read one DeviceTaintRule."""
     custom = client.CustomObjectsApi(api)
