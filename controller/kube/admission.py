@@ -21,6 +21,7 @@ log = structlog.get_logger()
 KUEUE = ("kueue.x-k8s.io", "v1beta2")
 APPLY = "application/apply-patch+yaml"
 RAYJOB = ("ray.io", "v1", "rayjobs")
+RESOURCE = ("resource.k8s.io", "v1")
 
 
 class AdmissionStore:
@@ -68,7 +69,7 @@ class AdmissionStore:
         cluster serves no `resource.k8s.io/v1`."""
         try:
             resp = await self._custom.list_cluster_custom_object(
-                "resource.k8s.io", "v1", "resourceclaims", _preload_content=False
+                *RESOURCE, "resourceclaims", _preload_content=False
             )
             return list((await _api.read_json(resp)).get("items") or [])
         except client.ApiException as err:

@@ -319,6 +319,10 @@ def test_the_controller_has_the_right(controller_rules: list[Any], right: Right)
         Right("coordination.k8s.io", "leases", "update", "someone-elses-lease"),
         Right("rbac.authorization.k8s.io", "clusterroles", "create"),
         Right("kueue.x-k8s.io", "clusterqueues", "patch"),
+        # A rule's effect is never switched in place (it would reset timeAdded).
+        Right("resource.k8s.io", "devicetaintrules", "update"),
+        Right("resource.k8s.io", "devicetaintrules", "patch"),
+        Right("resource.k8s.io", "resourceslices", "create"),
     ],
     ids=lambda r: f"{r.verb} {r.resource} {r.name or ''}".strip(),
 )  # fmt: skip
@@ -339,6 +343,7 @@ def test_without_ray_the_controller_gets_no_ray_rights() -> None:
 # call missing here fails the test below: add it here and grant it in the chart's
 # templates/rbac-controller.yaml.
 TAURUN, RAYJOB = ("taugrid.dev", "tauruns"), ("ray.io", "rayjobs")
+DRA = ("resource.k8s.io",)
 CALL_RIGHTS: dict[tuple[str, str, str], tuple[Right, ...]] = {
     ("_core", "list_node", ""): (Right("", "nodes", "list"), Right("", "nodes", "watch")),
     ("_core", "patch_node", ""): (Right("", "nodes", "patch"),),
@@ -383,6 +388,18 @@ CALL_RIGHTS: dict[tuple[str, str, str], tuple[Right, ...]] = {
     ("_custom", "list_cluster_custom_object", "RAYJOB"): (Right(*RAYJOB, "list"),),
     ("_custom", "patch_namespaced_custom_object_status", "RAYJOB"): (
         Right("ray.io", "rayjobs/status", "patch"),),
+    ("_custom", "list_cluster_custom_object", "RESOURCE"): (  # slices, rules, claims
+        Right(*DRA, "resourceslices", "list"), Right(*DRA, "resourceslices", "watch"),
+        Right(*DRA, "devicetaintrules", "list"), Right(*DRA, "devicetaintrules", "watch"),
+        Right(*DRA, "resourceclaims", "list")),
+    ("_custom", "create_cluster_custom_object", "RESOURCE"): (
+        Right(*DRA, "devicetaintrules", "create"),),
+    ("_custom", "delete_cluster_custom_object", "RESOURCE"): (
+        Right(*DRA, "devicetaintrules", "delete"),),
+    ("_custom", "create_namespaced_custom_object", "CLAIM_TEMPLATES"): (
+        Right(*DRA, "resourceclaimtemplates", "create"),),
+    ("_custom", "delete_namespaced_custom_object", "CLAIM_TEMPLATES"): (
+        Right(*DRA, "resourceclaimtemplates", "delete"),),
 }  # fmt: skip
 KUEUE_VERBS = {"get": "get", "list": "list", "create": "create", "patch": "patch",
                "delete": "delete", "replace": "update"}  # fmt: skip
