@@ -255,15 +255,18 @@ def manual_release(
     *,
     by: str,
     reason: str,
+    devices_fenced: bool = False,
 ) -> actions.ManualRelease:
     """Release a quarantined node on an on-call engineer's order, whatever cleared or not.
 
     The node's current faults are remembered as released: it is not quarantined again until a
-    new fault (see the module docstring).
+    new fault (see the module docstring). A node with GPUs under device quarantine
+    (`devices_fenced`) can be released too: device quarantine then deletes the rules of the
+    released faults.
     """
     _require_text("by", by)
     _require_text("reason", reason)
-    if view.quarantine is None and not view.tainted:
+    if view.quarantine is None and not view.tainted and not devices_fenced:
         msg = f"node: {view.name} is not quarantined by TauGrid"
         raise errors.Conflict(msg, field="node", code="Refused")
     released = node_health.fault_keys if node_health else frozenset()

@@ -101,7 +101,8 @@ class Quarantiner:
             h = self.fleet.assess(view.name, now, default_interval_s=interval)
         action: actions.NodeAction
         if release:
-            action = policy.manual_release(view, h, by=by, reason=reason)
+            fenced = self.last_devices is not None and bool(self.last_devices.fenced.get(view.name))
+            action = policy.manual_release(view, h, by=by, reason=reason, devices_fenced=fenced)
         else:
             action = policy.manual_quarantine(view, h, by=by, reason=reason, now=now)
         await self.apply(action, now)

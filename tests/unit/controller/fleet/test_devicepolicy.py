@@ -361,6 +361,25 @@ def test_a_released_fault_is_not_fenced_again_until_a_new_fault() -> None:
     assert not world.fenced()
 
 
+def test_a_manual_release_of_the_node_releases_its_fenced_gpus() -> None:
+    """On-call releases a node whose only quarantine is a fenced GPU: its faults are
+    remembered as released and the rules go on the next pass, though the fault is still
+    reported (an Inspect fault, which nothing else clears)."""
+    world = DeviceWorld()
+    faults = {"d1": {2: [fakes.row_remap_failure()]}}
+    world.run(0, 10, faults)
+    assert {"d1": {"gpu-2"}} == world.fenced()
+    h = world.fleet.assess("d1", at(10), default_interval_s=10)
+    release = policy.manual_release(nodes.parse(world.nodes["d1"]), h, by="alice",
+                                    reason="RMA filed", devices_fenced=True)  # fmt: skip
+    patch = conditions.patch_for(release, world.nodes["d1"], at(10))
+    assert patch is not None
+    world.nodes["d1"] = fakes.apply(world.nodes["d1"], patch)
+    world.run(20, 30, faults)
+
+    assert not world.fenced()
+
+
 def test_the_decision_lists_fenced_gpus_with_what_clears_them() -> None:
     """For on-call: each fenced GPU, its rules, and (once healthy) when it is released."""
     world = DeviceWorld()
