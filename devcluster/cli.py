@@ -26,6 +26,10 @@ def _parser() -> argparse.ArgumentParser:
     up = sub.add_parser("up", help="start the control plane with fake GPU nodes and queues")
     up.add_argument("--nodes", type=int, default=4, help="number of fake GPU nodes (default 4)")
     up.add_argument(
+        "--dra-nodes", type=int, default=0,
+        help="fake GPU nodes whose GPUs are DRA devices (gpu-dra-node-N; default 0)",
+    )  # fmt: skip
+    up.add_argument(
         "--no-taugrid",
         action="store_true",
         help="only the control plane: no TauGrid controller and agents",
@@ -74,11 +78,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print("error: --nodes must be at least 1", file=sys.stderr)
                 return 2
             build.check_prerequisites()
-            c.up(nodes=args.nodes)
+            if args.dra_nodes < 0:
+                print("error: --dra-nodes must not be negative", file=sys.stderr)
+                return 2
+            c.up(nodes=args.nodes, dra_nodes=args.dra_nodes)
             if not args.no_taugrid:
                 bin_dir = build.built_dir() / "bin"
                 stack.stop_agents_state(c)
-                stack.start(c, bin_dir, [f"gpu-node-{i}" for i in range(args.nodes)])
+                fleet = [f"gpu-node-{i}" for i in range(args.nodes)]
+                fleet += [f"{cluster.DRA_NODE_PREFIX}{i}" for i in range(args.dra_nodes)]
+                stack.start(c, bin_dir, fleet)
                 print(cluster.summary(c))
                 print(_welcome(c, bin_dir))
             else:

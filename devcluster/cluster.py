@@ -78,6 +78,8 @@ START_ORDER = (
 )
 
 
+DRA_NODE_PREFIX = "gpu-dra-node-"
+"""`taugrid dev up --dra-nodes N` adds `gpu-dra-node-0..N-1` to the dev fleet."""
 GpuDriver = Literal["device-plugin", "dra"]
 """How a fake node's GPUs are advertised (`fake_gpu_node`)."""
 
@@ -291,8 +293,11 @@ class Cluster:
         nodes: int = 4,
         out: Callable[[str], None] = print,
         root: pathlib.Path | None = None,
+        *,
+        dra_nodes: int = 0,
     ) -> None:
-        """Start the whole control plane in the documented order and bootstrap it."""
+        """Start the whole control plane in the documented order and bootstrap it, with
+        `nodes` device-plugin GPU nodes and `dra_nodes` DRA GPU nodes (`dra_node_names`)."""
         stale = self.table.clean_stale()
         if stale:
             out(f"cleaned stale PID records: {', '.join(sorted(stale))}")
@@ -323,9 +328,12 @@ class Cluster:
             self._start_kwok(bin_dir, assets)
             self._start_dra_publisher(bin_dir)
             self.ensure_nodes(bin_dir, nodes, labels={"taugrid.dev/dev-fleet": "true"})
+            if dra_nodes:
+                self.ensure_nodes(bin_dir, dra_nodes, prefix=DRA_NODE_PREFIX, gpu_driver="dra",
+                                  labels={"taugrid.dev/dev-fleet": "true"})  # fmt: skip
             self._start_kueue(bin_dir, assets)
             self._start_kuberay(bin_dir)
-            self._bootstrap_queues(bin_dir, nodes)
+            self._bootstrap_queues(bin_dir, nodes + dra_nodes)
         except BaseException:
             out("start failed; stopping what was started")
             self.table.stop_all()
