@@ -227,13 +227,15 @@ async def _create_pods(api: client.ApiClient, ns: str, pods: list[dict[str, Any]
 
 async def _delete_pods(api: client.ApiClient, ns: str, selector: str) -> None:
     core = client.CoreV1Api(api)
+    # Deleting 800 KWOK pods takes minutes (each goes through the terminate stage).
     await core.delete_collection_namespaced_pod(ns, label_selector=selector,
-                                                grace_period_seconds=0)  # fmt: skip
+                                                grace_period_seconds=0,
+                                                _request_timeout=900)  # fmt: skip
 
     async def gone() -> bool:
         return not (await core.list_namespaced_pod(ns, label_selector=selector)).items
 
-    await _until(gone, 300, "the pods to go")
+    await _until(gone, 900, "the pods to go")
 
 
 async def fault_to_eviction(
@@ -340,6 +342,7 @@ async def run(nodes: int, grace_s: int, evictions: int) -> None:
                 )
                 await asyncio.sleep(5)  # every node reported healthy at least once
                 times = await fault_to_rules(api, agents, http, ctl.url)
+                _print_rules(nodes, times)
                 for a in agents.values():
                     a.heal()
 
@@ -350,6 +353,7 @@ async def run(nodes: int, grace_s: int, evictions: int) -> None:
                 evicted = await fault_to_eviction(
                     api, ns, agents, http, ctl.url, grace_s=grace_s, trials=evictions
                 )
+                _print_evictions(grace_s, evicted)
                 for a in agents.values():
                     a.heal()
                 await _until(released, 120, "every rule released")
@@ -361,6 +365,7 @@ async def run(nodes: int, grace_s: int, evictions: int) -> None:
 
                 await _until(fenced, 60, "the 10 faulty GPUs fenced")
                 kept = await fill(api, ns, nodes * 8)
+                _print_fill("device quarantine", kept, faulty)
                 await _delete_pods(api, ns, "bench=fill")
             finally:
                 if loop is not None:
@@ -385,6 +390,7 @@ async def run(nodes: int, grace_s: int, evictions: int) -> None:
 
                 await _until(cordoned, 120, "the 10 nodes quarantined")
                 whole = await fill(api, ns, nodes * 8)
+                _print_fill("node quarantine", whole, faulty)
                 await _delete_pods(api, ns, "bench=fill")
             finally:
                 if loop is not None:
@@ -401,25 +407,32 @@ async def run(nodes: int, grace_s: int, evictions: int) -> None:
         await client.CoreV1Api(api).delete_namespace(ns)
         await api.close()
 
+    print(f"GPUs kept in service by device quarantine ({nodes} nodes x 8 GPUs, "
+          f"{len(faulty)} faulty GPUs on {len(faulty)} nodes, {nodes * 8} 1-GPU pods): "
+          f"{kept[0] - whole[0]}")  # fmt: skip
+
+
+def _print_rules(nodes: int, times: list[float]) -> None:
     ok = [t for t in times if t != float("inf")]
     print(f"fault heartbeat -> both DeviceTaintRules seen, {nodes} DRA nodes, {len(times)} "
           f"trials: p50 {fleetkit.pct(ok, 50):.1f} ms  p99 {fleetkit.pct(ok, 99):.1f} ms  "
-          f"max {max(ok) * 1000:.1f} ms  missed {len(times) - len(ok)}")  # fmt: skip
+          f"max {max(ok) * 1000:.1f} ms  missed {len(times) - len(ok)}", flush=True)  # fmt: skip
+
+
+def _print_evictions(grace_s: int, evicted: list[float]) -> None:
     ok = [t for t in evicted if t != float("inf")]
     print(f"fault heartbeat -> pod deleted by kube-controller-manager, net of a {grace_s} s "
           f"toleration, {len(evicted)} trials: p50 {fleetkit.pct(ok, 50):.0f} ms  "
           f"p99 {fleetkit.pct(ok, 99):.0f} ms  max {max(ok) * 1000:.0f} ms  "
-          f"missed {len(evicted) - len(ok)}")  # fmt: skip
+          f"missed {len(evicted) - len(ok)}", flush=True)  # fmt: skip
+
+
+def _print_fill(
+    what: str, found: tuple[int, int, set[tuple[str, str]]], faulty: dict[str, int]
+) -> None:
     bad = {(n, f"gpu-{i}") for n, i in faulty.items()}
-    print(
-        f"GPUs kept, {nodes} nodes x 8 GPUs, {len(faulty)} faulty GPUs on {len(faulty)} "
-        f"nodes, {nodes * 8} 1-GPU pods:"
-    )
-    print(f"  device quarantine: {kept[0]} running, {kept[1]} pending; pods on a faulty GPU: "
-          f"{len(kept[2] & bad)}")  # fmt: skip
-    print(f"  node quarantine:   {whole[0]} running, {whole[1]} pending; pods on a faulty GPU: "
-          f"{len(whole[2] & bad)}")  # fmt: skip
-    print(f"  GPUs kept in service by device quarantine: {kept[0] - whole[0]}")
+    print(f"{what}: {found[0]} of the 1-GPU pods running, {found[1]} pending; "
+          f"pods on a faulty GPU: {len(found[2] & bad)}", flush=True)  # fmt: skip
 
 
 def main() -> None:

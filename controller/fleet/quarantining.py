@@ -160,6 +160,8 @@ class Quarantiner:
         """The device policy's decision for this pass (None without device quarantine)."""
         if self.device_settings is None or self.device_cache is None:
             return None
+        if not self.device_cache.available():
+            return None  # no DRA here (or no right to it): node quarantine only
         inventory, rules = self.device_inputs(report=True)
         return devicepolicy.decide(
             self.fleet, views, self.device_settings, self.device_breaker, now,
@@ -172,6 +174,8 @@ class Quarantiner:
         """Per managed DRA node: fresh health data, and each GPU with whether a new claim
         may use it (`devicepolicy.usable`); what the admission gate counts."""
         if self.device_settings is None or self.device_cache is None:
+            return {}
+        if not self.device_cache.available():
             return {}
         inventory, rules = self.device_inputs()
         managed = [

@@ -95,7 +95,8 @@ class _Watched:
         self.items: dict[str, dict[str, Any]] = {}
         self.synced = asyncio.Event()
         self.served = True
-        """False while the API server does not serve the kind (404)."""
+        """False while the API server does not serve the kind (404) or RBAC refuses it (403):
+        device quarantine then stays off instead of stopping every quarantine pass."""
 
     def put(self, raw: dict[str, Any]) -> None:
         """Store an object returned by a write, so the next pass sees it at once."""
@@ -129,10 +130,11 @@ class _Watched:
             )
             data = await _api.read_json(resp)
         except client.ApiException as err:
-            if err.status != 404:
+            if err.status not in (403, 404):
                 raise
             if self.served:
-                log.warning("kind not served; device quarantine stays off",
+                why = "not served" if err.status == 404 else "not permitted (RBAC)"
+                log.warning("device kind unavailable; device quarantine stays off", reason=why,
                             kind=f"{self.plural}.{RESOURCE[0]}/{RESOURCE[1]}")  # fmt: skip
             self.served = False
             self.items = {}
@@ -187,8 +189,12 @@ class DeviceCache:
         self.rules = _Watched(api, "devicetaintrules", trim_rule, on_change)
 
     def synced(self) -> bool:
-        """Whether both kinds were listed at least once."""
+        """Whether both kinds were listed at least once (or found unavailable)."""
         return self.slices.synced.is_set() and self.rules.synced.is_set()
+
+    def available(self) -> bool:
+        """Whether device quarantine can work: both kinds listed and served."""
+        return self.slices.served and self.rules.served
 
     async def run(self) -> None:
         """Keep both kinds current until cancelled."""

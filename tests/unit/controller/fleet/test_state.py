@@ -248,3 +248,27 @@ def test_naive_times_are_refused_naming_the_field() -> None:
     """A clock without a zone is a programming error, reported with the parameter name."""
     with pytest.raises(ValueError, match="leader_since must be timezone-aware"):
         fleet.FleetState(leader_since=dt.datetime(2025, 1, 1))  # noqa: DTZ001
+
+
+def test_each_gpu_keeps_its_own_healthy_streak() -> None:
+    """GPU 2 recovers at 20 while GPU 5 stays bad: GPU 2's streak starts at 20 (the node's
+    has not started), GPU 5 is bad since 0, GPU 0 healthy since the first report."""
+    state = fleet.FleetState(leader_since=at(0))
+    bad = {2: [fakes.ecc_rising()], 5: [fakes.ecc_rising()]}
+    state.ingest(fakes.hb("n1", faults=bad, seq=1, sent_at=at(0)), at(0))
+    state.ingest(fakes.hb("n1", faults=bad, seq=2, sent_at=at(10)), at(10))
+    only5 = {5: [fakes.ecc_rising()]}
+    state.ingest(fakes.hb("n1", faults=only5, seq=3, sent_at=at(20)), at(20))
+    state.ingest(fakes.hb("n1", faults=only5, seq=4, sent_at=at(30)), at(30))
+    expected = ((True, at(20)), (False, at(0)), (True, at(0)), None)
+    streaks = [state.gpu_streak("n1", fakes.gpu_uuid("n1", i)) for i in (2, 5, 0)]
+    actual = (*streaks, _assess(state, at(30)).healthy_since)
+    assert expected == actual
+
+
+def test_a_silence_restarts_every_gpu_streak() -> None:
+    """After a silence longer than staleAfter, every GPU's streak starts again."""
+    state = fleet.FleetState(leader_since=at(0))
+    state.ingest(fakes.hb("n1", seq=1, sent_at=at(0)), at(0))
+    state.ingest(fakes.hb("n1", seq=2, sent_at=at(100)), at(100))  # staleAfter is 30 s
+    assert (True, at(100)) == state.gpu_streak("n1", fakes.gpu_uuid("n1", 3))
