@@ -438,3 +438,32 @@ def test_a_damaged_record_on_our_rule_is_a_problem_not_an_exception() -> None:
     expected = (True, devices.RuleKind.EVICT, None)
     assert expected == (rule.ours, rule.kind, rule.record)
     assert rule.problems[0].startswith(f"{marks.DEVICE_RULE_RECORD_ANNOTATION}: not JSON")
+
+
+def test_the_gate_is_told_which_gpus_a_new_claim_may_use() -> None:
+    """Per DRA node: fresh or not, and each GPU usable unless tainted (by us or anyone) or
+    reported faulty before it is fenced; a silent node is reported stale."""
+    world = DeviceWorld()
+    world.run(0, 10, {"d1": {2: [fakes.ecc_rising()]}})
+    foreign = {"metadata": {"name": "maintenance"},
+               "spec": {"deviceSelector": {"driver": marks.DRA_DRIVER, "pool": "d0",
+                                           "device": "gpu-7"},
+                        "taint": {"key": "example.com/repair", "effect": "NoExecute"}}}  # fmt: skip
+    world.rules["maintenance"] = foreign
+    for when in (20, 40):
+        world.report(when, {"d1": {2: [fakes.ecc_rising()], 6: [fakes.ecc_rising()]}},
+                     silent=["d3"])  # fmt: skip
+    found = devicepolicy.usable(
+        world.fleet, FOUR, SETTINGS, at(45),
+        inventory=devices.inventory(world.slices),
+        rules=[devices.parse_rule(r) for r in world.rules.values()],
+    )  # fmt: skip
+    expected = {
+        "d0": (True, {"gpu-7": "tainted"}),
+        "d1": (True, {"gpu-2": "tainted", "gpu-6": "faulty"}),
+        "d2": (True, {}),
+        "d3": (False, {}),
+    }
+    actual = {n: (fresh, {d.name: d.why for d in devs if not d.usable})
+              for n, (fresh, devs) in found.items()}  # fmt: skip
+    assert expected == actual
