@@ -78,6 +78,15 @@ class Quarantiner:
         self.device_settings = device_settings
         self.device_breaker = actions.BreakerState()
         self.last_devices: actions.DeviceDecision | None = None
+        self._records: set[asyncio.Task[None]] = set()
+        self._parsed_devices: tuple[tuple[int, int], dict[str, devices.NodeDevices],
+                                    list[devices.TaintRule]] | None = None  # fmt: skip
+        """The inventory and rules parsed at the device cache's versions (a pass reuses them:
+        parsing a fleet's slices is most of a pass's cost)."""
+        self._parsed_nodes: dict[str, tuple[str, nodes.NodeView]] = {}
+        """Each node's view at its resourceVersion."""
+        """A device action's history entry and Event, written after its rules without
+        holding up the next pass (the rules are what fence the GPU)."""
         self.wake = asyncio.Event()
         self._skips_logged: set[tuple[str, str]] = set()
         self._lock = asyncio.Lock()
@@ -128,11 +137,15 @@ class Quarantiner:
 
     async def run(self) -> None:
         """Pass after pass while leading and the node cache is synced, until cancelled."""
-        await leading.run_passes(
-            "quarantine", self._pass_until_due, wake=self.wake, interval_s=self.pass_interval_s,
-            elector=self.elector, ready=self._ready,
-            failures=lambda loop: self.metrics.pass_failures.labels(loop).inc(),
-        )  # fmt: skip
+        try:
+            await leading.run_passes(
+                "quarantine", self._pass_until_due, wake=self.wake,
+                interval_s=self.pass_interval_s, elector=self.elector, ready=self._ready,
+                failures=lambda loop: self.metrics.pass_failures.labels(loop).inc(),
+            )  # fmt: skip
+        finally:
+            for task in list(self._records):
+                task.cancel()
 
     def _ready(self) -> bool:
         """Nodes listed, and device slices and rules too when device quarantine is wired."""
@@ -145,13 +158,18 @@ class Quarantiner:
     ) -> tuple[dict[str, devices.NodeDevices], list[devices.TaintRule]]:
         """The DRA inventory and every DeviceTaintRule, from the device cache (`report`:
         log the problems of damaged rules, once per pass)."""
-        if self.device_cache is None:
+        cache = self.device_cache
+        if cache is None:
             return {}, []
-        inventory = devices.inventory(self.device_cache.slices.items.values())
-        rules = [devices.parse_rule(r) for r in self.device_cache.rules.items.values()]
+        versions = (cache.slices.version, cache.rules.version)
+        if self._parsed_devices is not None and self._parsed_devices[0] == versions:
+            return self._parsed_devices[1], self._parsed_devices[2]
+        inventory = devices.inventory(cache.slices.items.values())
+        rules = [devices.parse_rule(r) for r in cache.rules.items.values()]
         for rule in rules:
             if report and rule.problems:
                 log.warning("malformed device rule", rule=rule.name, problems=rule.problems)
+        self._parsed_devices = (versions, inventory, rules)
         return inventory, rules
 
     def decide_devices(
@@ -203,13 +221,23 @@ class Quarantiner:
         return None if deadline is None else (deadline - self.clock()).total_seconds()
 
     def views(self) -> list[nodes.NodeView]:
-        """Parse every cached node (malformed annotations are reported, never raised)."""
+        """Parse every cached node (malformed annotations are reported, never raised); a
+        node unchanged since the last pass (same resourceVersion) is not parsed again."""
         out = []
-        for raw in self.cache.nodes.values():
+        known = self._parsed_nodes
+        for name, raw in self.cache.nodes.items():
+            rv = str(raw.get("metadata", {}).get("resourceVersion") or "")
+            seen = known.get(name)
+            if seen is not None and rv and seen[0] == rv:
+                out.append(seen[1])
+                continue
             view = nodes.parse(raw)
             if view.problems:
                 log.warning("malformed node annotations", node=view.name, problems=view.problems)
+            known[name] = (rv, view)
             out.append(view)
+        for gone in [n for n in known if n not in self.cache.nodes]:
+            del known[gone]
         return out
 
     async def run_pass(self) -> dt.datetime | None:
@@ -440,7 +468,14 @@ class Quarantiner:
         self.metrics.quarantine_actions.labels(action.kind.value, "false").inc()
         log.info("device action", node=action.node, action=action.kind.value, reason=reason,
                  note=note)  # fmt: skip
-        await self._device_history(action.node, reason, note, now)
+        task = asyncio.create_task(self._device_history(action.node, reason, note, now))
+        self._records.add(task)
+        task.add_done_callback(self._recorded)
+
+    def _recorded(self, task: asyncio.Task[None]) -> None:
+        self._records.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("device action not recorded", error=str(task.exception()))
 
     def _observe_fence(self, action: actions.FenceDevice, now: dt.datetime) -> None:
         if action.escalation or action.kinds == {devices.RuleKind.DRY_RUN}:
@@ -469,7 +504,7 @@ class Quarantiner:
         fenced_nodes = {f.node for f in real}
         kept = 0
         if self.device_cache is not None:
-            inventory = devices.inventory(self.device_cache.slices.items.values())
+            inventory, _ = self.device_inputs()
             kept = sum(len(inventory[n].devices) for n in fenced_nodes if n in inventory)
             kept -= sum(1 for f in real if f.node in inventory)
         self.metrics.gpus_kept.set(max(kept, 0))

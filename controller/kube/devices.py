@@ -93,6 +93,8 @@ class _Watched:
         self._on_change = on_change
         self._selector = {"field_selector": field_selector} if field_selector else {}
         self.items: dict[str, dict[str, Any]] = {}
+        self.version = 0
+        """Bumped on every change, so readers can reuse what they parsed from `items`."""
         self.synced = asyncio.Event()
         self.served = True
         """False while the API server does not serve the kind (404) or RBAC refuses it (403):
@@ -102,11 +104,13 @@ class _Watched:
         """Store an object returned by a write, so the next pass sees it at once."""
         trimmed = self._trim(raw)
         self.items[trimmed["metadata"]["name"]] = trimmed
+        self.version += 1
         self._on_change()
 
     def drop(self, name: str) -> None:
         """Forget an object we deleted."""
         if self.items.pop(name, None) is not None:
+            self.version += 1
             self._on_change()
 
     async def run(self) -> None:
@@ -138,11 +142,13 @@ class _Watched:
                             kind=f"{self.plural}.{RESOURCE[0]}/{RESOURCE[1]}")  # fmt: skip
             self.served = False
             self.items = {}
+            self.version += 1
             self.synced.set()
             self._on_change()
             return None
         self.served = True
         self.items = {i["metadata"]["name"]: self._trim(i) for i in data.get("items") or []}
+        self.version += 1
         self.synced.set()
         self._on_change()
         return str(data["metadata"]["resourceVersion"])
@@ -173,6 +179,7 @@ class _Watched:
                         self.items.pop(name, None)
                     else:
                         self.items[name] = self._trim(obj)
+                    self.version += 1
                     self._on_change()
             finally:
                 resp.release()

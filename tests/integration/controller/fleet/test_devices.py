@@ -169,9 +169,13 @@ async def test_a_reset_class_fault_fences_one_gpu_and_new_pods_land_on_the_seven
                         len(fenced["rules"]))  # fmt: skip
         assert expected_shown == actual_shown
         assert "GPU reset" in fenced["clears"]
-        history = json.loads((await kit.read_node(k8s, bad))["metadata"]["annotations"]
-                             ["taugrid.dev/history"])  # fmt: skip
-        assert "DeviceQuarantine" in [e["action"] for e in history]
+
+        async def recorded() -> None:
+            annotations = (await kit.read_node(k8s, bad))["metadata"]["annotations"]
+            history = json.loads(annotations.get("taugrid.dev/history", "[]"))
+            assert "DeviceQuarantine" in [e["action"] for e in history], history
+
+        await support.eventually(recorded, what="the fence in the node's history")
         fleet_json = await _oncall(http, ctl.url, "/v1/fleet", token)
         assert (fleet_json["devices"]["quarantined"], fleet_json["devices"]["gpus"]) == (1, 16)
 
