@@ -164,12 +164,20 @@ async def _our_rules(api: client.ApiClient, nodes: set[str]) -> list[dict[str, A
     return [r for r in found if r["metadata"]["annotations"].get("taugrid.dev/node") in nodes]
 
 
+TRIAL_GAP_S = 0.3
+"""Between two fault trials, so each fault meets a controller that finished the passes the
+previous one caused (its rules' and history's watch events each wake one): faults on
+different nodes a fraction of a second apart, not a storm (bench/quarantine.py has those)."""
+
+
 async def fault_to_rules(
     api: client.ApiClient, agents: dict[str, kit.Agent], http: aiohttp.ClientSession, url: str
-) -> list[float]:
-    """One trial per node: a ResetGPU fault on GPU 1; heartbeat sent → both rules seen."""
+) -> tuple[list[float], list[float]]:
+    """One trial per node: a ResetGPU fault on GPU 1; heartbeat sent → the first rule
+    (NoSchedule, created first) and both rules seen."""
     nodes = set(agents)
     seen: dict[str, set[str]] = {}
+    first: dict[str, float] = {}
     done: dict[str, float] = {}
 
     def on_rule(kind: str, obj: dict[str, Any]) -> None:
@@ -177,6 +185,7 @@ async def fault_to_rules(
         node = (meta.get("annotations") or {}).get("taugrid.dev/node", "")
         if kind == "ADDED" and node in nodes:
             seen.setdefault(node, set()).add(meta.get("name", ""))
+            first.setdefault(node, time.perf_counter())
             if len(seen[node]) >= 2 and node not in done:
                 done[node] = time.perf_counter()
 
@@ -193,12 +202,29 @@ async def fault_to_rules(
             deadline = time.perf_counter() + 30
             while node not in done and time.perf_counter() < deadline:
                 await asyncio.sleep(0.002)
+            await asyncio.sleep(TRIAL_GAP_S)
     finally:
         stop.set()
         watcher.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await watcher
-    return [done[n] - sent[n] if n in done else float("inf") for n in sent]
+    return (
+        [first[n] - sent[n] if n in first else float("inf") for n in sent],
+        [done[n] - sent[n] if n in done else float("inf") for n in sent],
+    )
+
+
+async def controller_share(http: aiohttp.ClientSession, url: str) -> str:
+    """The controller's own histogram of first bad report → rules created, as bucket counts
+    (`taugrid_fault_to_device_rule_seconds`)."""
+    async with http.get(f"{url}/metrics") as resp:
+        text = await resp.text()
+    buckets = []
+    for line in text.splitlines():
+        if line.startswith("taugrid_fault_to_device_rule_seconds_bucket"):
+            le = line.split('le="')[1].split('"')[0]
+            buckets.append(f"<={le}s: {int(float(line.rsplit(' ', 1)[1]))}")
+    return ", ".join(buckets[:6])
 
 
 def _pod(name: str, template: str, node: str | None = None) -> dict[str, Any]:
@@ -322,7 +348,7 @@ async def fill(api: client.ApiClient, ns: str, gpus: int) -> tuple[int, int, set
     return running, len(items) - running, held
 
 
-async def run(nodes: int, grace_s: int, evictions: int) -> None:
+async def run(nodes: int, grace_s: int, evictions: int, *, rules_only: bool = False) -> None:
     dev, api = await fleetkit.dev_api()
     ns = f"bench-d-{secrets.token_hex(2)}"
     names = await asyncio.to_thread(
@@ -341,8 +367,13 @@ async def run(nodes: int, grace_s: int, evictions: int) -> None:
                     kit.heartbeat_loop(list(agents.values()), http, [ctl.url], 1.0)
                 )
                 await asyncio.sleep(5)  # every node reported healthy at least once
-                times = await fault_to_rules(api, agents, http, ctl.url)
-                _print_rules(nodes, times)
+                firsts, times = await fault_to_rules(api, agents, http, ctl.url)
+                _print_rules(nodes, "the NoSchedule rule", firsts)
+                _print_rules(nodes, "both rules", times)
+                print(f"  controller's own share (report received -> rules created, cumulative "
+                      f"buckets): {await controller_share(http, ctl.url)}", flush=True)  # fmt: skip
+                if rules_only:
+                    return
                 for a in agents.values():
                     a.heal()
 
@@ -412,9 +443,9 @@ async def run(nodes: int, grace_s: int, evictions: int) -> None:
           f"{kept[0] - whole[0]}")  # fmt: skip
 
 
-def _print_rules(nodes: int, times: list[float]) -> None:
+def _print_rules(nodes: int, what: str, times: list[float]) -> None:
     ok = [t for t in times if t != float("inf")]
-    print(f"fault heartbeat -> both DeviceTaintRules seen, {nodes} DRA nodes, {len(times)} "
+    print(f"fault heartbeat -> {what} seen, {nodes} DRA nodes, {len(times)} "
           f"trials: p50 {fleetkit.pct(ok, 50):.1f} ms  p99 {fleetkit.pct(ok, 99):.1f} ms  "
           f"max {max(ok) * 1000:.1f} ms  missed {len(times) - len(ok)}", flush=True)  # fmt: skip
 
@@ -440,8 +471,9 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=100)
     parser.add_argument("--grace", type=int, default=3, help="toleration seconds (eviction)")
     parser.add_argument("--evictions", type=int, default=20, help="eviction trials")
+    parser.add_argument("--rules-only", action="store_true", help="only fault -> rules")
     args = parser.parse_args()
-    asyncio.run(run(args.nodes, args.grace, args.evictions))
+    asyncio.run(run(args.nodes, args.grace, args.evictions, rules_only=args.rules_only))
 
 
 if __name__ == "__main__":
