@@ -3,15 +3,17 @@ baseline revision measured side by side in the same run.
 
 Run: `python -m bench.agent [--duration 60] [--injections 100] [--baseline REV]`. It starts
 `python -m agent` of this tree on the fake NVML library (LD_LIBRARY_PATH), 1 s gauge tier,
-posting heartbeats to a receiver in this process, with pod attribution on: a PodResources
-server (the kubelet's proto over a Unix socket) gives each of the 8 GPUs a pod, so every GPU
-series carries `pod`, `namespace` and `container`. With `--baseline REV` the same agent of
-that git revision (extracted with `git archive`, run from the extraction) runs at the same
-time on its own fake library instance and receiver, and so does this tree with attribution off
-(isolating its cost): all see the same machine load, and the table prints every column and
-the ratio of this tree, attribution on, to the baseline. `--python` runs the agents on another
-interpreter (a venv made with `uv sync --no-dev`, as in the image). Against the fake the CPU
-figure is indicative; the one that counts is on a real GPU machine (DESIGN.md section 9).
+posting heartbeats to a receiver in this process, with and without pod attribution: with it,
+a PodResources server of its own (the kubelet's proto over a Unix socket, served by grpcio)
+gives each of the agent's 8 GPUs a pod, so every GPU series carries `pod`, `namespace` and
+`container`. With `--baseline REV` the agent of that git revision (extracted with `git
+archive`, run from the extraction) runs at the same time, also without and with attribution,
+each agent on its own fake library instance: all see the same machine load, and the table
+prints every column and the ratios of this tree to the baseline, attribution off and on.
+`--python` runs this tree's agents on another interpreter (a venv made with `uv sync
+--no-dev`, as in the image), `--baseline-python` the baseline's (its own revision's
+`uv sync --no-dev`: its dependency set may differ). Against the fake the CPU figure is
+indicative; the one that counts is on a real GPU machine (DESIGN.md section 9).
 """
 
 from __future__ import annotations
@@ -132,6 +134,8 @@ def start_agent(  # noqa: PLR0917 - one call site, each argument named there
         client_dir, sock = pods
         env["TAUGRID_AGENT_PODRESOURCES_SOCKET"] = str(sock)
         env["TAUGRID_AGENT_PODRESOURCES_CLIENT_DIR"] = str(client_dir)
+    else:
+        env["TAUGRID_AGENT_POD_LABELS"] = "false"  # as the chart's agent.podResources.enabled
     proc = subprocess.Popen([python, "-m", "agent"], env=env, cwd=tree, stdout=subprocess.DEVNULL)
     return Agent(label, node, port, proc, fakenvml.SocketControl(work / "fake.sock"))
 
@@ -155,13 +159,18 @@ async def wait_ready(session: aiohttp.ClientSession, agent: Agent, pods: bool) -
 
 
 async def main(
-    duration_s: float, injections: int, baseline: str | None, python: str = sys.executable
+    duration_s: float,
+    injections: int,
+    baseline: str | None,
+    python: str = sys.executable,
+    baseline_python: str | None = None,
 ) -> None:
     """Run the measurements, side by side when a baseline revision is given."""
     lib = fakenvml.build()
     client_dir = podresources.build()
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="bench-agent-", dir="/tmp"))
     agents: list[Agent] = []
+    kubelets: dict[str, podresources.FakeKubelet] = {}
 
     async def heartbeats(request: web.Request) -> web.Response:
         body = await request.json()
@@ -177,29 +186,40 @@ async def main(
     await runner.setup()
     rport = _free_port()
     await web.TCPSite(runner, "127.0.0.1", rport).start()
-    kubelet = podresources.FakeKubelet(client_dir, tmp / "kubelet.sock")
-    await kubelet.start()
     try:
-        # (label, tree, pod attribution on): the change with attribution off isolates its cost.
-        trees = [("after, no pods", REPO, False), ("after", REPO, True)]
+        # (label, tree, pod attribution on, interpreter): attribution off isolates its cost.
+        trees = [("after, no pods", REPO, False, python), ("after", REPO, True, python)]
         if baseline is not None:
-            trees.insert(0, (f"before ({baseline})", extract(baseline, tmp / "baseline"), False))
-        for i, (label, tree, on) in enumerate(trees):
-            pods = (client_dir, kubelet.socket) if on else None
-            agents.append(start_agent(label, tree, tmp / f"agent{i}", lib, rport, pods, python))
+            base = extract(baseline, tmp / "baseline")
+            base_python = baseline_python or python
+            trees[:0] = [
+                (f"before ({baseline}), no pods", base, False, base_python),
+                (f"before ({baseline})", base, True, base_python),
+            ]
+        for i, (label, tree, on, interpreter) in enumerate(trees):
+            pods = None
+            if on:
+                kubelet = podresources.FakeKubelet(client_dir, tmp / f"kubelet{i}.sock")
+                await kubelet.start()
+                kubelets[label] = kubelet
+                pods = (client_dir, kubelet.socket)
+            agents.append(
+                start_agent(label, tree, tmp / f"agent{i}", lib, rport, pods, interpreter)
+            )
         async with aiohttp.ClientSession() as session:
             for agent in agents:
                 await wait_ready(session, agent, pods=False)
-            # Every GPU of the attributing agent's fake gets a pod of its own.
-            current = agents[-1]
-            async with session.get(f"http://127.0.0.1:{current.port}/v1/gpus") as resp:
-                uuids = [g["uuid"] for g in (await resp.json())["gpus"]]
-            kubelet.pods = [
-                ("team-a", f"train-{i}", [("trainer", [("nvidia.com/gpu", [u])], [])])
-                for i, u in enumerate(uuids)
-            ]
-            await wait_ready(session, current, pods=True)
-            # 1. Cost over the duration, steady state, both at once.
+            # Every GPU of an attributing agent's fake gets a pod of its own.
+            for label, kubelet in kubelets.items():
+                agent = next(a for a in agents if a.label == label)
+                async with session.get(f"http://127.0.0.1:{agent.port}/v1/gpus") as resp:
+                    uuids = [g["uuid"] for g in (await resp.json())["gpus"]]
+                kubelet.pods = [
+                    ("team-a", f"train-{i}", [("trainer", [("nvidia.com/gpu", [u])], [])])
+                    for i, u in enumerate(uuids)
+                ]
+                await wait_ready(session, agent, pods=True)
+            # 1. Cost over the duration, steady state, all at once.
             start = {a.label: _proc_stat(a.proc.pid)[0] for a in agents}
             t0 = time.monotonic()
             await asyncio.sleep(duration_s)
@@ -224,7 +244,10 @@ async def main(
                 for agent in agents:
                     await inject(agent, i % 8)
         print(f"agent at 8 fake GPUs, 1 s tier, {duration_s:g} s steady state, side by side,")
-        print(f"interpreter {python}:")
+        print(
+            f"interpreter {python}"
+            + (f", baseline's {baseline_python}:" if baseline_python else ":")
+        )
         rows: list[tuple[str, Callable[[Agent], float], str]] = [
             ("CPU, % of one core", lambda a: a.cpu_pct, "{:.2f}"),
             ("RSS, MiB", lambda a: a.rss_mib, "{:.1f}"),
@@ -237,11 +260,14 @@ async def main(
         ]
         side = baseline is not None
         header = " | ".join(a.label for a in agents)
-        print(f"| what | {header} |{' after/before |' if side else ''}")
+        ratios = " after/before, no pods | after/before |" if side else ""
+        print(f"| what | {header} |{ratios}")
         for name, read, fmt in rows:
             values = [read(a) for a in agents]
             cells = " | ".join(fmt.format(v) for v in values)
-            ratio = f" {values[-1] / values[0]:.2f} |" if side and values[0] else (" - |" * side)
+            # Columns: before off, before on, after off, after on.
+            pairs = [(values[2], values[0]), (values[3], values[1])] if side else []
+            ratio = "".join(f" {a / b:.2f} |" if b else " - |" for a, b in pairs)
             print(f"| {name} | {cells} |{ratio}")
         print(f"(Xid injections: {len(agents[-1].xid_ms)} per agent)")
     finally:
@@ -249,7 +275,8 @@ async def main(
             agent.proc.send_signal(signal.SIGTERM)
         for agent in agents:
             agent.proc.wait(30)
-        await kubelet.stop()
+        for kubelet in kubelets.values():
+            await kubelet.stop()
         await runner.cleanup()
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -283,5 +310,11 @@ if __name__ == "__main__":
         default=sys.executable,
         help="interpreter of the agents (e.g. a venv made with `uv sync --no-dev`, as the image)",
     )
+    parser.add_argument(
+        "--baseline-python",
+        help="interpreter of the baseline's agents (its own `uv sync --no-dev`; --python if unset)",
+    )
     args = parser.parse_args()
-    asyncio.run(main(args.duration, args.injections, args.baseline, args.python))
+    asyncio.run(
+        main(args.duration, args.injections, args.baseline, args.python, args.baseline_python)
+    )

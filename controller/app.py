@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import functools
 import pathlib
 import ssl
 from collections.abc import AsyncIterator, Callable
@@ -39,7 +40,7 @@ from controller.kube import nodes as kube_nodes
 from controller.kube import runs as kube_runs
 from controller.runs import api as runs_api
 from controller.runs import context as runs_context
-from controller.runs import reconciling, rendering
+from controller.runs import keeping, reconciling, rendering, results
 from controller.settings import ControllerSettings
 
 log = structlog.get_logger()
@@ -148,6 +149,13 @@ def _runtime(
         )  # fmt: skip
         holder.append(quarantiner)
         store = kube_runs.RunStore(api)
+        keeper = keeping.LogKeeper(
+            store, elector, m,
+            manages=functools.partial(reconciling.manages, manager=settings.run_manager),
+            keep_bytes=settings.run_log_keep_kib * 1024,
+            interval_s=settings.run_log_capture_interval_s,
+            read_timeout_s=settings.run_log_read_timeout_s,
+        )  # fmt: skip
         reconciler = reconciling.Reconciler(
             store, elector, m,
             rendering.RenderSettings(
@@ -160,7 +168,15 @@ def _runtime(
             ttl_after_finished_s=settings.run_ttl_after_finished_s,
             pod_annotations=settings.run_pod_annotations, manager=settings.run_manager,
             resume_priority_class=settings.resume_priority_class,
+            pods_ready_timeout_s=settings.pods_ready_timeout_s,
             checkpoints_kept=settings.run_checkpoints_kept, gate_message=gate.message_for,
+            results_limits=results.Limits(
+                points=settings.run_results_points, metrics=settings.run_results_metrics,
+                artifacts=settings.run_results_artifacts,
+            ),
+            results_flush_s=settings.run_results_flush_s,
+            results_pending_max=settings.run_results_pending_max,
+            keep_logs=keeper.keep_final,
             dra=quarantiner.dra_render,  # fleet -> runs: how GPUs are requested now
         )  # fmt: skip
         if settings.run_urgent_resume:
@@ -172,7 +188,7 @@ def _runtime(
         st.readiness.append(cache.synced.is_set)
         app[serving.SERVING] = st
         app[fleet_api.FLEET] = fleet_api.FleetContext(fleet, quarantiner, cache)
-        app[runs_context.RUNS] = runs_context.RunsContext(store, reconciler)
+        app[runs_context.RUNS] = runs_context.RunsContext(store, reconciler, keeper)
         app[GATE] = gate
         tasks = [
             asyncio.create_task(cache.run(), name="node-cache"),
@@ -181,12 +197,14 @@ def _runtime(
             asyncio.create_task(quarantiner.run(), name="quarantine"),
             asyncio.create_task(gate.run(), name="admission"),
             asyncio.create_task(reconciler.run(), name="runs"),
+            asyncio.create_task(keeper.run(), name="logs"),
         ]
         st.ready = True
         try:
             yield
         finally:
             st.ready = False
+            await reconciler.collector.aclose()  # while this replica still leads
             for t in tasks:
                 t.cancel()
             for t in tasks:
@@ -218,7 +236,7 @@ async def openapi(request: web.Request) -> web.StreamResponse:
             }
     schemas = {
         name: model.model_json_schema(by_alias=True)
-        for name, model in fleet_api.REQUEST_BODIES.items()
+        for name, model in {**fleet_api.REQUEST_BODIES, **runs_api.REQUEST_BODIES}.items()
     }
     doc = {
         "openapi": "3.1.0",

@@ -17,6 +17,9 @@ PREFIX = "taugrid.dev/"
 
 # ---------------------------------------------------------------- others' names we use
 GPU_RESOURCE = "nvidia.com/gpu"
+SIMULATED_NODE_ANNOTATION = "kwok.x-k8s.io/node"
+"""KWOK manages a node carrying this annotation: it plays the kubelet, runs no process and so
+keeps no container log (read only, to say so in words)."""
 """The device plugin's extended resource: what a GPU node advertises and a run requests."""
 QUEUE_NAME_LABEL = "kueue.x-k8s.io/queue-name"
 PRIORITY_CLASS_LABEL = "kueue.x-k8s.io/priority-class"
@@ -88,6 +91,11 @@ CHECK_ACTIVE_REASON = "ControllerReady"
 # ---------------------------------------------------------------- runs
 RUN_LABEL = "taugrid.dev/run"
 ATTEMPT_LABEL = "taugrid.dev/attempt"
+WORKER_LABEL = "taugrid.dev/worker"
+"""On a TauRunLog: which worker's log it keeps (0 is the first pod, or a ray run's head)."""
+RERUN_OF_ANNOTATION = "taugrid.dev/rerun-of"
+"""On a TauRun made by `POST …/rerun`: the run it reruns, as JSON (name, uid, specHash,
+imageID), which the new run's evidence repeats."""
 CONFIG_HASH_ANNOTATION = "taugrid.dev/config-hash"
 CANCEL_ANNOTATION = "taugrid.dev/cancel-requested"
 """Set (to who asked, and when) by `DELETE /v1/runs/...` or `kubectl annotate`: cancel."""

@@ -196,9 +196,40 @@ class ControllerSettings(pydantic_settings.BaseSettings):
     (NodeFailure, Evicted) of a run without a priority of its own, so it does not queue
     behind work submitted since (docs/researcher.md, "Resume"). Empty: no boost. When the
     class does not exist, resumed attempts queue normally."""
+    pods_ready_timeout_s: float | None = pydantic.Field(default=None, gt=0)
+    """Kueue's `waitForPodsReady.timeout` on this cluster, in seconds, as the platform
+    configured Kueue (docs/platform.md); None when it is not enabled. The controller does
+    not read Kueue's configuration: this only tells a run whose pods cannot start when
+    Kueue will release its quota (or that nothing will)."""
     run_urgent_resume: bool = True
     """When a node is quarantined because a GPU failed, reconcile the runs on it at once from
     their own snapshot, instead of poking the full reconcile pass (which reads the whole
     cluster). Off only to compare the two (bench/resume.py) or to rule the fast path out."""
     run_checkpoints_kept: int = pydantic.Field(default=10, ge=1, le=100)
     """Checkpoints kept in a TauRun's status (the newest)."""
+    run_results_flush_s: float = pydantic.Field(default=1.0, gt=0, le=60)
+    """Results reports (`POST …/results`) are answered at once and written to the TauRun this
+    long after the first of a burst, all in one status write: a loop reporting every step
+    costs one write a second, not one per report. A failover loses at most this much."""
+    run_results_points: int = pydantic.Field(default=100, ge=2, le=1000)
+    """Points kept per metric; past it the series is thinned evenly (first and newest kept)."""
+    run_results_metrics: int = pydantic.Field(default=16, ge=1, le=128)
+    """Metric names kept per run; a report naming one more is refused (422). With the point
+    cap this bounds a run's results to about points × metrics × 60 bytes (96 KiB by
+    default) on a status every reconcile pass lists."""
+    run_results_artifacts: int = pydantic.Field(default=32, ge=1, le=256)
+    """Artifacts kept per run; past it the oldest go (the newest is usually the model)."""
+    run_results_pending_max: int = pydantic.Field(default=4096, ge=1)
+    """Points, artifacts and summaries of one run waiting to be written; more is 429."""
+    run_log_keep_kib: int = pydantic.Field(default=64, ge=1, le=512)
+    """KiB of each worker's log kept in its TauRunLog (the tail), so a failed attempt's last
+    lines outlive its pods. 64 KiB is a few thousand lines; at most 512 (etcd's object limit
+    is 1.5 MiB)."""
+    run_log_capture_interval_s: float = pydantic.Field(default=30.0, gt=0)
+    """How often the tail of every running worker's log is kept (one tail read per worker).
+    A pod that vanishes without warning loses at most this much of its last output; an
+    attempt that ends normally is captured whole before its pods are deleted."""
+    run_log_read_timeout_s: float = pydantic.Field(default=2.0, gt=0)
+    """A log read gives up after this long. The final capture runs before a failed attempt's
+    objects are deleted and its next attempt created, so a kubelet that stops answering (a
+    lost node) delays a resume by at most this; its periodic capture is what is kept then."""

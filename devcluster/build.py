@@ -33,6 +33,12 @@ KUEUE_VERSION = "v0.17.0"
 KUBERAY_VERSION = "v1.5.0"
 KWOK_VERSION = "v0.8.0"
 HELM_VERSION = "v3.22.0"
+CONTAINERD_VERSION = "v2.3.7"
+"""containerd 2.x: Kubernetes >= 1.36 refuses containerd 1.x; 2.3 still runs on cgroup v1
+(deprecated since 2.2, supported until 2029), which the machines of this project boot."""
+KUBELET_API_PROTO = "pkg/apis/deviceplugin/v1beta1/api.proto"
+"""The device-plugin API inside the k8s.io/kubelet module, copied into the assets so the fake
+device plugin's stubs are generated from the published file (never committed)."""
 
 BUILD_FORMAT = "3"
 """Bumped whenever the way we build or lay out the cache changes."""
@@ -94,6 +100,9 @@ class Component:
     binaries: tuple[str, ...]
     inputs: tuple[str, ...]
     build: Callable[[Builder], None]
+    assets: tuple[str, ...] = ()
+    """Asset folders (under `assets/`) the component makes: what `reuse` copies besides
+    its binaries. Empty for the older components, which are never reused (only rebuilt)."""
 
 
 def _file_digest(path: pathlib.Path) -> str:
@@ -213,6 +222,36 @@ class Builder:
             and all((self.bin / b).exists() for b in c.binaries)
         )
 
+    def reuse(self, c: Component) -> bool:
+        """Copy a component from another stamp directory that built exactly it (same
+        component stamp), so adding one component does not rebuild the others."""
+        want = component_stamp(c)
+        for other in sorted((self.root / "cluster").glob("*/bin")):
+            if other == self.bin or other.parent.is_symlink():
+                continue
+            marker = other / f".built-{c.name}"
+            try:
+                if marker.read_text().strip() != want:
+                    continue
+            except OSError:
+                continue
+            if not all((other / b).exists() for b in c.binaries):
+                continue
+            missing_assets = [
+                a for a in _assets_of(c) if not (other.parent / "assets" / a).is_dir()
+            ]
+            if missing_assets:
+                continue
+            for binary in c.binaries:
+                _copy_file(other / binary, self.bin / binary)
+            for asset in _assets_of(c):
+                dest = self.assets / asset
+                if dest.exists():
+                    shutil.rmtree(dest)
+                shutil.copytree(other.parent / "assets" / asset, dest)
+            return True
+        return False
+
     def build_all(self, *, force: bool = False, only: Sequence[str] = ()) -> pathlib.Path:
         """Build every component that is not built yet; return the stamp directory."""
         check_prerequisites()
@@ -225,8 +264,11 @@ class Builder:
             if not force and self.is_built(c):
                 self.say(f"{c.name}: cached ({', '.join(c.binaries) or 'assets'})")
                 continue
-            self.say(f"{c.name}: building")
-            c.build(self)
+            if not force and self.reuse(c):
+                self.say(f"{c.name}: reused from an earlier build with the same stamp")
+            else:
+                self.say(f"{c.name}: building")
+                c.build(self)
             self._marker(c).write_text(component_stamp(c) + "\n")
         (self.dir / "VERSIONS").write_text(json.dumps(versions(), indent=2) + "\n")
         current = self.root / "cluster" / "current"
@@ -247,6 +289,7 @@ def versions() -> dict[str, str]:
         "kuberay": KUBERAY_VERSION,
         "kwok": KWOK_VERSION,
         "helm": HELM_VERSION,
+        "containerd": CONTAINERD_VERSION,
         "format": BUILD_FORMAT,
     }
 
@@ -269,8 +312,12 @@ def stamp_of(components: Sequence[Component]) -> str:
 
 
 # ---------------------------------------------------------------------- components
+K8S_COMMANDS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kubelet")
+"""The kubelet is only run for the dev cluster's one real node (DESIGN.md section 8)."""
+
+
 def _build_k8s(b: Builder) -> None:
-    cmds = ["kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl"]
+    cmds = K8S_COMMANDS
     b.run(
         "kubernetes " + K8S_VERSION,
         [
@@ -359,6 +406,67 @@ def _build_helm(b: Builder) -> None:
     b.go_install("helm " + HELM_VERSION, f"helm.sh/helm/v3/cmd/helm@{HELM_VERSION}")
 
 
+CONTAINERD_COMMANDS = ("containerd", "containerd-shim-runc-v2", "ctr")
+
+
+def _containerd_ldflags() -> str:
+    return f"-s -w -X github.com/containerd/containerd/v2/version.Version={CONTAINERD_VERSION}"
+
+
+def _build_containerd(b: Builder) -> None:
+    b.run(
+        "containerd " + CONTAINERD_VERSION,
+        [
+            "go", "build", "-trimpath", "-ldflags", _containerd_ldflags(), "-o", str(b.bin) + "/",
+            *(f"github.com/containerd/containerd/v2/cmd/{c}" for c in CONTAINERD_COMMANDS),
+        ],
+        cwd=GO_DIR / "containerd",
+    )  # fmt: skip
+
+
+def _build_pause(b: Builder) -> None:
+    b.run(
+        "pause",
+        ["go", "build", "-trimpath", "-ldflags", "-s -w", "-o", str(b.bin / "pause"), "."],
+        cwd=GO_DIR / "pause",
+    )
+
+
+def _build_kubelet_api(b: Builder) -> None:
+    src = b.module_dir(f"k8s.io/kubelet@{_staging_version()}")
+    dest = b.assets / "deviceplugin"
+    dest.mkdir(parents=True, exist_ok=True)
+    shutil.copy(src / KUBELET_API_PROTO, dest / "api.proto")
+    _make_writable(dest)
+
+
+def _staging_version() -> str:
+    return "v0." + K8S_VERSION.removeprefix("v1.")
+
+
+ASSETS_OF: dict[str, tuple[str, ...]] = {
+    "kwok": ("kwok",),
+    "kueue": ("kueue",),
+    "kuberay": ("kuberay",),
+}
+"""Asset folders of the components that declare none themselves."""
+
+
+def _assets_of(c: Component) -> tuple[str, ...]:
+    return c.assets or ASSETS_OF.get(c.name, ())
+
+
+def _copy_file(src: pathlib.Path, dest: pathlib.Path) -> None:
+    """Hard-link (same file system: instant, no space) or copy, replacing atomically."""
+    tmp = dest.with_name(f".{dest.name}.tmp")
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(src, tmp)
+    except OSError:
+        shutil.copy2(src, tmp)
+    tmp.replace(dest)
+
+
 def _make_writable(path: pathlib.Path) -> None:
     for p in [path, *path.rglob("*")]:
         if not p.is_symlink():
@@ -369,7 +477,7 @@ def _components() -> list[Component]:
     return [
         Component(
             "kubernetes",
-            ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl"),
+            K8S_COMMANDS,
             (K8S_VERSION, _k8s_ldflags(), *_wrapper_inputs("k8s")),
             _build_k8s,
         ),
@@ -378,6 +486,20 @@ def _components() -> list[Component]:
         Component("kueue", ("kueue",), (KUEUE_VERSION, *KUEUE_CERT_PATCH), _build_kueue),
         Component("kuberay", ("ray-operator",), (KUBERAY_VERSION,), _build_kuberay),
         Component("helm", ("helm",), (HELM_VERSION,), _build_helm),
+        Component(
+            "containerd",
+            CONTAINERD_COMMANDS,
+            (CONTAINERD_VERSION, _containerd_ldflags(), *_wrapper_inputs("containerd")),
+            _build_containerd,
+        ),
+        Component("pause", ("pause",), _wrapper_inputs("pause"), _build_pause),
+        Component(
+            "kubelet-api",
+            (),
+            (_staging_version(), KUBELET_API_PROTO),
+            _build_kubelet_api,
+            assets=("deviceplugin",),
+        ),
     ]
 
 

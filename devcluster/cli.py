@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import fcntl
 import pathlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
-from devcluster import build, cluster, drapublisher, stack, tokens
+from devcluster import build, cluster, drapublisher, images, imagespec, netns, node, stack, tokens
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -29,6 +31,13 @@ def _parser() -> argparse.ArgumentParser:
         "--dra-nodes", type=int, default=0,
         help="fake GPU nodes whose GPUs are DRA devices (gpu-dra-node-N; default 0)",
     )  # fmt: skip
+    up.add_argument(
+        "--real-node",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also run one real node (kubelet, containerd, real pods); default on. Where the "
+        "machine cannot run it, `up` says why and the KWOK-only cluster comes up",
+    )
     up.add_argument(
         "--no-taugrid",
         action="store_true",
@@ -51,6 +60,14 @@ def _parser() -> argparse.ArgumentParser:
         "renew-tokens", help="keep the host processes' pod-bound tokens fresh (run by `up`)"
     )
     renew.add_argument("nodes", nargs="+", help="the fake GPU nodes whose agents run")
+    renew.add_argument(
+        "--controller-addr", type=pathlib.Path, default=None,
+        help="keep this file at the controller pod's ip:port (real node)",
+    )  # fmt: skip
+
+    img = sub.add_parser("images", help="build (or reuse) the images without Docker")
+    img.add_argument("names", nargs="*", help="images of the spec (default: all)")
+    sub.add_parser("dockerfiles", help="write deploy/docker/*.Dockerfile from the image spec")
 
     dra = sub.add_parser(
         "dra-publisher", help="publish a ResourceSlice per fake DRA node (run by `up`)"
@@ -63,65 +80,114 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+@contextlib.contextmanager
+def _exclusive(c: cluster.Cluster, command: str) -> Iterator[None]:
+    """One `up` or `down` at a time per state directory (two racing would both start
+    processes and overwrite each other's PID records)."""
+    c.state.mkdir(parents=True, exist_ok=True)
+    with (c.state / ".lock").open("w") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            msg = f"another `taugrid dev up` or `down` is running on {c.state}; wait for it"
+            raise cluster.ClusterError(msg) from None
+        yield
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the `taugrid` command line; return its exit code."""
     args = _parser().parse_args(argv)
     c = cluster.Cluster()
     try:
-        if args.command == "build":
-            flags = ["--force"] if args.force else []
-            if args.only:
-                flags.append(f"--only={args.only}")
-            return build.main(flags)
-        if args.command == "up":
-            if args.nodes < 1:
-                print("error: --nodes must be at least 1", file=sys.stderr)
-                return 2
-            build.check_prerequisites()
-            if args.dra_nodes < 0:
-                print("error: --dra-nodes must not be negative", file=sys.stderr)
-                return 2
-            c.up(nodes=args.nodes, dra_nodes=args.dra_nodes)
-            if not args.no_taugrid:
-                bin_dir = build.built_dir() / "bin"
-                stack.stop_agents_state(c)
-                fleet = [f"gpu-node-{i}" for i in range(args.nodes)]
-                fleet += [f"{cluster.DRA_NODE_PREFIX}{i}" for i in range(args.dra_nodes)]
-                stack.start(c, bin_dir, fleet)
-                print(cluster.summary(c))
-                print(_welcome(c, bin_dir))
-            else:
-                print(cluster.summary(c))
-            return 0
-        if args.command == "renew-tokens":
-            tokens.renew_forever(c, build.built_dir() / "bin", stack.NAMESPACE, stack.RELEASE,
-                                 args.nodes)  # fmt: skip
-            return 0
-        if args.command == "dra-publisher":
-            asyncio.run(drapublisher.serve(c.kubeconfig, args.port))
-            return 0
-        if args.command == "inject":
-            line = stack.inject(c, args.node, args.gpu, *_inject_command(args))
-            print(f"injected on {args.node}: {line}")
-            return 0
-        if args.command == "down":
-            stopped = c.down()
-            print(f"stopped: {', '.join(stopped) if stopped else 'nothing was running'}")
-            return 0
-        if args.command == "status":
-            if args.json:
-                print(cluster.json_status(c))
-            else:
-                for name, state, detail in c.status():
-                    print(f"{name:<24} {state:<10} {detail}")
-            return 0 if c.is_up() else 1
+        if args.command in {"up", "down"}:
+            with _exclusive(c, args.command):
+                return _run(c, args)
+        return _run(c, args)
     except cluster.AlreadyRunningError as err:
         print(str(err))
         return 0
     except (build.BuildError, cluster.ClusterError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+
+
+def _run(c: cluster.Cluster, args: argparse.Namespace) -> int:
+    if args.command == "build":
+        flags = ["--force"] if args.force else []
+        if args.only:
+            flags.append(f"--only={args.only}")
+        return build.main(flags)
+    if args.command == "up":
+        if args.nodes < 1:
+            print("error: --nodes must be at least 1", file=sys.stderr)
+            return 2
+        if args.dra_nodes < 0:
+            print("error: --dra-nodes must not be negative", file=sys.stderr)
+            return 2
+        build.check_prerequisites()
+        c.up(nodes=args.nodes, dra_nodes=args.dra_nodes)
+        bin_dir = build.built_dir() / "bin"
+        real = _start_real_node(c, bin_dir) if args.real_node else None
+        if not args.no_taugrid:
+            stack.stop_agents_state(c)
+            fleet = [f"gpu-node-{i}" for i in range(args.nodes)]
+            fleet += [f"{cluster.DRA_NODE_PREFIX}{i}" for i in range(args.dra_nodes)]
+            stack.start(c, bin_dir, fleet, real)
+            print(cluster.summary(c))
+            print(_welcome(c, bin_dir))
+        else:
+            print(cluster.summary(c))
+        return 0
+    if args.command == "images":
+        return images.main(args.names)
+    if args.command == "dockerfiles":
+        changed = imagespec.write_dockerfiles()
+        print("\n".join(changed) if changed else "the Dockerfiles are up to date")
+        return 0
+    if args.command == "renew-tokens":
+        tokens.renew_forever(c, build.built_dir() / "bin", stack.NAMESPACE, stack.RELEASE,
+                             args.nodes, controller_addr_file=args.controller_addr)  # fmt: skip
+        return 0
+    if args.command == "dra-publisher":
+        asyncio.run(drapublisher.serve(c.kubeconfig, args.port))
+        return 0
+    if args.command == "inject":
+        line = stack.inject(c, args.node, args.gpu, *_inject_command(args))
+        print(f"injected on {args.node}: {line}")
+        return 0
+    if args.command == "down":
+        stopped = node.RealNode(c).stop() if node.recorded(c) else []
+        stopped += c.down()
+        print(f"stopped: {', '.join(stopped) if stopped else 'nothing was running'}")
+        return 0
+    if args.command == "status":
+        if args.json:
+            print(cluster.json_status(c))
+        else:
+            rows = c.status()
+            if node.recorded(c):
+                rows += node.RealNode(c).status()
+            for name, state, detail in rows:
+                print(f"{name:<24} {state:<10} {detail}")
+        return 0 if c.is_up() else 1
     return 2
+
+
+def _start_real_node(c: cluster.Cluster, bin_dir: pathlib.Path) -> stack.RealNode | None:
+    """Start the real node, or say exactly why not and go on with the KWOK nodes alone."""
+    real = node.RealNode(c, bin_dir)
+    problems = node.preflight(bin_dir)
+    if problems:
+        print("real node: not started, the KWOK-only cluster comes up. Why:")
+        print("\n".join(f"  - {p}" for p in problems))
+        return None
+    try:
+        refs = real.start()
+    except (cluster.ClusterError, images.ImageError, netns.NetnsError, OSError) as err:
+        print(f"real node: failed, stopping it; the KWOK-only cluster stays up. Why:\n{err}")
+        real.stop()
+        return None
+    return real.stack_view(refs)
 
 
 def _inject_command(args: argparse.Namespace) -> list[str]:

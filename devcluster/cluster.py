@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 import yaml
 
-from devcluster import build, drapublisher, pki, processes
+from devcluster import build, drapublisher, netns, pki, processes
 
 STAGES_DIR = pathlib.Path(__file__).resolve().parent / "stages"
 
@@ -54,15 +54,17 @@ KCM_CONTROLLERS = (
     "statefulset-controller",
     "disruption-controller",
     "endpointslice-controller",
+    "persistentvolume-binder-controller",
     "ttl-after-finished-controller",
     "pod-garbage-collector-controller",
     "resourceclaim-controller",
     "device-taint-eviction-controller",
 )
 """The controllers DESIGN.md section 8 lists. node-lifecycle stays out: KWOK heartbeats nodes.
-DRA needs the last two: the first makes each pod's ResourceClaim from its template and frees
-it afterwards, the second deletes pods holding a device with a NoExecute taint (DESIGN.md
-section 2); the DRA feature gates are all on by default in Kubernetes 1.37."""
+The volume binder binds the real run's checkpoint claim and the example claims (examples/ runs as
+shipped) to their volumes. DRA needs the last two: the first makes each pod's ResourceClaim from
+its template and frees it afterwards, the second deletes pods holding a device with a NoExecute
+taint (DESIGN.md section 2); the DRA feature gates are all on by default in Kubernetes 1.37."""
 
 KUEUE_WEBHOOKS_KEPT = ("batch-v1-job", "ray-io-v1-rayjob", "ray-io-v1-raycluster", "kueue-x-k8s-io")
 
@@ -315,7 +317,9 @@ class Cluster:
         bin_dir = built / "bin"
         assets = built / "assets"
         self.state.mkdir(parents=True, exist_ok=True)
-        pki.ensure(self.pki)
+        # The real node reaches the API server at the host end of its link: the serving
+        # certificate covers that address too.
+        pki.ensure(self.pki, extra_ips=(netns.plan(self.state).host_ip,))
         self.write_kubeconfig()
         self.podlogs.mkdir(parents=True, exist_ok=True)
         started = time.monotonic()
@@ -334,6 +338,7 @@ class Cluster:
             self._start_kueue(bin_dir, assets)
             self._start_kuberay(bin_dir)
             self._bootstrap_queues(bin_dir, nodes + dra_nodes)
+            self.apply(bin_dir, example_volumes(self.state / "volumes"))
         except BaseException:
             out("start failed; stopping what was started")
             self.table.stop_all()
@@ -564,7 +569,7 @@ class Cluster:
             "leaderElection": {"leaderElect": False},
             "internalCertManagement": {"enable": False},
             "manageJobsWithoutQueueName": False,
-            "waitForPodsReady": {"timeout": "5m", "blockAdmission": False},
+            "waitForPodsReady": {"timeout": f"{PODS_READY_TIMEOUT_S}s", "blockAdmission": False},
             "integrations": {"frameworks": ["batch/job", "ray.io/rayjob", "ray.io/raycluster"]},
             # Kueue counts DRA devices only behind its alpha gate, and only for the device
             # classes mapped to a quota name here: NVIDIA's class counts as nvidia.com/gpu,
@@ -669,6 +674,9 @@ def fake_gpu_node(
     }
 
 
+PODS_READY_TIMEOUT_S = 300
+"""Kueue's waitForPodsReady timeout on the dev cluster: an admitted Workload whose pods are
+not ready this long after admission loses its quota and is queued again (with backoff)."""
 ADMISSION_CHECK = "taugrid-gpu-health"
 """TauGrid's AdmissionCheck on the dev cluster (made by the chart)."""
 RESUME_PRIORITY_CLASS = "taugrid-resume"
@@ -706,6 +714,34 @@ def default_queues(nodes: int, namespace: str = "default") -> list[dict[str, Any
             "spec": {"clusterQueue": CLUSTER_QUEUE},
         },
     ]
+
+
+EXAMPLE_CLAIMS = {"datasets": "1Ti", "checkpoints": "1Ti"}
+"""The PersistentVolumeClaims examples/pytorch.yaml names, in namespace `default`."""
+
+
+def example_volumes(root: pathlib.Path, namespace: str = "default") -> list[dict[str, Any]]:
+    """A PersistentVolume and a claim bound to it for each claim the examples name: host
+    directories (KWOK's pods never mount them; a kubelet's would), ReadWriteMany, each claim
+    pre-bound to its volume so the volume binder binds exactly these two."""
+    out: list[dict[str, Any]] = []
+    for claim, size in EXAMPLE_CLAIMS.items():
+        volume = f"dev-{namespace}-{claim}"
+        out.append({
+            "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": volume},
+            "spec": {"capacity": {"storage": size}, "accessModes": ["ReadWriteMany"],
+                     "persistentVolumeReclaimPolicy": "Retain", "storageClassName": "",
+                     "hostPath": {"path": str(root / namespace / claim),
+                                  "type": "DirectoryOrCreate"},
+                     "claimRef": {"namespace": namespace, "name": claim}},
+        })  # fmt: skip
+        out.append({
+            "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": {"name": claim, "namespace": namespace},
+            "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "",
+                     "volumeName": volume, "resources": {"requests": {"storage": size}}},
+        })  # fmt: skip
+    return out
 
 
 def _dev_cluster_queue(nodes: int) -> dict[str, Any]:

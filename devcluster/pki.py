@@ -23,7 +23,11 @@ def _openssl(*args: str, cwd: pathlib.Path) -> None:
 
 
 def _sign(d: pathlib.Path, name: str, subject: str, ext: str) -> None:
-    if (d / f"{name}.crt").exists():
+    """Sign `name`.crt unless it exists with the same subject and extensions (kept beside it
+    in `name`.ext, so a new SAN, e.g. the real node's link address, re-signs it)."""
+    recorded = d / f"{name}.ext"
+    want = f"{subject}\n{ext}"
+    if (d / f"{name}.crt").exists() and recorded.exists() and recorded.read_text() == want:
         return
     _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out",
              f"{name}.csr", "-subj", subject, cwd=d)  # fmt: skip
@@ -34,10 +38,14 @@ def _sign(d: pathlib.Path, name: str, subject: str, ext: str) -> None:
              cwd=d)  # fmt: skip
     pathlib.Path(fh.name).unlink()
     (d / f"{name}.csr").unlink()
+    recorded.write_text(want)
 
 
-def ensure(d: pathlib.Path) -> pathlib.Path:
-    """Create the CA, certificates and signing key under `d` unless they exist; return `d`."""
+def ensure(d: pathlib.Path, extra_ips: tuple[str, ...] = ()) -> pathlib.Path:
+    """Create the CA, certificates and signing key under `d` unless they exist; return `d`.
+
+    `extra_ips` are more addresses the API server's serving certificate covers (the host end
+    of the real node's link, where pods and the kubelet reach it)."""
     d.mkdir(parents=True, exist_ok=True)
     if not (d / "ca.crt").exists():
         cnf = d / "ca.cnf"
@@ -50,7 +58,8 @@ def ensure(d: pathlib.Path) -> pathlib.Path:
         _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", DAYS, "-keyout",
                  "ca.key", "-out", "ca.crt", "-config", "ca.cnf", cwd=d)  # fmt: skip
     server_ext = (
-        "subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,"
+        f"subjectAltName=IP:127.0.0.1,{''.join(f'IP:{ip},' for ip in extra_ips)}"
+        "DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,"
         "DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local\n"
         "extendedKeyUsage=serverAuth\nkeyUsage=digitalSignature,keyEncipherment\n"
     )
@@ -62,3 +71,20 @@ def ensure(d: pathlib.Path) -> pathlib.Path:
         _openssl("genrsa", "-out", "sa.key", "2048", cwd=d)
         _openssl("rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=d)
     return d
+
+
+def ensure_node(d: pathlib.Path, node: str, node_ip: str) -> tuple[str, str]:
+    """The real node's kubelet certificates: a client certificate in group system:nodes (the
+    `system:node` role is bound to that group) and a serving certificate for its address,
+    which the API server checks against our CA. Return the two names (`<name>.crt/.key`)."""
+    if not (d / "ca.crt").exists():
+        msg = f"no CA in {d}: the dev cluster's PKI is made by `up` first"
+        raise RuntimeError(msg)
+    client = f"node-{node}"
+    serving = f"kubelet-serving-{node}"
+    _sign(d, client, f"/CN=system:node:{node}/O=system:nodes",
+          "extendedKeyUsage=clientAuth\nkeyUsage=digitalSignature,keyEncipherment\n")  # fmt: skip
+    _sign(d, serving, f"/CN={node}",
+          f"subjectAltName=IP:{node_ip},DNS:{node}\nextendedKeyUsage=serverAuth\n"
+          "keyUsage=digitalSignature,keyEncipherment\n")  # fmt: skip
+    return client, serving

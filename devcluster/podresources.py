@@ -4,25 +4,32 @@ The proto is `pkg/apis/podresources/v1/api.proto` of the Go module `k8s.io/kubel
 version that matches our Kubernetes (v1.37.2 → v0.37.2), fetched through the Go module proxy
 (`go mod download -json`, checked against the module's go.sum hash by the go tool). Older
 releases imported gogo-protobuf options, which are stripped (they only shape Go code). The
-Python modules are generated with grpcio-tools into a build directory outside the source tree
-(`~/.cache/taugrid/podresources/<key>/taugrid_podresources/`), with `SOURCE.json` recording the
-module, version, go.sum hash and proto digest. Nothing fetched or generated is committed.
+Python modules are generated into a build directory outside the source tree
+(`~/.cache/taugrid/podresources/<key>/taugrid_podresources/`) by grpcio-tools' protoc with
+three outputs: `api_pb2.py` (the messages, protobuf's own generator), `api_grpc.py` (the
+client the agent uses, grpclib's protoc plugin `protoc-gen-grpclib_python`) and
+`api_pb2_grpc.py` (grpcio's, for the tests' stand-in kubelet below; the agent never imports
+it). `SOURCE.json` records the module, version, go.sum hash, proto digest and the generators'
+versions. Nothing fetched or generated is committed.
 
     python devcluster/podresources.py build [--out DIR] [--proto FILE]
 
 prints the directory to give the agent (`TAUGRID_AGENT_PODRESOURCES_CLIENT_DIR`). It needs
-only the standard library, `go` (or `--proto`) and `grpc_tools`, so an image build can copy
-this one file into its builder stage and run it there.
+only the standard library, `go` (or `--proto`), `grpc_tools` and `grpclib`, so an image build
+can copy this one file into its builder stage and run it there.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import hashlib
+import importlib.util
 import json
 import os
 import pathlib
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -93,26 +100,50 @@ def sanitize(proto: str) -> str:
     return _FIELD_OPTIONS.sub("", _GOGO.sub("", proto))
 
 
-def _grpc_tools_version() -> str:
+def _version(distribution: str) -> str:
     try:
         from importlib import metadata  # noqa: PLC0415 - only when generating
 
-        return metadata.version("grpcio-tools")
+        return metadata.version(distribution)
     except Exception:  # noqa: BLE001 - recorded as unknown, never fatal
         return "unknown"
 
 
+GENERATORS = ("grpcio-tools", "grpclib")
+"""The distributions whose code writes the modules: protoc and its plugins."""
+
+
 def build_key(proto: str, version: str) -> str:
-    """The cache key: the proto, this builder and the generator's version."""
+    """The cache key: the proto, this builder and the generators' versions."""
     digest = hashlib.sha256()
-    for part in (proto, version, pathlib.Path(__file__).read_text(), _grpc_tools_version()):
+    versions = [_version(d) for d in GENERATORS]
+    for part in (proto, version, pathlib.Path(__file__).read_text(), *versions):
         digest.update(part.encode())
         digest.update(b"\0")
     return digest.hexdigest()[:16]
 
 
+def _grpclib_plugin(directory: pathlib.Path) -> pathlib.Path:
+    """Write `protoc-gen-grpclib_python` running grpclib's plugin on this interpreter.
+
+    protoc looks plugins up on PATH, where a venv's console scripts may not be; the wrapper
+    pins the plugin to the interpreter that runs protoc, whatever PATH says.
+    """
+    if importlib.util.find_spec("grpclib") is None:
+        msg = "grpclib not importable: install it (uv sync installs it)"
+        raise BuildError(msg)
+    plugin = directory / "protoc-gen-grpclib_python"
+    code = "from grpclib.plugin.main import main; main()"
+    plugin.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} -c {shlex.quote(code)}\n")
+    plugin.chmod(0o755)
+    return plugin
+
+
+_GENCODE = re.compile(r"^# Protobuf Python Version: (\S+)$", re.MULTILINE)
+
+
 def generate(out_dir: pathlib.Path, proto: str, source: dict[str, str]) -> pathlib.Path:
-    """Run grpcio-tools' protoc on the proto; return `out_dir` (which holds the package)."""
+    """Run grpcio-tools' protoc and grpclib's plugin; return `out_dir` (which holds the package)."""
     try:
         from grpc_tools import protoc  # noqa: PLC0415 - a build-time dependency only
     except ImportError as err:
@@ -131,7 +162,9 @@ def generate(out_dir: pathlib.Path, proto: str, source: dict[str, str]) -> pathl
                 "grpc_tools.protoc",
                 f"-I{work}",
                 f"-I{include}",
+                f"--plugin=protoc-gen-grpclib_python={_grpclib_plugin(work)}",
                 f"--python_out={work}",
+                f"--grpclib_python_out={work}",
                 f"--grpc_python_out={work}",
                 str(package / "api.proto"),
             ]
@@ -142,10 +175,14 @@ def generate(out_dir: pathlib.Path, proto: str, source: dict[str, str]) -> pathl
         (package / "__init__.py").write_text(
             '"""Generated by devcluster/podresources.py from the kubelet\'s api.proto."""\n'
         )
+        gencode = _GENCODE.search((package / "api_pb2.py").read_text())
         record = {
             **source,
             "proto_sha256": hashlib.sha256(clean.encode()).hexdigest(),
-            "grpcio_tools": _grpc_tools_version(),
+            "grpcio_tools": _version("grpcio-tools"),
+            "protobuf_gencode": gencode.group(1) if gencode else "unknown",
+            "grpclib": _version("grpclib"),
+            "client": "grpclib (api_grpc.py; api_pb2_grpc.py is grpcio's, for tests)",
         }
         (package / "SOURCE.json").write_text(json.dumps(record, indent=2) + "\n")
         target = out_dir / PACKAGE
@@ -222,8 +259,9 @@ if __name__ == "__main__":
 class FakeKubelet:
     """A `PodResourcesLister` server on a Unix socket (grpc.aio) answering what it is told.
 
-    It speaks the kubelet's proto through the same generated modules the agent uses, so a
-    test exercises the real gRPC path: the agent cannot tell it from a kubelet's socket.
+    It speaks the kubelet's proto with the messages the agent uses and grpcio's service stubs
+    from the same build, so a test exercises the real gRPC path between two implementations
+    (grpcio serving, the agent's grpclib calling), as on a node where grpc-go serves.
     `pods` is a list of (namespace, pod, containers), each container (name, devices, claims)
     with devices as (resource, [device ids]) and claims as (driver, pool, device).
     """
@@ -231,13 +269,16 @@ class FakeKubelet:
     def __init__(self, client_dir: pathlib.Path, socket: pathlib.Path) -> None:
         if str(client_dir) not in sys.path:
             sys.path.insert(0, str(client_dir))
-        import importlib  # noqa: PLC0415 - the generated package is on sys.path only now
-
         self._pb2: Any = importlib.import_module(f"{PACKAGE}.api_pb2")
         self._stubs: Any = importlib.import_module(f"{PACKAGE}.api_pb2_grpc")
         self.socket = socket
         self.pods: list[tuple[str, str, list[tuple[str, list[Any], list[Any]]]]] = []
         self.calls = 0
+        self.answering = asyncio.Event()
+        """Cleared, List waits for it: a kubelet that accepts the call and never answers."""
+        self.answering.set()
+        self.error: tuple[str, str] | None = None
+        """(gRPC status name, details) to answer with instead of the pods."""
         self._server: Any = None
 
     def _response(self) -> Any:
@@ -261,14 +302,18 @@ class FakeKubelet:
 
     async def start(self) -> None:
         """Serve on the socket (replacing a stale file)."""
-        import grpc  # noqa: PLC0415 - a runtime dependency, not the builder's
+        import grpc  # noqa: PLC0415 - a dev dependency: only tests and benches serve
 
         fake = self
 
         class Lister(self._stubs.PodResourcesListerServicer):  # type: ignore[misc, name-defined]
             async def List(self, request: Any, context: Any) -> Any:  # noqa: N802 - gRPC name
-                del request, context
+                del request
                 fake.calls += 1
+                await fake.answering.wait()
+                if fake.error is not None:
+                    code, details = fake.error
+                    await context.abort(grpc.StatusCode[code], details)
                 return fake._response()
 
         self.socket.unlink(missing_ok=True)

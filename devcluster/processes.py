@@ -13,6 +13,7 @@ import dataclasses
 import json
 import os
 import pathlib
+import shutil
 import signal
 import subprocess
 import time
@@ -68,7 +69,12 @@ def is_alive(rec: Record) -> bool:
     if state[state.rfind(")") + 2 :].split()[0] == "Z":
         return False
     exe = _exe(rec.pid)
-    return exe is None or exe.removesuffix(" (deleted)") == rec.exe
+    if exe is None:
+        return True
+    exe = exe.removesuffix(" (deleted)")
+    # A launcher (`nsenter … kubelet`) runs as itself for the moment before it execs.
+    launcher = os.path.realpath(shutil.which(rec.argv[0]) or rec.argv[0]) if rec.argv else ""
+    return exe in {rec.exe, launcher}
 
 
 class ProcessTable:
@@ -109,8 +115,12 @@ class ProcessTable:
         argv: Sequence[str],
         env: Mapping[str, str] | None = None,
         cwd: pathlib.Path | None = None,
+        exe: str | None = None,
     ) -> Record:
-        """Start a process in its own session, log to `logs/<name>.log`, and record it."""
+        """Start a process in its own session, log to `logs/<name>.log`, and record it.
+
+        `exe` is the program the PID runs once started, when argv[0] execs another (such as
+        `nsenter --net=… kubelet`): the record names that program, so the PID check holds."""
         self.dir.mkdir(parents=True, exist_ok=True)
         self.logs.mkdir(parents=True, exist_ok=True)
         log = self.logs / f"{name}.log"
@@ -126,7 +136,10 @@ class ProcessTable:
             )
         _CHILDREN[proc.pid] = proc
         ticks = _start_ticks(proc.pid) or 0
-        exe = os.path.realpath(argv[0]) if os.sep in argv[0] else (_exe(proc.pid) or argv[0])
+        if exe is None:
+            exe = os.path.realpath(argv[0]) if os.sep in argv[0] else (_exe(proc.pid) or argv[0])
+        else:
+            exe = os.path.realpath(exe)
         rec = Record(name, proc.pid, exe, ticks, tuple(argv), str(log))
         tmp = self.dir / f".{name}.json.tmp"
         tmp.write_text(json.dumps(dataclasses.asdict(rec)))

@@ -9,6 +9,7 @@ through the Unix socket the library serves.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pathlib
@@ -16,7 +17,10 @@ import secrets
 import shutil
 import sys
 import time
+from collections.abc import Mapping
 from typing import Any
+
+import yaml
 
 from devcluster import chart, cluster, fakenvml, processes, tokens
 
@@ -164,6 +168,7 @@ def controller_env(
         "TAUGRID_CONTROLLER_NAMESPACE": namespace,
         "TAUGRID_CONTROLLER_IDENTITY": identity,
         "TAUGRID_CONTROLLER_NODE_SELECTOR": node_selector,
+        "TAUGRID_CONTROLLER_PODS_READY_TIMEOUT_S": str(cluster.PODS_READY_TIMEOUT_S),
     }
 
 
@@ -211,7 +216,91 @@ RELEASE = "taugrid"
 """The dev cluster's Helm release of TauGrid (in NAMESPACE)."""
 
 
-def chart_values(nodes: int) -> dict[str, Any]:
+@dataclasses.dataclass(frozen=True)
+class RealNode:
+    """What the chart needs to know about the dev cluster's real node (`devcluster.node`)."""
+
+    name: str
+    images: Mapping[str, str]
+    """Image name (`controller`, `agent`) → the reference imported into its containerd."""
+    host_ip: str
+    """The host end of the node's link: the API server and the controller are relayed there."""
+    apiserver_port: int
+    controller_port: int
+    agent_state: pathlib.Path
+    controller_addr: pathlib.Path
+    """The file the relay reads the controller pod's `ip:port` from."""
+    pod_resources_dir: pathlib.Path
+    """The directory of the kubelet's PodResources socket."""
+    fakenvml_lib: pathlib.Path
+    agents_dir: pathlib.Path
+    taint_key: str
+    label: str
+
+    @property
+    def controller_url(self) -> str:
+        """Where pods on the real node reach the controller (through the relay)."""
+        return f"http://{self.host_ip}:{self.controller_port}"
+
+    def api_env(self) -> list[dict[str, str]]:
+        """Dev only: the API server for in-cluster clients (no kube-proxy on the node)."""
+        return [
+            {"name": "KUBERNETES_SERVICE_HOST", "value": self.host_ip},
+            {"name": "KUBERNETES_SERVICE_PORT", "value": str(self.apiserver_port)},
+        ]
+
+
+def _image(ref: str) -> dict[str, str]:
+    repository, _, tag = ref.rpartition(":")
+    return {"repository": repository, "tag": tag, "pullPolicy": "Never"}
+
+
+def real_node_values(real: RealNode) -> dict[str, Any]:
+    """Dev-only chart values with a real node: one controller replica as a real pod there,
+    and the agent DaemonSet's pod there on the fake NVML (KWOK keeps "running" the others)."""
+    toleration = {"key": real.taint_key, "operator": "Exists", "effect": "NoSchedule"}
+    # The controller's one node is a GPU node it may quarantine: a controller pod replaced
+    # then (an upgrade) must still land there, or the dev cluster would have none.
+    quarantined = [
+        {"key": key, "operator": "Exists", "effect": "NoSchedule"}
+        for key in ("taugrid.dev/gpu-unhealthy", "node.kubernetes.io/unschedulable")
+    ]
+    return {
+        "controller": {
+            "replicas": 1,
+            "image": _image(real.images["controller"]),
+            "nodeSelector": {real.label: "true"},
+            "tolerations": [toleration, *quarantined],
+            "runControllerUrl": real.controller_url,
+            "extraEnv": real.api_env(),
+            "podDisruptionBudget": {"enabled": False},
+        },
+        "agent": {
+            "image": _image(real.images["agent"]),
+            "tolerations": [toleration],
+            "controllerUrl": real.controller_url,
+            "stateHostPath": str(real.agent_state),
+            "fakeNvml": {"libHostPath": str(real.fakenvml_lib),
+                         "socketHostPath": str(real.agents_dir)},
+            "dcgm": {"enabled": False},
+            # The real kubelet's PodResources socket lives under the state directory.
+            "podResources": {"hostPath": str(real.pod_resources_dir)},
+            "extraEnv": real.api_env(),
+        },
+    }  # fmt: skip
+
+
+def _merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def chart_values(nodes: int, real: RealNode | None = None) -> dict[str, Any]:
     """The chart's values on the dev cluster: everything but the processes is the chart's.
 
     KWOK "runs" the controller Deployment's and the agent DaemonSet's pods on the dev fleet's
@@ -220,10 +309,11 @@ def chart_values(nodes: int) -> dict[str, Any]:
     """
     dev_fleet = dict([DEV_FLEET_SELECTOR.split("=", 1)])
     quota = {"cpu": str(96 * nodes), "memory": f"{nodes}Ti", "nvidia.com/gpu": str(8 * nodes)}
-    return {
+    values = {
         "fullnameOverride": RELEASE,
         "tls": {"enabled": False},
-        "controller": {"nodeSelector": dev_fleet, "managedNodeSelector": DEV_FLEET_SELECTOR},
+        "controller": {"nodeSelector": dev_fleet, "managedNodeSelector": DEV_FLEET_SELECTOR,
+                       "podsReadyTimeoutS": cluster.PODS_READY_TIMEOUT_S},
         "agent": {"nodeSelector": dev_fleet, "controllerUrl": controller_url()},
         "admissionCheck": {"name": cluster.ADMISSION_CHECK},
         "resumePriorityClass": {"name": cluster.RESUME_PRIORITY_CLASS},
@@ -236,6 +326,7 @@ def chart_values(nodes: int) -> dict[str, Any]:
             "localQueue": {"name": cluster.LOCAL_QUEUE, "namespaces": ["default"]},
         },
     }  # fmt: skip
+    return _merge(values, real_node_values(real)) if real is not None else values
 
 
 ADOPTED_KINDS = frozenset(
@@ -264,28 +355,50 @@ def _adopt(c: cluster.Cluster, bin_dir: pathlib.Path, values: dict[str, Any]) ->
               "-l", "app.kubernetes.io/name=taugrid-agent")  # fmt: skip
 
 
-def start(c: cluster.Cluster, bin_dir: pathlib.Path, nodes: list[str]) -> None:
+def values_file(c: cluster.Cluster) -> pathlib.Path:
+    """The chart values `up` installed with (tests that change a setting start from them)."""
+    return c.state / "chart-values.yaml"
+
+
+def start(
+    c: cluster.Cluster, bin_dir: pathlib.Path, nodes: list[str], real: RealNode | None = None
+) -> None:
     """Install the chart, then start the controller, one agent per node and the token
-    renewer, each recorded by PID."""
+    renewer, each recorded by PID.
+
+    With a real node the controller is the chart's own pod there (one replica), reached from
+    the host at `controller_url()` and from the node's pods at `real.controller_url` through
+    a relay; the agent DaemonSet's pod there is real too. The host-process agents stand in
+    for the KWOK nodes' pods only."""
     c.apply(bin_dir, _bootstrap_objects())
-    values = chart_values(len(nodes))
+    values = chart_values(len(nodes), real)
     _adopt(c, bin_dir, values)
     chart.install(c.kubeconfig, RELEASE, NAMESPACE, values, create_namespace=True,
                   bin_dir=bin_dir)  # fmt: skip
+    values_file(c).write_text(yaml.safe_dump(values, sort_keys=False))
     tokens.issue(c, bin_dir, NAMESPACE, RELEASE, nodes)
-    c.table.start(
-        "token-renewer",
-        [sys.executable, "-m", "devcluster.cli", "dev", "renew-tokens", *nodes],
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
+    renew = [sys.executable, "-m", "devcluster.cli", "dev", "renew-tokens", *nodes]
+    if real is not None:
+        c.apply(bin_dir, real_node_queues(real))
+        tokens.write_controller_addr(c, bin_dir, NAMESPACE, RELEASE, real.controller_addr)
+        renew.append(f"--controller-addr={real.controller_addr}")
+        port = controller_port()
+        c.table.start(
+            "controller-relay",
+            [sys.executable, "-m", "devcluster.relay", f"127.0.0.1:{port}=@{real.controller_addr}",
+             f"{real.host_ip}:{port}=@{real.controller_addr}"],
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )  # fmt: skip
+    c.table.start("token-renewer", renew, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     lib_dir = fakenvml.build()
-    env = controller_env(
-        c, port=controller_port(), namespace=NAMESPACE, identity="dev-controller-0",
-        node_selector=DEV_FLEET_SELECTOR,
-    )  # fmt: skip
-    kubeconfig = str(tokens.controller_dir(c) / "kubeconfig")
-    env.update(KUBECONFIG=kubeconfig, TAUGRID_CONTROLLER_KUBECONFIG=kubeconfig)
-    c.table.start("controller", _python_entry("controller"), env=env)
+    if real is None:
+        env = controller_env(
+            c, port=controller_port(), namespace=NAMESPACE, identity="dev-controller-0",
+            node_selector=DEV_FLEET_SELECTOR,
+        )  # fmt: skip
+        kubeconfig = str(tokens.controller_dir(c) / "kubeconfig")
+        env.update(KUBECONFIG=kubeconfig, TAUGRID_CONTROLLER_KUBECONFIG=kubeconfig)
+        c.table.start("controller", _python_entry("controller"), env=env)
     for i, node in enumerate(nodes):
         env = agent_env(
             c, node=node, port=agent_port(i), controller=controller_url(), token=None,
@@ -293,9 +406,44 @@ def start(c: cluster.Cluster, bin_dir: pathlib.Path, nodes: list[str]) -> None:
         )  # fmt: skip
         env["KUBECONFIG"] = str(agent_dir(c, node) / "kubeconfig")
         c.table.start(f"agent-{node}", _python_entry("agent"), env=env)
-    wait_http(c, "controller", f"{controller_url()}/readyz")
+    wait_http(c, "controller-relay" if real else "controller", f"{controller_url()}/readyz",
+              timeout_s=120)  # fmt: skip
     for i, node in enumerate(nodes):
         wait_http(c, f"agent-{node}", f"http://127.0.0.1:{agent_port(i)}/healthz")
+    if real is not None:
+        tokens.wait_ready_pod(c, bin_dir, NAMESPACE, RELEASE, component="agent", node=real.name)
+
+
+REAL_NODE_QUEUE = "real-node"
+"""The LocalQueue (namespace `default`) whose runs land on the real node."""
+REAL_NODE_FLAVOR = "real-node"
+
+
+def real_node_queues(real: RealNode, namespace: str = "default") -> list[dict[str, Any]]:
+    """A flavor for the real node (its label; its taint tolerated, which Kueue adds to the pods
+    it admits), a ClusterQueue gated by TauGrid's AdmissionCheck, and a LocalQueue: a run with
+    `queue: real-node` runs for real."""
+    return [
+        {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor",
+         "metadata": {"name": REAL_NODE_FLAVOR},
+         "spec": {"nodeLabels": {real.label: "true"},
+                  "tolerations": [{"key": real.taint_key, "operator": "Exists",
+                                   "effect": "NoSchedule"}]}},
+        {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue",
+         "metadata": {"name": f"taugrid-{REAL_NODE_QUEUE}"},
+         "spec": {"namespaceSelector": {}, "queueingStrategy": "BestEffortFIFO",
+                  "admissionChecksStrategy": {"admissionChecks": [
+                      {"name": cluster.ADMISSION_CHECK}]},
+                  "resourceGroups": [{
+                      "coveredResources": ["cpu", "memory", "nvidia.com/gpu"],
+                      "flavors": [{"name": REAL_NODE_FLAVOR, "resources": [
+                          {"name": "cpu", "nominalQuota": "2"},
+                          {"name": "memory", "nominalQuota": "8Gi"},
+                          {"name": "nvidia.com/gpu", "nominalQuota": "8"}]}]}]}},
+        {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
+         "metadata": {"name": REAL_NODE_QUEUE, "namespace": namespace},
+         "spec": {"clusterQueue": f"taugrid-{REAL_NODE_QUEUE}"}},
+    ]  # fmt: skip
 
 
 def wait_http(c: cluster.Cluster, name: str, url: str, timeout_s: float = 60.0) -> None:

@@ -153,6 +153,57 @@ def issue(
         _write(adir / "kubeconfig", config)
 
 
+def controller_addr(pod: dict[str, Any], port: int) -> str:
+    """`ip:port` of a controller pod (what the controller relay forwards to)."""
+    ip = (pod.get("status") or {}).get("podIP") or ""
+    if not ip:
+        msg = f"controller pod {pod['metadata']['name']} has no IP yet"
+        raise cluster.ClusterError(msg)
+    return f"{ip}:{port}"
+
+
+CONTROLLER_POD_PORT = 8080
+"""The chart's controller.port, which the dev values keep."""
+
+
+def write_controller_addr(
+    c: cluster.Cluster, bin_dir: pathlib.Path, namespace: str, release: str, path: pathlib.Path
+) -> str:
+    """Write the running controller pod's `ip:port` for the relay; return it."""
+    pods = running_pods(c, bin_dir, namespace, release, "controller")
+    if not pods:
+        msg = "no running controller pod"
+        raise cluster.ClusterError(msg)
+    addr = controller_addr(pods[0], CONTROLLER_POD_PORT)
+    if not path.exists() or path.read_text().strip() != addr:
+        _write(path, addr + "\n")
+    return addr
+
+
+def wait_ready_pod(
+    c: cluster.Cluster,
+    bin_dir: pathlib.Path,
+    namespace: str,
+    release: str,
+    *,
+    component: str,
+    node: str,
+    timeout_s: float = 120.0,
+) -> dict[str, Any]:
+    """Wait until the component's pod on `node` is Ready (its probes pass); return it."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        for pod in running_pods(c, bin_dir, namespace, release, component):
+            conds = (pod.get("status") or {}).get("conditions") or []
+            ready = any(x.get("type") == "Ready" and x.get("status") == "True" for x in conds)
+            if pod["spec"].get("nodeName") == node and ready:
+                return pod
+        if time.monotonic() > deadline:
+            msg = f"the chart's {component} pod on {node} was not Ready within {timeout_s:.0f}s"
+            raise cluster.ClusterError(msg)
+        time.sleep(0.5)
+
+
 def renew_forever(
     c: cluster.Cluster,
     bin_dir: pathlib.Path,
@@ -161,16 +212,31 @@ def renew_forever(
     nodes: Sequence[str],
     *,
     every_s: float = RENEW_EVERY_S,
+    controller_addr_file: pathlib.Path | None = None,
+    tick_s: float = 5.0,
     sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
     log: Callable[[str], None] = print,
 ) -> None:
-    """Renew every token each `every_s` until stopped; a failed round is retried sooner."""
+    """Renew every token each `every_s` until stopped; a failed round is retried sooner.
+
+    With `controller_addr_file` (a real node runs the controller's pod), every `tick_s` the
+    file is brought up to date with the controller pod's address, so the relay follows a
+    replaced pod."""
+    due = clock()
     while True:
-        try:
-            issue(c, bin_dir, namespace, release, nodes)
-        except (cluster.ClusterError, OSError, ValueError) as err:
-            log(f"token renewal failed, retrying in 30s: {err}")
-            sleep(30.0)
-            continue
-        log(f"renewed tokens for the controller and {len(nodes)} agents")
-        sleep(every_s)
+        if clock() >= due:
+            try:
+                issue(c, bin_dir, namespace, release, nodes)
+            except (cluster.ClusterError, OSError, ValueError) as err:
+                log(f"token renewal failed, retrying in 30s: {err}")
+                due = clock() + 30.0
+            else:
+                log(f"renewed tokens for the controller and {len(nodes)} agents")
+                due = clock() + every_s
+        if controller_addr_file is not None:
+            try:
+                write_controller_addr(c, bin_dir, namespace, release, controller_addr_file)
+            except (cluster.ClusterError, OSError, ValueError) as err:
+                log(f"controller address not updated: {err}")
+        sleep(tick_s if controller_addr_file is not None else max(0.0, due - clock()))

@@ -33,6 +33,43 @@ browser_prereq() {
   fi
 }
 
+NODE_PACKAGES=(runc containernetworking-plugins mmdebstrap iproute2 util-linux procps python3)
+node_prereq() {
+  # The dev cluster's real node (devcluster/node.py): Debian's runc and CNI plugins, mmdebstrap
+  # for the images' Debian rootfs, ip/nsenter/unshare for its network namespace, and Debian's
+  # python3 (the images' venv is built with the very interpreter the rootfs has).
+  local missing=()
+  [ -x /usr/sbin/runc ] || missing+=(runc)
+  [ -x /usr/lib/cni/bridge ] || missing+=(containernetworking-plugins)
+  command -v mmdebstrap >/dev/null 2>&1 || missing+=(mmdebstrap)
+  command -v ip >/dev/null 2>&1 || missing+=(iproute2)
+  command -v nsenter >/dev/null 2>&1 || missing+=(util-linux)
+  command -v sysctl >/dev/null 2>&1 || missing+=(procps)
+  [ -x /usr/bin/python3 ] || missing+=(python3)
+  [ ${#missing[@]} -eq 0 ] && return 0
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "[setup] installing ${missing[*]} (the dev cluster's real node)"
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  else
+    echo "warning: ${missing[*]} missing: install them (Debian: sudo apt-get install" \
+      "${NODE_PACKAGES[*]}); \`taugrid dev up\` then runs without the real node and says why" >&2
+  fi
+}
+
+STAGE_T0=$SECONDS
+stage() {  # stage NAME: print the stage's start and, at the next stage or the end, its time
+  stage_end
+  STAGE_NAME=$1; STAGE_START=$SECONDS
+  echo "[stage] $STAGE_NAME (at $((SECONDS - STAGE_T0))s)"
+}
+stage_end() {
+  if [ -n "${STAGE_NAME:-}" ]; then
+    echo "[stage] $STAGE_NAME: $((SECONDS - STAGE_START))s"
+    STAGE_NAME=""
+  fi
+}
+
 python_env() {
   # uv installs the locked dependency set (uv.lock) into .venv; CI never drifts.
   if ! command -v uv >/dev/null 2>&1 || [ "$(uv --version | cut -d' ' -f2)" != "$UV_VERSION" ]; then

@@ -68,6 +68,29 @@ needs no rendezvous flags. Every pod has a memory-backed `/dev/shm` of `shmSize`
 
 On SIGTERM (quarantine of a failing node, or preemption) save a checkpoint, report it with
 `tau checkpoint --step N --path P`, and exit; at every start, read `TAU_CHECKPOINT_FILE`.
+
+## Checked at submission
+
+Before anything is created, the controller checks that what the file names exists in the
+run's namespace (`tau validate tau.yaml` runs the same checks and creates nothing). What a
+run could never start without is an error (422, naming the field; every problem is listed);
+what may legitimately appear or change while the run waits is a warning in the answer:
+
+- `queue`: an error when no LocalQueue of that name is in the namespace (Kueue would never
+  admit the run); a warning when its ClusterQueue does not exist or is not active (the
+  platform may fix that while the run waits).
+- `volumes[i].claim`: an error when no PersistentVolumeClaim of that name is in the
+  namespace (its pods could never be scheduled); a warning when the claim is not bound yet
+  (a provisioner or a person may bind it later).
+- `checkpoint.volume`: the same; and a warning for a claim that is not ReadWriteMany when
+  the run has several workers (only rank 0 may write).
+- `priority`: an error when no WorkloadPriorityClass of that name exists (Kueue would
+  refuse the run).
+- `imagePullSecrets`: never checked: the controller does not read Secrets.
+
+A check the controller could not make (the API server failing, no right to read) is a
+warning that it was not made, never a refusal. A TauRun applied with `kubectl` skips these
+checks; a run whose pods then cannot start says why in its `message` (`tau status`).
 """
 
 

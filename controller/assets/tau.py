@@ -2,6 +2,8 @@
 """tau: submit and follow TauGrid runs. One file, Python 3.8+, standard library only.
 
     tau run tau.yaml                              submit a run described by a tau.yaml
+    tau validate tau.yaml                         check it as a submission would, create nothing
+    tau schema                                    the JSON Schema of tau.yaml
     tau run --gpus 4 --image IMG -- python t.py   submit without a file
     tau status [RUN]                              one run in detail, or all your runs
     tau list [--phase P] [--queue Q] [-A]         runs as a table
@@ -10,11 +12,17 @@
     tau queues                                    your queues: quota, usage, who waits
     tau evidence RUN                              what ran where, to reproduce it
     tau resume RUN [--checkpoint P]               start a failed or cancelled run again
+    tau rerun RUN [--name NEW]                    a new run from RUN's evidence (image by digest)
     tau checkpoint --step N --path P              (inside a run) report a saved checkpoint
     tau checkpoint latest [--path-only]           (inside a run) the newest checkpoint
+    tau result --metric loss=0.12 --step 900      (inside a run) report metrics at a step
+    tau result --artifact s3://b/m.pt [--size N --digest sha256:D] [--summary TEXT]
+    tau results RUN [--metric loss]               a run's metrics, artifacts and summary
+    tau results RUN1 RUN2 | --experiment NAME     runs' final metrics side by side
+    tau experiments                               your experiments and their runs
 
 Inside a run's pods TAU_URL, TAU_TOKEN (a run-scoped token), TAU_NAMESPACE, TAU_RUN and
-TAU_ATTEMPT are set, so `tau checkpoint` needs no flags besides --step and --path.
+TAU_ATTEMPT are set, so `tau checkpoint` and `tau result` need only what they report.
 
 Settings come from flags or the environment: --url / TAU_URL (the controller),
 --token / TAU_TOKEN (any token your Kubernetes API server accepts, e.g. from
@@ -295,11 +303,7 @@ def cmd_run(client: Client, args: argparse.Namespace) -> int:
     if args.file and (args.image or args.command):
         raise TauError("give either a tau.yaml or --image with a command, not both", EXIT_USAGE)
     if args.file:
-        try:
-            body = pathlib.Path(args.file).read_bytes()
-        except OSError as err:
-            raise TauError(f"cannot read {args.file}: {err.strerror}", EXIT_USAGE) from None
-        content_type = "application/json" if args.file.endswith(".json") else "application/yaml"
+        body, content_type = _spec_body(args.file)
     else:
         if not args.image or not args.command:
             raise TauError("give a tau.yaml, or --image IMAGE -- command ...", EXIT_USAGE)
@@ -381,10 +385,24 @@ def cmd_logs(client: Client, args: argparse.Namespace) -> int:
         "attempt": args.attempt,
         "worker": args.worker,
         "tail": args.tail,
+        "kept": "true" if args.kept else None,
     }
     resp = client.request(
         "GET", f"/v1/runs/{ns}/{urllib.parse.quote(args.run)}/logs", query=query, stream=True
     )
+    if resp.headers.get("X-TauGrid-Log-Source") == "kept":
+        how = "complete" if resp.headers.get("X-TauGrid-Log-Complete") == "true" else "partial"
+        older = (
+            ", older output dropped"
+            if resp.headers.get("X-TauGrid-Log-Truncated") == "true"
+            else ""
+        )
+        print(
+            f"tau: pod {resp.headers.get('X-TauGrid-Pod') or '?'} is gone; this is the kept tail"
+            f" of its log ({how}{older}, captured at"
+            f" {resp.headers.get('X-TauGrid-Log-Captured-At') or '?'})",
+            file=sys.stderr,
+        )
     out = getattr(sys.stdout, "buffer", None)
     with resp:
         while True:
@@ -510,6 +528,243 @@ def cmd_checkpoint(client: Client, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_result(client: Client, args: argparse.Namespace) -> int:
+    ns, run = _own_run(args)
+    attempt = args.attempt if args.attempt is not None else os.environ.get("TAU_ATTEMPT")
+    if attempt is None or not str(attempt).isdigit():
+        raise TauError("no attempt: pass --attempt or set TAU_ATTEMPT", EXIT_USAGE)
+    report: dict[str, Any] = {"attempt": int(attempt)}
+    if args.metric:
+        if args.step is None:
+            raise TauError("a metric needs its training step: --step N", EXIT_USAGE)
+        metrics = []
+        for item in args.metric:
+            name, sep, value = item.partition("=")
+            try:
+                number = float(value)
+            except ValueError:
+                number = None
+            if not sep or not name or number is None:
+                raise TauError(f"--metric takes NAME=NUMBER, not {item!r}", EXIT_USAGE)
+            metrics.append({"name": name, "value": number, "step": args.step})
+        report["metrics"] = metrics
+    if args.artifact:
+        if (args.size is not None or args.digest) and len(args.artifact) > 1:
+            raise TauError("--size and --digest describe one --artifact at a time", EXIT_USAGE)
+        artifacts = [{"uri": uri} for uri in args.artifact]
+        if args.size is not None:
+            artifacts[0]["size"] = args.size
+        if args.digest:
+            artifacts[0]["digest"] = args.digest
+        report["artifacts"] = artifacts
+    if args.summary is not None:
+        report["summary"] = args.summary
+    if len(report) == 1:
+        raise TauError("report something: --metric NAME=V --step N, --artifact URI or --summary",
+                       EXIT_USAGE)  # fmt: skip
+    for tries_left in (2, 1, 0):  # a leader change answers 503 for a moment: ask again
+        try:
+            _, body = client.request(
+                "POST", f"/v1/runs/{ns}/{urllib.parse.quote(run)}/results",
+                json.dumps(report).encode(), headers={"Content-Type": "application/json"},
+            )  # fmt: skip
+            break
+        except TauError as err:
+            if err.code != EXIT_UNAVAILABLE or not tries_left:
+                raise
+            time.sleep(1.0)
+    if args.json:
+        print(json.dumps(body, indent=2))
+    else:
+        got = body.get("accepted") or {}
+        summary = ", a summary" if got.get("summary") else ""
+        print(f"results of run {run} accepted ({got.get('metrics', 0)} metrics,"
+              f" {got.get('artifacts', 0)} artifacts{summary})")  # fmt: skip
+    return EXIT_OK
+
+
+def _number(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return "-" if value is None else str(value)
+
+
+def _print_results(body: dict[str, Any], metric: str | None) -> None:
+    print(f"Run:     {body['name']} ({body.get('phase')}, attempt {body.get('attempt') or '-'})")
+    exp = body.get("experiment") or {}
+    if exp.get("name") or exp.get("project"):
+        print(f"Experiment: {exp.get('name') or '-'} (project {exp.get('project') or '-'})")
+    if body.get("summary"):
+        print(f"Summary: {body['summary']}")
+    metrics = body.get("metrics") or []
+    if metric is not None:
+        (series,) = metrics
+        print()
+        print(_table(["STEP", metric.upper(), "TIME"],
+                     [[p["step"], _number(p["value"]), p.get("time")]
+                      for p in series.get("points") or []]))  # fmt: skip
+        if series.get("thinned"):
+            print(f"({series['thinned']} older points were thinned to keep the run's status small)")
+        return
+    if metrics:
+        print()
+        rows = []
+        for m in metrics:
+            values = [p["value"] for p in m.get("points") or []]
+            last = m.get("last") or {}
+            rows.append([m["name"], _number(last.get("value")), last.get("step"), len(values),
+                         _number(min(values) if values else None),
+                         _number(max(values) if values else None)])  # fmt: skip
+        print(_table(["METRIC", "LAST", "STEP", "POINTS", "MIN", "MAX"], rows))
+    artifacts = body.get("artifacts") or []
+    if artifacts:
+        print()
+        print(_table(["ARTIFACT", "SIZE", "DIGEST", "ATTEMPT"],
+                     [[a["uri"], a.get("size"), a.get("digest"), a.get("attempt")]
+                      for a in artifacts]))  # fmt: skip
+        if body.get("artifactsDropped"):
+            print(f"({body['artifactsDropped']} older artifacts are no longer listed)")
+    if not metrics and not artifacts and not body.get("summary"):
+        print("no results reported yet (tau result, inside the run)")
+
+
+def _print_compare(body: dict[str, Any], metric: str | None) -> None:
+    runs = body.get("runs") or []
+    if not runs:
+        print(f"no runs in experiment {body.get('experiment')!r}")
+        return
+    names = [metric] if metric else list(body.get("metrics") or [])
+    rows = []
+    for run in runs:
+        final = run.get("final") or {}
+        cells = [
+            f"{_number(final[n]['value'])} @{final[n]['step']}" if n in final else "-"
+            for n in names
+        ]
+        rows.append([run["name"], run.get("phase"), *cells])
+    print(_table(["RUN", "PHASE", *[n.upper() for n in names]], rows))
+
+
+def cmd_results(client: Client, args: argparse.Namespace) -> int:
+    ns = args.namespace or "default"
+    if args.experiment and args.runs:
+        raise TauError("give runs or --experiment, not both", EXIT_USAGE)
+    if not args.experiment and not args.runs:
+        raise TauError("which run? tau results RUN (or --experiment NAME)", EXIT_USAGE)
+    if args.experiment or len(args.runs) > 1:
+        query: dict[str, Any] = {"namespace": ns, "metric": args.metric}
+        if args.experiment:
+            query["name"] = args.experiment
+        else:
+            query["run"] = args.runs
+        _, body = client.request("GET", "/v1/experiments/compare", query=query)
+        if args.json:
+            print(json.dumps(body, indent=2))
+        else:
+            _print_compare(body, args.metric)
+        return EXIT_OK
+    (run,) = args.runs
+    _, body = client.request(
+        "GET", f"/v1/runs/{ns}/{urllib.parse.quote(run)}/results", query={"metric": args.metric}
+    )
+    if args.json:
+        print(json.dumps(body, indent=2))
+    else:
+        _print_results(body, args.metric)
+    return EXIT_OK
+
+
+def cmd_experiments(client: Client, args: argparse.Namespace) -> int:
+    _, body = client.request("GET", "/v1/experiments",
+                             query={"namespace": args.namespace or "default"})  # fmt: skip
+    if args.json:
+        print(json.dumps(body, indent=2))
+        return EXIT_OK
+    items = body.get("items") or []
+    if not items:
+        print("no experiments (set experiment.name in tau.yaml)")
+        return EXIT_OK
+    rows = [
+        [e["name"], ",".join(e.get("projects") or []), e.get("runs"),
+         ", ".join(f"{n} {p}" for p, n in sorted((e.get("phases") or {}).items())),
+         ",".join(e.get("tags") or [])]
+        for e in items
+    ]  # fmt: skip
+    print(_table(["EXPERIMENT", "PROJECT", "RUNS", "PHASES", "TAGS"], rows))
+    return EXIT_OK
+
+
+def _spec_body(path: str) -> tuple[bytes, str]:
+    try:
+        body = pathlib.Path(path).read_bytes()
+    except OSError as err:
+        raise TauError(f"cannot read {path}: {err.strerror}", EXIT_USAGE) from None
+    return body, ("application/json" if path.endswith(".json") else "application/yaml")
+
+
+def _supports_dry_run(client: Client) -> bool:
+    """Whether the controller documents `dryRun` on POST /v1/runs: an older one would ignore
+    the parameter and *create* the run, so validate never sends it to one that does not."""
+    _, doc = client.request("GET", "/openapi.json")
+    post = ((doc.get("paths") or {}).get("/v1/runs") or {}).get("post") or {}
+    return any(p.get("name") == "dryRun" for p in post.get("parameters") or [])
+
+
+def cmd_validate(client: Client, args: argparse.Namespace) -> int:
+    body, content_type = _spec_body(args.file)
+    if not _supports_dry_run(client):
+        raise TauError(
+            "this controller cannot validate without submitting (no dryRun on POST /v1/runs);"
+            " upgrade it, or check the file against `tau schema`", EXIT_UNAVAILABLE,
+        )  # fmt: skip
+    query = {**_namespace_query(args), "dryRun": "true"}
+    _, answer = client.request("POST", "/v1/runs", body,
+                               headers={"Content-Type": content_type}, query=query)  # fmt: skip
+    if not answer.get("dryRun"):
+        raise TauError("the controller did not answer as a dry run; nothing is certain",
+                       EXIT_UNAVAILABLE)  # fmt: skip
+    if args.json:
+        print(json.dumps(answer, indent=2))
+        return EXIT_OK
+    for warning in answer.get("warnings") or []:
+        print(f"warning: {warning}", file=sys.stderr)
+    run = answer.get("run") or {}
+    meta = run.get("metadata") or {}
+    spec = run.get("spec") or {}
+    print(f"{args.file} is valid: run {meta.get('name')} in namespace {meta.get('namespace')},"
+          f" queue {spec.get('queue') or 'default'}")  # fmt: skip
+    rows = [["TauRun", meta.get("name")]] + [
+        [o.get("kind"), (o.get("metadata") or {}).get("name")] for o in answer.get("objects") or []
+    ]
+    print("submitting it would create:")
+    print(_table(["KIND", "NAME"], rows))
+    return EXIT_OK
+
+
+def cmd_schema(client: Client, args: argparse.Namespace) -> int:
+    _, schema = client.request("GET", "/v1/schema/run")
+    print(json.dumps(schema, indent=2))
+    return EXIT_OK
+
+
+def cmd_rerun(client: Client, args: argparse.Namespace) -> int:
+    ns = args.namespace or "default"
+    body = {"name": args.name} if args.name else {}
+    _, run = client.request(
+        "POST", f"/v1/runs/{ns}/{urllib.parse.quote(args.run)}/rerun", json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )  # fmt: skip
+    if args.json:
+        print(json.dumps(run, indent=2))
+        return EXIT_OK
+    for warning in run.get("warnings") or []:
+        print(f"warning: {warning}", file=sys.stderr)
+    print(f"run {run['name']} submitted to queue {run['queue']} in namespace {run['namespace']}"
+          f" (a rerun of {args.run}): {run['phase']}")  # fmt: skip
+    print(f"follow it with: tau status {run['name']}  |  tau logs -f {run['name']}")
+    return EXIT_OK
+
+
 # ---------------------------------------------------------------- main
 def parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
@@ -550,6 +805,13 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("command", nargs=argparse.REMAINDER, help="-- command and arguments")
     run.set_defaults(func=cmd_run)
 
+    validate = sub.add_parser("validate", parents=[common], help="check a tau.yaml, create nothing")
+    validate.add_argument("file", help="tau.yaml (or .json)")
+    validate.set_defaults(func=cmd_validate)
+
+    schema = sub.add_parser("schema", parents=[common], help="the JSON Schema of tau.yaml")
+    schema.set_defaults(func=cmd_schema)
+
     status = sub.add_parser("status", parents=[common], help="a run in detail, or all runs")
     status.add_argument("run", nargs="?")
     status.add_argument(
@@ -571,6 +833,7 @@ def parser() -> argparse.ArgumentParser:
     logs.add_argument("--attempt", type=int)
     logs.add_argument("--worker", type=int, default=0)
     logs.add_argument("--tail", type=int)
+    logs.add_argument("--kept", action="store_true", help="the kept tail, even if the pod lives")
     logs.set_defaults(func=cmd_logs)
 
     cancel = sub.add_parser("cancel", parents=[common], help="stop a run, free its GPUs")
@@ -589,6 +852,11 @@ def parser() -> argparse.ArgumentParser:
     resume.add_argument("--checkpoint", help="start from this path (default: the latest)")
     resume.set_defaults(func=cmd_resume)
 
+    rerun = sub.add_parser("rerun", parents=[common], help="a new run from a run's evidence")
+    rerun.add_argument("run")
+    rerun.add_argument("--name", help="the new run's name (default: RUN-r<N>)")
+    rerun.set_defaults(func=cmd_rerun)
+
     ckpt = sub.add_parser(
         "checkpoint", parents=[common], help="report (or read) a checkpoint, inside a run"
     )
@@ -599,6 +867,26 @@ def parser() -> argparse.ArgumentParser:
     ckpt.add_argument("--run", help="the run (TAU_RUN)")
     ckpt.add_argument("--path-only", action="store_true", help="print the path alone")
     ckpt.set_defaults(func=cmd_checkpoint)
+
+    result = sub.add_parser("result", parents=[common], help="report results, inside a run")
+    result.add_argument("--metric", action="append", help="NAME=NUMBER (repeat for more)")
+    result.add_argument("--step", type=int, help="the training step the metrics are at")
+    result.add_argument("--artifact", action="append", help="URI of something the run made")
+    result.add_argument("--size", type=int, help="the artifact's size in bytes")
+    result.add_argument("--digest", help="the artifact's digest, sha256:<hex>")
+    result.add_argument("--summary", help="a few lines for people (replaces the last one)")
+    result.add_argument("--attempt", type=int, help="attempt reporting (TAU_ATTEMPT)")
+    result.add_argument("--run", help="the run (TAU_RUN)")
+    result.set_defaults(func=cmd_result)
+
+    res = sub.add_parser("results", parents=[common], help="a run's results, or runs compared")
+    res.add_argument("runs", nargs="*", metavar="RUN")
+    res.add_argument("--metric", help="one metric: its series (several runs: its final value)")
+    res.add_argument("--experiment", help="compare the runs of this experiment")
+    res.set_defaults(func=cmd_results)
+
+    exps = sub.add_parser("experiments", parents=[common], help="your experiments")
+    exps.set_defaults(func=cmd_experiments)
     return p
 
 

@@ -17,6 +17,7 @@ from controller import errors
 from controller.kube import _api
 
 TAURUN = ("taugrid.dev", "v1alpha1", "tauruns")
+TAURUNLOG = ("taugrid.dev", "v1alpha1", "taurunlogs")
 KUEUE = ("kueue.x-k8s.io", "v1beta2")
 RAYJOB = ("ray.io", "v1", "rayjobs")
 CLAIM_TEMPLATES = ("resource.k8s.io", "v1", "resourceclaimtemplates")
@@ -276,6 +277,42 @@ class RunStore:
             )
         return list((await _api.read_json(resp)).get("items") or [])
 
+    async def get_cluster_queue(self, name: str) -> dict[str, Any] | None:
+        """A Kueue ClusterQueue, None when there is none."""
+        try:
+            resp = await self._custom.get_cluster_custom_object(
+                *KUEUE, "clusterqueues", name, _preload_content=False
+            )
+            return dict(await _api.read_json(resp))
+        except client.ApiException as err:
+            if err.status == 404:
+                return None
+            raise
+
+    async def get_priority_class(self, name: str) -> dict[str, Any] | None:
+        """A Kueue WorkloadPriorityClass, None when there is none."""
+        try:
+            resp = await self._custom.get_cluster_custom_object(
+                *KUEUE, "workloadpriorityclasses", name, _preload_content=False
+            )
+            return dict(await _api.read_json(resp))
+        except client.ApiException as err:
+            if err.status == 404:
+                return None
+            raise
+
+    async def get_claim(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """A PersistentVolumeClaim, None when there is none."""
+        try:
+            resp = await self._core.read_namespaced_persistent_volume_claim(
+                name, namespace, _preload_content=False
+            )
+            return dict(await _api.read_json(resp))
+        except client.ApiException as err:
+            if err.status == 404:
+                return None
+            raise
+
     async def pending_workloads(
         self, namespace: str, local_queue: str
     ) -> list[dict[str, Any]] | None:
@@ -303,6 +340,75 @@ class RunStore:
             return list(data.get("items") or [])
         self._visibility_down_until = time.monotonic() + VISIBILITY_RETRY_S
         return None
+
+    # ------------------------------------------------------------------ kept logs
+    async def read_log_tail(
+        self, namespace: str, pod: str, container: str, *, tail_lines: int, limit_bytes: int,
+        timeout_s: float,
+    ) -> bytes:  # fmt: skip
+        """The last `tail_lines` lines of a container's log, at most `limit_bytes` (counted
+        from the first of those lines, as the kubelet counts), within `timeout_s`."""
+        resp = await self._core.read_namespaced_pod_log(
+            pod, namespace, container=container, tail_lines=tail_lines,
+            limit_bytes=limit_bytes, _preload_content=False, _request_timeout=timeout_s,
+        )  # fmt: skip
+        try:
+            data = await resp.read()
+        finally:
+            resp.release()
+        if not 200 <= resp.status <= 299:
+            reason = data.decode(errors="replace")[: _api.MAX_REASON_CHARS]
+            raise client.ApiException(status=resp.status, reason=reason)
+        return bytes(data)
+
+    async def get_run_log(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """A TauRunLog, None when there is none."""
+        try:
+            resp = await self._custom.get_namespaced_custom_object(
+                *TAURUNLOG[:2], namespace, TAURUNLOG[2], name, _preload_content=False
+            )
+            return dict(await _api.read_json(resp))
+        except client.ApiException as err:
+            if err.status == 404:
+                return None
+            raise
+
+    async def list_run_logs(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        """The TauRunLogs of a namespace with a label selector."""
+        resp = await self._custom.list_namespaced_custom_object(
+            *TAURUNLOG[:2], namespace, TAURUNLOG[2], label_selector=selector,
+            _preload_content=False,
+        )  # fmt: skip
+        return list((await _api.read_json(resp)).get("items") or [])
+
+    async def create_run_log(self, body: dict[str, Any]) -> bool:
+        """Create a TauRunLog; False when one of that name exists already."""
+        try:
+            resp = await self._custom.create_namespaced_custom_object(
+                *TAURUNLOG[:2], body["metadata"]["namespace"], TAURUNLOG[2], body,
+                _preload_content=False,
+            )  # fmt: skip
+            await _api.read_json(resp)
+        except client.ApiException as err:
+            if err.status == 409:
+                return False
+            raise
+        return True
+
+    async def replace_run_log(self, body: dict[str, Any], resource_version: str) -> bool:
+        """Replace a TauRunLog at the version read; False when it changed since (409)."""
+        meta = {**body["metadata"], "resourceVersion": resource_version}
+        try:
+            resp = await self._custom.replace_namespaced_custom_object(
+                *TAURUNLOG[:2], meta["namespace"], TAURUNLOG[2], meta["name"],
+                {**body, "metadata": meta}, _preload_content=False,
+            )  # fmt: skip
+            await _api.read_json(resp)
+        except client.ApiException as err:
+            if err.status == 409:
+                return False
+            raise
+        return True
 
     # ------------------------------------------------------------------ logs
     async def stream_log(

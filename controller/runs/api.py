@@ -20,6 +20,7 @@ import hmac
 import json
 from typing import Any
 
+import pydantic
 import structlog
 from aiohttp import web
 
@@ -28,15 +29,24 @@ from controller.kube import runs as kube_runs
 from controller.runs import (
     checkpoints,
     context,
+    experiments,
+    keptlogs,
     lifecycle,
     logs,
     objects,
+    preflight,
     queues,
     reconciling,
+    records,
+    reruns,
+    results,
 )
 from shared import spec as specs
 
 log = structlog.get_logger()
+
+REQUEST_BODIES: dict[str, type[pydantic.BaseModel]] = {"ResultReport": results.ResultReport}
+"""Request bodies of the runs API given as models, for the OpenAPI document."""
 
 _SPEC_ERRORS: dict[specs.SpecErrorKind, type[errors.Invalid]] = {
     specs.SpecErrorKind.TOO_LARGE: errors.TooLarge,
@@ -58,6 +68,11 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/v1/runs/{namespace}/{name}/checkpoints", list_checkpoints)
     app.router.add_get("/v1/runs/{namespace}/{name}/checkpoints/latest", get_latest_checkpoint)
     app.router.add_post("/v1/runs/{namespace}/{name}/resume", post_resume)
+    app.router.add_post("/v1/runs/{namespace}/{name}/rerun", post_rerun)
+    app.router.add_post("/v1/runs/{namespace}/{name}/results", post_results)
+    app.router.add_get("/v1/runs/{namespace}/{name}/results", get_results)
+    app.router.add_get("/v1/experiments", experiments.list_experiments)
+    app.router.add_get("/v1/experiments/compare", experiments.compare)
     app.router.add_get("/v1/queues", queues.get_queues)
     app.router.add_get("/v1/schema/run", get_schema)
 
@@ -90,6 +105,7 @@ async def post_run(request: web.Request) -> web.StreamResponse:
         if namespace is None:
             namespace = spec.namespace or "default"
             await context.allow(request, identity, "create", namespace)
+        checked = await preflight.run(ctx.store, spec, namespace)
         key = request.headers.get("Idempotency-Key", "").strip()
         annotations = {
             marks.SUBMITTED_BY_ANNOTATION: identity.username[:253],
@@ -97,18 +113,8 @@ async def post_run(request: web.Request) -> web.StreamResponse:
         }
         if key:
             annotations[marks.IDEMPOTENCY_ANNOTATION] = _key_digest(key)
-        body = {
-            "apiVersion": specs.API_VERSION,
-            "kind": "TauRun",
-            "metadata": {"name": spec.name, "namespace": namespace, "annotations": annotations},
-            "spec": specs.spec_to_wire(spec),
-        }
-        st.elector.ensure_leader()
         try:
-            created = await ctx.store.create_run(namespace, body)
-        except kube_runs.NotFoundError as err:
-            msg = f"namespace {namespace!r} does not exist"
-            raise errors.NotFound(msg, field="namespace") from err
+            created = await _create_run(request, spec, namespace, annotations)
         except kube_runs.ConflictError as err:
             existing = await ctx.store.get_run(namespace, spec.name)
             stored = ((existing or {}).get("metadata") or {}).get("annotations") or {}
@@ -129,13 +135,32 @@ async def post_run(request: web.Request) -> web.StreamResponse:
         outcome = "created"
         log.info("run submitted", run=f"{namespace}/{spec.name}", user=identity.username)
         return web.json_response(
-            {**context.run_json(result), "warnings": list(parsed.warnings)}, status=201
+            {**context.run_json(result), "warnings": [*parsed.warnings, *checked]}, status=201
         )
     except errors.Forbidden:
         outcome = "forbidden"
         raise
     finally:
         st.metrics.run_submissions.labels(outcome).inc()
+
+
+async def _create_run(
+    request: web.Request, spec: specs.TauSpec, namespace: str, annotations: dict[str, str]
+) -> dict[str, Any]:
+    """Create the TauRun of a validated, pre-flighted spec; NotFound for a namespace that
+    does not exist; kube_runs.ConflictError (for the caller to word) when the name is taken."""
+    body = {
+        "apiVersion": specs.API_VERSION,
+        "kind": "TauRun",
+        "metadata": {"name": spec.name, "namespace": namespace, "annotations": annotations},
+        "spec": specs.spec_to_wire(spec),
+    }
+    serving.serving_of(request).elector.ensure_leader()
+    try:
+        return await context.context_of(request).store.create_run(namespace, body)
+    except kube_runs.NotFoundError as err:
+        msg = f"namespace {namespace!r} does not exist"
+        raise errors.NotFound(msg, field="namespace") from err
 
 
 def _content_type(request: web.Request) -> str | None:
@@ -158,7 +183,7 @@ def _key_digest(key: str) -> str:
 
 # ---------------------------------------------------------------------- read
 async def list_runs(request: web.Request) -> web.StreamResponse:
-    """List runs; filters: namespace, phase, queue."""
+    """List runs; filters: namespace, phase, queue, experiment (its name)."""
     identity = await serving.identity(request)
     namespace = request.query.get("namespace") or None
     if namespace is not None:
@@ -167,11 +192,14 @@ async def list_runs(request: web.Request) -> web.StreamResponse:
     items = await context.context_of(request).store.list_runs(namespace)
     phase = request.query.get("phase")
     queue = request.query.get("queue")
+    experiment = request.query.get("experiment")
     out = [context.run_json(i, with_spec=False) for i in items]
     if phase:
         out = [r for r in out if r["phase"].lower() == phase.lower()]
     if queue:
         out = [r for r in out if r["queue"] == queue]
+    if experiment:
+        out = [r for r in out if (r["experiment"] or {}).get("name") == experiment]
     out.sort(key=lambda r: (r["namespace"], r["createdAt"] or "", r["name"]))
     return web.json_response({"items": out})
 
@@ -183,10 +211,15 @@ async def get_run(request: web.Request) -> web.StreamResponse:
 
 
 async def get_evidence(request: web.Request) -> web.StreamResponse:
-    """The run's evidence record: enough to reproduce it and to see where it ran."""
+    """The run's evidence record: enough to reproduce it and to see where it ran, and which
+    workers' logs are kept (their text: `GET …/logs?attempt=N&worker=K`, needs pods/log)."""
     _, item = await context.read_run(request)
     status = item.get("status") or {}
     meta = item.get("metadata") or {}
+    ref = objects.run_ref(item)
+    logs_kept = await context.context_of(request).store.list_run_logs(
+        ref.namespace, f"{marks.RUN_LABEL}={ref.name}"
+    )
     body = {
         "name": meta.get("name"),
         "namespace": meta.get("namespace"),
@@ -194,6 +227,7 @@ async def get_evidence(request: web.Request) -> web.StreamResponse:
         "phase": status.get("phase", str(lifecycle.Phase.PENDING)),
         **(status.get("evidence") or {}),
         "attempts": status.get("attempts") or [],
+        "keptLogs": keptlogs.index([k for k in logs_kept if keptlogs.read(k).owner_uid == ref.uid]),
     }
     return web.json_response(body)
 
@@ -328,6 +362,106 @@ async def post_resume(request: web.Request) -> web.StreamResponse:
         namespace, name, checkpoint=checkpoint, by=identity.username[:200]
     )
     return web.json_response(context.run_json(item))
+
+
+# ---------------------------------------------------------------------- rerun
+@serving.leader_only
+async def post_rerun(request: web.Request) -> web.StreamResponse:
+    """Submit a new run from a run's evidence: the same spec, its image pinned to the digest
+    that ran when the evidence has one, a new name (`<name>-r<N>`, or `{"name": …}`); the new
+    run's evidence points back at the old one. Needs `get` and `create tauruns`."""
+    identity, item = await context.read_run(request)
+    namespace = request.match_info["namespace"]
+    old = request.match_info["name"]
+    await context.allow(request, identity, "create", namespace)
+    body = await _json_body(request, optional=True)
+    if not isinstance(body, dict):
+        raise errors.Invalid("the body must be a JSON object", field="body")
+    unknown = sorted(set(body) - {"name"})
+    if unknown:
+        raise errors.Invalid(f"unknown field {unknown[0]!r}; allowed: name", field=unknown[0])
+    ctx = context.context_of(request)
+    try:
+        status = records.read(item.get("status"), results=False)
+    except ValueError as err:
+        msg = f"run {old!r} has a status this controller cannot read ({err})"
+        raise errors.Conflict(msg, code="UnreadableStatus") from err
+    requested = body.get("name")
+    if requested is not None and not isinstance(requested, str):
+        raise errors.Invalid("name must be a string", field="name")
+    name = requested or reruns.next_name(
+        old,
+        [
+            str((i.get("metadata") or {}).get("name", ""))
+            for i in await ctx.store.list_runs(namespace)
+        ],
+    )
+    image, pin_warning = reruns.pinned_image(
+        str((item.get("spec") or {}).get("image", "")),
+        status.evidence.image_id if status.evidence else None,
+    )
+    try:
+        parsed = reruns.validated(item.get("spec") or {}, name=name, image=image)
+    except specs.SpecError as err:
+        if err.field == "name":
+            raise _spec_error(err) from err
+        msg = f"run {old!r} cannot be rerun: its spec is not valid ({err})"
+        raise errors.Conflict(msg, field="name", code="NotRerunnable") from err
+    spec = parsed.spec
+    checked = await preflight.run(ctx.store, spec, namespace)
+    src = reruns.source(item, status)
+    annotations = {
+        marks.SUBMITTED_BY_ANNOTATION: identity.username[:253],
+        marks.MANAGED_BY_ANNOTATION: ctx.reconciler.manager,
+        marks.RERUN_OF_ANNOTATION: reruns.annotation(src),
+    }
+    try:
+        created = await _create_run(request, spec, namespace, annotations)
+    except kube_runs.ConflictError as err:
+        msg = f"a run named {name!r} already exists in namespace {namespace}; pick another name"
+        raise errors.Conflict(msg, field="name", code="AlreadyExists") from err
+    result = await ctx.reconciler.reconcile_now(namespace, name) or created
+    log.info("run rerun", run=f"{namespace}/{name}", of=old, image=image, user=identity.username)
+    warnings = [*parsed.warnings, *([pin_warning] if pin_warning else []), *checked]
+    return web.json_response(
+        {**context.run_json(result), "rerunOf": src.model_dump(mode="json", by_alias=True,
+                                                               exclude_none=True),
+         "warnings": warnings}, status=201,
+    )  # fmt: skip
+
+
+# ---------------------------------------------------------------------- results
+@serving.leader_only
+async def post_results(request: web.Request) -> web.StreamResponse:
+    """A run's pod reports metrics, artifacts or a summary (`tau result`); 202: written
+    within `writtenWithinS`, in one status write with the rest of the burst."""
+    caller = await _run_caller(request, "update", "status")
+    namespace, name = request.match_info["namespace"], request.match_info["name"]
+    report = results.parse_report(await _json_body(request))
+    collector = context.context_of(request).reconciler.collector
+    accepted = await collector.accept(namespace, name, report)
+    log.debug("results reported", run=f"{namespace}/{name}", by=caller)
+    return web.json_response(accepted, status=202)
+
+
+async def get_results(request: web.Request) -> web.StreamResponse:
+    """The run's results: metrics over steps (each with its last point), artifacts, the
+    summary; `?metric=NAME` gives that metric alone (404 when the run has none of it)."""
+    await _run_caller(request, "get")
+    namespace, name = request.match_info["namespace"], request.match_info["name"]
+    item = await context.context_of(request).store.get_run(namespace, name)
+    if item is None:
+        raise reconciling.RunNotFoundError(namespace, name)
+    metric = request.query.get("metric") or None
+    kept = context.results_of(item)
+    body = results.wire(kept, metric=metric)
+    if metric is not None and not body["metrics"]:
+        known = ", ".join(s.name for s in (kept.metrics if kept else ())) or "none yet"
+        msg = f"run {name!r} has reported no metric {metric!r} (it has: {known})"
+        raise errors.NotFound(msg, field="metric", code="NoMetric")
+    run = context.run_json(item, with_spec=False)
+    head = {k: run[k] for k in ("name", "namespace", "phase", "attempt", "experiment")}
+    return web.json_response({**head, **body})
 
 
 async def get_schema(request: web.Request) -> web.StreamResponse:

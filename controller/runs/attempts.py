@@ -1,8 +1,9 @@
 """A run's objects on the cluster: the one executor of the run decision's plan.
 
-It carries a `policy.RunPlan` out in order: the TauRun's annotations, then the deletes (an
-attempt that ended, a finished run's objects after its TTL), then the creates (the per-run
-token Secret and checkpoint ConfigMap, each attempt's Job or RayJob and headless Service).
+It carries a `policy.RunPlan` out in order: the TauRun's annotations, then the logs of the
+attempts that end (kept before their pods can go), then the deletes (an attempt that ended,
+a finished run's objects after its TTL), then the creates (the per-run token Secret and
+checkpoint ConfigMap, each attempt's Job or RayJob and headless Service).
 Every write checks that the lease is still held; creates tolerate a 409 and deletes a 404, so
 a repeated plan is harmless (level-triggered).
 """
@@ -10,6 +11,7 @@ a repeated plan is harmless (level-triggered).
 from __future__ import annotations
 
 import secrets
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
 from controller import leading
@@ -46,20 +48,30 @@ class ObjectStore(Protocol):
 class Attempts:
     """Carry plans out; see the module docstring."""
 
-    def __init__(self, store: ObjectStore, elector: leading.Elector) -> None:
+    def __init__(
+        self,
+        store: ObjectStore,
+        elector: leading.Elector,
+        keep_logs: Callable[[objects.RunRef, Sequence[int]], Awaitable[None]] | None = None,
+    ) -> None:
         self.store = store
         self.elector = elector
+        self.keep_logs = keep_logs
+        """Keeps the workers' logs of attempts (the log keeper's `keep_final`)."""
 
-    async def apply(self, namespace: str, name: str, plan: policy.RunPlan) -> dict[str, Any] | None:
-        """Write the plan's annotations, deletes and creates, in that order; return the
-        TauRun when its annotations were written (else None)."""
+    async def apply(self, ref: objects.RunRef, plan: policy.RunPlan) -> dict[str, Any] | None:
+        """Write the plan's annotations, keep its logs, then its deletes and creates, in that
+        order; return the TauRun when its annotations were written (else None)."""
+        namespace, name = ref.namespace, ref.name
         updated = None
         if plan.annotations:
             self.elector.ensure_leader()
             updated = await self.store.annotate_run(namespace, name, dict(plan.annotations))
-        for ref in plan.deletes:
+        if plan.keep_logs and self.keep_logs is not None:
+            await self.keep_logs(ref, plan.keep_logs)
+        for gone in plan.deletes:
             self.elector.ensure_leader()
-            await self.store.delete(ref.kind, ref.namespace, ref.name)
+            await self.store.delete(gone.kind, gone.namespace, gone.name)
         for obj in plan.creates:
             self.elector.ensure_leader()
             if obj["kind"] == "Secret":

@@ -17,7 +17,7 @@ import dataclasses
 import datetime as dt
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from controller import errors
 from controller.runs import records
@@ -93,7 +93,16 @@ def parse_report(body: object) -> Report:
     return Report(attempt=attempt, step=step, path=path)
 
 
-def fence(report: Report, current_attempt: int) -> None:
+class FromAttempt(Protocol):
+    """A report naming the attempt that made it (a checkpoint, a results report)."""
+
+    @property
+    def attempt(self) -> int:
+        """`TAU_ATTEMPT` of the pod that reported."""
+        ...
+
+
+def fence(report: FromAttempt, current_attempt: int) -> None:
     """Refuse a report that is not from the current attempt (see the module docstring)."""
     if report.attempt < current_attempt:
         msg = (

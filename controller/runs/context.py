@@ -17,7 +17,7 @@ from aiohttp import web
 
 from controller import auth, errors, serving
 from controller.kube import runs as kube_runs
-from controller.runs import lifecycle, reconciling, records
+from controller.runs import keeping, lifecycle, reconciling, records
 from shared import spec as specs
 
 GROUP = "taugrid.dev"
@@ -33,6 +33,7 @@ class RunsContext:
 
     store: kube_runs.RunStore
     reconciler: reconciling.Reconciler
+    keeper: keeping.LogKeeper
     run_tokens: dict[tuple[str, str], tuple[str, float]] = dataclasses.field(default_factory=dict)
     """(namespace, run) -> (the digest of its run-scoped token, when read)."""
 
@@ -45,7 +46,7 @@ class RunsContext:
             return cached[0]
         item = await self.store.get_run(namespace, name)
         try:
-            digest = records.read((item or {}).get("status")).token_sha256
+            digest = records.read((item or {}).get("status"), results=False).token_sha256
         except ValueError:
             digest = ""  # a damaged status holds no digest we can trust
         if not digest:
@@ -126,7 +127,23 @@ def run_json(item: dict[str, Any], *, with_spec: bool = True) -> dict[str, Any]:
         "attempts": status.get("attempts") or [],
         "conditions": status.get("conditions") or [],
         "checkpoints": status.get("checkpoints") or [],
+        "experiment": spec.get("experiment"),
+        "rerunOf": ((status.get("evidence") or {}).get("rerunOf") or None),
     }
     if with_spec:
         out["spec"] = spec
     return out
+
+
+def results_of(item: dict[str, Any]) -> records.Results | None:
+    """The results a TauRun's status keeps (None before the first report); a member this
+    controller cannot read is a 409, never a 500."""
+    raw = (item.get("status") or {}).get("results")
+    if raw is None:
+        return None
+    try:
+        return records.Results.model_validate(raw)
+    except ValueError as err:
+        name = (item.get("metadata") or {}).get("name", "")
+        msg = f"run {name!r} keeps results this controller cannot read ({err})"
+        raise errors.Conflict(msg, code="UnreadableStatus") from err

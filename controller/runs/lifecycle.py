@@ -57,7 +57,11 @@ class AttemptOutcome:
 
 
 def classify_failure(
-    pods: Iterable[views.PodView], nodes: views.NodeFacts, *, object_reason: str = ""
+    pods: Iterable[views.PodView],
+    nodes: views.NodeFacts,
+    *,
+    object_reason: str = "",
+    recorded_nodes: Iterable[str] = (),
 ) -> tuple[specs.FailureClass, str]:
     """Return the failure class of a failed attempt and a sentence saying why.
 
@@ -68,8 +72,24 @@ def classify_failure(
     node failure at the scale of one GPU); an eviction is Evicted; then OOMKilled; then a
     non-zero exit code is AppError; a deadline is Timeout. Anything else is Unknown (never
     retried).
+
+    A real kubelet removes an evicted pod within a second of its exit, often before a pass
+    sees it Failed: with no failed pod left to read, the nodes the attempt was recorded on
+    decide (`recorded_nodes`, kept in `status.attempts[]`): one we quarantined, or one gone,
+    makes it a NodeFailure, as its pod would have.
     """
+    pods = tuple(pods)
     failed = [p for p in pods if p.phase == "Failed" or p.disruption or p.exit_codes]
+    if not failed:
+        gone = sorted(
+            n for n in set(recorded_nodes) if n in nodes.quarantined or n not in nodes.existing
+        )
+        if gone:
+            why = "was quarantined" if gone[0] in nodes.quarantined else "vanished"
+            return (
+                specs.FailureClass.NODE_FAILURE,
+                f"the attempt's pods are gone and its node {gone[0]} {why}",
+            )
     lost = [p for p in failed if p.node and (p.node in nodes.quarantined or p.node not in
                                              nodes.existing)]  # fmt: skip
     if lost:
@@ -110,8 +130,11 @@ def attempt_outcome(
     workload: views.WorkloadView | None,
     pods: Iterable[views.PodView],
     nodes: views.NodeFacts,
+    *,
+    recorded_nodes: Iterable[str] = (),
 ) -> AttemptOutcome:
-    """Derive the phase of one attempt (the table in the module docstring)."""
+    """Derive the phase of one attempt (the table in the module docstring); `recorded_nodes`
+    are the nodes its pods were seen on before (they may be gone now)."""
     pods = tuple(pods)
     starts = [p.started for p in pods if p.started is not None]
     ends = [p.finished for p in pods if p.finished is not None]
@@ -144,7 +167,9 @@ def attempt_outcome(
             " node was quarantined", ended=ended,
         )  # fmt: skip
     if object_failed or (failed_pods and not obj.suspended and admitted):
-        failure, why = classify_failure(pods, nodes, object_reason=object_reason)
+        failure, why = classify_failure(
+            pods, nodes, object_reason=object_reason, recorded_nodes=recorded_nodes
+        )
         return dataclasses.replace(
             base, phase=Phase.FAILED, failure_class=failure, reason=str(failure), message=why,
             ended=ended,
@@ -266,6 +291,7 @@ def evidence(
     pods: Iterable[views.PodView],
     workload: views.WorkloadView | None,
     previous: records.Evidence | None = None,
+    rerun_of: records.RerunSource | None = None,
 ) -> records.Evidence:
     """The evidence record (DESIGN.md section 2): enough to reproduce the run and to see
     where it ran. Values once seen are kept when their source has gone (pods are deleted)."""
@@ -307,6 +333,8 @@ def evidence(
         update["experiment"] = spec.experiment.model_dump(
             mode="json", by_alias=True, exclude_none=True
         )
+    if rerun_of is not None:
+        update["rerun_of"] = rerun_of
     return prev.model_copy(update=update)
 
 

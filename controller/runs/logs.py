@@ -1,45 +1,52 @@
 """A run's logs: `GET /v1/runs/{ns}/{name}/logs`, streamed from the worker's pod.
 
 `follow=true` waits (up to `logs_wait_s`) for the pod to start, then keeps the stream open
-until the container ends; a client that hangs up ends the upstream stream too.
+until the container ends; a client that hangs up ends the upstream stream too. When the pod
+is gone (or its log cannot be read), or `kept=true` asks for it, the tail the controller
+kept (`keeping`) is served instead, marked as such by `X-TauGrid-Log-Source: kept`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 from typing import Any
 
 from aiohttp import web
 
-from controller import errors, marks, serving
-from controller.runs import context, lifecycle, reconciling, rendering, views
-from shared import spec as specs
+from controller import errors, marks, serving, timestamps
+from controller.runs import context, keptlogs, lifecycle, logtext, objects, reconciling, views
 
 LOG_POLL_S = 0.5
 
 
-def _pick_pod(
-    kind: str, pods: list[dict[str, Any]], worker: int
-) -> tuple[dict[str, Any], str] | None:
+def _pick_pod(pods: list[dict[str, Any]], worker: int) -> tuple[dict[str, Any], str] | None:
     """The pod and container of worker `worker` (ray: 0 is the head, 1.. the workers)."""
-    ordered = sorted(
-        ((views.parse_pod(p), p) for p in pods),
-        key=lambda vp: (vp[0].index if vp[0].index is not None else 0, vp[0].created or
-                        dt.datetime.min.replace(tzinfo=dt.UTC), vp[0].name),
-    )  # fmt: skip
-    if kind == str(specs.RunKind.RAY):
-        heads = [vp for vp in ordered if rendering.RAY_HEAD_CONTAINER in vp[0].containers]
-        workers = [vp for vp in ordered if rendering.RAY_WORKER_CONTAINER in vp[0].containers]
-        if worker == 0:
-            return (heads[0][1], rendering.RAY_HEAD_CONTAINER) if heads else None
-        if worker - 1 < len(workers):
-            return workers[worker - 1][1], rendering.RAY_WORKER_CONTAINER
-        return None
-    live = [vp for vp in ordered if not vp[0].deleting] or ordered
-    if worker < len(live):
-        return live[worker][1], rendering.CONTAINER_NAME
+    found = keptlogs.workers(pods)
+    if worker < len(found):
+        pod, container = found[worker]
+        return dict(pod), container
     return None
+
+
+async def _kept(request: web.Request, item: dict[str, Any], attempt: int, worker: int,
+                tail_lines: int | None) -> web.StreamResponse | None:  # fmt: skip
+    """The kept tail of one worker's log as the answer, None when none was kept."""
+    kept = await context.context_of(request).keeper.read_kept(
+        objects.run_ref(item), attempt, worker
+    )
+    if kept is None:
+        return None
+    text = kept.log
+    if tail_lines is not None:
+        text = "".join(text.splitlines(keepends=True)[-tail_lines:] if tail_lines else [])
+    headers = {
+        "Content-Type": "text/plain; charset=utf-8", "X-TauGrid-Pod": kept.pod,
+        "X-TauGrid-Log-Source": "kept", "X-TauGrid-Log-Complete": str(kept.complete).lower(),
+        "X-TauGrid-Log-Truncated": str(kept.truncated).lower(),
+        "X-TauGrid-Log-Captured-At": timestamps.rfc3339(kept.captured_at)
+        if kept.captured_at else "",
+    }  # fmt: skip
+    return web.Response(body=text.encode(), headers=headers)
 
 
 @serving.streaming
@@ -53,6 +60,7 @@ async def get_logs(request: web.Request) -> web.StreamResponse:
     st = serving.serving_of(request)
     ctx = context.context_of(request)
     follow = request.query.get("follow", "").lower() in {"1", "true", "yes"}
+    want_kept = request.query.get("kept", "").lower() in {"1", "true", "yes"}
     try:
         worker = int(request.query.get("worker", "0"))
         attempt_q = request.query.get("attempt")
@@ -64,21 +72,30 @@ async def get_logs(request: web.Request) -> web.StreamResponse:
     if worker < 0:
         raise errors.InvalidParameter("worker counts from 0", field="worker")
     deadline = asyncio.get_running_loop().time() + (st.settings.logs_wait_s if follow else 0)
+    picked: tuple[dict[str, Any], str] | None = None
     while True:
         item = await ctx.store.get_run(namespace, name)
         if item is None:
             raise reconciling.RunNotFoundError(namespace, name)
         status = item.get("status") or {}
         number = attempt or int(status.get("currentAttempt") or 0)
-        kind = str((item.get("spec") or {}).get("kind") or specs.RunKind.JOB)
+        if want_kept:
+            break
         selector = f"{marks.RUN_LABEL}={name},{marks.ATTEMPT_LABEL}={number}"
-        picked = _pick_pod(kind, await ctx.store.list_pods(namespace, selector), worker)
+        picked = _pick_pod(await ctx.store.list_pods(namespace, selector), worker)
         started = picked is not None and views.parse_pod(picked[0]).phase != "Pending"
         if started or asyncio.get_running_loop().time() >= deadline:
             break
         if status.get("phase") in {lifecycle.Phase.CANCELLED, lifecycle.Phase.FAILED}:
             break
         await asyncio.sleep(LOG_POLL_S)
+    if want_kept or picked is None:
+        kept = await _kept(request, item, number, worker, tail_lines)
+        if kept is not None:
+            return kept
+    if want_kept:
+        msg = f"run {name!r} has no kept log of worker {worker} of attempt {number}"
+        raise errors.NotFound(msg, field="worker", code="NoKeptLog")
     if picked is None:
         msg = f"run {name!r} has no pod for worker {worker} of attempt {number} (yet)"
         raise errors.NotFound(msg, field="worker", code="NoPod")
@@ -91,9 +108,19 @@ async def get_logs(request: web.Request) -> web.StreamResponse:
     try:
         first = await anext(chunks, b"")
     except Exception as err:
-        text = getattr(err, "body", None) or str(err)
-        msg = f"the log of pod {pod_name} is not available: {text}"
-        raise errors.Conflict(msg, code="LogUnavailable") from err
+        kept = await _kept(request, item, number, worker, tail_lines)
+        if kept is not None:
+            return kept
+        node = str((pod.get("spec") or {}).get("nodeName") or "")
+        why = logtext.unavailable(
+            pod=pod_name, node=node, container=container,
+            upstream_status=getattr(err, "status", None),
+            upstream=str(getattr(err, "reason", None) or getattr(err, "body", None) or err),
+            simulated=await _simulated(ctx, node),
+        )  # fmt: skip
+        if why.status == 404:
+            raise errors.NotFound(why.message, code=why.code) from err
+        raise errors.Unavailable(why.message, code=why.code) from err
     await resp.prepare(request)
     try:
         if first:
@@ -105,3 +132,17 @@ async def get_logs(request: web.Request) -> web.StreamResponse:
         raise
     await resp.write_eof()
     return resp
+
+
+async def _simulated(ctx: Any, node: str) -> bool:
+    """Whether KWOK plays the node's kubelet (its annotation says so)."""
+    if not node:
+        return False
+    try:
+        found = await ctx.store.list_nodes([node])
+    except Exception:  # noqa: BLE001  (the answer is only a better sentence)
+        return False
+    return any(
+        marks.SIMULATED_NODE_ANNOTATION in ((n.get("metadata") or {}).get("annotations") or {})
+        for n in found
+    )

@@ -54,6 +54,15 @@ def claim_template_name(run_name: str, attempt: int) -> str:
     return f"{attempt_name(run_name, attempt)}-gpus"
 
 
+def attempt_number(run_name: str, object_name: str) -> int | None:
+    """N of an object named `<run>-a<N>`; None for any other name."""
+    prefix = f"{run_name}-a"
+    number = object_name.removeprefix(prefix)
+    if number == object_name or not number.isdigit():
+        return None
+    return int(number)
+
+
 def token_secret_name(run_name: str) -> str:
     """Return the conventional name of a run's token Secret."""
     return f"{run_name}-token"

@@ -38,6 +38,9 @@ class RunSettings:
     """Annotations added to every pod of every run (cluster tooling)."""
     resume_priority_class: str = ""
     """The class a run resumed after an infrastructure failure gets; '' gives none."""
+    pods_ready_timeout_s: float | None = None
+    """Kueue's `waitForPodsReady.timeout` as the platform configured it (None: not enabled):
+    what an admitted run whose pods do not run is told about its quota."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,6 +71,8 @@ class RunInput:
     """The WorkloadPriorityClasses that exist; None when they could not be listed."""
     new_token: str = ""
     """A fresh run-scoped token, used only when the run has none yet."""
+    rerun_of: records.RerunSource | None = None
+    """The run this one reruns (its `taugrid.dev/rerun-of` annotation), for the evidence."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,6 +104,9 @@ class RunPlan:
     """The failure class a retry follows, when this plan starts one."""
     queue_wait_s: float | None = None
     """Seconds the run waited in line, when it was admitted just now."""
+    keep_logs: tuple[int, ...] = ()
+    """Attempts whose workers' logs are kept now, before the deletes: those the plan deletes
+    and the one that ended (their pods may be gone by the next look)."""
 
 
 def attempt_kind(spec: specs.TauSpec) -> str:
@@ -108,6 +116,20 @@ def attempt_kind(spec: specs.TauSpec) -> str:
 
 def decide_run(run: RunInput, settings: RunSettings, now: dt.datetime) -> RunPlan:
     """Decide one step of one run (see the module docstring)."""
+    return _keeping_logs(_decide(run, settings, now), run.ref)
+
+
+def _keeping_logs(plan: RunPlan, ref: objects.RunRef) -> RunPlan:
+    """The plan, with the attempts whose logs it must keep first (see `RunPlan.keep_logs`)."""
+    attempts = {
+        n for d in plan.deletes if (n := objects.attempt_number(ref.name, d.name)) is not None
+    }
+    if plan.ended is not None and not plan.started:
+        attempts.add(plan.status.current_attempt)
+    return dataclasses.replace(plan, keep_logs=tuple(sorted(attempts)))
+
+
+def _decide(run: RunInput, settings: RunSettings, now: dt.datetime) -> RunPlan:
     st = run.status
     try:
         spec = specs.validate_spec(dict(run.spec)).spec
@@ -156,7 +178,10 @@ def _observe(
     creates = (
         () if run.attempt_object is not None else _render(spec, run.ref, current, st, settings)
     )
-    outcome = lifecycle.attempt_outcome(run.attempt_object, run.workload, run.pods, run.nodes)
+    outcome = lifecycle.attempt_outcome(
+        run.attempt_object, run.workload, run.pods, run.nodes,
+        recorded_nodes=st.last_attempt.nodes if st.last_attempt else (),
+    )  # fmt: skip
     record = lifecycle.attempt_record(
         current, object_kind=kind, object_name=name, outcome=outcome, workload=run.workload,
         previous=st.last_attempt or records.AttemptRecord(number=current),
@@ -166,7 +191,7 @@ def _observe(
         update={"attempts": attempts,
                 "evidence": lifecycle.evidence(spec, run.ref.namespace, attempts=attempts,
                                                pods=run.pods, workload=run.workload,
-                                               previous=st.evidence)}
+                                               previous=st.evidence, rerun_of=run.rerun_of)}
     )  # fmt: skip
     first_start = st.attempts[0].start_time
     if (
@@ -188,7 +213,8 @@ def _observe(
     st, waited = lifecycle.phase_conditions(st, outcome, run.workload, now)
     st = positions.place(
         st, spec=spec, phase=outcome.phase, workload=run.workload, namespace=run.ref.namespace,
-        position=run.position, cluster_queue=run.cluster_queue, held=run.held,
+        position=run.position, cluster_queue=run.cluster_queue, held=run.held, pods=run.pods,
+        pods_ready_timeout_s=settings.pods_ready_timeout_s, now=now,
     )  # fmt: skip
     plan = RunPlan(
         st, creates=creates, queue_wait_s=waited, requeue_at=_timeout_at(spec, first_start)

@@ -2,7 +2,10 @@
 
 Queue positions come from Kueue's visibility API when it answers, else are computed from the
 pending Workloads in Kueue's own order (priority, then creation). The waiting message says
-what the run waits for: a missing queue, quota (how much, of what), an admission check.
+what the run waits for: a missing queue, quota (how much, of what), an admission check; and
+once it is admitted but its pods do not run, why not, from the pods' own status (the
+scheduler's `PodScheduled` message, a container's waiting reason), and what Kueue's
+`waitForPodsReady` will do about the quota it holds, and when.
 """
 
 from __future__ import annotations
@@ -11,10 +14,10 @@ import dataclasses
 import datetime as dt
 import enum
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from controller import marks
+from controller import marks, timestamps
 from controller.runs import records, views
 from shared import spec as specs
 
@@ -113,6 +116,96 @@ class WaitContext:
     gpus_per_worker: int = 0
     workers: int = 1
     position: QueuePosition | None = None
+    pods_ready_timeout_s: float | None = None
+    """Kueue's `waitForPodsReady.timeout` as the platform configured it; None: not enabled."""
+    not_ready: str = ""
+    """Why the attempt's pods were last seen not running (kept on its record)."""
+    now: dt.datetime | None = None
+
+
+def _duration(seconds: float) -> str:
+    """`5m`, `90s`, `1h30m`: a timeout as a person writes it."""
+    total = round(seconds)
+    hours, rest = divmod(total, 3600)
+    minutes, secs = divmod(rest, 60)
+    out = (f"{hours}h" if hours else "") + (f"{minutes}m" if minutes else "")
+    return out + (f"{secs}s" if secs or not out else "")
+
+
+IMAGE_REASONS = frozenset({
+    "ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull",
+    "RegistryUnavailable", "SignatureValidationFailed",
+})  # fmt: skip
+"""A container's waiting reasons (the kubelet's) that mean its image cannot be pulled."""
+START_REASONS = frozenset({
+    "CreateContainerConfigError", "CreateContainerError", "RunContainerError",
+    "PreCreateHookError", "PreStartHookError", "CrashLoopBackOff",
+})  # fmt: skip
+"""Waiting reasons that mean the container cannot be created or started."""
+
+
+_WHAT = {"schedule": "cannot be scheduled", "image": "cannot pull its image",
+         "start": "cannot start its container"}  # fmt: skip
+
+
+def _problem(pod: views.PodView, kind: str) -> str:
+    if kind == "schedule":
+        return pod.unschedulable
+    wanted = IMAGE_REASONS if kind == "image" else START_REASONS
+    for _container, reason, message in pod.waiting:
+        if reason in wanted:
+            return f"{reason}: {message}" if message else reason
+    return ""
+
+
+def pods_not_running(pods: Sequence[views.PodView]) -> str:
+    """Why an admitted attempt's pods do not run, in words ('' when they are all just
+    starting, or running): the scheduler's message first, then an image that cannot be
+    pulled, then a container that cannot start."""
+    stuck = [p for p in pods if p.phase == "Pending" and not p.deleting]
+    for kind, what in _WHAT.items():
+        hit = [(p, why) for p in stuck if (why := _problem(p, kind))]
+        if hit:
+            pod, why = hit[0]
+            more = f" (and {len(hit) - 1} more)" if len(hit) > 1 else ""
+            return f"pod {pod.name}{more} {what}: {why.strip()}"
+    return ""
+
+
+def admitted_message(
+    ctx: WaitContext, workload: views.WorkloadView | None, pods: Sequence[views.PodView]
+) -> str:
+    """The message of an admitted attempt whose pods are not running yet: why, and what
+    Kueue's waitForPodsReady will do with the quota it holds ('' when nothing is wrong)."""
+    why = pods_not_running(pods)
+    if not why:
+        if not pods:
+            return "admitted; waiting for its pods to be created"
+        return ""
+    gpus = ctx.gpus_per_worker * ctx.workers
+    quota = (f"its {gpus} GPU" + ("s" if gpus != 1 else "")) if gpus else "its quota"
+    admitted = workload.condition("Admitted") if workload is not None else None
+    if ctx.pods_ready_timeout_s is None:
+        return (
+            f"admitted, but {why}; nothing releases {quota} while it waits (the platform has"
+            " not enabled Kueue's waitForPodsReady): fix it, or `tau cancel` the run"
+        )
+    timeout = _duration(ctx.pods_ready_timeout_s)
+    if admitted is None or admitted.time is None:
+        return (
+            f"admitted, but {why}; unless its pods are ready within {timeout} of admission,"
+            f" Kueue releases {quota} and queues it again (waitForPodsReady)"
+        )
+    deadline = admitted.time + dt.timedelta(seconds=ctx.pods_ready_timeout_s)
+    if ctx.now is not None and ctx.now >= deadline:
+        return (
+            f"admitted, but {why}; its pods missed Kueue's waitForPodsReady deadline"
+            f" ({timestamps.rfc3339(deadline)}): Kueue is releasing {quota} and queues it again"
+        )
+    return (
+        f"admitted, but {why}; unless its pods are ready by {timestamps.rfc3339(deadline)},"
+        f" Kueue releases {quota} and queues it again (waitForPodsReady, {timeout})"
+    )
 
 
 def waiting_message(ctx: WaitContext, workload: views.WorkloadView | None) -> str:
@@ -130,8 +223,30 @@ def waiting_message(ctx: WaitContext, workload: views.WorkloadView | None) -> st
         n = ctx.position.in_cluster_queue
         runs = "run is" if n == 1 else "runs are"
         ahead = f"; {n} {runs} ahead of it" if n else "; it is next in line"
+    evicted = workload.condition("Evicted")
+    last = f" (last seen: {ctx.not_ready})" if ctx.not_ready else ""
     if not workload.active:
+        if evicted is not None and "re-queuing" in evicted.message:
+            return (
+                f"Kueue deactivated it after {workload.requeue_count or 'several'} tries: its"
+                f" pods were never ready within the waitForPodsReady timeout{last}; fix the"
+                " cause, then `tau cancel` and `tau resume` it"
+            )
         return "the queue deactivated this run (an admission check rejected it)"
+    if (
+        evicted is not None and evicted.true and evicted.reason == "PodsReadyTimeout"
+        and not workload.holds("QuotaReserved")
+    ):  # fmt: skip
+        timeout = f" of {_duration(ctx.pods_ready_timeout_s)}" if ctx.pods_ready_timeout_s else ""
+        when = f" at {timestamps.rfc3339(evicted.time)}" if evicted.time else ""
+        again = "it is queued again"
+        if workload.requeue_at is not None and (ctx.now is None or workload.requeue_at > ctx.now):
+            again = f"it is queued again at {timestamps.rfc3339(workload.requeue_at)} (backoff)"
+        tries = f", {workload.requeue_count} times so far" if workload.requeue_count > 1 else ""
+        return (
+            f"Kueue released its quota{when}: its pods were not ready within the"
+            f" waitForPodsReady timeout{timeout}{last}{tries}; {again}{ahead}"
+        )
     checks = [(n, s, m) for n, s, m in workload.admission_checks if s != "Ready"]
     if workload.holds("QuotaReserved") and not workload.holds("Admitted"):
         if checks:
@@ -139,7 +254,6 @@ def waiting_message(ctx: WaitContext, workload: views.WorkloadView | None) -> st
             return f"quota reserved; waiting for admission checks ({detail})"
         return "quota reserved; waiting to be admitted"
     if workload.holds("Evicted") and not workload.holds("QuotaReserved"):
-        evicted = workload.condition("Evicted")
         why = evicted.reason if evicted is not None else ""
         if why in {"Preempted", "InClusterQueue"}:
             return f"preempted by higher-priority work; waiting to be admitted again{ahead}"
@@ -178,22 +292,35 @@ def place(
     position: QueuePosition | None,
     cluster_queue: str | None,
     held: str | None,
+    pods: Sequence[views.PodView] = (),
+    pods_ready_timeout_s: float | None = None,
+    now: dt.datetime | None = None,
 ) -> records.RunStatus:
-    """The run's place in line and why it waits (a queued run), or neither; `held` is why
-    our admission gate holds its Workload back, when it does."""
+    """The run's place in line and why it waits (a queued run), why its pods do not run (an
+    admitted one), or neither; `held` is why our admission gate holds its Workload back,
+    when it does. Why the pods were last seen not running is kept on the attempt's record,
+    so the message after Kueue took them away can still say."""
+    last = status.last_attempt
+    ctx = WaitContext(
+        queue=spec.queue, namespace=namespace, queue_exists=cluster_queue is not None,
+        cluster_queue=cluster_queue or "", gpus_per_worker=spec.resources.gpus,
+        workers=spec.workers, position=position, pods_ready_timeout_s=pods_ready_timeout_s,
+        not_ready=last.not_ready if last is not None else "", now=now,
+    )  # fmt: skip
     if phase != records.Phase.QUEUED:
         update: dict[str, Any] = {
             "queue_position": None, "queue_position_in_local_queue": None,
             "queue_position_source": None,
         }  # fmt: skip
-        if phase in {records.Phase.ADMITTED, records.Phase.RUNNING}:
+        if phase == records.Phase.RUNNING:
             update["message"] = ""
+        if phase == records.Phase.ADMITTED:
+            update["message"] = admitted_message(ctx, workload, pods)
+            why = pods_not_running(pods)
+            if why and last is not None and last.not_ready != why:
+                record = last.model_copy(update={"not_ready": why})
+                update["attempts"] = (*status.attempts[:-1], record)
         return status.model_copy(update=update)
-    ctx = WaitContext(
-        queue=spec.queue, namespace=namespace, queue_exists=cluster_queue is not None,
-        cluster_queue=cluster_queue or "", gpus_per_worker=spec.resources.gpus,
-        workers=spec.workers, position=position,
-    )  # fmt: skip
     message = waiting_message(ctx, workload)
     if held:
         message = f"waiting for healthy GPU capacity: {held}"

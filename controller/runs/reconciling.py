@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime as dt
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import structlog
@@ -26,11 +26,14 @@ from controller import errors, leading, marks, metrics
 from controller.runs import (
     attempts,
     checkpoints,
+    collecting,
     objects,
     policy,
     positions,
     records,
     rendering,
+    reruns,
+    results,
     snapshots,
 )
 from shared import spec as specs
@@ -106,8 +109,13 @@ class Reconciler:
         pod_annotations: Mapping[str, str] | None = None,
         manager: str = marks.DEFAULT_RUN_MANAGER,
         resume_priority_class: str = "",
+        pods_ready_timeout_s: float | None = None,
         checkpoints_kept: int = checkpoints.DEFAULT_KEEP,
         gate_message: Callable[[str, str], str | None] | None = None,
+        results_limits: results.Limits | None = None,
+        results_flush_s: float = 1.0,
+        results_pending_max: int = 4096,
+        keep_logs: Callable[[objects.RunRef, Sequence[int]], Awaitable[None]] | None = None,
         clock: Callable[[], dt.datetime] = _now,
         dra: Callable[[], bool] | None = None,
     ) -> None:
@@ -122,13 +130,14 @@ class Reconciler:
             render=render, ttl_after_finished_s=ttl_after_finished_s,
             pod_annotations=dict(pod_annotations or {}),
             resume_priority_class=resume_priority_class,
+            pods_ready_timeout_s=pods_ready_timeout_s,
         )  # fmt: skip
         self.pass_interval_s = pass_interval_s
         self.manager = manager
         self.checkpoints_kept = checkpoints_kept
         self.gate_message = gate_message
         """Why our AdmissionCheck holds a Workload back, by (namespace, Workload name)."""
-        self.attempts = attempts.Attempts(store, elector)
+        self.attempts = attempts.Attempts(store, elector, keep_logs)
         self._clock = clock
         self._wake = asyncio.Event()
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
@@ -136,6 +145,11 @@ class Reconciler:
         self._urgent: set[asyncio.Task[None]] = set()
         self._priority_classes: frozenset[str] | None = None
         self._warned_missing_class = False
+        self.collector = collecting.Collector(
+            self, flush_s=results_flush_s, limits=results_limits or results.Limits(),
+            pending_max=results_pending_max, clock=clock,
+        )  # fmt: skip
+        """Results reports, buffered and written in batches."""
 
     @property
     def settings(self) -> policy.RunSettings:
@@ -166,7 +180,7 @@ class Reconciler:
         due: list[dt.datetime] = []
         for item in items:
             key = snapshots.key(item)
-            async with self._lock(key):
+            async with self.lock(key):
                 if self._stale(key, item):
                     fresh = await self.store.get_run(*key)
                     if fresh is None:
@@ -193,7 +207,7 @@ class Reconciler:
     async def reconcile_now(self, namespace: str, name: str) -> dict[str, Any] | None:
         """Reconcile one run at once (after a submission or a cancel); return it. Only what
         needs no read of its attempt is decided here; the next pass does the rest."""
-        async with self._lock((namespace, name)):
+        async with self.lock((namespace, name)):
             item = await self.store.get_run(namespace, name)
             if item is None or not self.manages(item):
                 return item
@@ -207,9 +221,9 @@ class Reconciler:
         """Accept a checkpoint report from the run's current attempt: keep it in the status
         (newest `checkpoints_kept`) and rewrite the per-run ConfigMap its pods read as a file.
         Raise RunNotFoundError, or checkpoints.FencedError for a stale or unknown attempt."""
-        async with self._lock((namespace, name)):
-            item = await self._managed_run(namespace, name)
-            old = records.read(item.get("status"))
+        async with self.lock((namespace, name)):
+            item = await self.managed_run(namespace, name)
+            old = records.read(item.get("status"), results=False)
             checkpoints.fence(report, old.current_attempt)
             entry = checkpoints.record(report, self._clock())
             new = old.model_copy(
@@ -217,7 +231,7 @@ class Reconciler:
                     "checkpoints": checkpoints.add(old.checkpoints, entry, self.checkpoints_kept)
                 }
             )
-            await self._write(item, new)
+            await self.write_status(item, new)
             self.elector.ensure_leader()
             body = objects.render_checkpoint_configmap(
                 objects.run_ref(item), objects.checkpoint_configmap_name(name), "",
@@ -236,8 +250,8 @@ class Reconciler:
     ) -> dict[str, Any]:
         """Start the next attempt of a Failed or Cancelled run by hand (`policy.decide_resume`);
         raise RunNotFoundError, or errors.Conflict when the run has not ended badly."""
-        async with self._lock((namespace, name)):
-            item = await self._managed_run(namespace, name)
+        async with self.lock((namespace, name)):
+            item = await self.managed_run(namespace, name)
             run = self.run_input(item, None, self._priority_classes)
             plan = policy.decide_resume(run, self.settings, self._clock(), checkpoint=checkpoint,
                                         by=by)  # fmt: skip
@@ -264,7 +278,7 @@ class Reconciler:
                 {(snapshots.key(p)[0], str(p["metadata"]["labels"][marks.RUN_LABEL])) for p in pods}
             )
             for namespace, name in hit:
-                async with self._lock((namespace, name)):
+                async with self.lock((namespace, name)):
                     item = await self.store.get_run(namespace, name)
                     if item is None or not self.manages(item):
                         continue
@@ -343,12 +357,14 @@ class Reconciler:
     ) -> policy.RunInput:
         """One run's share of what was read (`snap` None: only the TauRun itself)."""
         meta = item.get("metadata") or {}
-        status = records.read(item.get("status"))
+        annotations = meta.get("annotations") or {}
+        status = records.read(item.get("status"), results=False)
         base = policy.RunInput(
             ref=objects.run_ref(item), spec=item.get("spec") or {}, status=status,
-            cancel_requested=bool((meta.get("annotations") or {}).get(marks.CANCEL_ANNOTATION)),
+            cancel_requested=bool(annotations.get(marks.CANCEL_ANNOTATION)),
             observed=snap is not None, priority_classes=classes,
             new_token="" if status.token_sha256 else attempts.new_token(),
+            rerun_of=reruns.read_source(annotations),
         )  # fmt: skip
         if snap is None:
             return base
@@ -366,7 +382,7 @@ class Reconciler:
             observed=True, attempt_object=seen.attempt_object, workload=workload,
             pods=seen.pods, nodes=snap.nodes, position=position,
             cluster_queue=snap.local_queues.get((base.ref.namespace, queue)), held=held,
-            priority_classes=classes, new_token=base.new_token,
+            priority_classes=classes, new_token=base.new_token, rerun_of=base.rerun_of,
         )  # fmt: skip
 
     # ------------------------------------------------------------------ decide, execute
@@ -392,7 +408,7 @@ class Reconciler:
     async def _execute(self, item: dict[str, Any], plan: policy.RunPlan) -> dict[str, Any]:
         """Carry a plan out: its writes in order, then the status; count what it decided."""
         namespace, name = snapshots.key(item)
-        item = await self.attempts.apply(namespace, name, plan) or item
+        item = await self.attempts.apply(objects.run_ref(item), plan) or item
         for attempt in plan.started:
             self.metrics.run_attempts.labels("started").inc()
             log.info("attempt started", run=f"{namespace}/{name}", attempt=attempt)
@@ -402,7 +418,7 @@ class Reconciler:
             self.metrics.run_resumes.labels(plan.resumed).inc()
         if plan.queue_wait_s is not None:
             self.metrics.run_queue_seconds.observe(plan.queue_wait_s)
-        return await self._write(item, plan.status)
+        return await self.write_status(item, plan.status)
 
     async def visibility_position(
         self, namespace: str, queue: str, workload: str
@@ -413,9 +429,11 @@ class Reconciler:
             return None
         return positions.position_from_visibility(items, namespace, workload)
 
-    async def _write(self, item: dict[str, Any], status: records.RunStatus) -> dict[str, Any]:
+    async def write_status(self, item: dict[str, Any], status: records.RunStatus) -> dict[str, Any]:
         """Patch the status with what changed (nothing when nothing did)."""
-        old = records.wire(records.read(item.get("status")))
+        # The results are written by the collector alone (with them in `status`); a status
+        # read without them patches everything else and leaves them as they are.
+        old = records.wire(records.read(item.get("status"), results=status.results is not None))
         new = records.wire(status)
         if old == new:
             return item
@@ -433,7 +451,7 @@ class Reconciler:
         return written
 
     # ------------------------------------------------------------------ helpers
-    async def _managed_run(self, namespace: str, name: str) -> dict[str, Any]:
+    async def managed_run(self, namespace: str, name: str) -> dict[str, Any]:
         """The run, read fresh; RunNotFoundError when it is gone or another manager's."""
         item = await self.store.get_run(namespace, name)
         if item is None or not self.manages(item):
@@ -442,11 +460,9 @@ class Reconciler:
 
     def manages(self, item: Mapping[str, Any]) -> bool:
         """Whether this reconciler is the run's manager (see `marks.MANAGED_BY_ANNOTATION`)."""
-        annotations = (item.get("metadata") or {}).get("annotations") or {}
-        manager = annotations.get(marks.MANAGED_BY_ANNOTATION, marks.DEFAULT_RUN_MANAGER)
-        return bool(manager == self.manager)
+        return manages(item, self.manager)
 
-    def _lock(self, key: tuple[str, str]) -> asyncio.Lock:
+    def lock(self, key: tuple[str, str]) -> asyncio.Lock:
         return self._locks.setdefault(key, asyncio.Lock())
 
     def _stale(self, key: tuple[str, str], item: Mapping[str, Any]) -> bool:
@@ -455,6 +471,12 @@ class Reconciler:
             return False
         rv = str((item.get("metadata") or {}).get("resourceVersion", ""))
         return not rv.isdigit() or int(rv) < written
+
+
+def manages(item: Mapping[str, Any], manager: str) -> bool:
+    """Whether `manager` manages the TauRun (its `taugrid.dev/managed-by`, else the default)."""
+    annotations = (item.get("metadata") or {}).get("annotations") or {}
+    return bool(annotations.get(marks.MANAGED_BY_ANNOTATION, marks.DEFAULT_RUN_MANAGER) == manager)
 
 
 def attempt_kind(item: Mapping[str, Any]) -> str:

@@ -103,6 +103,9 @@ class AttemptRecord(StatusModel):
     """The checkpoint it started from; "" a fresh start; None when not decided yet."""
     priority_class: str | None = None
     """The WorkloadPriorityClass it was given (the resume boost), when not the spec's."""
+    not_ready: str = ""
+    """Why its pods were last seen not running while it was admitted (unschedulable, an
+    image that cannot be pulled...), kept after Kueue or a person removed the pods."""
 
 
 class Checkpoint(StatusModel):
@@ -112,6 +115,60 @@ class Checkpoint(StatusModel):
     step: int
     path: str
     time: Time
+
+
+class MetricPoint(StatusModel):
+    """One value of a metric at a training step."""
+
+    step: int
+    value: float
+    time: Time
+
+
+class MetricSeries(StatusModel):
+    """One named metric over steps, lowest step first. Past its cap the older points are
+    thinned (kept at a coarser spacing; the first and the newest always stay)."""
+
+    name: str
+    points: tuple[MetricPoint, ...] = ()
+    thinned: int = 0
+    """Points dropped by thinning so far."""
+
+
+class Artifact(StatusModel):
+    """Something the run produced, by URI (a model in a bucket, a file on a volume)."""
+
+    uri: str
+    size: int | None = None
+    """Bytes, when the run knew them."""
+    digest: str | None = None
+    """`sha256:<hex>`, when the run knew it."""
+    attempt: int = 0
+    time: Time | None = None
+
+
+class Results(StatusModel):
+    """What the run's pods reported (`POST …/results`): metrics, artifacts, a summary."""
+
+    metrics: tuple[MetricSeries, ...] = ()
+    artifacts: tuple[Artifact, ...] = ()
+    """Newest last; past the cap the oldest go (counted in `artifactsDropped`)."""
+    artifacts_dropped: int = 0
+    summary: str = ""
+    summary_time: Time | None = None
+    reports: int = 0
+    """Reports merged so far."""
+    updated_time: Time | None = None
+
+
+class RerunSource(StatusModel):
+    """The run a rerun was made from (`POST …/rerun`)."""
+
+    name: str
+    uid: str = ""
+    spec_hash: str = ""
+    image_id: str | None = pydantic.Field(default=None, alias="imageID")
+    """The image the old run ran, by digest, when its evidence had one."""
 
 
 class KueueEvidence(StatusModel):
@@ -150,6 +207,8 @@ class Evidence(StatusModel):
     nodes: tuple[str, ...] = ()
     experiment: dict[str, Any] | None = None
     attempts: tuple[EvidenceAttempt, ...] = ()
+    rerun_of: RerunSource | None = None
+    """The run this one reruns, from its evidence (`tau rerun`)."""
 
 
 class RunStatus(StatusModel):
@@ -176,6 +235,8 @@ class RunStatus(StatusModel):
     """True once a finished run's objects were deleted after the TTL."""
     attempt_budget_from: int = 0
     """`retry.maxAttempts` counts the attempts after this one (a manual resume resets it)."""
+    results: Results | None = None
+    """Metrics, artifacts and a summary the run reported, size-capped."""
 
     @property
     def last_attempt(self) -> AttemptRecord | None:
@@ -187,11 +248,16 @@ class RunStatus(StatusModel):
         return next((a for a in self.attempts if a.number == number), None)
 
 
-def read(raw: Mapping[str, Any] | None) -> RunStatus:
+def read(raw: Mapping[str, Any] | None, *, results: bool = True) -> RunStatus:
     """The status of a raw TauRun; a status that cannot be read is reported, never guessed
-    (ValueError naming the member)."""
+    (ValueError naming the member). `results=False` leaves `results` out (None): the
+    reconciler never needs them and they are most of a busy run's status, so its passes do
+    not parse them, and `patch_body` of two such statuses never touches them."""
+    members = dict(raw or {})
+    if not results:
+        members.pop("results", None)
     try:
-        return RunStatus.model_validate(dict(raw or {}))
+        return RunStatus.model_validate(members)
     except pydantic.ValidationError as err:
         first = err.errors(include_url=False)[0]
         where = ".".join(str(p) for p in first["loc"])

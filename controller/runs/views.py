@@ -75,6 +75,10 @@ class WorkloadView:
     """(name, state, message) of each admission check."""
     active: bool = True
     uid: str = ""
+    requeue_at: dt.datetime | None = None
+    """`status.requeueState.requeueAt`: when Kueue queues it again after a backoff."""
+    requeue_count: int = 0
+    """`status.requeueState.count`: how often Kueue evicted and requeued it (waitForPodsReady)."""
 
     def condition(self, kind: str) -> Condition | None:
         """The condition of the given type, if present."""
@@ -113,6 +117,7 @@ def parse_workload(raw: Mapping[str, Any]) -> WorkloadView:
             if (resource, flavor) not in flavors:
                 flavors.append((str(resource), str(flavor)))
     stats = status.get("schedulingStats") or {}
+    requeue = status.get("requeueState") or {}
     return WorkloadView(
         name=str(meta.get("name", "")),
         namespace=str(meta.get("namespace", "")),
@@ -137,6 +142,8 @@ def parse_workload(raw: Mapping[str, Any]) -> WorkloadView:
             for c in status.get("admissionChecks") or []
         ),
         active=spec.get("active", True) is not False,
+        requeue_at=timestamps.parse(requeue.get("requeueAt")),
+        requeue_count=int(requeue.get("count") or 0),
     )
 
 
@@ -161,6 +168,12 @@ class PodView:
     image_id: str = ""
     created: dt.datetime | None = None
     containers: tuple[str, ...] = ()
+    unschedulable: str = ""
+    """The scheduler's word when it cannot place the pod (`PodScheduled` False), e.g.
+    `0/4 nodes are available: persistentvolumeclaim "datasets" not found.`; '' otherwise."""
+    waiting: tuple[tuple[str, str, str], ...] = ()
+    """(container, reason, message) of each container (init containers first) that waits
+    to start: `ErrImagePull`, `ImagePullBackOff`, `CreateContainerConfigError`..."""
 
 
 def parse_pod(raw: Mapping[str, Any]) -> PodView:
@@ -186,7 +199,18 @@ def parse_pod(raw: Mapping[str, Any]) -> PodView:
             end = timestamps.parse(terminated.get("finishedAt"))
             if end is not None:
                 finished.append(end)
-    disruption = find_condition(_conditions(raw), "DisruptionTarget")
+    conditions = _conditions(raw)
+    disruption = find_condition(conditions, "DisruptionTarget")
+    scheduled = find_condition(conditions, "PodScheduled")
+    unschedulable = ""
+    if scheduled is not None and scheduled.status == "False":
+        unschedulable = scheduled.message or scheduled.reason or "not scheduled yet"
+    waiting = tuple(
+        (str(cs.get("name") or ""), str(w.get("reason") or ""), str(w.get("message") or ""))
+        for cs in [*(status.get("initContainerStatuses") or []),
+                   *(status.get("containerStatuses") or [])]
+        if isinstance(cs, dict) and (w := (cs.get("state") or {}).get("waiting")) is not None
+    )  # fmt: skip
     index = annotations.get(marks.JOB_COMPLETION_INDEX_ANNOTATION)
     attempt = labels.get(marks.ATTEMPT_LABEL)
     return PodView(
@@ -205,6 +229,8 @@ def parse_pod(raw: Mapping[str, Any]) -> PodView:
         image_id=image_id,
         created=timestamps.parse(meta.get("creationTimestamp")),
         containers=tuple(str(c.get("name", "")) for c in spec.get("containers") or []),
+        unschedulable=unschedulable,
+        waiting=waiting,
     )
 
 

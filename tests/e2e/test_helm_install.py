@@ -15,7 +15,7 @@ import pytest
 import pytest_asyncio
 from kubernetes_asyncio import client
 
-from devcluster import chart, cluster, stack
+from devcluster import chart, cluster, node, stack
 from tests import support
 
 pytestmark = pytest.mark.cluster
@@ -86,8 +86,10 @@ def can_i(dev: cluster.Cluster, bin_dir: pathlib.Path, user: str, *args: str) ->
 
 
 async def dev_fleet_nodes(k8s: client.ApiClient) -> set[str]:
-    """Names of the dev fleet's nodes."""
-    nodes = await client.CoreV1Api(k8s).list_node(label_selector=stack.DEV_FLEET_SELECTOR)
+    """Names of the dev fleet's KWOK nodes (the real node's taint keeps this release's agents
+    off it: only the dev release tolerates it)."""
+    selector = f"{stack.DEV_FLEET_SELECTOR},!{node.NODE_LABEL}"
+    nodes = await client.CoreV1Api(k8s).list_node(label_selector=selector)
     return {n.metadata.name for n in nodes.items}
 
 

@@ -209,3 +209,28 @@ async def test_ray_run_becomes_an_admitted_ray_cluster(env: kit.Env) -> None:
         assert run["phase"] == "Succeeded", run["phase"]
 
     await support.eventually(mark_succeeded, what="the ray run to succeed", interval_s=1)
+
+
+async def test_tau_logs_of_a_pod_on_a_kwok_node_says_so_and_exits_not_found(
+    env: kit.Env, tmp_path: pathlib.Path
+) -> None:
+    """A new user's first `tau logs`: the run's pod is on a KWOK node, which runs no process
+    and keeps no log. tau says so in a sentence (no Status body) and exits 5, not found."""
+    spec = tmp_path / "tau.yaml"
+    spec.write_text(
+        f"name: hello\nimage: {kit.IMAGE}\ncommand: echo hi\n"
+        "resources: {gpus: 1, cpu: 1, memory: 1Gi}\nqueue: q\n"
+    )
+    code, _, err = await tau(env, "run", str(spec))
+    assert code == 0, err
+    await run_pods(env, "hello")
+
+    async def refused() -> tuple[int, str]:
+        code, out, err = await tau(env, "logs", "hello")
+        assert code != 0, out
+        return code, err
+
+    code, err = await support.eventually(refused, what="tau logs to answer")
+    assert code == 5, err
+    assert "a node KWOK simulates" in err
+    assert '"kind"' not in err

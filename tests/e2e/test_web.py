@@ -8,6 +8,7 @@ the mouse. What it shows is read back from the DOM's data attributes and text.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import dataclasses
 import os
@@ -80,6 +81,7 @@ class World:
     researcher: str
     """May submit and read runs in the namespace, not read nodes."""
     http: aiohttp.ClientSession
+    api: client.ApiClient
 
 
 async def _oncall_researcher_token(api: client.ApiClient, namespace: str) -> str:
@@ -123,7 +125,7 @@ async def world(
             run_pod_annotations={"kwok.taugrid.dev/run-for": "600s"},
             run_manager=f"test/{namespace}",
         ) as (ctl, http, _loops):  # fmt: skip
-            w = World(ctl.url, namespace, nodes, agents, token, researcher, http)
+            w = World(ctl.url, namespace, nodes, agents, token, researcher, http, k8s)
             await _submit(w)
             yield w
     finally:
@@ -313,3 +315,87 @@ async def test_a_token_that_may_not_read_nodes_still_sees_its_runs(
     await support.eventually(fits, what="the page to fit 360 px")
     refusals = re.compile(r"status of 403 .*/v1/(fleet|nodes)\b")
     assert [p for p in page.problems() if not refusals.search(p)] == []
+
+
+async def _report(w: World, run: str, body: dict[str, Any]) -> None:
+    """Report results as the run's pod does, with its run-scoped token."""
+
+    async def read() -> str:
+        secret = await client.CoreV1Api(w.api).read_namespaced_secret(f"{run}-token",
+                                                                         w.namespace)  # fmt: skip
+        return base64.b64decode(secret.data["token"]).decode()
+
+    token = await support.eventually(support.not_found_is_not_yet(read), what=f"{run}'s token")
+
+    async def accepted() -> None:  # a 503 (the lease changing hands) is retried, as pods do
+        async with w.http.post(f"{w.url}/v1/runs/{w.namespace}/{run}/results", json=body,
+                               headers={"Authorization": f"Bearer {token}"}) as resp:  # fmt: skip
+            if resp.status == 503:
+                raise support.NotYetError(await resp.text())
+            assert resp.status == 202, await resp.text()
+
+    await support.eventually(accepted, what=f"{run}'s report accepted")
+
+
+CHARTS = """(() => {
+  const all = (root, sel) => [...root.querySelectorAll(sel)];
+  const exp = document.getElementById("experiment-chart");
+  return {
+    metrics: Object.fromEntries(all(document, "#metrics figure[data-metric]").map((f) => [
+      f.dataset.metric, { points: Number(f.dataset.points),
+        line: f.querySelector("svg polyline") !== null,
+        caption: f.querySelector("figcaption").textContent }])),
+    artifacts: all(document, "#artifacts-body tr[data-artifact]").map((r) => r.dataset.artifact),
+    summary: document.getElementById("results-summary").textContent,
+    experiment: exp.dataset.experiment || null,
+    overlaid: Object.fromEntries(all(exp, "polyline[data-series]").map((p) => [
+      p.dataset.series, Number(p.dataset.points)])),
+    legend: all(exp, ".legend li[data-run]").map((li) => li.dataset.run),
+  };
+})()"""
+"""The run detail's results and the experiment's overlay, as the page draws them."""
+
+
+async def test_a_runs_results_are_charted_and_its_experiments_runs_overlaid(
+    page: browser.Page, world: World
+) -> None:
+    """Two runs of one experiment report a loss curve, one an artifact and a summary: its
+    detail draws the loss as an inline SVG line over its steps beside the artifact, and the
+    experiment's chart overlays both runs' curves; nothing the runs sent became markup."""
+    for name in ("sweep-a", "sweep-b"):
+        spec = runs_kit.job_spec(name, experiment={"name": "sweep", "project": "web"})
+        async with world.http.post(f"{world.url}/v1/runs", json=spec,
+                                   params={"namespace": world.namespace},
+                                   headers={"Authorization": f"Bearer {world.researcher}"},
+                                   ) as resp:  # fmt: skip
+            assert resp.status == 201, await resp.text()
+    for name, scale in (("sweep-a", 1.0), ("sweep-b", 0.5)):
+        await _report(world, name, {"attempt": 1, "metrics": [
+            {"name": "loss", "value": scale / (step + 1), "step": step * 10} for step in range(12)
+        ]})  # fmt: skip
+    await _report(world, "sweep-a", {"attempt": 1, "summary": "<b>done</b>", "artifacts": [
+        {"uri": "s3://bucket/sweep-a/model.pt", "size": 12}]})  # fmt: skip
+    await page.goto(f"{world.url}/?namespace={world.namespace}")
+    await _sign_in(page, world.token)
+    key = f"{world.namespace}/sweep-a"
+
+    async def listed() -> None:
+        assert key in (await _snapshot(page))["runs"], "sweep-a not listed yet"
+
+    await support.eventually(listed, what="sweep-a in the runs table")
+    await page.click(f'[data-open-run="{key}"]')
+
+    async def drawn() -> dict[str, Any]:
+        seen = dict(await page.evaluate(CHARTS))
+        assert seen["metrics"].get("loss", {}).get("points") == 12, seen
+        assert seen["overlaid"] == {"sweep-a": 12, "sweep-b": 12}, seen
+        return seen
+
+    seen = await support.eventually(drawn, what="the loss chart and the experiment's overlay")
+    assert seen["metrics"]["loss"]["line"] is True
+    assert seen["metrics"]["loss"]["caption"].startswith("loss: 0.08333 at step 110")
+    assert seen["artifacts"] == ["s3://bucket/sweep-a/model.pt"]
+    assert seen["summary"] == "<b>done</b>"
+    assert (seen["experiment"], seen["legend"]) == ("sweep", ["sweep-a", "sweep-b"])
+    assert await page.evaluate("document.querySelector('#results-summary b')") is None
+    assert page.problems() == []

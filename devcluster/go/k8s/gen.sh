@@ -16,5 +16,6 @@ done
 go mod edit -godebug=default=go1.26
 go mod edit -require="k8s.io/kubernetes@$K8S"
 go get -tool k8s.io/kubernetes/cmd/kube-apiserver@$K8S k8s.io/kubernetes/cmd/kube-controller-manager@$K8S \
-  k8s.io/kubernetes/cmd/kube-scheduler@$K8S k8s.io/kubernetes/cmd/kubectl@$K8S
+  k8s.io/kubernetes/cmd/kube-scheduler@$K8S k8s.io/kubernetes/cmd/kubectl@$K8S \
+  k8s.io/kubernetes/cmd/kubelet@$K8S
 go mod tidy

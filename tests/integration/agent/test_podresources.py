@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import pathlib
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -22,7 +23,8 @@ from aiohttp import test_utils
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent import app as agent_app
-from agent import metrics, monitoring, settings, snapshots
+from agent import attribution, metrics, monitoring, settings, snapshots
+from agent.probing import podresources as pr_client
 from devcluster import fakenvml, podresources
 
 DEADLINE_S = 30.0
@@ -170,6 +172,8 @@ async def test_attribution_follows_pods_as_they_come_and_go(
         pytest.param("no-socket", "does not exist", id="without the kubelet socket it is off"),
         pytest.param("no-client", "no generated PodResources client",
                      id="without the generated client it is off"),
+        pytest.param("grpcio-client", "no generated PodResources client (grpclib)",
+                     id="a client an older builder made for grpcio only is not used"),
         pytest.param("not-answering", "PodResources List", id="a kubelet that does not answer"),
         pytest.param("disabled", "off by setting", id="turned off by setting"),
     ],
@@ -186,6 +190,10 @@ async def test_attribution_off_is_said_plainly_and_the_agent_works_on(  # noqa: 
     fake.reset_all()
     sock = sock_dir / "kubelet.sock"
     client = tmp_path / "nothing-here" if setup == "no-client" else client_dir
+    if setup == "grpcio-client":
+        client = tmp_path / "grpcio-only"
+        shutil.copytree(client_dir, client)
+        (client / podresources.PACKAGE / "api_grpc.py").unlink()
     if setup == "not-answering":
         sock.write_text("")  # a file where a socket should be: connection refused
     extra = {"pod_labels": False} if setup == "disabled" else {}
@@ -199,3 +207,150 @@ async def test_attribution_off_is_said_plainly_and_the_agent_works_on(  # noqa: 
         assert "pod" not in labelled(view, "DCGM_FI_DEV_GPU_TEMP")["0"]
     finally:
         await mon.stop()
+
+
+# ---------------------------------------------------------------- the client against the server
+
+
+def one_pod(uuid: str = "GPU-0") -> list[Any]:
+    """One pod holding one device-plugin GPU."""
+    return [("team-a", "job", [("main", [("nvidia.com/gpu", [uuid])], [])])]
+
+
+def held(devices: list[attribution.DeviceGrant]) -> list[tuple[str, str]]:
+    """(pod, device id) of each device-plugin grant."""
+    return [(d.ref.pod, d.device_id) for d in devices]
+
+
+async def test_a_call_the_kubelet_does_not_answer_in_time_gives_up_and_the_next_one_answers(
+    kubelet: Any, client_dir: pathlib.Path
+) -> None:
+    """The List timeout bounds a call to a kubelet that accepted it and never answers."""
+    kubelet.pods = one_pod()
+    client = pr_client.Client(client_dir, kubelet.socket, timeout_s=0.2)
+    try:
+        kubelet.answering.clear()
+        async with asyncio.timeout(DEADLINE_S):
+            with pytest.raises(pr_client.PodResourcesError, match="DEADLINE_EXCEEDED"):
+                await client.list()
+        kubelet.answering.set()
+        devices, _ = await client.list()
+        assert held(devices) == [("job", "GPU-0")]
+    finally:
+        await client.close()
+
+
+async def test_a_kubelet_answering_an_error_status_is_said_by_its_name_and_the_next_call_works(
+    kubelet: Any, client_dir: pathlib.Path
+) -> None:
+    """A status the kubelet sends (here grpcio's) reaches `/v1/gpus` as gRPC names it."""
+    kubelet.error = ("PERMISSION_DENIED", "pod resources API is disabled")
+    client = pr_client.Client(client_dir, kubelet.socket, timeout_s=DEADLINE_S)
+    try:
+        with pytest.raises(pr_client.PodResourcesError) as caught:
+            await client.list()
+        assert str(caught.value).endswith(": PERMISSION_DENIED pod resources API is disabled")
+        kubelet.error = None
+        kubelet.pods = one_pod()
+        devices, _ = await client.list()
+        assert held(devices) == [("job", "GPU-0")]
+    finally:
+        await client.close()
+
+
+MIB = 1024 * 1024
+
+
+@pytest.mark.parametrize(
+    ("answer_bytes", "cap", "refused"),
+    [
+        pytest.param(5 * MIB, None, False,
+                     id="an answer over gRPC's usual 4 MiB and under the kubelet's 16 MiB is read"),
+        pytest.param(17 * MIB, None, True, id="an answer over 16 MiB is refused"),
+        pytest.param(64 * 1024, 32 * 1024, True, id="an answer over a smaller cap is refused"),
+    ],
+)  # fmt: skip
+async def test_answers_are_read_up_to_the_message_cap_and_the_next_call_works(
+    kubelet: Any, client_dir: pathlib.Path, answer_bytes: int, cap: int | None, refused: bool
+) -> None:
+    """The cap is the kubelet's own client's (16 MiB); a refusal leaves the client usable."""
+    # One device id of 40 characters costs 42 bytes in the answer.
+    ids = [f"GPU-{i:036d}" for i in range(answer_bytes // 42 + 1)]
+    kubelet.pods = [("team-a", "big", [("main", [("nvidia.com/gpu", ids)], [])])]
+    extra = {} if cap is None else {"max_message_bytes": cap}
+    client = pr_client.Client(client_dir, kubelet.socket, timeout_s=DEADLINE_S, **extra)
+    try:
+        if refused:
+            with pytest.raises(pr_client.PodResourcesError, match="RESOURCE_EXHAUSTED"):
+                await client.list()
+        else:
+            devices, _ = await client.list()
+            assert len(ids) == len(devices)
+        kubelet.pods = one_pod()
+        devices, _ = await client.list()
+        assert held(devices) == [("job", "GPU-0")]
+    finally:
+        await client.close()
+
+
+@pytest.mark.parametrize(
+    "call_while_down",
+    [
+        pytest.param(True, id="a call while the kubelet is down fails and the next one answers"),
+        pytest.param(False, id="the first call after a kubelet restart answers"),
+    ],
+)
+async def test_the_client_reconnects_after_a_kubelet_restart(
+    kubelet: Any, client_dir: pathlib.Path, call_while_down: bool
+) -> None:
+    """A restarted kubelet replaces its socket; the same client reaches the new one."""
+    kubelet.pods = one_pod()
+    client = pr_client.Client(client_dir, kubelet.socket, timeout_s=DEADLINE_S)
+    try:
+        devices, _ = await client.list()
+        assert held(devices) == [("job", "GPU-0")]
+        await kubelet.stop()
+        if call_while_down:
+            with pytest.raises(pr_client.PodResourcesError, match="PodResources List"):
+                await client.list()
+        kubelet.pods = one_pod("GPU-1")
+        await kubelet.start()
+        devices, _ = await client.list()
+        assert held(devices) == [("job", "GPU-1")]
+    finally:
+        await client.close()
+
+
+AGENT_WITHOUT_GRPCIO = """
+import asyncio, pathlib, sys
+sys.modules["grpc"] = None  # `import grpc` now fails, as where grpcio is not installed
+from agent import app
+loaded = sorted(m for m in ("grpc", "grpclib", "h2") if sys.modules.get(m))
+from agent.probing import podresources
+
+async def main():
+    client = podresources.Client(
+        pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2]), timeout_s=30
+    )
+    devices, _ = await client.list()
+    await client.close()
+    print(loaded, [d.device_id for d in devices])
+
+asyncio.run(main())
+"""
+
+
+async def test_the_agent_calls_the_kubelet_without_grpcio_and_loads_grpclib_only_to_call(
+    kubelet: Any, client_dir: pathlib.Path
+) -> None:
+    """grpcio is a dev dependency (the stand-in kubelet): the agent's runtime never imports it,
+    and importing the agent loads no gRPC library until attribution runs."""
+    kubelet.pods = one_pod()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", AGENT_WITHOUT_GRPCIO, str(client_dir), str(kubelet.socket),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    async with asyncio.timeout(DEADLINE_S):
+        out, err = await proc.communicate()
+    assert (proc.returncode, out.decode().strip()) == (0, "[] ['GPU-0']"), err.decode()

@@ -23,7 +23,7 @@ from kubernetes_asyncio import client
 from controller import serving
 from devcluster import cluster, pki
 from tests import controllerkit as kit
-from tests import support
+from tests import kueue, support
 
 TAU = pathlib.Path(__file__).parents[3] / "controller/assets/tau.py"
 IMAGE = "registry.example/train@sha256:" + "0" * 64
@@ -175,21 +175,26 @@ async def test_run_pods_get_the_ca_and_the_tau_client_needs_it(
     TAU_CA_FILE; `tau` with that file reaches the HTTPS controller, without it fails (exit 7)
     on the certificate."""
     token = await _researcher_token(k8s, namespace)
-    async with replicas(
-        dev_cluster, namespace, certs, 1, run_manager=f"test/{namespace}",
-        **tls_settings(certs, trust=True),
-    ) as (ctl,):  # fmt: skip
-        await kit.wait_leader(ctl)
-        env = {"TAU_URL": ctl.url, "TAU_TOKEN": token, "TAU_NAMESPACE": namespace}
-        ca_file = str(certs / "ca.crt")
-        submitted = await tau({**env, "TAU_CA_FILE": ca_file}, "run", "--name", "tls",
-                              "--image", IMAGE, "--", "python", "train.py")  # fmt: skip
-        listed = await tau({**env, "TAU_CA_FILE": ca_file}, "list")
-        refused = await tau(env, "list")
-        core, batch = client.CoreV1Api(k8s), client.BatchV1Api(k8s)
-        config = await core.read_namespaced_config_map("tls-checkpoint", namespace)
-        job = await batch.read_namespaced_job("tls-a1", namespace)
-        job_env = {e.name: e.value for e in job.spec.template.spec.containers[0].env}
+    queue = await kueue.create_queues(k8s, namespace, gpus=1)  # a submission needs its queue
+    try:
+        async with replicas(
+            dev_cluster, namespace, certs, 1, run_manager=f"test/{namespace}",
+            **tls_settings(certs, trust=True),
+        ) as (ctl,):  # fmt: skip
+            await kit.wait_leader(ctl)
+            env = {"TAU_URL": ctl.url, "TAU_TOKEN": token, "TAU_NAMESPACE": namespace}
+            ca_file = str(certs / "ca.crt")
+            submitted = await tau({**env, "TAU_CA_FILE": ca_file}, "run", "--name", "tls",
+                                  "--queue", queue, "--image", IMAGE, "--", "python",
+                                  "train.py")  # fmt: skip
+            listed = await tau({**env, "TAU_CA_FILE": ca_file}, "list")
+            refused = await tau(env, "list")
+            core, batch = client.CoreV1Api(k8s), client.BatchV1Api(k8s)
+            config = await core.read_namespaced_config_map("tls-checkpoint", namespace)
+            job = await batch.read_namespaced_job("tls-a1", namespace)
+            job_env = {e.name: e.value for e in job.spec.template.spec.containers[0].env}
+    finally:
+        await kueue.delete_queues(k8s, namespace)
     assert submitted[0] == 0, submitted[1]
     assert (listed[0], "tls" in listed[1]) == (0, True), listed[1]
     assert (refused[0], "CERTIFICATE_VERIFY_FAILED" in refused[1]) == (7, True), refused[1]

@@ -199,18 +199,24 @@ def test_every_option_on_renders_every_optional_object(everything: list[dict[str
     one(everything, "Service", "taugrid-agent")
 
 
-def test_the_charts_crd_is_the_projects_crd() -> None:
-    """crds/taurun.yaml is a byte-for-byte copy of deploy/crds/taurun.yaml."""
-    ours = build.REPO / "deploy" / "crds" / "taurun.yaml"
-    charted = chart.CHART_DIR / "crds" / "taurun.yaml"
+@pytest.mark.parametrize("name", ["taurun.yaml", "taurunlog.yaml"])
+def test_the_charts_crds_are_the_projects_crds(name: str) -> None:
+    """crds/<name> is a byte-for-byte copy of deploy/crds/<name>, and the chart has no other."""
+    ours = build.REPO / "deploy" / "crds" / name
+    charted = chart.CHART_DIR / "crds" / name
     assert ours.read_bytes() == charted.read_bytes()
+    assert sorted(p.name for p in (chart.CHART_DIR / "crds").glob("*.yaml")) == sorted(
+        p.name for p in (build.REPO / "deploy" / "crds").glob("*.yaml")
+    )
 
 
-def test_the_crd_is_rendered_only_when_asked() -> None:
-    """Helm installs crds/ itself; `--include-crds` shows the TauRun CRD in a rendering."""
-    docs = render(include_crds=True)
-    crd = one(docs, "CustomResourceDefinition")
-    assert crd["metadata"]["name"] == "tauruns.taugrid.dev"
+def test_the_crds_are_rendered_only_when_asked() -> None:
+    """Helm installs crds/ itself; `--include-crds` shows the TauRun and TauRunLog CRDs."""
+    assert objects(render(), "CustomResourceDefinition") == []
+    crds = objects(render(include_crds=True), "CustomResourceDefinition")
+    assert sorted(c["metadata"]["name"] for c in crds) == [
+        "taurunlogs.taugrid.dev", "tauruns.taugrid.dev",
+    ]  # fmt: skip
 
 
 # ---------------------------------------------------------------------- prerequisites
@@ -286,6 +292,7 @@ CONTROLLER_RIGHTS = [
     Right("ray.io", "rayjobs", "create"), Right("ray.io", "rayjobs/status", "patch"),
     Right("", "services", "create"), Right("", "secrets", "create"), Right("", "secrets", "patch"),
     Right("", "configmaps", "create"), Right("", "configmaps", "patch"),
+    Right("", "persistentvolumeclaims", "get"),
     Right("events.k8s.io", "events", "create"), Right("events.k8s.io", "events", "patch"),
     Right("coordination.k8s.io", "leases", "create"),
     Right("coordination.k8s.io", "leases", "update", "taugrid-controller"),
@@ -297,6 +304,7 @@ CONTROLLER_RIGHTS = [
     Right("kueue.x-k8s.io", "resourceflavors", "list"),
     Right("kueue.x-k8s.io", "workloadpriorityclasses", "get"),
     Right("taugrid.dev", "tauruns", "create"), Right("taugrid.dev", "tauruns/status", "patch"),
+    Right("taugrid.dev", "taurunlogs", "create"), Right("taugrid.dev", "taurunlogs", "update"),
     Right("visibility.kueue.x-k8s.io", "clusterqueues/pendingworkloads", "get"),
     Right("visibility.kueue.x-k8s.io", "localqueues/pendingworkloads", "get"),
     Right("authentication.k8s.io", "tokenreviews", "create"),
@@ -344,6 +352,7 @@ def test_without_ray_the_controller_gets_no_ray_rights() -> None:
 # templates/rbac-controller.yaml.
 TAURUN, RAYJOB = ("taugrid.dev", "tauruns"), ("ray.io", "rayjobs")
 DRA = ("resource.k8s.io",)
+TAURUNLOG = ("taugrid.dev", "taurunlogs")
 CALL_RIGHTS: dict[tuple[str, str, str], tuple[Right, ...]] = {
     ("_core", "list_node", ""): (Right("", "nodes", "list"), Right("", "nodes", "watch")),
     ("_core", "patch_node", ""): (Right("", "nodes", "patch"),),
@@ -358,6 +367,8 @@ CALL_RIGHTS: dict[tuple[str, str, str], tuple[Right, ...]] = {
     ("_core", "create_namespaced_config_map", ""): (Right("", "configmaps", "create"),),
     ("_core", "patch_namespaced_config_map", ""): (Right("", "configmaps", "patch"),),
     ("_core", "patch_namespaced_secret", ""): (Right("", "secrets", "patch"),),
+    ("_core", "read_namespaced_persistent_volume_claim", ""): (
+        Right("", "persistentvolumeclaims", "get"),),
     ("_events", "create_namespaced_event", ""): (Right("events.k8s.io", "events", "create"),),
     ("_batch", "create_namespaced_job", ""): (Right("batch", "jobs", "create"),),
     ("_batch", "delete_namespaced_job", ""): (Right("batch", "jobs", "delete"),),
@@ -383,6 +394,10 @@ CALL_RIGHTS: dict[tuple[str, str, str], tuple[Right, ...]] = {
     ("_custom", "patch_namespaced_custom_object", "TAURUN"): (Right(*TAURUN, "patch"),),
     ("_custom", "patch_namespaced_custom_object_status", "TAURUN"): (
         Right("taugrid.dev", "tauruns/status", "patch"),),
+    ("_custom", "create_namespaced_custom_object", "TAURUNLOG"): (Right(*TAURUNLOG, "create"),),
+    ("_custom", "get_namespaced_custom_object", "TAURUNLOG"): (Right(*TAURUNLOG, "get"),),
+    ("_custom", "list_namespaced_custom_object", "TAURUNLOG"): (Right(*TAURUNLOG, "list"),),
+    ("_custom", "replace_namespaced_custom_object", "TAURUNLOG"): (Right(*TAURUNLOG, "update"),),
     ("_custom", "create_namespaced_custom_object", "RAYJOB"): (Right(*RAYJOB, "create"),),
     ("_custom", "delete_namespaced_custom_object", "RAYJOB"): (Right(*RAYJOB, "delete"),),
     ("_custom", "list_cluster_custom_object", "RAYJOB"): (Right(*RAYJOB, "list"),),

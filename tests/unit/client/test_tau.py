@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import datetime
+import http.server
 import importlib.machinery
+import json
+import os
 import pathlib
 import subprocess
+import sys
+import threading
 import types
+import urllib.parse
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -106,3 +114,200 @@ def test_tau_reads_api_errors(status: int, body: bytes, code: int, message: str)
     """API errors become the documented exit code and a message naming the field."""
     err = _tau_client().Client._error(status, body)
     assert (code, message) == (err.code, str(err))
+
+
+# ---------------------------------------------------------------------- exact output
+NOW = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
+CREATED = (NOW - datetime.timedelta(days=10, hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
+RUN = {
+    "name": "mnist", "namespace": "default", "kind": "job", "queue": "default",
+    "phase": "Failed", "reason": "AppError", "message": "attempt 1 failed", "attempt": 1,
+    "queuePosition": None, "gpus": 1, "createdAt": CREATED, "startTime": "2026-01-01T00:00:00Z",
+    "endTime": "2026-01-01T00:01:00Z",
+    "attempts": [{"number": 1, "phase": "Failed", "nodes": ["gpu-node-0"], "exitCodes": [1],
+                  "failureClass": "AppError", "message": "pod mnist-a1-x exited with code 1",
+                  "startTime": "2026-01-01T00:00:00Z", "endTime": ""}],
+    "checkpoints": [],
+}  # fmt: skip
+ANSWERS: dict[str, Any] = {
+    "/v1/queues": {"namespace": "default", "items": [
+        {"name": "default", "clusterQueue": "taugrid-dev", "admittedWorkloads": 1,
+         "pendingWorkloads": 1,
+         "resources": [{"flavor": "h100", "resource": "nvidia.com/gpu", "quota": "32",
+                        "used": "8"}],
+         "waiting": [{"name": "big", "gpus": 16, "queuePosition": 0,
+                      "message": "waiting for quota"}]}]},
+    "/v1/runs/default/mnist": RUN,
+    "/v1/runs": {"items": [{**RUN, "message": ""}]},
+    "/v1/runs/default/mnist/results": {
+        "name": "mnist", "namespace": "default", "phase": "Succeeded", "attempt": 1,
+        "experiment": None, "summary": "", "artifacts": [], "artifactsDropped": 0,
+        "metrics": [{"name": "loss", "thinned": 0, "points": [
+            {"step": 100, "value": 0.5, "time": "2026-01-01T00:00:00Z"},
+            {"step": 200, "value": 0.25, "time": "2026-01-01T00:01:00Z"}],
+            "last": {"step": 200, "value": 0.25, "time": "2026-01-01T00:01:00Z"}}]},
+    "/openapi.json": {"paths": {"/v1/runs": {"post": {"parameters": [
+        {"name": "namespace", "in": "query"}, {"name": "dryRun", "in": "query"}]}}}},
+}  # fmt: skip
+"""What the controller answers, in the shapes its handlers write."""
+DRY_RUN = {
+    "dryRun": True,
+    "run": {"apiVersion": "taugrid.dev/v1alpha1", "kind": "TauRun",
+            "metadata": {"name": "mnist", "namespace": "default"},
+            "spec": {"name": "mnist", "queue": "default"}},
+    "objects": [{"kind": "Secret", "metadata": {"name": "mnist-token"}},
+                {"kind": "ConfigMap", "metadata": {"name": "mnist-checkpoint"}},
+                {"kind": "Job", "metadata": {"name": "mnist-a1"}}],
+    "warnings": ["image 'python:3.12' is not pinned by digest"],
+}  # fmt: skip
+"""`POST /v1/runs?dryRun=true` as documented by the server side (controller/runs/schemas.py
+`DryRun` of the branch that implements it): the TauRun and the objects it would create."""
+
+
+class _Answers(http.server.BaseHTTPRequestHandler):
+    posts: list[str] = []  # noqa: RUF012  (a record the tests read back)
+    dry_run = True
+
+    def _send(self, answer: Any) -> None:
+        body = json.dumps(answer).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self) -> None:
+        path = urllib.parse.urlsplit(self.path).path
+        if path == "/openapi.json" and not self.dry_run:
+            self._send({"paths": {"/v1/runs": {"post": {}}}})
+            return
+        self._send(ANSWERS[path])
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        type(self).posts.append(self.path)
+        self._send(DRY_RUN)
+
+    def log_message(self, *args: Any) -> None:
+        """Quiet."""
+
+
+class _OldController(_Answers):
+    dry_run = False
+
+
+def _serve(handler: type[_Answers]) -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        thread.join()
+        server.server_close()
+
+
+@pytest.fixture(scope="module")
+def answering() -> Iterator[str]:
+    """A loopback HTTP server that answers as the controller does, for the client's output."""
+    yield from _serve(_Answers)
+
+
+@pytest.fixture(scope="module")
+def answering_old() -> Iterator[str]:
+    """The same, as a controller without `dryRun` on POST /v1/runs answers."""
+    yield from _serve(_OldController)
+
+
+TAU = pathlib.Path(__file__).resolve().parents[3] / "controller" / "assets" / "tau.py"
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        pytest.param(["queues"], (
+            "QUEUE    CLUSTER QUEUE  GPUS USED/QUOTA  ADMITTED  PENDING\n"
+            "default  taugrid-dev    8/32 (h100)      1         1\n"
+            "\n"
+            "QUEUE    WAITING RUN  GPUS  POSITION  WHY\n"
+            "default  big          16    1         waiting for quota\n"
+        ), id="tau queues ends each table row with a newline"),
+        pytest.param(["status", "mnist"], (
+            "Name:      mnist\nNamespace: default\nKind:      job\n"
+            "Phase:     Failed (AppError)\nQueue:     default\nGPUs:      1\nAttempt:   1\n"
+            "Message:   attempt 1 failed\nCreated:   " + CREATED + "\n"
+            "Started:   2026-01-01T00:00:00Z\nEnded:     2026-01-01T00:01:00Z\n"
+            "\n"
+            "ATTEMPT  PHASE   NODES       EXIT  FAILURE   RESUMED FROM  STARTED"
+            "               ENDED\n"
+            "1        Failed  gpu-node-0  1     AppError  -             2026-01-01T00:00:00Z  -\n"
+            "  attempt 1: pod mnist-a1-x exited with code 1\n"
+        ), id="tau status RUN ends its attempts table with a newline"),
+        pytest.param(["status"], (
+            "NAME   PHASE   QUEUE    GPUS  ATTEMPT  POSITION  AGE  MESSAGE\n"
+            "mnist  Failed  default  1     1        -         10d  -\n"
+        ), id="tau status lists runs, the last row ending with a newline"),
+        pytest.param(["results", "mnist"], (
+            "Run:     mnist (Succeeded, attempt 1)\n"
+            "\n"
+            "METRIC  LAST  STEP  POINTS  MIN   MAX\n"
+            "loss    0.25  200   2       0.25  0.5\n"
+        ), id="tau results prints the metrics table"),
+        pytest.param(["results", "mnist", "--metric", "loss"], (
+            "Run:     mnist (Succeeded, attempt 1)\n"
+            "\n"
+            "STEP  LOSS  TIME\n"
+            "100   0.5   2026-01-01T00:00:00Z\n"
+            "200   0.25  2026-01-01T00:01:00Z\n"
+        ), id="tau results --metric prints the series"),
+    ],
+)  # fmt: skip
+def test_tau_prints_exactly_this(argv: list[str], expected: str, answering: str) -> None:
+    """The client's output, byte for byte, as a researcher's terminal gets it: every line
+    ends with a newline, so what follows (a warning, the prompt) starts on a line of its own."""
+    done = subprocess.run(
+        [sys.executable, str(TAU), *argv], capture_output=True, text=True, check=False,
+        env={"TAU_URL": answering, "TAU_TOKEN": "t", "PATH": os.environ["PATH"]},
+    )  # fmt: skip
+    assert (0, "", expected) == (done.returncode, done.stderr, done.stdout)
+
+
+def _tau(url: str, *argv: str, cwd: pathlib.Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(TAU), *argv], capture_output=True, text=True, check=False, cwd=cwd,
+        env={"TAU_URL": url, "TAU_TOKEN": "t", "PATH": os.environ["PATH"]},
+    )  # fmt: skip
+
+
+def test_tau_validate_prints_what_would_be_created(answering: str, tmp_path: pathlib.Path) -> None:
+    """`tau validate` posts the file with dryRun=true and prints the TauRun and its objects;
+    the server's warnings go to stderr."""
+    (tmp_path / "tau.yaml").write_text("name: mnist\nimage: python:3.12\ncommand: [python]\n")
+    done = _tau(answering, "validate", "tau.yaml", cwd=tmp_path)
+    expected = (
+        0,
+        "warning: image 'python:3.12' is not pinned by digest\n",
+        (
+            "tau.yaml is valid: run mnist in namespace default, queue default\n"
+            "submitting it would create:\n"
+            "KIND       NAME\n"
+            "TauRun     mnist\n"
+            "Secret     mnist-token\n"
+            "ConfigMap  mnist-checkpoint\n"
+            "Job        mnist-a1\n"
+        ),
+    )
+    assert expected == (done.returncode, done.stderr, done.stdout)
+    assert _Answers.posts[-1] == "/v1/runs?dryRun=true"
+
+
+def test_tau_validate_never_posts_to_a_controller_without_dry_run(
+    answering_old: str, tmp_path: pathlib.Path
+) -> None:
+    """A controller that does not document dryRun would create the run: nothing is sent."""
+    (tmp_path / "tau.yaml").write_text("name: mnist\n")
+    before = len(_OldController.posts)
+    done = _tau(answering_old, "validate", "tau.yaml", cwd=tmp_path)
+    assert (7, before) == (done.returncode, len(_OldController.posts))
+    assert "cannot validate without submitting" in done.stderr

@@ -74,3 +74,42 @@ def test_built_dir_refuses_an_unbuilt_cache_and_says_how_to_build(tmp_path: path
     with pytest.raises(build.BuildError) as err:
         build.built_dir(tmp_path)
     assert "taugrid dev build" in str(err.value)
+
+
+def _built_elsewhere(root: pathlib.Path, comp: build.Component, stamp: str) -> pathlib.Path:
+    other = root / "cluster" / "0ther" / "bin"
+    other.mkdir(parents=True)
+    for name in comp.binaries:
+        (other / name).write_text(f"{name} built earlier")
+    (other / f".built-{comp.name}").write_text(stamp + "\n")
+    return other
+
+
+@pytest.mark.parametrize(
+    ("same_stamp", "reused"),
+    [(True, True), (False, False)],
+    ids=["a component built with the same stamp is copied", "another stamp is rebuilt"],
+)
+def test_a_component_is_reused_from_another_stamp_directory(
+    tmp_path: pathlib.Path, same_stamp: bool, reused: bool
+) -> None:
+    """Adding a component changes the stamp directory; the others are copied from the one
+    that built them with the same component stamp, not rebuilt."""
+    b = build.Builder(tmp_path)
+    comp = next(c for c in b.components if c.name == "etcd")
+    stamp = build.component_stamp(comp) if same_stamp else "another-stamp"
+    _built_elsewhere(tmp_path, comp, stamp)
+    b.bin.mkdir(parents=True)
+    assert reused == b.reuse(comp)
+    expected = ["etcd built earlier"] if reused else []
+    assert expected == [(b.bin / n).read_text() for n in comp.binaries if (b.bin / n).exists()]
+
+
+def test_the_real_node_components_are_in_the_build() -> None:
+    """The kubelet comes with the Kubernetes set; containerd (with its shim and ctr), our pause
+    program and the device-plugin API are components of their own."""
+    comps = {c.name: c for c in build.Builder(pathlib.Path("/nonexistent")).components}
+    assert "kubelet" in comps["kubernetes"].binaries
+    assert comps["containerd"].binaries == ("containerd", "containerd-shim-runc-v2", "ctr")
+    assert comps["pause"].binaries == ("pause",)
+    assert comps["kubelet-api"].assets == ("deviceplugin",)

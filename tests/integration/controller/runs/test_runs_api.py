@@ -12,42 +12,15 @@ import base64
 import os
 import pathlib
 import sys
-from collections.abc import AsyncIterator
 from typing import Any
 
-import aiohttp
 import pytest
-import pytest_asyncio
 from kubernetes_asyncio import client
 
-from devcluster import cluster
-from tests import controllerkit, kueue, support
-from tests.runskit import IMAGE, RESEARCHER_RULES, Env, job_spec, make_token
+from tests import support
+from tests.runskit import IMAGE, Env, job_spec, make_token
 
 pytestmark = pytest.mark.cluster
-
-
-@pytest_asyncio.fixture
-async def env(
-    dev_cluster: cluster.Cluster, k8s: client.ApiClient, namespace: str
-) -> AsyncIterator[Env]:
-    """A controller, 8 GPUs of private quota and a researcher token in a fresh namespace."""
-    await kueue.create_queues(k8s, namespace, gpus=8)
-    token = await make_token(k8s, namespace, "researcher", RESEARCHER_RULES)
-    ctl = await controllerkit.start_controller(
-        dev_cluster.kubeconfig, namespace,
-        run_pass_interval_s=0.5,
-        run_pod_annotations={"kwok.taugrid.dev/run-for": "600s"},
-        run_manager=f"test/{namespace}",
-    )  # fmt: skip
-    await controllerkit.wait_leader(ctl)
-    http = aiohttp.ClientSession()
-    try:
-        yield Env(ctl.url, namespace, token, http, k8s, ctl)
-    finally:
-        await http.close()
-        await ctl.stop()
-        await kueue.delete_queues(k8s, namespace)
 
 
 async def read_job(api: client.ApiClient, namespace: str, name: str) -> dict[str, Any]:

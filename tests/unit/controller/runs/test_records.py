@@ -82,3 +82,15 @@ def test_a_damaged_status_is_refused_naming_the_member(damage: dict[str, Any], m
     """A status edited by hand into nonsense is reported, never guessed at."""
     with pytest.raises(ValueError, match=member):
         records.read({**WRITTEN, **damage})
+
+
+def test_the_reconcilers_read_leaves_the_results_as_they_are() -> None:
+    """Read without results (what a reconcile pass does), a status changed and patched never
+    names `results`: the collector's writes of them stand."""
+    raw = {**WRITTEN, "results": {"metrics": [{"name": "loss", "points": [
+        {"step": 1, "value": 0.5, "time": "2026-01-01T00:05:00Z"}]}], "reports": 1}}  # fmt: skip
+    seen = records.read(raw, results=False)
+    assert (seen.results, records.read(raw).results is not None) == (None, True)
+    changed = seen.model_copy(update={"phase": records.Phase.SUCCEEDED})
+    body = records.patch_body(records.wire(seen), records.wire(changed))
+    assert body == {"phase": "Succeeded"}

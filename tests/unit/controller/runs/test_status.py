@@ -515,3 +515,40 @@ def test_a_reopened_status_forgets_its_end_and_counts_attempts_afresh() -> None:
         2, None, None,
     )  # fmt: skip
     assert before.conditions[1].status == "True"
+
+
+@pytest.mark.parametrize(
+    ("recorded", "expected"),
+    [
+        pytest.param(("bad",), specs.FailureClass.NODE_FAILURE,
+                     id="pods gone from a node we quarantined: a node failure"),
+        pytest.param(("gone",), specs.FailureClass.NODE_FAILURE,
+                     id="pods gone with a node that vanished: a node failure"),
+        pytest.param(("n0",), specs.FailureClass.UNKNOWN,
+                     id="pods gone from a healthy node: still unknown"),
+        pytest.param((), specs.FailureClass.UNKNOWN, id="no node recorded: unknown"),
+    ],
+)  # fmt: skip
+def test_an_attempt_whose_pods_are_gone_is_judged_by_its_recorded_nodes(
+    recorded: tuple[str, ...], expected: specs.FailureClass
+) -> None:
+    """A real kubelet removes an evicted pod within a second of its exit, before a pass may
+    see it Failed, and the Job says only BackoffLimitExceeded: the nodes the attempt was
+    recorded on decide, as its pod would have."""
+    failure, message = lifecycle.classify_failure(
+        [], NODES, object_reason="BackoffLimitExceeded", recorded_nodes=recorded
+    )
+    assert expected == failure
+    assert message
+
+
+def test_a_failed_job_without_pods_on_a_quarantined_node_is_a_node_failure() -> None:
+    """The reconciler's path: the Job failed, its pods are gone, the record names the node."""
+    outcome = lifecycle.attempt_outcome(
+        a_job(cond("Failed", reason="BackoffLimitExceeded")),
+        a_workload(*ADMITTED),
+        [],
+        NODES,
+        recorded_nodes=["bad"],
+    )
+    assert outcome.failure_class == specs.FailureClass.NODE_FAILURE

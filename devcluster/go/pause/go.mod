@@ -1,0 +1,3 @@
+module taugrid.dev/devcluster/pause
+
+go 1.26.0

@@ -1,0 +1,157 @@
+"""Logs kept as evidence, against the local control plane: KWOK serves a worker's log from a
+file (as a kubelet serves a container's), the controller keeps its tail in a TauRunLog while
+it runs and when the attempt ends, and serves it once the pod is gone, to exactly whoever may
+read pods/log in the namespace."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from typing import Any
+
+import pytest
+from kubernetes_asyncio import client
+
+from controller.runs import context as runs_context
+from devcluster import cluster
+from tests import support
+from tests.integration.controller.runs.test_runs_api import TAU
+from tests.runskit import Env, job_spec, make_token
+
+pytestmark = pytest.mark.cluster
+
+KWOK_LOGS = ("kwok.x-k8s.io", "v1alpha1")
+TAURUNLOG = ("taugrid.dev", "v1alpha1")
+
+
+async def the_pod(env: Env, run: str) -> dict[str, Any]:
+    """The run's first pod, once it is bound to a node and running."""
+
+    async def probe() -> dict[str, Any]:
+        resp = await client.CoreV1Api(env.api).list_namespaced_pod(
+            env.namespace, label_selector=f"taugrid.dev/run={run}", _preload_content=False
+        )
+        pods = [p for p in (await resp.json())["items"] if p["status"].get("phase") == "Running"]
+        assert pods, "no running pod yet"
+        return dict(pods[0])
+
+    return await support.eventually(probe, what=f"a running pod of {run}")
+
+
+async def serve_log(env: Env, dev: cluster.Cluster, pod: str, *lines: str) -> None:
+    """Make KWOK serve these lines as the pod's container log."""
+    with cluster.pod_log_file(dev, env.namespace, pod, "main") as path:
+        cluster.append_log(path, *(cluster.cri_log_line(line) for line in lines))
+        await client.CustomObjectsApi(env.api).create_namespaced_custom_object(
+            *KWOK_LOGS, env.namespace, "logs", cluster.kwok_logs_object(env.namespace, pod, "main",
+                                                                         path),
+        )  # fmt: skip
+
+
+async def kept(env: Env, name: str) -> dict[str, Any]:
+    """A TauRunLog (404 is "not yet")."""
+
+    async def read() -> dict[str, Any]:
+        return dict(await client.CustomObjectsApi(env.api).get_namespaced_custom_object(
+            *TAURUNLOG, env.namespace, "taurunlogs", name))  # fmt: skip
+
+    return await support.eventually(support.not_found_is_not_yet(read), what=f"TauRunLog {name}")
+
+
+async def tau_logs(env: Env, *argv: str) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, str(TAU), "logs", *argv,
+        env={"TAU_URL": env.url, "TAU_TOKEN": env.token, "TAU_NAMESPACE": env.namespace,
+             "PATH": os.environ["PATH"]},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await proc.communicate()
+    return int(proc.returncode or 0), out.decode(), err.decode()
+
+
+@pytest.mark.controller(run_log_capture_interval_s=0.5, run_log_keep_kib=1,
+                        run_pod_annotations={"kwok.taugrid.dev/run-for": "6s"})  # fmt: skip
+async def test_a_workers_tail_outlives_its_pod(env: Env, dev_cluster: cluster.Cluster) -> None:
+    """While the worker runs its tail is kept (the last 1 KiB of 2000 lines); when the run
+    ends it is kept complete; with the pod deleted, `tau logs --attempt 1` prints the kept
+    tail and says so on stderr."""
+    assert (await env.submit(job_spec("evid")))[0] == 201
+    pod = (await the_pod(env, "evid"))["metadata"]["name"]
+    await serve_log(
+        env, dev_cluster, pod, *(f"step {i} loss {1 / (i + 1):.4f}" for i in range(2000))
+    )
+
+    async def running_tail() -> dict[str, Any]:
+        obj = await kept(env, "evid-a1-w0")
+        assert "step 1999 " in obj["spec"]["log"], obj["spec"]["log"][-80:]
+        return obj
+
+    obj = await support.eventually(running_tail, what="the running worker's tail kept")
+    assert (obj["spec"]["truncated"], obj["spec"]["bytes"] <= 1024) == (True, True)
+    assert obj["metadata"]["ownerReferences"][0]["kind"] == "TauRun"
+    await env.wait_phase("evid", "Succeeded")
+
+    async def complete() -> None:
+        assert (await kept(env, "evid-a1-w0"))["spec"]["complete"] is True
+
+    await support.eventually(complete, what="the tail kept complete at the end")
+    core = client.CoreV1Api(env.api)
+    await core.delete_namespaced_pod(pod, env.namespace, grace_period_seconds=0)
+
+    async def gone() -> None:
+        pods = await core.list_namespaced_pod(env.namespace, label_selector="taugrid.dev/run=evid")
+        assert not pods.items, [p.metadata.name for p in pods.items]
+
+    await support.eventually(gone, what="the pod gone")
+    code, out, err = await tau_logs(env, "evid", "--attempt", "1")
+    assert code == 0, err
+    assert out.endswith("step 1999 loss 0.0005\n"), out[-80:]
+    assert "is gone; this is the kept tail of its log (complete" in err, err
+    async with env.http.get(f"{env.url}/v1/runs/{env.namespace}/evid/logs",
+                            headers=env.headers(), params={"attempt": "1"}) as resp:  # fmt: skip
+        assert (resp.status, resp.headers["X-TauGrid-Log-Source"]) == (200, "kept")
+    status, evidence = await env.get(f"/v1/runs/{env.namespace}/evid/evidence")
+    assert status == 200
+    assert [(k["attempt"], k["worker"], k["complete"]) for k in evidence["keptLogs"]] == [
+        (1, 0, True)
+    ]
+
+
+@pytest.mark.controller(run_log_capture_interval_s=0.5)
+async def test_kept_logs_need_pods_log_and_are_never_someone_elses(
+    env: Env, dev_cluster: cluster.Cluster
+) -> None:
+    """Reading a kept log needs `get pods/log` in the namespace, exactly like live logs (a
+    token that may read runs but not pod logs gets 403); a TauRunLog of that name that is
+    not the run's own is left alone, and not served as its log (409 naming it)."""
+    assert (await env.submit(job_spec("other")))[0] == 201
+    rules = [{"apiGroups": ["taugrid.dev"], "resources": ["tauruns"], "verbs": ["get", "list"]}]
+    reader = await make_token(env.api, env.namespace, "runs-only", rules)
+    async with env.http.get(f"{env.url}/v1/runs/{env.namespace}/other/logs",
+                            headers={"Authorization": f"Bearer {reader}"},
+                            params={"kept": "true"}) as resp:  # fmt: skip
+        assert resp.status == 403, await resp.text()
+    foreign = {
+        "apiVersion": "taugrid.dev/v1alpha1", "kind": "TauRunLog",
+        "metadata": {"name": "other-a1-w0", "namespace": env.namespace},
+        "spec": {"run": "other", "attempt": 1, "worker": 0, "log": "planted\n"},
+    }  # fmt: skip
+    await client.CustomObjectsApi(env.api).create_namespaced_custom_object(
+        *TAURUNLOG, env.namespace, "taurunlogs", foreign
+    )
+    async with env.http.get(f"{env.url}/v1/runs/{env.namespace}/other/logs",
+                            headers=env.headers(), params={"kept": "true"}) as resp:  # fmt: skip
+        body = await resp.json()
+        assert (resp.status, body["error"]["code"]) == (409, "NotOurs"), body
+        assert "other-a1-w0" in body["error"]["message"]
+    pod = (await the_pod(env, "other"))["metadata"]["name"]
+    await serve_log(env, dev_cluster, pod, "the run's own line")
+    keeper = env.controller.app[runs_context.RUNS].keeper
+
+    async def refused() -> None:
+        assert keeper.refused >= 1, keeper.refused
+
+    await support.eventually(refused, what="the keeper to refuse the planted TauRunLog")
+    obj = await kept(env, "other-a1-w0")
+    assert obj["spec"]["log"] == "planted\n"
