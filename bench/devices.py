@@ -29,7 +29,7 @@ import secrets
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -41,7 +41,6 @@ from tests import controllerkit as kit
 from tests import dra
 
 LABEL = "taugrid.dev/bench"
-OURS = "taugrid.dev/quarantined-by=taugrid-controller"
 SETTLE_S = 15.0
 """Placement has settled when no pod was bound for this long (the scheduler retries pods it
 could not place on every cluster change; 15 s covers several of its backoffs)."""
@@ -88,6 +87,29 @@ class Controller:
     def stop(self) -> None:
         self.proc.terminate()
         self.proc.wait(timeout=15)
+
+
+@contextlib.asynccontextmanager
+async def reporting(
+    dev: cluster.Cluster,
+    ns: str,
+    mode: str,
+    agents: dict[str, kit.Agent],
+    http: aiohttp.ClientSession,
+) -> AsyncIterator[Controller]:
+    """A leading controller process in `mode` with every agent heartbeating to it."""
+    ctl = Controller(dev, ns, mode)
+    loop: asyncio.Task[None] | None = None
+    try:
+        await ctl.leading(http)
+        loop = asyncio.create_task(kit.heartbeat_loop(list(agents.values()), http, [ctl.url], 1.0))
+        yield ctl
+    finally:
+        if loop is not None:
+            loop.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await loop
+        ctl.stop()
 
 
 async def _watch(
@@ -159,11 +181,6 @@ async def _until(probe: Callable[[], Awaitable[bool]], timeout_s: float, what: s
     raise RuntimeError(msg)
 
 
-async def _our_rules(api: client.ApiClient, nodes: set[str]) -> list[dict[str, Any]]:
-    found = await dra.rules(api, OURS)
-    return [r for r in found if r["metadata"]["annotations"].get("taugrid.dev/node") in nodes]
-
-
 TRIAL_GAP_S = 0.3
 """Between two fault trials, so each fault meets a controller that finished the passes the
 previous one caused (its rules' and history's watch events each wake one): faults on
@@ -191,7 +208,7 @@ async def fault_to_rules(
 
     stop = asyncio.Event()
     watcher = asyncio.create_task(_watch(api, ("devicetaintrules",), on_rule, stop,
-                                         label_selector=OURS))  # fmt: skip
+                                         label_selector=dra.OURS))  # fmt: skip
     await asyncio.sleep(1.0)
     sent: dict[str, float] = {}
     try:
@@ -359,13 +376,7 @@ async def run(nodes: int, grace_s: int, evictions: int, *, rules_only: bool = Fa
     faulty = {n: i % 8 for i, n in enumerate(names[:10])}
     try:
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64)) as http:
-            ctl = Controller(dev, ns, "dra")
-            loop: asyncio.Task[None] | None = None
-            try:
-                await ctl.leading(http)
-                loop = asyncio.create_task(
-                    kit.heartbeat_loop(list(agents.values()), http, [ctl.url], 1.0)
-                )
+            async with reporting(dev, ns, "dra", agents, http) as ctl:
                 await asyncio.sleep(5)  # every node reported healthy at least once
                 firsts, times = await fault_to_rules(api, agents, http, ctl.url)
                 _print_rules(nodes, "the NoSchedule rule", firsts)
@@ -378,7 +389,7 @@ async def run(nodes: int, grace_s: int, evictions: int, *, rules_only: bool = Fa
                     a.heal()
 
                 async def released() -> bool:
-                    return not await _our_rules(api, set(names))
+                    return not await dra.ours_on(api, names)
 
                 await _until(released, 120, "every rule released")
                 evicted = await fault_to_eviction(
@@ -392,27 +403,14 @@ async def run(nodes: int, grace_s: int, evictions: int, *, rules_only: bool = Fa
                     agents[node].fail(index, kit.ECC_RISING)
 
                 async def fenced() -> bool:
-                    return len(await _our_rules(api, set(names))) == 2 * len(faulty)
+                    return len(await dra.ours_on(api, names)) == 2 * len(faulty)
 
                 await _until(fenced, 60, "the 10 faulty GPUs fenced")
                 kept = await fill(api, ns, nodes * 8)
                 _print_fill("device quarantine", kept, faulty)
                 await _delete_pods(api, ns, "bench=fill")
-            finally:
-                if loop is not None:
-                    loop.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await loop
-                ctl.stop()
-            await dra.delete_rules(api, [r["metadata"]["name"]
-                                         for r in await _our_rules(api, set(names))])  # fmt: skip
-            ctl = Controller(dev, ns, "device-plugin")
-            loop = None
-            try:
-                await ctl.leading(http)
-                loop = asyncio.create_task(
-                    kit.heartbeat_loop(list(agents.values()), http, [ctl.url], 1.0)
-                )
+            await dra.delete_ours_on(api, names)
+            async with reporting(dev, ns, "device-plugin", agents, http):
                 core = client.CoreV1Api(api)
 
                 async def cordoned() -> bool:
@@ -423,16 +421,9 @@ async def run(nodes: int, grace_s: int, evictions: int, *, rules_only: bool = Fa
                 whole = await fill(api, ns, nodes * 8)
                 _print_fill("node quarantine", whole, faulty)
                 await _delete_pods(api, ns, "bench=fill")
-            finally:
-                if loop is not None:
-                    loop.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await loop
-                ctl.stop()
     finally:
         with contextlib.suppress(Exception):
-            await dra.delete_rules(api, [r["metadata"]["name"]
-                                         for r in await _our_rules(api, set(names))])  # fmt: skip
+            await dra.delete_ours_on(api, names)
         await asyncio.to_thread(dev.kubectl, fleetkit.bin_dir(), "delete", "nodes", "-l",
                                 f"{LABEL}={ns}", "--wait=false")  # fmt: skip
         await client.CoreV1Api(api).delete_namespace(ns)

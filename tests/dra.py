@@ -4,12 +4,14 @@ taint rules, and where the scheduler allocated each claim."""
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 from kubernetes_asyncio import client
 
 from devcluster import drapublisher
+from tests import kueue, support
 
 RESOURCE = ("resource.k8s.io", "v1")
 TEST_RULE_LABEL = "taugrid.dev/test"
@@ -42,36 +44,16 @@ def claim_template(
 def dra_job(
     name: str, queue: str, template: str, *, run_for: str = "10m", parallelism: int = 1
 ) -> dict[str, Any]:
-    """A suspended Job whose pods each get a claim from `template` (KWOK runs them for
-    `run_for`)."""
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {"name": name, "labels": {"kueue.x-k8s.io/queue-name": queue}},
-        "spec": {
-            "suspend": True,
-            "parallelism": parallelism,
-            "completions": parallelism,
-            "backoffLimit": 0,
-            "template": {
-                "metadata": {"annotations": {"kwok.taugrid.dev/run-for": run_for}},
-                "spec": {
-                    "restartPolicy": "Never",
-                    "resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": template}],
-                    "containers": [
-                        {
-                            "name": "main",
-                            "image": "registry.example/train@sha256:" + "0" * 64,
-                            "resources": {
-                                "requests": {"cpu": "1", "memory": "1Gi"},
-                                "claims": [{"name": "gpus"}],
-                            },
-                        }
-                    ],
-                },
-            },
-        },
+    """`kueue.gpu_job`, its pods getting their GPUs through a claim from `template` instead
+    of the extended resource."""
+    job = kueue.gpu_job(name, queue, 0, run_for=run_for, parallelism=parallelism)
+    pod = job["spec"]["template"]["spec"]
+    pod["resourceClaims"] = [{"name": "gpus", "resourceClaimTemplateName": template}]
+    pod["containers"][0]["resources"] = {
+        "requests": {"cpu": "1", "memory": "1Gi"},
+        "claims": [{"name": "gpus"}],
     }
+    return job
 
 
 def taint_rule(
@@ -158,3 +140,51 @@ async def cleanup_rules(api: client.ApiClient, test: str) -> AsyncIterator[None]
     finally:
         found = await rules(api, f"{TEST_RULE_LABEL}={test}")
         await delete_rules(api, [r["metadata"]["name"] for r in found])
+
+
+OURS = "taugrid.dev/quarantined-by=taugrid-controller"
+"""The label selector of the controller's own DeviceTaintRules."""
+
+
+async def ours_on(api: client.ApiClient, nodes: Iterable[str]) -> dict[str, dict[str, Any]]:
+    """The controller's rules of the given nodes, by name."""
+    wanted = set(nodes)
+    return {
+        r["metadata"]["name"]: r
+        for r in await rules(api, OURS)
+        if r["metadata"]["annotations"].get("taugrid.dev/node") in wanted
+    }
+
+
+async def delete_ours_on(api: client.ApiClient, nodes: Iterable[str]) -> None:
+    """Delete the controller's rules of the given nodes (a test's fleet, afterwards)."""
+    await delete_rules(api, list(await ours_on(api, nodes)))
+
+
+async def evicted_by_kcm(api: client.ApiClient, namespace: str, pod: str) -> dict[str, Any]:
+    """Wait for kube-controller-manager's device-taint Event on a pod (the pod itself soon
+    vanishes); it records core/v1 Events, read raw (they have no eventTime)."""
+    core = client.CoreV1Api(api)
+
+    async def marked() -> dict[str, Any]:
+        resp = await core.list_namespaced_event(
+            namespace, field_selector=f"involvedObject.name={pod}", _preload_content=False
+        )
+        for e in json.loads(await resp.read())["items"]:
+            if e.get("reason") == "DeviceTaintManagerEviction":
+                return dict(e)
+        msg = f"no DeviceTaintManagerEviction Event for {pod}"
+        raise AssertionError(msg)
+
+    return await support.eventually(marked, what=f"{pod} evicted by the device taint manager")
+
+
+async def allocated(api: client.ApiClient, namespace: str, count: int) -> dict[str, Any]:
+    """Wait until exactly `count` claims of `namespace` are allocated; return them by pod."""
+
+    async def probe() -> dict[str, tuple[str, str]]:
+        found = await allocations(api, namespace)
+        assert len(found) == count, found
+        return found
+
+    return await support.eventually(probe, what=f"{count} claims allocated")

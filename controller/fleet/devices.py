@@ -270,20 +270,14 @@ def _parse_record(raw: Any) -> DeviceRecord | None:
         msg = f"{field}.clearsWith: {data.get('clearsWith')!r} is not one of "
         msg += ", ".join(c.value for c in nodes.Clearing)
         raise ValueError(msg) from err
-    faults = set()
-    for index, item in enumerate(data.get("faults") or []):
-        valid = isinstance(item, list) and len(item) == 3
-        if not (valid and all(isinstance(v, str) for v in item)):
-            msg = f"{field}.faults[{index}]: expected [gpuUuid, code, since] strings"
-            raise ValueError(msg)
-        faults.add(state.FaultKey(item[0], item[1], item[2]))
+    faults = nodes.parse_keys(data.get("faults") or [], f"{field}.faults")
     return DeviceRecord(
         reason=str(data.get("reason") or ""),
         message=str(data.get("message") or ""),
         at=timestamps.parse_strict(data.get("at"), f"{field}.at"),
         by=str(data.get("by") or ""),
         clears_with=clears_with,
-        faults=frozenset(faults),
+        faults=faults,
     )
 
 

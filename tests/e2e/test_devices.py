@@ -62,10 +62,7 @@ async def world(
         ) as (ctl, http, _):  # fmt: skip
             yield base.World(namespace, nodes, agents, k8s, http, ctl.url, token, oncall)
     finally:
-        found = await dra.rules(k8s, "taugrid.dev/quarantined-by=taugrid-controller")
-        await dra.delete_rules(k8s, [r["metadata"]["name"] for r in found
-                                     if r["metadata"]["annotations"].get("taugrid.dev/node")
-                                     in nodes])  # fmt: skip
+        await dra.delete_ours_on(k8s, nodes)
         await kueue.delete_queues(k8s, namespace)
         with contextlib.suppress(client.ApiException):
             await custom.delete_cluster_custom_object(*kueue.KUEUE, "admissionchecks", check)

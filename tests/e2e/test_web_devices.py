@@ -53,10 +53,7 @@ async def fleet(
         async with kit.running(dev_cluster, namespace, [agent]) as (ctl, _, _):
             yield ctl.url, token, agent
     finally:
-        found = await dra.rules(k8s, "taugrid.dev/quarantined-by=taugrid-controller")
-        await dra.delete_rules(k8s, [r["metadata"]["name"] for r in found
-                                     if r["metadata"]["annotations"].get("taugrid.dev/node")
-                                     == node])  # fmt: skip
+        await dra.delete_ours_on(k8s, [node])
         await kit.delete_test_rbac(k8s, namespace)
         with contextlib.suppress(client.ApiException):
             await client.CoreV1Api(k8s).delete_node(node)

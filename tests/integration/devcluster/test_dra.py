@@ -8,7 +8,6 @@ when it has one). These tests drive Kueue and the scheduler directly: no TauGrid
 from __future__ import annotations
 
 import asyncio
-import json
 import pathlib
 from collections.abc import AsyncIterator
 from typing import Any
@@ -97,12 +96,7 @@ async def test_kueue_counts_claims_against_quota_and_the_scheduler_allocates_fro
     for job in ("a", "b", "c", "d"):
         await batch.create_namespaced_job(namespace, dra.dra_job(job, "q", "one"))
 
-    async def three_allocated() -> dict[str, tuple[str, str]]:
-        found = await dra.allocations(k8s, namespace)
-        assert len(found) == 3, found
-        return found
-
-    allocated = await support.eventually(three_allocated, what="three claims allocated")
+    allocated = await dra.allocated(k8s, namespace, 3)
     assert {pool for pool, _ in allocated.values()} <= set(fleet["dra"])
     assert len(set(allocated.values())) == 3
 
@@ -142,24 +136,6 @@ async def test_device_plugin_pods_land_on_device_plugin_nodes_and_claims_on_dra_
     assert nodes["claim"] in fleet["dra"]
 
 
-async def _evicted_pod(k8s: client.ApiClient, namespace: str, pod: str) -> dict[str, Any]:
-    """Wait for the device taint manager's Event on a pod (the pod itself soon vanishes);
-    kube-controller-manager records core/v1 Events, read raw (they have no eventTime)."""
-    core = client.CoreV1Api(k8s)
-
-    async def marked() -> dict[str, Any]:
-        resp = await core.list_namespaced_event(
-            namespace, field_selector=f"involvedObject.name={pod}", _preload_content=False
-        )
-        for e in json.loads(await resp.read())["items"]:
-            if e.get("reason") == "DeviceTaintManagerEviction":
-                return dict(e)
-        msg = f"no DeviceTaintManagerEviction Event for {pod}"
-        raise AssertionError(msg)
-
-    return await support.eventually(marked, what=f"{pod} evicted by the device taint manager")
-
-
 async def test_a_noexecute_rule_makes_kcm_delete_the_pod_holding_the_device_and_only_that_pod(
     k8s: client.ApiClient, namespace: str, fleet: dict[str, list[str]]
 ) -> None:
@@ -171,18 +147,13 @@ async def test_a_noexecute_rule_makes_kcm_delete_the_pod_holding_the_device_and_
     for job in ("a", "b"):
         await batch.create_namespaced_job(namespace, dra.dra_job(job, "q", "one"))
 
-    async def two() -> dict[str, tuple[str, str]]:
-        found = await dra.allocations(k8s, namespace)
-        assert len(found) == 2, found
-        return found
-
-    allocated = await support.eventually(two, what="two claims allocated")
+    allocated = await dra.allocated(k8s, namespace, 2)
     victim, survivor = sorted(allocated)
     pool, device = allocated[victim]
     rule = dra.taint_rule(f"t-{namespace}", pool, device, key="taugrid.dev/test-failed",
                           effect="NoExecute", test=namespace)  # fmt: skip
     await dra.create(k8s, None, "devicetaintrules", rule)
-    event = await _evicted_pod(k8s, namespace, victim)
+    event = await dra.evicted_by_kcm(k8s, namespace, victim)
     assert event["source"]["component"] == "device-taint-eviction-controller"
     core = client.CoreV1Api(k8s)
 
@@ -213,18 +184,13 @@ async def test_a_tolerated_noexecute_taint_evicts_only_after_toleration_seconds(
     batch = client.BatchV1Api(k8s)
     await batch.create_namespaced_job(namespace, dra.dra_job("a", "q", "grace"))
 
-    async def one() -> tuple[str, tuple[str, str]]:
-        found = await dra.allocations(k8s, namespace)
-        assert len(found) == 1, found
-        return next(iter(found.items()))
-
-    pod, (pool, device) = await support.eventually(one, what="the claim allocated")
+    pod, (pool, device) = next(iter((await dra.allocated(k8s, namespace, 1)).items()))
     name = f"t-{namespace}"
     rule = dra.taint_rule(name, pool, device, key="taugrid.dev/gpu-evict", effect="NoExecute",
                           test=namespace)  # fmt: skip
     await dra.create(k8s, None, "devicetaintrules", rule)
     added = support.parse_time((await dra.rule(k8s, name))["spec"]["taint"]["timeAdded"])
-    event = await _evicted_pod(k8s, namespace, pod)
+    event = await dra.evicted_by_kcm(k8s, namespace, pod)
     marked = support.parse_time(event["firstTimestamp"])
     assert (marked - added).total_seconds() >= 5 - 1  # both have whole seconds
 
@@ -238,12 +204,7 @@ async def test_effect_none_evicts_nothing_and_reports_what_noexecute_would_evict
     batch = client.BatchV1Api(k8s)
     await batch.create_namespaced_job(namespace, dra.dra_job("a", "q", "one"))
 
-    async def one() -> tuple[str, tuple[str, str]]:
-        found = await dra.allocations(k8s, namespace)
-        assert len(found) == 1, found
-        return next(iter(found.items()))
-
-    pod, (pool, device) = await support.eventually(one, what="the claim allocated")
+    pod, (pool, device) = next(iter((await dra.allocated(k8s, namespace, 1)).items()))
     name = f"t-{namespace}"
     rule = dra.taint_rule(name, pool, device, key="taugrid.dev/gpu-evict", effect="None",
                           test=namespace)  # fmt: skip

@@ -55,10 +55,7 @@ async def world(
             assert ctl.settings.admission_check == check
             yield ctl, agents
     finally:
-        found = await dra.rules(k8s, "taugrid.dev/quarantined-by=taugrid-controller")
-        await dra.delete_rules(k8s, [r["metadata"]["name"] for r in found
-                                     if r["metadata"]["annotations"].get("taugrid.dev/node")
-                                     in nodes])  # fmt: skip
+        await dra.delete_ours_on(k8s, nodes)
         core = client.CoreV1Api(k8s)
         for n in nodes:
             with contextlib.suppress(client.ApiException):
@@ -102,9 +99,8 @@ async def test_the_gate_holds_what_does_not_fit_on_healthy_devices_and_admits_it
         agent.fail(2, kit.ECC_RISING)
 
     async def fenced() -> None:
-        found = await dra.rules(k8s, "taugrid.dev/quarantined-by=taugrid-controller")
-        mine = [r for r in found if r["metadata"]["annotations"].get("taugrid.dev/node") in nodes]
-        assert len(mine) == 4, [r["metadata"]["name"] for r in mine]
+        mine = await dra.ours_on(k8s, nodes)
+        assert len(mine) == 4, sorted(mine)
 
     await support.eventually(fenced, what="two GPUs fenced")
     await dra.create(k8s, namespace, "resourceclaimtemplates", dra.claim_template("eight", 8))

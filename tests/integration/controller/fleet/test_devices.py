@@ -40,10 +40,7 @@ async def fleet(
     try:
         yield names
     finally:
-        found = await dra.rules(k8s, "taugrid.dev/quarantined-by=taugrid-controller")
-        await dra.delete_rules(k8s, [r["metadata"]["name"] for r in found
-                                     if r["metadata"]["annotations"].get("taugrid.dev/node")
-                                     in names])  # fmt: skip
+        await dra.delete_ours_on(k8s, names)
         core = client.CoreV1Api(k8s)
         for n in names:
             with contextlib.suppress(client.ApiException):
@@ -69,16 +66,9 @@ def claim_pod(name: str, node: str, template: str) -> dict[str, Any]:
     }  # fmt: skip
 
 
-async def _ours(k8s: client.ApiClient, node: str) -> dict[str, dict[str, Any]]:
-    """Our rules of one node, by name."""
-    found = await dra.rules(k8s, "taugrid.dev/quarantined-by=taugrid-controller")
-    return {r["metadata"]["name"]: r for r in found
-            if r["metadata"]["annotations"].get("taugrid.dev/node") == node}  # fmt: skip
-
-
 async def _wait_rules(k8s: client.ApiClient, node: str, names: set[str]) -> dict[str, Any]:
     async def present() -> dict[str, Any]:
-        found = await _ours(k8s, node)
+        found = await dra.ours_on(k8s, [node])
         assert set(found) == names, sorted(found)
         return found
 
@@ -92,31 +82,6 @@ async def _healthy(k8s: client.ApiClient, node: str) -> None:
         assert cond["status"] == "True", cond
 
     await support.eventually(probe, what=f"GPUHealthy=True on {node}")
-
-
-async def _allocated(k8s: client.ApiClient, namespace: str, count: int) -> dict[str, Any]:
-    async def probe() -> dict[str, tuple[str, str]]:
-        found = await dra.allocations(k8s, namespace)
-        assert len(found) == count, found
-        return found
-
-    return await support.eventually(probe, what=f"{count} claims allocated")
-
-
-async def _evicted_by_kcm(k8s: client.ApiClient, namespace: str, pod: str) -> dict[str, Any]:
-    core = client.CoreV1Api(k8s)
-
-    async def marked() -> dict[str, Any]:
-        resp = await core.list_namespaced_event(
-            namespace, field_selector=f"involvedObject.name={pod}", _preload_content=False
-        )
-        for e in json.loads(await resp.read())["items"]:
-            if e.get("reason") == "DeviceTaintManagerEviction":
-                return dict(e)
-        msg = f"no DeviceTaintManagerEviction Event for {pod}"
-        raise AssertionError(msg)
-
-    return await support.eventually(marked, what=f"{pod} evicted by kube-controller-manager")
 
 
 async def _oncall(http: aiohttp.ClientSession, url: str, path: str, token: str) -> Any:
@@ -151,7 +116,7 @@ async def test_a_reset_class_fault_fences_one_gpu_and_new_pods_land_on_the_seven
         core = client.CoreV1Api(k8s)
         for i in range(8):
             await core.create_namespaced_pod(namespace, claim_pod(f"p{i}", bad, "one"))
-        allocated = await _allocated(k8s, namespace, 7)
+        allocated = await dra.allocated(k8s, namespace, 7)
         assert {(bad, f"gpu-{i}") for i in range(8) if i != 3} == set(allocated.values())
 
         async def eighth_waits() -> None:
@@ -192,7 +157,7 @@ async def test_the_pod_holding_the_bad_gpu_is_evicted_only_after_its_toleration(
     async with kit.running(dev_cluster, namespace, agents, **FAST):
         await _healthy(k8s, node)
         await client.CoreV1Api(k8s).create_namespaced_pod(namespace, claim_pod("p", node, "grace"))
-        (_, device), *_ = (await _allocated(k8s, namespace, 1)).values()
+        (_, device), *_ = (await dra.allocated(k8s, namespace, 1)).values()
         index = int(device.removeprefix("gpu-"))
         agents[0].fail(index, kit.ECC_RISING)
         rules = await _wait_rules(k8s, node, {f"taugrid-{node}-{device}-unhealthy",
@@ -200,7 +165,7 @@ async def test_the_pod_holding_the_bad_gpu_is_evicted_only_after_its_toleration(
         added = support.parse_time(
             rules[f"taugrid-{node}-{device}-evict"]["spec"]["taint"]["timeAdded"]
         )
-        event = await _evicted_by_kcm(k8s, namespace, "p")
+        event = await dra.evicted_by_kcm(k8s, namespace, "p")
         waited = (support.parse_time(event["firstTimestamp"]) - added).total_seconds()
         assert waited >= 6 - 1, waited  # both have whole seconds
 
@@ -220,7 +185,7 @@ async def test_dry_run_creates_one_effect_none_rule_and_kcm_reports_the_would_be
 
         await support.eventually(reporting, what=f"heartbeats from {node}")
         await client.CoreV1Api(k8s).create_namespaced_pod(namespace, claim_pod("p", node, "one"))
-        (_, device), *_ = (await _allocated(k8s, namespace, 1)).values()
+        (_, device), *_ = (await dra.allocated(k8s, namespace, 1)).values()
         agents[1].fail(int(device.removeprefix("gpu-")), kit.ECC_RISING)
         name = f"taugrid-{node}-{device}-dry-run"
         rules = await _wait_rules(k8s, node, {name})
@@ -264,7 +229,7 @@ async def test_the_rules_go_after_recovery_and_the_gpu_is_allocated_again(
         core = client.CoreV1Api(k8s)
         for i in range(8):
             await core.create_namespaced_pod(namespace, claim_pod(f"p{i}", node, "one"))
-        allocated = await _allocated(k8s, namespace, 8)
+        allocated = await dra.allocated(k8s, namespace, 8)
         assert (node, "gpu-5") in set(allocated.values())
 
 
@@ -290,7 +255,7 @@ async def test_the_device_breaker_stops_at_its_limit(
 
         found = await support.eventually(opened, what="the device breaker open")
         assert "3 of 16 GPUs" in found["devices"]["breaker"]["message"]
-        assert await _ours(k8s, fleet[0]) == {}
+        assert await dra.ours_on(k8s, [fleet[0]]) == {}
         events = client.EventsV1Api(k8s)
 
         async def evented() -> None:
@@ -312,7 +277,7 @@ async def test_a_reboot_class_fault_on_a_dra_node_quarantines_the_node_and_evict
     async with kit.running(dev_cluster, namespace, agents, **FAST):
         await _healthy(k8s, node)
         await core.create_namespaced_pod(namespace, claim_pod("p", node, "one"))
-        await _allocated(k8s, namespace, 1)
+        await dra.allocated(k8s, namespace, 1)
         agents[1].fail(0, kit.XID_79)
 
         async def quarantined() -> None:
@@ -332,4 +297,4 @@ async def test_a_reboot_class_fault_on_a_dra_node_quarantines_the_node_and_evict
             assert pod.metadata.deletion_timestamp is not None, "the claim pod is still there"
 
         await support.eventually(evicted, what="the claim pod evicted")
-        assert await _ours(k8s, node) == {}
+        assert await dra.ours_on(k8s, [node]) == {}
