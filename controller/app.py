@@ -21,13 +21,12 @@ import functools
 import pathlib
 import ssl
 from collections.abc import AsyncIterator, Callable
-from typing import Any
 
 import aiohttp
 import structlog
 from aiohttp import web
 
-from controller import auth, leading, metrics, pages, serving
+from controller import auth, leading, metrics, openapi, pages, serving
 from controller.admission import admitting
 from controller.fleet import api as fleet_api
 from controller.fleet import policy, quarantining, state
@@ -60,7 +59,7 @@ def make_app(
     )
     fleet_api.add_routes(app)
     pages.add_routes(app)
-    app.router.add_get("/openapi.json", openapi)
+    openapi.add_route(app, settings)
     runs_api.add_routes(app)
     app.cleanup_ctx.append(_runtime(settings, reviewer))
     return app
@@ -168,7 +167,8 @@ def _runtime(
         st = serving.ServingState(settings, m, authn, elector, http, url)
         st.readiness.append(cache.synced.is_set)
         app[serving.SERVING] = st
-        app[fleet_api.FLEET] = fleet_api.FleetContext(fleet, quarantiner, cache)
+        agents = kube_nodes.AgentPods(api, settings.namespace)
+        app[fleet_api.FLEET] = fleet_api.FleetContext(fleet, quarantiner, cache, agents)
         app[runs_context.RUNS] = runs_context.RunsContext(store, reconciler, keeper)
         app[GATE] = gate
         tasks = [
@@ -194,34 +194,3 @@ def _runtime(
             await api.close()
 
     return ctx
-
-
-async def openapi(request: web.Request) -> web.StreamResponse:
-    """The OpenAPI document of this API."""
-    paths: dict[str, Any] = {}
-    for resource in request.app.router.resources():
-        info = resource.get_info()
-        path = info.get("path") or info.get("formatter")
-        if not path:
-            continue
-        for route in resource:
-            if route.method == "HEAD":
-                continue
-            lines = (route.handler.__doc__ or "").strip().splitlines()
-            paths.setdefault(path, {})[route.method.lower()] = {
-                "summary": lines[0] if lines else "",
-                "responses": {
-                    "default": {"description": "JSON; errors are {error: {code, message, field}}"}
-                },
-            }
-    schemas = {
-        name: model.model_json_schema(by_alias=True)
-        for name, model in {**fleet_api.REQUEST_BODIES, **runs_api.REQUEST_BODIES}.items()
-    }
-    doc = {
-        "openapi": "3.1.0",
-        "info": {"title": "TauGrid controller", "version": "v1"},
-        "paths": paths,
-        "components": {"schemas": schemas},
-    }
-    return web.json_response(doc)

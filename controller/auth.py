@@ -24,6 +24,7 @@ from controller import errors
 
 NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
 POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"
+POD_UID_EXTRA = "authentication.kubernetes.io/pod-uid"
 NEGATIVE_TTL_S = 5.0
 EXPIRY_MARGIN_S = 30.0
 MAX_ENTRIES = 50_000
@@ -57,6 +58,11 @@ class Identity:
     def node_name(self) -> str | None:
         """The node of the pod the token is bound to (pod-bound ServiceAccount tokens)."""
         return self.extra_value(NODE_NAME_EXTRA)
+
+    @property
+    def pod_uid(self) -> str | None:
+        """The UID of the pod the token is bound to (pod-bound ServiceAccount tokens)."""
+        return self.extra_value(POD_UID_EXTRA)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -222,11 +228,17 @@ def agent_username(namespace: str, service_account: str) -> str:
     return f"system:serviceaccount:{namespace}:{service_account}"
 
 
-def check_heartbeat_sender(identity: Identity, expected_user: str, node_name: str) -> None:
-    """Accept a heartbeat only from the agent ServiceAccount bound to a pod on that node."""
+def check_agent(identity: Identity, expected_user: str) -> None:
+    """Accept only the agent ServiceAccount: checked before a heartbeat's body is read, so
+    no other identity's body is ever parsed (security review M2, M3)."""
     if identity.username != expected_user:
         msg = f"{identity.username} is not the agent ServiceAccount ({expected_user})"
         raise errors.Forbidden(msg)
+
+
+def check_heartbeat_sender(identity: Identity, expected_user: str, node_name: str) -> None:
+    """Accept a heartbeat only from the agent ServiceAccount bound to a pod on that node."""
+    check_agent(identity, expected_user)
     bound = identity.node_name
     if bound is None:
         msg = "the token is not bound to a pod on a node; use a projected ServiceAccount token"

@@ -12,9 +12,9 @@ import base64
 import hashlib
 import pathlib
 import re
-from collections.abc import Awaitable, Callable
 
 import prometheus_client
+import pydantic
 from aiohttp import web
 
 from controller import serving
@@ -33,11 +33,44 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/tau", get_client)
 
 
+TAG = "service"
+
+
+class Health(pydantic.BaseModel):
+    """The process answers."""
+
+    model_config = pydantic.ConfigDict(frozen=True, extra="forbid")
+    ok: bool
+
+
+class Readiness(pydantic.BaseModel):
+    """Whether this replica serves, whether it leads, and where the leader is."""
+
+    model_config = pydantic.ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+    ready: bool
+    leader: bool
+    leader_url: str = pydantic.Field(alias="leaderUrl")
+
+
+TEXT = {"type": "string"}
+
+
+@serving.operation(
+    "getHealth", tag=TAG, auth=serving.Auth.NONE,
+    replies={200: serving.Reply("Alive.", Health)},
+)  # fmt: skip
 async def healthz(request: web.Request) -> web.StreamResponse:
     """Liveness: the process answers."""
     return web.json_response({"ok": True})
 
 
+@serving.operation(
+    "getReadiness", tag=TAG, auth=serving.Auth.NONE,
+    replies={
+        200: serving.Reply("Ready to serve.", Readiness),
+        503: serving.Reply("Starting, shutting down, or the node cache not synced.", Readiness),
+    },
+)  # fmt: skip
 async def readyz(request: web.Request) -> web.StreamResponse:
     """Readiness: the node cache is synced and we are not shutting down."""
     if serving.SERVING not in request.app:
@@ -48,6 +81,11 @@ async def readyz(request: web.Request) -> web.StreamResponse:
     return web.json_response(body, status=200 if ok else 503)
 
 
+@serving.operation(
+    "getMetrics", tag=TAG, auth=serving.Auth.NONE, errors=(503,),
+    replies={200: serving.Reply("Prometheus text exposition.", media_type="text/plain",
+                                schema=TEXT)},
+)  # fmt: skip
 async def get_metrics(request: web.Request) -> web.StreamResponse:
     """Prometheus text exposition of the controller's own registry."""
     st = serving.serving_of(request)
@@ -72,7 +110,7 @@ def page_csp(html: str) -> str:
     )
 
 
-def web_page(path: pathlib.Path = WEB_PAGE) -> Callable[[web.Request], Awaitable[web.Response]]:
+def web_page(path: pathlib.Path = WEB_PAGE) -> serving.Handler:
     """Read the page once (at app build) and return the handler that serves it."""
     html = path.read_text(encoding="utf-8")
     body = html.encode()
@@ -84,13 +122,21 @@ def web_page(path: pathlib.Path = WEB_PAGE) -> Callable[[web.Request], Awaitable
         "Cache-Control": "no-cache",
     }
 
-    async def index(request: web.Request) -> web.Response:
+    @serving.operation(
+        "getWebPage", tag=TAG, auth=serving.Auth.NONE,
+        replies={200: serving.Reply("The page.", media_type="text/html", schema=TEXT)},
+    )  # fmt: skip
+    async def index(request: web.Request) -> web.StreamResponse:
         """The web page: fleet, queues and runs, live (no data in it; its calls carry a token)."""
         return web.Response(body=body, headers=headers)
 
     return index
 
 
+@serving.operation(
+    "getClient", tag=TAG, auth=serving.Auth.NONE,
+    replies={200: serving.Reply("The script.", media_type="text/x-python", schema=TEXT)},
+)  # fmt: skip
 async def get_client(request: web.Request) -> web.StreamResponse:
     """The `tau` client script (Python 3, standard library only)."""
     body = await asyncio.to_thread(CLIENT_SCRIPT.read_bytes)

@@ -10,19 +10,25 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import enum
+import functools
+import inspect
 import json
 import os
 import random
 import secrets
 import socket
 import ssl
-from collections.abc import Awaitable, Callable
-from typing import Any
+import typing
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar
 
 import aiohttp
+import pydantic
 import structlog
 from aiohttp import web
 from aiohttp.typedefs import Middleware
+from multidict import MultiMapping
 
 from controller import auth, errors, leading
 from controller import metrics as metrics_mod
@@ -31,6 +37,9 @@ from controller.settings import ControllerSettings
 log = structlog.get_logger()
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+M = TypeVar("M", bound=pydantic.BaseModel)
+
+JSON = "application/json"
 
 STATUS: dict[type[errors.ControllerError], int] = {
     errors.Invalid: 422,
@@ -126,6 +135,240 @@ def streaming(handler: Handler) -> Handler:
     return handler
 
 
+# ---------------------------------------------------------------------- operations
+class Auth(enum.StrEnum):
+    """Who may call an operation, as the OpenAPI document declares it."""
+
+    NONE = "none"
+    """Anyone: health, metrics, the page, the client, the documents."""
+    BEARER = "bearer"
+    """A bearer token: a Kubernetes token reviewed by TokenReview and authorised by
+    SubjectAccessReview, or (checkpoint calls) the run's own token."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Body:
+    """The request body an operation reads."""
+
+    model: type[pydantic.BaseModel]
+    """The model that validates it; the document's schema is generated from it."""
+    media_types: tuple[str, ...] = (JSON,)
+    required: bool = True
+    checks_media_type: bool = False
+    """The handler refuses other types with 415."""
+    limits: Callable[[ControllerSettings], Mapping[str, Mapping[str, Any]]] | None = None
+    """Bounds of top-level fields that the controller's settings narrow (a heartbeat's
+    `intervalS`): JSON Schema keywords by wire name, published in the document."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Reply:
+    """One success answer of an operation."""
+
+    description: str
+    model: type[pydantic.BaseModel] | None = None
+    """The body's model (its serialisation schema is published); None with `schema`."""
+    any_of: tuple[type[pydantic.BaseModel], ...] = ()
+    """Several models, one of which the body is (a replay, or a dry run)."""
+    media_type: str = JSON
+    schema: Mapping[str, Any] | None = None
+    """The body's schema when no model describes it (text, a document of its own)."""
+    headers: tuple[str, ...] = ()
+    """Response headers worth declaring (`X-TauGrid-Pod`)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Operation:
+    """What the OpenAPI document says of one route; attached to its handler by `operation`."""
+
+    operation_id: str
+    tag: str
+    summary: str
+    description: str
+    auth: Auth
+    path: type[pydantic.BaseModel] | None
+    query: type[pydantic.BaseModel] | None
+    body: Body | None
+    replies: Mapping[int, Reply]
+    errors: tuple[int, ...]
+    """Statuses the handler itself raises (404, 409); those every call of its shape can get
+    are added by `error_statuses`."""
+    streaming: bool
+
+    def error_statuses(self) -> tuple[int, ...]:
+        """Every error status the call can answer: its own, and those of its shape (an
+        authenticated call can get 401, 403 and 429; any call 503 while starting or when the
+        leader is unreachable; a non-streaming one 504 past the handler timeout)."""
+        found = set(self.errors)
+        if self.auth is Auth.BEARER:
+            found |= {401, 403, 429, 503}
+        if self.path is not None or self.query is not None:
+            found.add(400)
+        if self.body is not None:
+            found |= {400, 413, 422}
+            if self.body.checks_media_type:
+                found.add(415)
+        if not self.streaming and self.auth is Auth.BEARER:
+            found.add(504)
+        return tuple(sorted(found - set(self.replies)))
+
+
+OPERATION_ATTRIBUTE = "taugrid_operation"
+PATH_PARAMETERS = web.RequestKey("path_parameters", pydantic.BaseModel)
+QUERY_PARAMETERS = web.RequestKey("query_parameters", pydantic.BaseModel)
+
+
+def operation(
+    operation_id: str,
+    *,
+    tag: str,
+    replies: Mapping[int, Reply],
+    auth: Auth = Auth.BEARER,
+    path: type[pydantic.BaseModel] | None = None,
+    query: type[pydantic.BaseModel] | None = None,
+    body: Body | None = None,
+    errors: tuple[int, ...] = (),
+) -> Callable[[Handler], Handler]:
+    """Declare what a handler takes and answers (the OpenAPI document is built from it), and
+    validate its path and query parameters before it runs: a bad one is a 400 naming it, so
+    no handler can forget a check. The summary is the docstring's first line."""
+
+    def decorate(handler: Handler) -> Handler:
+        doc = inspect.cleandoc(handler.__doc__ or "")
+        summary, _, description = doc.partition("\n\n")
+        op = Operation(
+            operation_id=operation_id, tag=tag, summary=" ".join(summary.split()),
+            description=description.strip(), auth=auth, path=path, query=query, body=body,
+            replies=dict(replies), errors=errors,
+            streaming=bool(getattr(handler, STREAMING_ATTRIBUTE, False)),
+        )  # fmt: skip
+
+        @functools.wraps(handler)
+        async def wrapped(request: web.Request) -> web.StreamResponse:
+            if path is not None:
+                request[PATH_PARAMETERS] = parameters(path, request.match_info)
+            if query is not None:
+                request[QUERY_PARAMETERS] = parameters(query, request.query)
+            return await handler(request)
+
+        setattr(wrapped, OPERATION_ATTRIBUTE, op)
+        return wrapped
+
+    return decorate
+
+
+def operation_of(handler: object) -> Operation | None:
+    """The operation a route's handler declares, None for an undocumented one."""
+    op = getattr(handler, OPERATION_ATTRIBUTE, None)
+    return op if isinstance(op, Operation) else None
+
+
+def parameters(model: type[M], values: Mapping[str, str] | MultiMapping[str]) -> M:
+    """Validate path or query parameters with `model`; a value given twice (where the model
+    wants one), or one the model refuses, is InvalidParameter naming it. A list-valued field
+    takes the parameter repeated (`run=a&run=b`). Unknown query parameters are ignored."""
+    lists = _list_fields(model)
+    data: dict[str, str | list[str]] = {}
+    for key in values:
+        given = values.getall(key) if isinstance(values, MultiMapping) else [values[key]]
+        if key in lists:
+            data[key] = list(given)
+            continue
+        if len(given) > 1:
+            msg = f"{key[:100]} is given {len(given)} times; give it once"
+            raise errors.InvalidParameter(msg, field=key[:100])
+        data[key] = given[0]
+    try:
+        return model.model_validate(data)
+    except pydantic.ValidationError as err:
+        raise errors.validation_error(err, errors.InvalidParameter) from err
+
+
+def _list_fields(model: type[pydantic.BaseModel]) -> frozenset[str]:
+    """The wire names of a parameter model's list-valued fields."""
+    return frozenset(
+        field.alias or name
+        for name, field in model.model_fields.items()
+        if typing.get_origin(field.annotation) in (list, tuple)
+    )
+
+
+def path_of(request: web.Request, model: type[M]) -> M:
+    """The validated path parameters of this request (the route's `operation` declares
+    `model`)."""
+    return _stored(request, PATH_PARAMETERS, model)
+
+
+def query_of(request: web.Request, model: type[M]) -> M:
+    """The validated query parameters of this request (the route's `operation` declares
+    `model`)."""
+    return _stored(request, QUERY_PARAMETERS, model)
+
+
+def _stored(request: web.Request, key: web.RequestKey[pydantic.BaseModel], model: type[M]) -> M:
+    value = request.get(key)
+    if not isinstance(value, model):
+        msg = f"{request.path}: its operation declares no {model.__name__} (documented != read)"
+        raise TypeError(msg)
+    return value
+
+
+async def json_document(
+    request: web.Request, model: type[pydantic.BaseModel], *, optional: bool = False
+) -> Any:
+    """Read and parse (`shared.jsonsafe`'s limits) the JSON body the route's operation
+    documents as `model`, for a domain that validates it itself; Malformed or TooLarge
+    otherwise. An `optional` body may be empty (it reads as `{}`)."""
+    op = operation_of(request.match_info.route.handler)
+    if op is None or op.body is None or op.body.model is not model:
+        msg = f"{request.path}: its operation documents no {model.__name__} body"
+        raise TypeError(msg)
+    raw = await read_body(request, serving_of(request).settings.max_body_bytes)
+    if not raw.strip():
+        if not optional:
+            raise errors.Malformed("the body is empty; send a JSON object", field="body")
+        raw = b"{}"
+    return errors.read_json(raw)
+
+
+async def json_body(request: web.Request, model: type[M], *, optional: bool = False) -> M:
+    """Read, parse and validate the JSON body the route's operation documents; Malformed,
+    TooLarge or Invalid naming the field otherwise (see `json_document`)."""
+    data = await json_document(request, model, optional=optional)
+    try:
+        return model.model_validate(data)
+    except pydantic.ValidationError as err:
+        raise errors.validation_error(err, root="body") from err
+
+
+class ErrorDetail(pydantic.BaseModel):
+    """What went wrong: a stable code clients branch on, a message, the field at fault."""
+
+    model_config = pydantic.ConfigDict(frozen=True, extra="forbid")
+    code: str
+    message: str
+    field: str
+    """The path of the field, parameter or header at fault ("" when none is)."""
+
+
+class ErrorProblem(pydantic.BaseModel):
+    """One of several problems (every field of a body at fault, at once)."""
+
+    model_config = pydantic.ConfigDict(frozen=True, extra="forbid")
+    field: str
+    message: str
+
+
+class ErrorBody(pydantic.BaseModel):
+    """The one error envelope (DESIGN.md section 4): `{"error": {code, message, field}}`,
+    with `problems` when a body has several, `leaderUrl` when another replica leads."""
+
+    model_config = pydantic.ConfigDict(frozen=True, extra="allow", populate_by_name=True)
+    error: ErrorDetail
+    problems: list[ErrorProblem] = []
+    leader_url: str = pydantic.Field("", alias="leaderUrl")
+
+
 # ---------------------------------------------------------------------- the leader
 async def forward_to_leader(request: web.Request, body: bytes | None = None) -> web.Response:
     """Send a request the leader must handle to the leader; 503 with its URL on failure."""
@@ -163,13 +406,12 @@ async def forward_to_leader(request: web.Request, body: bytes | None = None) -> 
 def leader_only(handler: Handler) -> Handler:
     """Serve on the leader; forward from a follower (only the leader holds the state)."""
 
+    @functools.wraps(handler)
     async def wrapped(request: web.Request) -> web.StreamResponse:
         if not serving_of(request).elector.is_leader():
             return await forward_to_leader(request)
         return await handler(request)
 
-    wrapped.__doc__ = handler.__doc__
-    wrapped.__name__ = handler.__name__
     return wrapped
 
 
@@ -216,6 +458,8 @@ def make_middleware(timeout_s: float) -> Middleware:
             if err.status < 400:
                 raise
             resp = error_response(err.status, err.reason.replace(" ", ""), err.text or err.reason)
+            if "Allow" in err.headers:
+                resp.headers["Allow"] = err.headers["Allow"]
         except asyncio.CancelledError:
             raise
         except Exception:

@@ -54,6 +54,26 @@ class ControllerSettings(pydantic_settings.BaseSettings):
     token_audience: str = "taugrid"  # noqa: S105  (an audience name, not a secret)
     """Audience the agents' projected tokens carry; TokenReview checks it."""
 
+    heartbeat_min_interval_s: float = pydantic.Field(default=1.0, gt=0)
+    """Shortest `intervalS` a heartbeat may announce. The chart's agents report every 5 s; a
+    shorter interval would make a node stale after a few hundred milliseconds of silence."""
+    heartbeat_max_interval_s: float = pydantic.Field(default=300.0, gt=0, le=3600)
+    """Longest `intervalS` a heartbeat may announce: a node is stale only after 3 intervals
+    without a report, so one forged `intervalS: 3600` would hide a dead node for 3 hours
+    (security review M6). The chart's `agent.heartbeatIntervalS` must lie in this range."""
+    heartbeat_max_skew_s: float = pydantic.Field(default=300.0, gt=0)
+    """How far a heartbeat's `sentAt` may be from the controller's clock, either way. One report
+    dated 2099 would otherwise make every genuine report after it look like a replay."""
+    agent_port: int = pydantic.Field(default=9400, ge=1, le=65535)
+    """Port of the agents' API; with the pod IP the agent's token is bound to, it makes the
+    `agentUrl` the on-call API shows (the chart's `agent.port`)."""
+    agent_scheme: Literal["http", "https"] = "http"
+    """Scheme of the agents' API in that URL."""
+    allowed_priority_classes: tuple[str, ...] = ()
+    """WorkloadPriorityClasses a tau.yaml may name (a platform's allowlist; JSON list in the
+    environment). Empty allows any class but the controller's own resume class, which is
+    refused either way (the platform's, not a researcher's, to give)."""
+
     node_selector: str = ""
     """Label selector of the nodes this controller manages (empty: every node; GPU nodes are
     those advertising `nvidia.com/gpu`). Lets one API server host several fleets, and tests."""

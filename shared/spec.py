@@ -856,6 +856,33 @@ def parse_spec(data: bytes, content_type: str | None = None) -> ParsedSpec:
     return validate_spec(document)
 
 
+_DECLARED_NAMESPACE_RE = re.compile(
+    rb"(?:^|[{,])[ \t]*[\"']?namespace[\"']?[ \t]*:[ \t]*[\"']?"
+    rb"([a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?)[\"']?[ \t]*(?=[,}#\r\n]|\Z)",
+    re.MULTILINE,
+)
+MAX_DECLARED_NAMESPACES = 4
+
+
+def declared_namespaces(data: bytes) -> list[str]:
+    """The namespaces a body may declare, found without parsing it: the values of lines (or
+    JSON members) `namespace: NAME`, distinct, in order, at most MAX_DECLARED_NAMESPACES.
+
+    One linear scan, no parse (security review M3): the controller authorises the caller on
+    one of these before it spends any CPU on the document, then checks the namespace the
+    parsed spec really names. A nested key of the same name (a label) can be among them;
+    that costs a second check, never a parse for someone who may not create runs at all.
+    """
+    found: list[str] = []
+    for match in _DECLARED_NAMESPACE_RE.finditer(data):
+        name = match.group(1).decode("ascii")
+        if name not in found:
+            found.append(name)
+            if len(found) == MAX_DECLARED_NAMESPACES:
+                break
+    return found
+
+
 def validate_spec(document: object) -> ParsedSpec:
     """Validate already-parsed data (a dict from YAML/JSON or a TauRun's `spec`)."""
     if not isinstance(document, dict):

@@ -89,6 +89,8 @@ async def start_controller(
         "release_after_s": 1.0,
         "stale_quarantine_after_s": 2.0,
         "auth_cache_ttl_s": 1.0,
+        # The scripted agents report every 0.5 s (a production agent: 5 s).
+        "heartbeat_min_interval_s": 0.1,
         # Only this test's nodes: a controller without a selector would manage the shared
         # dev fleet and fight the dev controller (and other tests) over it.
         "node_selector": f"taugrid.dev/test-fleet={namespace}",

@@ -9,7 +9,6 @@ where RBAC lets them and the controller's own, wider rights are never lent out.
 from __future__ import annotations
 
 import dataclasses
-import re
 import time
 from typing import Any
 
@@ -17,12 +16,11 @@ from aiohttp import web
 
 from controller import auth, errors, serving
 from controller.kube import runs as kube_runs
-from controller.runs import keeping, lifecycle, reconciling, records
+from controller.runs import keeping, lifecycle, reconciling, records, schemas
 from shared import spec as specs
 
 GROUP = "taugrid.dev"
 RESOURCE = "tauruns"
-_NAMESPACE_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 RUN_TOKEN_TTL_S = 60.0
 MAX_CACHED_RUN_TOKENS = 10_000
 
@@ -83,19 +81,17 @@ async def allow(
     await serving.allow(request, identity, access)
 
 
-def check_namespace(namespace: str, field: str = "namespace") -> str:
-    """Return a namespace name that Kubernetes accepts; InvalidParameter otherwise."""
-    if len(namespace) > 63 or not _NAMESPACE_RE.match(namespace):
-        msg = f"{namespace!r} is not a valid namespace name"
-        raise errors.InvalidParameter(msg, field=field)
-    return namespace
+def run_path(request: web.Request) -> tuple[str, str]:
+    """The namespace and name of the run the path names, validated in full before the
+    handler ran (`schemas.RunPath`)."""
+    path = serving.path_of(request, schemas.RunPath)
+    return path.namespace, path.name
 
 
 async def read_run(request: web.Request, verb: str = "get") -> tuple[auth.Identity, dict[str, Any]]:
     """Authorise `verb` on the run the path names and read it (404 when it is not there)."""
     identity = await serving.identity(request)
-    namespace = check_namespace(request.match_info["namespace"])
-    name = request.match_info["name"]
+    namespace, name = run_path(request)
     await allow(request, identity, verb, namespace)
     item = await context_of(request).store.get_run(namespace, name)
     if item is None:

@@ -653,7 +653,8 @@ def test_the_pdb_keeps_one_controller_replica(defaults: list[dict[str, Any]]) ->
 
 
 def test_the_controller_knows_the_names_this_release_gives_things() -> None:
-    """Namespace, agent ServiceAccount, AdmissionCheck and priority class reach the settings."""
+    """Namespace, agent ServiceAccount and port, AdmissionCheck and priority class reach the
+    settings."""
     docs = render({
         "fullnameOverride": "tg2",
         "admissionCheck": {"name": "tg2-gpu-health"},
@@ -663,6 +664,7 @@ def test_the_controller_knows_the_names_this_release_gives_things() -> None:
     env = env_of(one(docs, "Deployment"))
     assert env["TAUGRID_CONTROLLER_NAMESPACE"] == NAMESPACE
     assert env["TAUGRID_CONTROLLER_AGENT_SERVICE_ACCOUNT"] == "tg2-agent"
+    assert env["TAUGRID_CONTROLLER_AGENT_PORT"] == "9400"
     assert env["TAUGRID_CONTROLLER_ADMISSION_CHECK"] == "tg2-gpu-health"
     assert env["TAUGRID_CONTROLLER_RESUME_PRIORITY_CLASS"] == "tg2-resume"
     assert env["TAUGRID_CONTROLLER_DRY_RUN"] == "true"

@@ -1185,3 +1185,22 @@ def _patterns(node: object) -> list[str]:
     if isinstance(node, list):
         return [p for value in node for p in _patterns(value)]
     return []
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        pytest.param(b"name: a\nnamespace: team-a\n", ["team-a"], id="a block line"),
+        pytest.param(b'{"name": "a", "namespace": "team-a"}', ["team-a"], id="a JSON member"),
+        pytest.param(b"namespace: 'team-a'  # ours\n", ["team-a"], id="quoted, with a comment"),
+        pytest.param(b"name: a\n", [], id="none declared"),
+        pytest.param(b"labels:\n  namespace: x\nnamespace: y\n", ["x", "y"],
+                     id="a nested key of the same name is a candidate too, in order"),
+        pytest.param(b"namespace: Team_A\n", [], id="a value that is no namespace name"),
+        pytest.param(b"namespace: a\n" * 3 + b"".join(b"namespace: n%d\n" % i for i in range(9)),
+                     ["a", "n0", "n1", "n2"], id="at most four distinct candidates"),
+    ],
+)  # fmt: skip
+def test_declared_namespaces_are_found_without_parsing(body: bytes, expected: list[str]) -> None:
+    """The namespaces a body may declare, from one scan of its bytes (M3: authorise first)."""
+    assert expected == specs.declared_namespaces(body)
