@@ -97,12 +97,18 @@ async def read_body(request: web.Request, limit: int) -> bytes:
         raise errors.TooLarge(msg)
     chunks = []
     size = 0
-    async for chunk in request.content.iter_chunked(64 * 1024):
-        size += len(chunk)
-        if size > limit:
-            msg = f"body exceeds the limit of {limit} bytes"
-            raise errors.TooLarge(msg)
-        chunks.append(chunk)
+    try:
+        async for chunk in request.content.iter_chunked(64 * 1024):
+            size += len(chunk)
+            if size > limit:
+                msg = f"body exceeds the limit of {limit} bytes"
+                raise errors.TooLarge(msg)
+            chunks.append(chunk)
+    except (ConnectionResetError, aiohttp.ClientPayloadError) as err:
+        # The client hung up (or broke its framing) mid-body: its fault, not a 500 with a
+        # traceback per disconnect.
+        msg = f"the body ended after {size} bytes, before it was complete"
+        raise errors.Malformed(msg, field="body") from err
     return b"".join(chunks)
 
 

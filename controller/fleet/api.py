@@ -116,7 +116,9 @@ async def post_heartbeat(request: web.Request) -> web.StreamResponse:
             st.metrics.heartbeats.labels("forwarded").inc()
             return await serving.forward_to_leader(request, raw)
         ctx = _ctx(request)
-        hb = hb.model_copy(update={"agent_url": await _agent_url(ctx, st, identity)})
+        url = await _agent_url(ctx, st, identity)
+        if hb.agent_url != url:  # the chart's agents send the same URL: no copy (13 µs) then
+            hb = hb.model_copy(update={"agent_url": url})
         before = _verdict_key(ctx.fleet.get(hb.node_name))
         if ctx.fleet.ingest(hb, _now()) and _verdict_key(ctx.fleet.get(hb.node_name)) != before:
             # Only a change of verdict, faults or boot wakes the quarantine loop at once; a

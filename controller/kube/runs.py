@@ -50,17 +50,21 @@ class RejectedError(errors.Invalid):
         self.kind = kind
 
 
+def _status(err: client.ApiException) -> dict[str, Any]:
+    """The API server's Status object in an error, {} when the body is not one."""
+    try:
+        parsed = json.loads(str(err.reason or ""))
+    except ValueError:
+        return {}
+    return parsed if isinstance(parsed, dict) else {}
+
+
 def refusal(err: client.ApiException, kind: str) -> errors.ControllerError:
     """The error kind for an API server's refusal of a create: 400/422 RejectedError naming
     the field its Status names, 403 Forbidden (the controller may not create there), other
     statuses Unavailable (retry later). The message keeps the API server's words."""
     text = str(err.reason or "")
-    status: dict[str, Any] = {}
-    try:
-        parsed = json.loads(text)
-        status = parsed if isinstance(parsed, dict) else {}
-    except ValueError:
-        pass
+    status = _status(err)
     message = str(status.get("message") or text or err.status)[:MAX_MESSAGE_CHARS]
     causes = (status.get("details") or {}).get("causes") or []
     field = next((str(c.get("field") or "") for c in causes if isinstance(c, dict)), "")
@@ -115,6 +119,8 @@ class RunStore:
             if err.status == 409:
                 return
             if err.status == 404:
+                if (_status(err).get("details") or {}).get("kind") == "namespaces":
+                    raise NotFoundError(str(obj["metadata"]["namespace"])) from err
                 msg = f"this cluster cannot create a {kind}: {str(err.reason)[:200]}"
                 raise RejectedError(kind, msg, "kind") from err
             raise refusal(err, kind) from err

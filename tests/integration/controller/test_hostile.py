@@ -394,14 +394,17 @@ async def test_forged_heartbeat_fields_are_refused(
 
 async def test_the_agent_url_comes_from_the_bound_pod_not_the_body(w: worldkit.World) -> None:
     """M6: an agentUrl in the body is ignored; the node shows the IP of the pod the agent's
-    token is bound to, at the agents' port."""
-    body = json.dumps(_heartbeat(w.node, agentUrl="https://attacker.example/")).encode()
-    status, answer = await w.call("POST", "/v1/heartbeats", token=w.agent, body=body)
-    assert status == 202, answer
+    token is bound to, at the agents' port. That pod is looked up once (one LIST of the
+    install namespace), not once per heartbeat."""
+    for sequence in range(1, 6):
+        body = json.dumps(_heartbeat(w.node, sequence=sequence,
+                                     agentUrl="https://attacker.example/")).encode()  # fmt: skip
+        status, answer = await w.call("POST", "/v1/heartbeats", token=w.agent, body=body)
+        assert status == 202, answer
     pod = await client.CoreV1Api(w.api).read_namespaced_pod(f"agent-{w.node}"[:63], w.ns_a)
     got, node = await w.call("GET", f"/v1/nodes/{w.node}", token=w.oncall)
-    expected = (200, f"http://{pod.status.pod_ip}:9400")
-    assert expected == (got, node["agentUrl"])
+    expected = (200, f"http://{pod.status.pod_ip}:9400", 1)
+    assert expected == (got, node["agentUrl"], w.controller.fleet.agents.lists)
 
 
 # ---------------------------------------------------------------------- slow bodies
@@ -452,3 +455,33 @@ async def test_another_namespaces_researcher_can_do_nothing_to_a_run(w: worldkit
     after = await w.call("GET", f"/v1/runs/{w.ns_a}/{w.run}", token=w.researcher_a)
     assert before[1]["checkpoints"] == after[1]["checkpoints"]
     assert before[1]["phase"] == after[1]["phase"]
+
+
+async def test_a_namespace_that_does_not_exist_is_a_404_naming_it(w: worldkit.World) -> None:
+    """A researcher allowed to submit anywhere, naming a namespace that does not exist, gets
+    404 naming `namespace` from the dry run and from a real submission (whose API-server
+    check of attempt 1 comes first), not a 422 about the Job."""
+    rbac = client.RbacAuthorizationV1Api(w.api)
+    name = f"{w.ns_a}-anywhere"
+    await rbac.create_cluster_role({
+        "metadata": {"name": name, "labels": {"taugrid.dev/test": "true"}},
+        "rules": [{"apiGroups": ["taugrid.dev"], "resources": ["tauruns"], "verbs": ["create"]}],
+    })  # fmt: skip
+    await rbac.create_cluster_role_binding({
+        "metadata": {"name": name, "labels": {"taugrid.dev/test": "true"}},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": "researcher", "namespace": w.ns_a}],
+    })  # fmt: skip
+    try:
+        answers = {}
+        for dry in ("true", "false"):
+            status, answer = await w.call(
+                "POST", "/v1/runs", token=w.researcher_a, body=_spec(name="nowhere"),
+                params={"namespace": "no-such-namespace-h14", "dryRun": dry},
+            )  # fmt: skip
+            answers[dry] = (status, answer["error"]["field"])
+        expected = {"true": (404, "namespace"), "false": (404, "namespace")}
+        assert expected == answers
+    finally:
+        await rbac.delete_cluster_role_binding(name)
+        await rbac.delete_cluster_role(name)

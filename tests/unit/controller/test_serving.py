@@ -12,6 +12,7 @@ from aiohttp import test_utils, web
 from controller import auth, errors, leading, serving
 from controller.runs import checkpoints, reconciling, schemas
 from shared import spec as specs
+from tests import support
 
 
 @pytest.mark.parametrize(
@@ -163,3 +164,42 @@ async def test_a_405_keeps_its_allow_header() -> None:
         actual = (resp.status, (await resp.json())["error"]["code"], "GET" in resp.headers["Allow"])
     expected = (405, "MethodNotAllowed", True)
     assert expected == actual
+
+
+async def test_a_body_cut_short_by_the_client_is_malformed_not_a_500() -> None:
+    """A client that stops sending mid-body (its last chunk never comes) is its own fault:
+    the handler raises Malformed (400), not an unhandled error logged with a traceback."""
+    seen: list[int] = []
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        try:
+            await serving.read_body(request, 1 << 20)
+        except errors.Malformed as err:
+            seen.append(serving.status_of(err))
+            raise
+        return web.json_response({})
+
+    app = web.Application(middlewares=[serving.make_middleware(30.0)])
+    app.router.add_post("/x", handler)
+    # Served as the controller is (an AppRunner), which lets a handler finish after the
+    # client hangs up; aiohttp's TestServer would cancel it instead.
+    runner = web.AppRunner(app, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    host, port = runner.addresses[0][:2]
+    try:
+        _, writer = await asyncio.open_connection(host, port)
+        writer.write(b"POST /x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nab")
+        await writer.drain()
+        writer.write_eof()  # the client is done sending: the body will never be complete
+
+        async def handled() -> None:
+            assert seen, "the handler has not seen the short body yet"
+
+        await support.eventually(handled, what="the short body to be refused")
+        writer.close()
+    finally:
+        await runner.cleanup()
+    expected = [400]
+    assert expected == seen
