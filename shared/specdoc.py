@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from shared import spec as specs
 from shared import jsonsafe, yamlsafe
+from shared import spec as specs
 
 _INTRO = """\
 # `tau.yaml` reference
