@@ -157,7 +157,10 @@ def document(app: web.Application, settings: ControllerSettings | None = None) -
             "responses": {
                 name: {
                     "description": description,
-                    "content": {serving.JSON: {"schema": error}},
+                    "content": {
+                        serving.JSON: {"schema": error},
+                        **(_PROTOCOL_ERROR if status == 400 else {}),
+                    },
                     **(_AUTHENTICATE if status == 401 else {}),
                 }
                 for status, (name, description) in ERROR_RESPONSES.items()
@@ -178,6 +181,17 @@ def document(app: web.Application, settings: ControllerSettings | None = None) -
     }
 
 
+_PROTOCOL_ERROR = {
+    "text/plain": {
+        "schema": {
+            "type": "string",
+            "description": (
+                "A request the HTTP parser cannot read (a request line over 8 KiB, a header"
+                " with a NUL) is refused by aiohttp before any handler, in plain text."
+            ),
+        }
+    }
+}
 _AUTHENTICATE = {
     "headers": {"WWW-Authenticate": {"schema": {"type": "string"}, "description": "Bearer realm."}}
 }

@@ -129,6 +129,7 @@ async def world(
     http = aiohttp.ClientSession()
     try:
         await kueue.create_queues(api, ns_a, gpus=8)
+        await kueue.create_queues(api, ns_b, gpus=8)
         researcher_a = await make_token(api, ns_a, "researcher", STATUS_RULES)
         researcher_b = await make_token(api, ns_b, "researcher", STATUS_RULES)
         stranger = await make_token(api, ns_a, "stranger", None)
@@ -168,6 +169,7 @@ async def world(
             with contextlib.suppress(client.ApiException):
                 await core.delete_node(node)
         await kueue.delete_queues(api, ns_a)
+        await kueue.delete_queues(api, ns_b)
         await controllerkit.delete_test_rbac(api, ns_a)
         for ns in (ns_a, ns_b):
             with contextlib.suppress(client.ApiException):

@@ -135,7 +135,7 @@ class CompareQuery(Params):
     """The namespace of the runs."""
     name: specs.ShortText | None = None
     """The experiment whose runs to compare."""
-    run: Annotated[list[specs.ObjectName], pydantic.Field(max_length=64)] = []
+    run: Annotated[list[specs.ObjectName], pydantic.Field(max_length=50)] = []
     """Runs to compare (repeat the parameter: `run=a&run=b`), instead of an experiment."""
     metric: (
         Annotated[

@@ -10,10 +10,11 @@ The run is bounded and reproducible: one seed, a time budget, and chosen phases:
 follow (no links), so both stay off.
 
 Each operation gets the credential it needs (a researcher of namespace A, the run's own
-token for its checkpoints, an on-call engineer, the node's agent); submissions are dry runs,
-so fuzzing creates no Jobs; heartbeats name the agent's own node and a current `sentAt`, so
-they reach the ingest path. A second, tokenless pass sends no credential and generates no
-security parameters: every operation must say 401 (or serve, when public). Object-level
+token for its checkpoints and results, an on-call engineer, the node's agent); submissions
+are dry runs and reruns name a run that does not exist, so fuzzing creates no Jobs;
+heartbeats name the agent's own node and a current `sentAt`, so they reach the ingest path.
+A second, tokenless pass sends no credential and generates no security parameters: every
+operation must say 401 (or serve, when public). Object-level
 authorization between two researchers is the hostile corpus' deterministic matrix
 (tests/integration/controller/test_hostile.py).
 """
@@ -61,9 +62,12 @@ REJECTIONS = [400, 401, 403, 404, 405, 409, 413, 415, 422, 429]
 CREDENTIALS = {
     "researcher_a": (
         "createRun", "listRuns", "getRun", "cancelRun", "getRunLogs", "getRunEvidence",
-        "resumeRun", "listQueues",
+        "resumeRun", "rerunRun", "listQueues", "listExperiments", "compareRuns",
     ),
-    "run_token": ("reportCheckpoint", "listCheckpoints", "getLatestCheckpoint"),
+    "run_token": (
+        "reportCheckpoint", "listCheckpoints", "getLatestCheckpoint", "reportResults",
+        "getResults",
+    ),
     "oncall": (
         "listNodes", "getNode", "quarantineNode", "releaseNode", "getFleet", "resetBreaker",
         "setFleetMode",
@@ -128,6 +132,13 @@ def _config(w: worldkit.World, cache: pathlib.Path, *, tokenless: bool) -> str:
         "reportCheckpoint": {"path.namespace": w.ns_a, "path.name": w.run},
         "listCheckpoints": {"path.namespace": w.ns_a, "path.name": w.run},
         "getLatestCheckpoint": {"path.namespace": w.ns_a, "path.name": w.run},
+        "reportResults": {"path.namespace": w.ns_a, "path.name": w.run},
+        "getResults": {"path.namespace": w.ns_a, "path.name": w.run},
+        # A rerun creates a run (and its Job) and has no dry run: fuzz it against a run
+        # that does not exist, so it answers, validates and refuses, but creates nothing.
+        "rerunRun": {"path.namespace": w.ns_a, "path.name": "no-such-run"},
+        "listExperiments": {"namespace": w.ns_a},
+        "compareRuns": {"namespace": w.ns_a},
         "postHeartbeat": {
             "body.nodeName": w.node,
             "body.sentAt": dt.datetime.now(dt.UTC).isoformat(),

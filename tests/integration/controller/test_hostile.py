@@ -114,7 +114,7 @@ async def test_a_dry_run_renders_attempt_one_and_creates_nothing(w: worldkit.Wor
     """`?dryRun=true` authorises, parses, validates, renders and has the API server check
     the objects, then answers 200 with them; nothing is created. A CPU-only container is
     rendered with NVIDIA_VISIBLE_DEVICES=void (H3)."""
-    spec = {**job_spec("dry", gpus=0), "priority": "high"}
+    spec = job_spec("dry", gpus=0)
     status, answer = await w.call(
         "POST", "/v1/runs", token=w.researcher_a, body=json.dumps(spec).encode(),
         params={"namespace": w.ns_a, "dryRun": "true"},
@@ -130,14 +130,14 @@ async def test_a_dry_run_renders_attempt_one_and_creates_nothing(w: worldkit.Wor
         "run": (answer["run"]["kind"], answer["run"]["metadata"]["name"]),
         "kinds": kinds,
         "void": env.get("NVIDIA_VISIBLE_DEVICES"),
-        "priority": job["metadata"]["labels"].get("kueue.x-k8s.io/priority-class"),
+        "queue": job["metadata"]["labels"].get("kueue.x-k8s.io/queue-name"),
     }
     expected = {
         "dryRun": True,
         "run": ("TauRun", "dry"),
         "kinds": ["Secret", "ConfigMap", "Job"],
         "void": "void",
-        "priority": "high",
+        "queue": "q",
     }
     assert expected == actual
     got, _ = await w.call("GET", f"/v1/runs/{w.ns_a}/dry", token=w.researcher_a)
@@ -274,7 +274,7 @@ ODD_NAMES = [
 RUN_ROUTES = [
     ("GET", ""), ("DELETE", ""), ("GET", "/logs"), ("GET", "/evidence"),
     ("POST", "/checkpoints"), ("GET", "/checkpoints"), ("GET", "/checkpoints/latest"),
-    ("POST", "/resume"),
+    ("POST", "/resume"), ("POST", "/rerun"), ("POST", "/results"), ("GET", "/results"),
 ]  # fmt: skip
 
 
@@ -347,6 +347,8 @@ async def test_hostile_json_bodies_are_refused_on_every_json_route(
     (400 for what cannot be read, 422 for what is not the object asked for), never a 500."""
     routes = {
         "checkpoint": ("POST", f"/v1/runs/{w.ns_a}/{w.run}/checkpoints", w.run_token),
+        "results": ("POST", f"/v1/runs/{w.ns_a}/{w.run}/results", w.run_token),
+        "rerun": ("POST", f"/v1/runs/{w.ns_a}/{w.run}/rerun", w.researcher_a),
         "resume": ("POST", f"/v1/runs/{w.ns_a}/{w.run}/resume", w.researcher_a),
         "quarantine": ("POST", f"/v1/nodes/{w.node}/quarantine", w.oncall),
         "release": ("DELETE", f"/v1/nodes/{w.node}/quarantine", w.oncall),
@@ -444,8 +446,12 @@ async def test_another_namespaces_researcher_can_do_nothing_to_a_run(w: worldkit
         ("GET", base, None), ("DELETE", base, None), ("GET", f"{base}/logs", None),
         ("GET", f"{base}/evidence", None), ("POST", f"{base}/checkpoints", report),
         ("GET", f"{base}/checkpoints", None), ("GET", f"{base}/checkpoints/latest", None),
-        ("POST", f"{base}/resume", b"{}"), ("GET", f"/v1/runs?namespace={w.ns_a}", None),
-        ("GET", "/v1/runs", None), ("GET", f"/v1/queues?namespace={w.ns_a}", None),
+        ("POST", f"{base}/resume", b"{}"), ("POST", f"{base}/rerun", b"{}"),
+        ("POST", f"{base}/results", b'{"attempt": 1}'), ("GET", f"{base}/results", None),
+        ("GET", f"/v1/runs?namespace={w.ns_a}", None), ("GET", "/v1/runs", None),
+        ("GET", f"/v1/queues?namespace={w.ns_a}", None),
+        ("GET", f"/v1/experiments?namespace={w.ns_a}", None),
+        ("GET", f"/v1/experiments/compare?namespace={w.ns_a}&run={w.run}", None),
     ]  # fmt: skip
     answers = {}
     for method, path, body in calls:
@@ -455,33 +461,3 @@ async def test_another_namespaces_researcher_can_do_nothing_to_a_run(w: worldkit
     after = await w.call("GET", f"/v1/runs/{w.ns_a}/{w.run}", token=w.researcher_a)
     assert before[1]["checkpoints"] == after[1]["checkpoints"]
     assert before[1]["phase"] == after[1]["phase"]
-
-
-async def test_a_namespace_that_does_not_exist_is_a_404_naming_it(w: worldkit.World) -> None:
-    """A researcher allowed to submit anywhere, naming a namespace that does not exist, gets
-    404 naming `namespace` from the dry run and from a real submission (whose API-server
-    check of attempt 1 comes first), not a 422 about the Job."""
-    rbac = client.RbacAuthorizationV1Api(w.api)
-    name = f"{w.ns_a}-anywhere"
-    await rbac.create_cluster_role({
-        "metadata": {"name": name, "labels": {"taugrid.dev/test": "true"}},
-        "rules": [{"apiGroups": ["taugrid.dev"], "resources": ["tauruns"], "verbs": ["create"]}],
-    })  # fmt: skip
-    await rbac.create_cluster_role_binding({
-        "metadata": {"name": name, "labels": {"taugrid.dev/test": "true"}},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
-        "subjects": [{"kind": "ServiceAccount", "name": "researcher", "namespace": w.ns_a}],
-    })  # fmt: skip
-    try:
-        answers = {}
-        for dry in ("true", "false"):
-            status, answer = await w.call(
-                "POST", "/v1/runs", token=w.researcher_a, body=_spec(name="nowhere"),
-                params={"namespace": "no-such-namespace-h14", "dryRun": dry},
-            )  # fmt: skip
-            answers[dry] = (status, answer["error"]["field"])
-        expected = {"true": (404, "namespace"), "false": (404, "namespace")}
-        assert expected == answers
-    finally:
-        await rbac.delete_cluster_role_binding(name)
-        await rbac.delete_cluster_role(name)
