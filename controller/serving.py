@@ -97,10 +97,12 @@ async def read_body(request: web.Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-async def identity(request: web.Request, audiences: tuple[str, ...] = ()) -> auth.Identity:
-    """Who calls: the identity TokenReview gives the bearer token."""
+async def identity(request: web.Request, audiences: tuple[str, ...] | None = None) -> auth.Identity:
+    """Who calls: the identity TokenReview gives the bearer token, reviewed for `audiences`
+    (None: the audiences a person's token must carry, `user_audiences`)."""
     st = serving_of(request)
-    return await st.authn.authenticate(request.headers.get("Authorization"), audiences)
+    wanted = st.settings.user_audiences if audiences is None else audiences
+    return await st.authn.authenticate(request.headers.get("Authorization"), wanted)
 
 
 async def allow(request: web.Request, who: auth.Identity, access: auth.Access) -> None:

@@ -53,6 +53,12 @@ class ControllerSettings(pydantic_settings.BaseSettings):
     """Name of the agents' ServiceAccount in `namespace`; only its tokens may send heartbeats."""
     token_audience: str = "taugrid"  # noqa: S105  (an audience name, not a secret)
     """Audience the agents' projected tokens carry; TokenReview checks it."""
+    user_audiences: tuple[str, ...] = ()
+    """Audiences a person's token (researcher, on-call) must carry, checked by TokenReview.
+    Empty accepts the API server's own audiences, so `kubectl create token` and OIDC tokens
+    work as they are. A dedicated audience (`kubectl create token --audience taugrid-api`,
+    an OIDC client id) keeps a token that leaks at TauGrid from being a Kubernetes
+    credential (docs/security.md). Either way a token is only ever sent to TokenReview."""
 
     node_selector: str = ""
     """Label selector of the nodes this controller manages (empty: every node; GPU nodes are

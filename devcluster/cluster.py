@@ -362,7 +362,10 @@ class Cluster:
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             f"--service-account-key-file={k / 'sa.pub'}",
             f"--service-account-signing-key-file={k / 'sa.key'}",
-            "--api-audiences=https://kubernetes.default.svc.cluster.local,taugrid",
+            # The API server's own audience only, as on a real cluster: a token minted for the
+            # API server (a default `kubectl create token`) is not valid for heartbeats, which
+            # need audience `taugrid` (DESIGN.md section 10).
+            "--api-audiences=https://kubernetes.default.svc.cluster.local",
             "--authorization-mode=RBAC", "--service-cluster-ip-range=10.96.0.0/16",
             "--allow-privileged=true",
             # KWOK plays the kubelet on 127.0.0.1 (logs, exec); reach it by that address.

@@ -38,6 +38,7 @@ EVERYTHING_ON: dict[str, Any] = {
     "grafanaDashboard": {"enabled": True},
     "agent": {"service": {"enabled": True}, "runtimeClassName": "nvidia"},
     "controller": {"maxQuarantined": 3, "rayVersion": "2.41.0"},
+    "userTokenAudiences": ["taugrid-api"],
 }
 
 
@@ -692,6 +693,23 @@ def test_every_rendered_setting_exists_and_parses(
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     settings_class()  # raises pydantic.ValidationError on a value the process would refuse
+
+
+def test_user_token_audiences_reach_the_controller_as_a_list(
+    everything: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """userTokenAudiences becomes `user_audiences`; unset, the variable is not rendered, so
+    the controller accepts the API server's own audience."""
+    env = env_of(one(everything, "Deployment"))
+    monkeypatch.setenv(
+        "TAUGRID_CONTROLLER_USER_AUDIENCES", env["TAUGRID_CONTROLLER_USER_AUDIENCES"]
+    )
+    expected = (("taugrid-api",), False)
+    actual = (
+        controller_settings.ControllerSettings().user_audiences,
+        "TAUGRID_CONTROLLER_USER_AUDIENCES" in env_of(one(render(), "Deployment")),
+    )
+    assert expected == actual
 
 
 def test_extra_settings_become_environment_variables() -> None:
