@@ -4,7 +4,9 @@ It builds the plumbing every API shares (`controller.serving`), the three domain
 loops, and wires what crosses domains, which no domain may do itself:
 - fleet → runs: a node quarantined because a GPU failed reconciles the runs on it at once;
 - fleet → admission: any node change wakes the admission gate (what fits has changed);
-- admission → runs: why the gate holds a Workload back becomes its run's message.
+- admission → runs: why the gate holds a Workload back becomes its run's message;
+- the elector → its pod's leader label (`leading.LeaderMark`), which the leader-only
+  Service selects, so followers reach the leader without reading any address off the cluster.
 
 Background work lives in a cleanup context, so no loop outlives its app. Shutdown
 (`controller.main.serve`): readiness turns false first, then the sites stop, then the
@@ -35,11 +37,13 @@ from controller.kube import admission as kube_admission
 from controller.kube import client as kube_client
 from controller.kube import leases, reviews
 from controller.kube import nodes as kube_nodes
+from controller.kube import pods as kube_pods
 from controller.kube import runs as kube_runs
 from controller.runs import api as runs_api
 from controller.runs import context as runs_context
 from controller.runs import keeping, reconciling, rendering, results
 from controller.settings import ControllerSettings
+from shared import kubetoken
 
 log = structlog.get_logger()
 
@@ -96,15 +100,20 @@ def _runtime(
         url = settings.advertise_url or serving.default_url(settings)
         lease_store = leases.KubeLeaseStore(api, settings.namespace, settings.lease_name)
         holder: list[quarantining.Quarantiner] = []
+        marks_: list[leading.LeaderMark] = []
 
         async def started() -> None:
             fleet.become_leader(_now())
             holder[0].restore(elector.lease_state)
             log.info("became leader", identity=elector.identity, url=url)
             holder[0].poke()
+            for mark in marks_:
+                mark.poke()
 
         async def stopped() -> None:
             log.warning("stopped leading", identity=elector.identity)
+            for mark in marks_:
+                mark.poke()
 
         elector = leading.Elector(
             lease_store, serving.make_identity(settings), url,
@@ -131,6 +140,9 @@ def _runtime(
             save_state=lease_store.save_state,
         )  # fmt: skip
         holder.append(quarantiner)
+        if settings.pod_name:
+            pod = kube_pods.PodLabel(api, settings.namespace, settings.pod_name)
+            marks_.append(leading.LeaderMark(pod, elector, interval_s=settings.retry_period_s))
         store = kube_runs.RunStore(api)
         keeper = keeping.LogKeeper(
             store, elector, m,
@@ -166,11 +178,14 @@ def _runtime(
             quarantiner.on_quarantine.append(lambda _node: reconciler.poke())
 
         st = serving.ServingState(settings, m, authn, elector, http, url)
+        if settings.peer_token_file:
+            st.peer_token = kubetoken.FileToken(pathlib.Path(settings.peer_token_file))
         st.readiness.append(cache.synced.is_set)
         app[serving.SERVING] = st
         app[fleet_api.FLEET] = fleet_api.FleetContext(fleet, quarantiner, cache)
         app[runs_context.RUNS] = runs_context.RunsContext(store, reconciler, keeper)
         app[GATE] = gate
+        labels = [asyncio.create_task(mark.run(), name="leader-label") for mark in marks_]
         tasks = [
             asyncio.create_task(cache.run(), name="node-cache"),
             asyncio.create_task(elector.run(), name="elector"),
@@ -185,6 +200,15 @@ def _runtime(
         finally:
             st.ready = False
             await reconciler.collector.aclose()  # while this replica still leads
+            # The label goes before the lease (the elector gives it up when cancelled), so
+            # the leader-only Service stops sending here before a successor is labelled.
+            for t in labels:
+                t.cancel()
+            for t in labels:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await t
+            for mark in marks_:
+                await mark.clear()
             for t in tasks:
                 t.cancel()
             for t in tasks:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import signal
 import ssl
 import sys
@@ -16,17 +15,9 @@ from aiohttp import web
 
 from controller import app as controller_app
 from controller import certs, serving
+from controller import settings as settings_mod
 from controller.settings import ControllerSettings
 from shared import logs
-
-
-def _loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _background(
@@ -91,7 +82,7 @@ def main() -> int:
         context.load_cert_chain(settings.tls_cert_file, settings.tls_key_file or None)
         reloader = certs.Reloader(context, settings.tls_cert_file, settings.tls_key_file)
         app.cleanup_ctx.append(_background(reloader.run(settings.tls_reload_interval_s)))
-    elif not _loopback(settings.host) and not settings.allow_insecure_http:
+    elif not settings_mod.is_loopback(settings.host) and not settings.allow_insecure_http:
         print(
             "refusing plain HTTP on a non-loopback address: set TAUGRID_CONTROLLER_TLS_CERT_FILE "
             "and _TLS_KEY_FILE, or TAUGRID_CONTROLLER_ALLOW_INSECURE_HTTP=true behind a TLS proxy",

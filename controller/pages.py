@@ -44,10 +44,12 @@ async def healthz(request: web.Request) -> web.StreamResponse:
 async def readyz(request: web.Request) -> web.StreamResponse:
     """Readiness: the node cache is synced and we are not shutting down."""
     if serving.SERVING not in request.app:
-        return web.json_response({"ready": False, "leader": False, "leaderUrl": ""}, status=503)
+        return web.json_response({"ready": False, "leader": False}, status=503)
     st = request.app[serving.SERVING]
     ok = st.is_ready()
-    body = {"ready": ok, "leader": st.elector.is_leader(), "leaderUrl": st.elector.leader_url}
+    # No leader address: followers reach the leader through the leader-only Service, and an
+    # unauthenticated caller learns nothing about where (review finding L6).
+    body = {"ready": ok, "leader": st.elector.is_leader()}
     return web.json_response(body, status=200 if ok else 503)
 
 

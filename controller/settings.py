@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ipaddress
+import urllib.parse
 from typing import Literal
 
 import pydantic
@@ -39,11 +41,35 @@ class ControllerSettings(pydantic_settings.BaseSettings):
     """How often the certificate files are checked; a renewed pair (cert-manager, a replaced
     Secret) is served from the next handshake on, without a restart."""
     tls_ca_file: str = ""
-    """PEM bundle trusted, besides the system store, when this replica calls another (a
-    follower forwarding to the leader's advertised URL): the CA of a private certificate,
-    such as the chart's, is in no system store. Empty trusts the system store alone."""
+    """PEM bundle of the CA that issued the replicas' certificates (the chart's). A follower
+    verifies the leader against it alone, never the system store: any publicly trusted
+    certificate would otherwise pass. Also what run pods trust unless `run_ca_file` is set."""
     allow_insecure_http: bool = False
-    """Serve plain HTTP on a non-loopback address; only behind a proxy that terminates TLS."""
+    """Serve plain HTTP on a non-loopback address, and reach the leader over plain HTTP;
+    only behind a proxy or mesh that terminates TLS."""
+
+    leader_url: str = ""
+    """Where a follower sends what only the leader can do (heartbeats, on-call calls, run
+    writes): the chart's leader-only Service, `https://<fullname>-controller-leader.<ns>.svc:
+    <port>`, whose selector matches the label the leader keeps on its own pod. A bare origin
+    (no path); https is verified with `tls_ca_file` alone; http only on loopback (the dev
+    cluster) or with `allow_insecure_http`. Empty: a follower answers such calls 503
+    NotLeader. Nothing read from the cluster (the Lease's annotation) ever replaces it."""
+    peer_token_file: str = ""
+    """The projected ServiceAccount token (audience `peer_audience`) a follower presents to
+    the leader, in place of any caller's credential, with the caller it reviewed in the
+    `X-TauGrid-Caller` header; re-read when the kubelet rotates it."""
+    peer_audience: str = "taugrid-peer"
+    """Audience of the replicas' peer tokens; the leader reviews them with it."""
+    controller_service_account: str = "taugrid-controller"
+    """The replicas' ServiceAccount in `namespace`: only its peer tokens may speak for a
+    caller a follower has already authenticated and authorised."""
+    pod_name: str = ""
+    """This replica's pod (the chart sets it from the downward API). The leader labels it
+    `taugrid.dev/leader=true` and removes the label when it stops leading, so the
+    leader-only Service reaches the leader alone. Empty: no pod to label (a host process)."""
+    forward_timeout_s: float = pydantic.Field(default=10.0, gt=0)
+    """How long a follower waits for the leader's answer before it answers 503."""
 
     kubeconfig: str = ""
     """Kubeconfig path; empty means the in-cluster ServiceAccount."""
@@ -208,3 +234,44 @@ class ControllerSettings(pydantic_settings.BaseSettings):
     """A log read gives up after this long. The final capture runs before a failed attempt's
     objects are deleted and its next attempt created, so a kubelet that stops answering (a
     lost node) delays a resume by at most this; its periodic capture is what is kept then."""
+
+    @pydantic.model_validator(mode="after")
+    def _check_leader_url(self) -> ControllerSettings:
+        """Refuse a leader address that could hand a peer token to the wrong place."""
+        problem = leader_url_problem(
+            self.leader_url, ca_file=self.tls_ca_file, insecure=self.allow_insecure_http
+        )
+        if problem:
+            msg = f"leader_url {self.leader_url!r}: {problem}"
+            raise ValueError(msg)
+        return self
+
+
+def is_loopback(host: str) -> bool:
+    """True for `localhost` and loopback addresses."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def leader_url_problem(url: str, *, ca_file: str, insecure: bool) -> str:
+    """Why `url` may not be the leader's address ('' when it may): an origin only (scheme,
+    host, port), https with a CA to verify it by, or http on loopback or when explicitly
+    allowed."""
+    if not url:
+        return ""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return "must be an http(s):// URL with a host"
+    if parts.username or parts.password or parts.query or parts.fragment:
+        return "must not carry credentials, a query or a fragment"
+    if parts.path not in ("", "/"):
+        return "must be an origin (scheme, host, port) without a path"
+    if parts.scheme == "https" and not ca_file:
+        return "https needs tls_ca_file: the leader is verified against that CA alone"
+    if parts.scheme == "http" and not (is_loopback(parts.hostname) or insecure):
+        return "plain http only on loopback (or with allow_insecure_http behind a TLS proxy)"
+    return ""

@@ -171,11 +171,11 @@ def test_helm_lint_is_clean(values: dict[str, Any]) -> None:
 def test_defaults_render_the_core_objects_and_nothing_optional(
     defaults: list[dict[str, Any]],
 ) -> None:
-    """Defaults: the two components, their RBAC, Services (the API and the headless one over
-    the replicas), PDB, AdmissionCheck, priority class."""
+    """Defaults: the two components, their RBAC, Services (the API, the leader-only one and
+    the headless one over the replicas), PDB, AdmissionCheck, priority class."""
     expected = {
         "ClusterRole": 1, "ClusterRoleBinding": 3, "DaemonSet": 1, "Deployment": 1,
-        "PodDisruptionBudget": 1, "Role": 1, "RoleBinding": 1, "Service": 2,
+        "PodDisruptionBudget": 1, "Role": 1, "RoleBinding": 1, "Service": 3,
         "ServiceAccount": 2, "AdmissionCheck": 1, "WorkloadPriorityClass": 1,
     }  # fmt: skip
     kinds: dict[str, int] = {}
@@ -289,6 +289,7 @@ CONTROLLER_RIGHTS = [
     Right("", "nodes", "get"), Right("", "nodes", "list"), Right("", "nodes", "watch"),
     Right("", "nodes", "patch"), Right("", "nodes/status", "patch"),
     Right("", "pods/eviction", "create"), Right("", "pods", "list"), Right("", "pods/log", "get"),
+    Right("", "pods", "patch"),
     Right("batch", "jobs", "create"), Right("batch", "jobs", "delete"),
     Right("ray.io", "rayjobs", "create"), Right("ray.io", "rayjobs/status", "patch"),
     Right("", "services", "create"), Right("", "secrets", "create"), Right("", "secrets", "patch"),
@@ -356,6 +357,7 @@ CALL_RIGHTS: dict[tuple[str, str, str], tuple[Right, ...]] = {
     ("_core", "list_pod_for_all_namespaces", ""): (Right("", "pods", "list"),),
     ("_core", "list_namespaced_pod", ""): (Right("", "pods", "list"),),
     ("_core", "create_namespaced_pod_eviction", ""): (Right("", "pods/eviction", "create"),),
+    ("_core", "patch_namespaced_pod", ""): (Right("", "pods", "patch"),),
     ("_core", "read_namespaced_pod_log", ""): (Right("", "pods/log", "get"),),
     ("_core", "create_namespaced_service", ""): (Right("", "services", "create"),),
     ("_core", "delete_namespaced_service", ""): (Right("", "services", "delete"),),
@@ -495,6 +497,38 @@ def test_the_controller_is_granted_every_api_call_its_adapters_make(
         for right in rights:
             assert allows(controller_rules, right), f"{call} needs {right}"
     assert unknown == [], "map these calls in CALL_RIGHTS and grant them in the chart"
+
+
+def test_followers_reach_the_leader_through_the_leader_only_service_with_a_peer_token(
+    everything: list[dict[str, Any]],
+) -> None:
+    """The leader-only Service selects the controller pods that carry the leader label; the
+    replicas are told its https URL, the name of their own pod, and read a projected peer
+    token of audience taugrid-peer; the certificate covers the Service's names."""
+    service = one(everything, "Service", "taugrid-controller-leader")
+    deploy = one(everything, "Deployment")
+    pod_labels = deploy["spec"]["template"]["metadata"]["labels"]
+    env = env_of(deploy)
+    fields = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"]
+              for e in container(deploy)["env"] if "valueFrom" in e}  # fmt: skip
+    volumes = {v["name"]: v for v in deploy["spec"]["template"]["spec"]["volumes"]}
+    (source,) = volumes["peer-token"]["projected"]["sources"]
+    mount = next(m for m in container(deploy)["volumeMounts"] if m["name"] == "peer-token")
+    names = one(everything, "Certificate", "taugrid-controller")["spec"]["dnsNames"]
+    selector = service["spec"]["selector"]
+    expected = (
+        "true", True, "https://taugrid-controller-leader.taugrid-system.svc.cluster.local:8080",
+        "metadata.name", "taugrid-peer",
+        pathlib.PurePosixPath(env["TAUGRID_CONTROLLER_PEER_TOKEN_FILE"]), True,
+    )  # fmt: skip
+    actual = (
+        selector.pop("taugrid.dev/leader"), selector.items() <= pod_labels.items(),
+        env["TAUGRID_CONTROLLER_LEADER_URL"], fields["TAUGRID_CONTROLLER_POD_NAME"],
+        source["serviceAccountToken"]["audience"],
+        pathlib.PurePosixPath(mount["mountPath"], source["serviceAccountToken"]["path"]),
+        "taugrid-controller-leader.taugrid-system.svc.cluster.local" in names,
+    )  # fmt: skip
+    assert expected == actual
 
 
 def test_the_lease_rights_name_the_configured_lease() -> None:
