@@ -88,7 +88,18 @@ def _runtime(
     async def ctx(app: web.Application) -> AsyncIterator[None]:
         peer_ssl = serving.peer_ssl_context(settings)  # first: a bad CA fails before any client
         run_ca = read_run_ca(settings)
-        api = await kube_client.make_client(settings.kubeconfig)
+        # Four clients, four pools (review H2): the lease, the node cache and node writes on
+        # one that nothing a caller does can fill; the loops and the reviews on another;
+        # researchers' reads and writes on a third; log streams, which hold a connection
+        # while they last, on a fourth as large as the stream cap.
+        timeout_s = settings.api_timeout_s
+        control = await kube_client.make_client(settings.kubeconfig, pool=16, timeout_s=timeout_s)
+        api = await kube_client.make_client(settings.kubeconfig, pool=64, timeout_s=timeout_s)
+        callers = await kube_client.make_client(settings.kubeconfig, pool=32, timeout_s=timeout_s)
+        streams = await kube_client.make_client(
+            settings.kubeconfig, pool=settings.log_streams_max, timeout_s=timeout_s
+        )
+        clients = (control, api, callers, streams)
         http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=peer_ssl))
         m = metrics.make_metrics()
         authn = auth.Authenticator(
@@ -98,7 +109,10 @@ def _runtime(
         )
         fleet = state.FleetState(leader_since=_now(), stale_multiplier=settings.stale_multiplier)
         url = settings.advertise_url or serving.default_url(settings)
-        lease_store = leases.KubeLeaseStore(api, settings.namespace, settings.lease_name)
+        lease_store = leases.KubeLeaseStore(
+            control, settings.namespace, settings.lease_name,
+            timeout_s=min(timeout_s, settings.renew_deadline_s / 2),
+        )  # fmt: skip
         holder: list[quarantining.Quarantiner] = []
         marks_: list[leading.LeaderMark] = []
 
@@ -131,17 +145,17 @@ def _runtime(
             gate.poke()  # a quarantine or a release changes what fits: decide again at once
 
         cache = kube_nodes.NodeCache(
-            api, on_change=node_changed, label_selector=settings.node_selector
+            control, on_change=node_changed, label_selector=settings.node_selector
         )
         quarantiner = quarantining.Quarantiner(
             fleet, cache=cache, settings=policy.settings_from(settings), elector=elector,
-            writer=kube_nodes.NodeWriter(api, settings.namespace, component=elector.identity),
+            writer=kube_nodes.NodeWriter(control, settings.namespace, component=elector.identity),
             metrics=m, pass_interval_s=settings.pass_interval_s, lease_name=settings.lease_name,
             save_state=lease_store.save_state,
         )  # fmt: skip
         holder.append(quarantiner)
         if settings.pod_name:
-            pod = kube_pods.PodLabel(api, settings.namespace, settings.pod_name)
+            pod = kube_pods.PodLabel(control, settings.namespace, settings.pod_name)
             marks_.append(leading.LeaderMark(pod, elector, interval_s=settings.retry_period_s))
         store = kube_runs.RunStore(api)
         keeper = keeping.LogKeeper(
@@ -183,7 +197,9 @@ def _runtime(
         st.readiness.append(cache.synced.is_set)
         app[serving.SERVING] = st
         app[fleet_api.FLEET] = fleet_api.FleetContext(fleet, quarantiner, cache)
-        app[runs_context.RUNS] = runs_context.RunsContext(store, reconciler, keeper)
+        app[runs_context.RUNS] = runs_context.RunsContext(
+            kube_runs.RunStore(callers, streams=streams), reconciler, keeper
+        )
         app[GATE] = gate
         labels = [asyncio.create_task(mark.run(), name="leader-label") for mark in marks_]
         tasks = [
@@ -215,7 +231,8 @@ def _runtime(
                 with contextlib.suppress(asyncio.CancelledError):
                     await t
             await http.close()
-            await api.close()
+            for c in clients:
+                await c.close()
 
     return ctx
 

@@ -177,8 +177,19 @@ class Authenticator:
         self.tokens = _TTLCache(clock)
         self.access = _TTLCache(clock)
 
-    async def authenticate(self, header: str | None, audiences: tuple[str, ...] = ()) -> Identity:
-        """Return the identity behind an `Authorization: Bearer` header, or raise."""
+    async def authenticate(
+        self,
+        header: str | None,
+        audiences: tuple[str, ...] = (),
+        *,
+        before_review: Callable[[], None] | None = None,
+    ) -> Identity:
+        """Return the identity behind an `Authorization: Bearer` header, or raise.
+
+        `before_review` runs only when the API server must be asked (the token is in no cache
+        and no review of it is in flight), so it can refuse that cost (a rate limit per
+        source address) without slowing down a known token.
+        """
         token = bearer_token(header)
         key = (hashlib.sha256(token.encode()).hexdigest(), audiences)
 
@@ -193,9 +204,12 @@ class Authenticator:
                 limit = min(limit, expiry - EXPIRY_MARGIN_S - self._clock())
             return max(limit, 0.0)
 
-        identity = await self.tokens.get(
-            key, lambda: self._reviewer.review_token(token, audiences), ttl
-        )
+        async def review() -> Identity | None:
+            if before_review is not None:
+                before_review()
+            return await self._reviewer.review_token(token, audiences)
+
+        identity = await self.tokens.get(key, review, ttl)
         if identity is None:
             msg = "token rejected by the API server (expired, revoked or wrong audience)"
             raise errors.Unauthenticated(msg)

@@ -35,6 +35,16 @@ def _background(
     return ctx
 
 
+def make_runner(app: web.Application, *, shutdown_timeout: float = 10.0) -> web.AppRunner:
+    """The runner every controller serves through (tests too). `handler_cancellation`: a
+    client that hangs up cancels its handler, and with it the upstream calls and polls it
+    was making (review H2; aiohttp leaves handlers running by default)."""
+    return web.AppRunner(
+        app, handle_signals=False, access_log=None, shutdown_timeout=shutdown_timeout,
+        handler_cancellation=True,
+    )  # fmt: skip
+
+
 async def serve(
     app: web.Application,
     settings: ControllerSettings,
@@ -44,7 +54,7 @@ async def serve(
 ) -> None:
     """Serve `app` until `stop` is set; then readiness goes false, and only after
     `shutdown_grace_s` do the listeners close and the cleanup contexts stop the loops."""
-    runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=10.0)
+    runner = make_runner(app)
     await runner.setup()
     site = web.TCPSite(runner, settings.host, settings.port, ssl_context=ssl_context)
     await site.start()

@@ -25,7 +25,7 @@ import structlog
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from controller import auth, errors, leading
+from controller import auth, errors, leading, limits
 from controller import metrics as metrics_mod
 from controller.settings import ControllerSettings
 
@@ -53,6 +53,26 @@ STREAMING_ATTRIBUTE = "taugrid_streaming"
 
 
 @dataclasses.dataclass
+class Limits:
+    """What one caller may make this replica do at once (429 beyond; review H2, M10)."""
+
+    log_streams: limits.Slots
+    expensive_reads: limits.Slots
+    reviews: limits.Buckets
+
+    @classmethod
+    def from_settings(cls, settings: ControllerSettings) -> Limits:
+        return cls(
+            log_streams=limits.Slots("log streams", per_key=settings.log_streams_per_identity,
+                                     total=settings.log_streams_max),
+            expensive_reads=limits.Slots("run lists or queue reads",
+                                         per_key=settings.expensive_reads_per_identity),
+            reviews=limits.Buckets(rate_per_s=settings.review_rate_per_source,
+                                   burst=settings.review_burst_per_source),
+        )  # fmt: skip
+
+
+@dataclasses.dataclass
 class ServingState:
     """What every handler of this replica shares: built at startup by the composition root."""
 
@@ -67,6 +87,11 @@ class ServingState:
     ready: bool = False
     readiness: list[Callable[[], bool]] = dataclasses.field(default_factory=list)
     """More conditions of readiness (the node cache is synced), each asked on `/readyz`."""
+    limits: Limits = dataclasses.field(init=False)
+    """The per-caller limits, from the settings."""
+
+    def __post_init__(self) -> None:
+        self.limits = Limits.from_settings(self.settings)
 
     def is_ready(self) -> bool:
         """Ready to serve: started, not shutting down, every readiness condition met."""
@@ -108,7 +133,18 @@ async def identity(request: web.Request, audiences: tuple[str, ...] | None = Non
     if CALLER_HEADER in request.headers:
         return await _speaking_for(request, st)
     wanted = st.settings.user_audiences if audiences is None else audiences
-    return await st.authn.authenticate(request.headers.get("Authorization"), wanted)
+    return await st.authn.authenticate(
+        request.headers.get("Authorization"), wanted, before_review=unseen_credential(request)
+    )
+
+
+def unseen_credential(request: web.Request) -> Callable[[], None]:
+    """What to call before asking the API server about a credential not seen before: one
+    token of the source address's bucket, 429 when it is empty. So an unauthenticated flood
+    costs the API server at most the bucket's rate, per address (review M10)."""
+    st = serving_of(request)
+    source = request.remote or ""
+    return lambda: st.limits.reviews.take(source, "unknown tokens")
 
 
 async def allow(request: web.Request, who: auth.Identity, access: auth.Access) -> None:
@@ -152,8 +188,9 @@ async def _speaking_for(request: web.Request, st: ServingState) -> auth.Identity
     settings = st.settings
     try:
         peer = await st.authn.authenticate(
-            request.headers.get("Authorization"), (settings.peer_audience,)
-        )
+            request.headers.get("Authorization"), (settings.peer_audience,),
+            before_review=unseen_credential(request),
+        )  # fmt: skip
     except errors.Unauthenticated as err:
         msg = f"a request speaking for a caller needs a replica's peer token: {err.message}"
         raise errors.Forbidden(msg, code="PeerRefused", field="Authorization") from err
@@ -282,6 +319,8 @@ def make_middleware(timeout_s: float) -> Middleware:
             resp = error_response(status_of(err), err.code, err.message, err.field, **err.extra)
             if isinstance(err, errors.Unauthenticated):
                 resp.headers["WWW-Authenticate"] = 'Bearer realm="taugrid"'
+            if isinstance(err, errors.TooManyRequests):
+                resp.headers["Retry-After"] = "1"
         except TimeoutError:
             resp = error_response(504, "Timeout", f"the request took longer than {timeout_s:.0f}s")
         except web.HTTPException as err:

@@ -109,6 +109,27 @@ class ControllerSettings(pydantic_settings.BaseSettings):
     permission lingers while keeping a busy endpoint from loading the API server."""
     token_cache_max_s: float = pydantic.Field(default=300.0, ge=0)
     """Upper bound on reusing a TokenReview answer (also capped by the token's expiry)."""
+    api_timeout_s: float = pydantic.Field(default=10.0, gt=0)
+    """Every call to the API server gives up after this long (a watch: its own server-side
+    timeout plus 30 s of silence; a followed log: this long to connect), so no caller and no
+    loop waits forever on a pooled connection or a stuck API server. Lease calls are bounded
+    by `renew_deadline_s` as well."""
+    log_streams_per_identity: int = pydantic.Field(default=4, ge=1)
+    """Concurrent `logs` calls one identity may hold open on a replica; more are 429. Four
+    lets a researcher follow a multi-worker run's workers side by side."""
+    log_streams_max: int = pydantic.Field(default=64, ge=1)
+    """Concurrent `logs` calls a replica serves in all (429 beyond); also the size of the
+    connection pool they have to themselves, so streams never wait behind, nor take from,
+    the connections the lease, the quarantine loop and the reviews use."""
+    expensive_reads_per_identity: int = pydantic.Field(default=2, ge=1)
+    """Concurrent run lists and `/v1/queues` calls (several API reads each) one identity may
+    have in flight; more are 429."""
+    review_rate_per_source: float = pydantic.Field(default=5.0, gt=0)
+    """TokenReviews per second a source address may cause with tokens this replica has not
+    seen (or a TauRun read for an unseen run token) before it is answered 429: what an
+    unauthenticated caller can make the API server do. Tokens already reviewed cost nothing."""
+    review_burst_per_source: int = pydantic.Field(default=20, ge=1)
+    """How many such reviews a source address may cause at once before the rate applies."""
     max_body_bytes: int = pydantic.Field(default=1 << 20, gt=0)
     """Request bodies above this are refused with 413 (DESIGN.md section 4: 1 MiB)."""
     handler_timeout_s: float = pydantic.Field(default=30.0, gt=0)

@@ -21,6 +21,7 @@ from aiohttp import web
 from kubernetes_asyncio import client
 
 from controller import app as controller_app
+from controller import main as controller_main
 from controller import serving
 from controller.admission import admitting
 from controller.fleet import api as fleet_api
@@ -99,7 +100,7 @@ async def start_controller(
     values.update(overrides)
     settings = ControllerSettings(**values)
     app = controller_app.make_app(settings)
-    runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=2.0)
+    runner = controller_main.make_runner(app, shutdown_timeout=2.0)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", port, ssl_context=ssl_context)
     await site.start()

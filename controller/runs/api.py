@@ -191,7 +191,10 @@ async def list_runs(request: web.Request) -> web.StreamResponse:
     if namespace is not None:
         context.check_namespace(namespace)
     await context.allow(request, identity, "list", namespace)
-    items = await context.context_of(request).store.list_runs(namespace)
+    with serving.serving_of(request).limits.expensive_reads.hold(
+        identity.username, identity.username
+    ):
+        items = await context.context_of(request).store.list_runs(namespace)
     phase = request.query.get("phase")
     queue = request.query.get("queue")
     experiment = request.query.get("experiment")
@@ -279,7 +282,9 @@ async def _run_caller(request: web.Request, verb: str, subresource: str = "") ->
     name = request.match_info["name"]
     token = auth.bearer_token(request.headers.get("Authorization"))
     if token.startswith(objects.RUN_TOKEN_PREFIX):
-        expected = await context.context_of(request).run_token_digest(namespace, name)
+        expected = await context.context_of(request).run_token_digest(
+            namespace, name, before_read=serving.unseen_credential(request)
+        )
         got = objects.token_digest(token)
         if expected is None or not hmac.compare_digest(got.encode(), expected.encode()):
             msg = (

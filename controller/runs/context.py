@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import time
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
@@ -37,13 +38,18 @@ class RunsContext:
     run_tokens: dict[tuple[str, str], tuple[str, float]] = dataclasses.field(default_factory=dict)
     """(namespace, run) -> (the digest of its run-scoped token, when read)."""
 
-    async def run_token_digest(self, namespace: str, name: str) -> str | None:
+    async def run_token_digest(
+        self, namespace: str, name: str, *, before_read: Callable[[], None] | None = None
+    ) -> str | None:
         """The SHA-256 of the run's token, from its status; cached for RUN_TOKEN_TTL_S (a
-        run without one yet is not cached: its first reconcile is about to record it)."""
+        run without one yet is not cached: its first reconcile is about to record it).
+        `before_read` runs before the API server is asked (a rate limit per source)."""
         now = time.monotonic()
         cached = self.run_tokens.get((namespace, name))
         if cached is not None and now - cached[1] < RUN_TOKEN_TTL_S:
             return cached[0]
+        if before_read is not None:
+            before_read()
         item = await self.store.get_run(namespace, name)
         try:
             digest = records.read((item or {}).get("status"), results=False).token_sha256

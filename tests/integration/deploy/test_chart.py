@@ -358,7 +358,7 @@ CALL_RIGHTS: dict[tuple[str, str, str], tuple[Right, ...]] = {
     ("_core", "list_namespaced_pod", ""): (Right("", "pods", "list"),),
     ("_core", "create_namespaced_pod_eviction", ""): (Right("", "pods/eviction", "create"),),
     ("_core", "patch_namespaced_pod", ""): (Right("", "pods", "patch"),),
-    ("_core", "read_namespaced_pod_log", ""): (Right("", "pods/log", "get"),),
+    ("_logs", "read_namespaced_pod_log", ""): (Right("", "pods/log", "get"),),
     ("_core", "create_namespaced_service", ""): (Right("", "services", "create"),),
     ("_core", "delete_namespaced_service", ""): (Right("", "services", "delete"),),
     ("_core", "create_namespaced_secret", ""): (Right("", "secrets", "create"),),
@@ -446,6 +446,7 @@ def adapter_calls() -> Iterator[Call]:
                 continue
             if receiver.attr not in {
                 "_core",
+                "_logs",
                 "_events",
                 "_batch",
                 "_custom",

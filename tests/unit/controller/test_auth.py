@@ -221,3 +221,25 @@ def test_only_the_agent_bound_to_the_node_may_report_for_it(
         message = err.message
     expected = (bool(refused), True)
     assert expected == (bool(message), refused in message)
+
+
+async def test_the_guard_before_a_review_runs_only_when_the_api_server_would_be_asked() -> None:
+    """A known token costs nothing; an unknown one runs the guard first, and a guard that
+    refuses (a rate limit) keeps the review from being made at all."""
+    known, unknown = jwt(2_000_000), "garbage"
+    reviewer = CountingReviewer({known: AGENT}, set())
+    a = auth.Authenticator(reviewer, clock=Clock())
+    guarded: list[str] = []
+
+    def guard() -> None:
+        guarded.append("asked")
+
+    def refuse() -> None:
+        raise errors.TooManyRequests("slow down")
+
+    await a.authenticate(f"Bearer {known}", before_review=guard)
+    await a.authenticate(f"Bearer {known}", before_review=guard)
+    with pytest.raises(errors.TooManyRequests):
+        await a.authenticate(f"Bearer {unknown}", before_review=refuse)
+    expected = (["asked"], 1)
+    assert expected == (guarded, reviewer.token_reviews)
