@@ -188,6 +188,11 @@ class ControllerSettings(pydantic_settings.BaseSettings):
     before it queues a Workload that did not fit on healthy nodes again. Without it Kueue
     retries at once, a hot loop; 15 s lets a quarantine or a release settle first."""
 
+    run_namespaces: tuple[str, ...] = ()
+    """Namespaces runs may be submitted to (the chart's `controller.runNamespaces`, where it
+    grants the controller its run-object rights); a submission elsewhere is 403
+    NamespaceNotServed. Empty: any namespace (a controller with rights everywhere, as in
+    tests)."""
     run_pass_interval_s: float = pydantic.Field(default=2.0, gt=0)
     """Upper bound between two full passes of the run reconciler (it lists TauRuns, their
     objects, Workloads and pods). Submissions and cancels are reconciled at once, not here."""

@@ -56,10 +56,13 @@ KCM_CONTROLLERS = (
     "persistentvolume-binder-controller",
     "ttl-after-finished-controller",
     "pod-garbage-collector-controller",
+    "validatingadmissionpolicy-status-controller",
 )
 """The controllers DESIGN.md section 8 lists. node-lifecycle stays out: KWOK heartbeats nodes.
 The volume binder binds the real run's checkpoint claim and the example claims (examples/ runs as
-shipped) to their volumes."""
+shipped) to their volumes. The ValidatingAdmissionPolicy status controller type-checks the
+chart's policy (its `status.typeChecking`; the policy itself is enforced by the API server, GA
+and on by default since 1.30, no flag needed)."""
 
 KUEUE_WEBHOOKS_KEPT = ("batch-v1-job", "ray-io-v1-rayjob", "ray-io-v1-raycluster", "kueue-x-k8s-io")
 

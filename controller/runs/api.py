@@ -104,6 +104,7 @@ async def post_run(request: web.Request) -> web.StreamResponse:
         if namespace is None:
             namespace = spec.namespace or "default"
             await context.allow(request, identity, "create", namespace)
+        context.check_run_namespace(request, namespace)
         if (leader := await serving.unless_leader(request, identity, raw)) is not None:
             outcome = "forwarded"
             return leader

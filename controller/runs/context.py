@@ -97,6 +97,18 @@ def check_namespace(namespace: str, field: str = "namespace") -> str:
     return namespace
 
 
+def check_run_namespace(request: web.Request, namespace: str) -> None:
+    """Refuse a namespace this install does not run work in (`run_namespaces`): the
+    controller has no rights there, so a run would never start (403 NamespaceNotServed)."""
+    served = serving.serving_of(request).settings.run_namespaces
+    if served and namespace not in served:
+        msg = (
+            f"namespace {namespace!r} is not one this TauGrid runs work in"
+            f" ({', '.join(served)}); ask your platform team to add it"
+        )
+        raise errors.Forbidden(msg, field="namespace", code="NamespaceNotServed")
+
+
 async def read_run(request: web.Request, verb: str = "get") -> tuple[auth.Identity, dict[str, Any]]:
     """Authorise `verb` on the run the path names and read it (404 when it is not there)."""
     identity = await serving.identity(request)

@@ -6,6 +6,7 @@ that stay documented."""
 from __future__ import annotations
 
 import ast
+import json
 import pathlib
 import re
 import shutil
@@ -171,12 +172,15 @@ def test_helm_lint_is_clean(values: dict[str, Any]) -> None:
 def test_defaults_render_the_core_objects_and_nothing_optional(
     defaults: list[dict[str, Any]],
 ) -> None:
-    """Defaults: the two components, their RBAC, Services (the API, the leader-only one and
-    the headless one over the replicas), PDB, AdmissionCheck, priority class."""
+    """Defaults: the two components, their RBAC (the controller's cluster-wide role, its runs
+    role bound in the runs namespace, its release-namespace role) and admission policy,
+    Services (the API, the leader-only one and the headless one over the replicas), PDB,
+    AdmissionCheck, priority class."""
     expected = {
-        "ClusterRole": 1, "ClusterRoleBinding": 3, "DaemonSet": 1, "Deployment": 1,
-        "PodDisruptionBudget": 1, "Role": 1, "RoleBinding": 1, "Service": 3,
+        "ClusterRole": 2, "ClusterRoleBinding": 3, "DaemonSet": 1, "Deployment": 1,
+        "PodDisruptionBudget": 1, "Role": 1, "RoleBinding": 2, "Service": 3,
         "ServiceAccount": 2, "AdmissionCheck": 1, "WorkloadPriorityClass": 1,
+        "ValidatingAdmissionPolicy": 1, "ValidatingAdmissionPolicyBinding": 1,
     }  # fmt: skip
     kinds: dict[str, int] = {}
     for d in defaults:
@@ -335,6 +339,74 @@ def test_the_controller_has_the_right(controller_rules: list[Any], right: Right)
 def test_the_controller_lacks_the_right(controller_rules: list[Any], right: Right) -> None:
     """Rights the controller does not use are not granted (it never reads Secrets)."""
     assert not allows(controller_rules, right)
+
+
+WRITES = [
+    Right("batch", "jobs", "create"), Right("batch", "jobs", "delete"),
+    Right("", "services", "create"), Right("", "configmaps", "create"),
+    Right("", "configmaps", "patch"), Right("", "secrets", "create"),
+    Right("taugrid.dev", "tauruns", "create"), Right("ray.io", "rayjobs", "create"),
+    Right("", "pods/log", "get"),
+]  # fmt: skip
+"""The run-object rights: granted only where runs live."""
+
+
+def test_run_object_writes_are_granted_only_in_the_runs_namespaces() -> None:
+    """No cluster-wide binding grants a run-object write; the runs role is bound by one
+    RoleBinding per `controller.runNamespaces` entry and nowhere else."""
+    docs = render({"controller": {"runNamespaces": ["team-a", "team-b"]}})
+    roles = {d["metadata"]["name"]: d.get("rules", []) for d in objects(docs, "ClusterRole")}
+    wide = [r for b in objects(docs, "ClusterRoleBinding")
+            for r in roles.get(b["roleRef"]["name"], [])]  # fmt: skip
+    bound = sorted(
+        b["metadata"]["namespace"] for b in objects(docs, "RoleBinding")
+        if b["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                            "name": "taugrid-controller-runs"}
+    )  # fmt: skip
+    expected: tuple[list[Right], list[str], list[Right]] = ([], ["team-a", "team-b"], [])
+    actual = (
+        [w for w in WRITES if allows(wide, w)], bound,
+        [w for w in WRITES if not allows(roles["taugrid-controller-runs"], w)],
+    )  # fmt: skip
+    assert expected == actual
+
+
+@pytest.mark.parametrize(
+    ("namespaces", "message"),
+    [
+        pytest.param(["kube-system"], "must not name kube-system", id="kube-system is refused"),
+        pytest.param(["team-a", "kube-public"], "must not name kube-public",
+                     id="any kube- namespace is refused"),
+        pytest.param([], "at least one namespace", id="no runs namespace is refused"),
+    ],
+)  # fmt: skip
+def test_runs_never_live_in_the_kube_namespaces(namespaces: list[str], message: str) -> None:
+    """The rendering fails, naming the problem, rather than grant writes there."""
+    with pytest.raises(chart.ChartError, match=message):
+        render({"controller": {"runNamespaces": namespaces}})
+
+
+def test_without_run_token_secrets_the_controller_touches_no_secret() -> None:
+    """controller.runTokenSecrets=false (once run pods get projected tokens) drops the last
+    Secret right."""
+    rules = rules_of(render({"controller": {"runTokenSecrets": False}}), "taugrid-controller")[0]
+    expected = [False, False, False]
+    assert expected == [allows(rules, Right("", "secrets", v)) for v in ("create", "patch", "get")]
+
+
+def test_the_admission_policy_binds_the_controllers_service_account_and_denies() -> None:
+    """The policy matches requests of the release's controller ServiceAccount only, fails
+    closed, and its binding denies (not just warns or audits)."""
+    docs = render(release="tg2", namespace="team-ops")
+    policy = one(docs, "ValidatingAdmissionPolicy")
+    binding = one(docs, "ValidatingAdmissionPolicyBinding")
+    (condition,) = policy["spec"]["matchConditions"]
+    user = "system:serviceaccount:team-ops:tg2-taugrid-controller"
+    expected = (f"request.userInfo.username == {json.dumps(user)}", "Fail", ["Deny"],
+                policy["metadata"]["name"])  # fmt: skip
+    actual = (condition["expression"], policy["spec"]["failurePolicy"],
+              binding["spec"]["validationActions"], binding["spec"]["policyName"])  # fmt: skip
+    assert expected == actual
 
 
 def test_without_ray_the_controller_gets_no_ray_rights() -> None:
