@@ -105,6 +105,7 @@ def _runtime(
         authn = auth.Authenticator(
             reviewer or reviews.KubeReviewer(api),
             token_ttl_s=settings.token_cache_max_s,
+            bound_token_ttl_s=settings.bound_token_cache_max_s,
             access_ttl_s=settings.auth_cache_ttl_s,
         )
         fleet = state.FleetState(leader_since=_now(), stale_multiplier=settings.stale_multiplier)

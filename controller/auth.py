@@ -167,11 +167,13 @@ class Authenticator:
         reviewer: Reviewer,
         *,
         token_ttl_s: float = 300.0,
+        bound_token_ttl_s: float = 60.0,
         access_ttl_s: float = 60.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._reviewer = reviewer
         self._token_ttl_s = token_ttl_s
+        self._bound_token_ttl_s = bound_token_ttl_s
         self._access_ttl_s = access_ttl_s
         self._clock = clock
         self.tokens = _TTLCache(clock)
@@ -199,6 +201,10 @@ class Authenticator:
             if identity is None:
                 return NEGATIVE_TTL_S
             limit = self._token_ttl_s
+            if identity.extra_value(POD_NAME_EXTRA) is not None:
+                # A pod-bound token dies with its pod; the API server knows at once, we learn
+                # at the next review, so those are asked again sooner (review L7).
+                limit = min(limit, self._bound_token_ttl_s)
             expiry = token_expiry(token)
             if expiry is not None:
                 limit = min(limit, expiry - EXPIRY_MARGIN_S - self._clock())

@@ -109,6 +109,10 @@ class ControllerSettings(pydantic_settings.BaseSettings):
     permission lingers while keeping a busy endpoint from loading the API server."""
     token_cache_max_s: float = pydantic.Field(default=300.0, ge=0)
     """Upper bound on reusing a TokenReview answer (also capped by the token's expiry)."""
+    bound_token_cache_max_s: float = pydantic.Field(default=60.0, ge=0)
+    """Upper bound on reusing the answer for a pod-bound token (an agent's, a replica's peer
+    token): such a token stops working when its pod is deleted, and a minute bounds how long
+    a deleted pod's token is still taken here (review L7)."""
     api_timeout_s: float = pydantic.Field(default=10.0, gt=0)
     """Every call to the API server gives up after this long (a watch: its own server-side
     timeout plus 30 s of silence; a followed log: this long to connect), so no caller and no

@@ -87,6 +87,30 @@ async def test_the_cache_never_outlives_the_token() -> None:
 
 
 @pytest.mark.parametrize(
+    ("identity", "reviews"),
+    [
+        pytest.param(auth.Identity("ada"), 1, id="a person's token is reused for the long TTL"),
+        pytest.param(auth.Identity(AGENT.username, extra=(
+            (auth.NODE_NAME_EXTRA, ("node-a",)), (auth.POD_NAME_EXTRA, ("agent-x",)))), 2,
+                     id="a pod-bound token is asked again after the short one"),
+    ],
+)  # fmt: skip
+async def test_a_pod_bound_token_is_reviewed_again_sooner(
+    identity: auth.Identity, reviews: int
+) -> None:
+    """After 61 s a pod-bound token (its pod may be gone) is reviewed again; a person's
+    token stays cached up to the token TTL (review L7)."""
+    clock = Clock()
+    token = jwt(clock.t + 3600)
+    reviewer = CountingReviewer({token: identity}, set())
+    a = auth.Authenticator(reviewer, token_ttl_s=300, bound_token_ttl_s=60, clock=clock)
+    await a.authenticate(f"Bearer {token}")
+    clock.t += 61
+    await a.authenticate(f"Bearer {token}")
+    assert reviews == reviewer.token_reviews
+
+
+@pytest.mark.parametrize(
     ("header", "fragment"),
     [
         pytest.param(None, "missing bearer token", id="no header is refused"),
