@@ -243,9 +243,12 @@ async def forward(
     if body is None and request.can_read_body:
         body = await read_body(request, settings.max_body_bytes)
     headers = {"Authorization": f"Bearer {token}", CALLER_HEADER: auth.encode_caller(caller)}
-    for name in ("Content-Type", "Idempotency-Key", "X-Request-Id"):
+    for name in ("Content-Type", "Idempotency-Key"):
         if name in request.headers:
             headers[name] = request.headers[name]
+    request_id = structlog.contextvars.get_contextvars().get("request_id")
+    if request_id:  # one id in both replicas' logs
+        headers["X-Request-Id"] = str(request_id)
     url = settings.leader_url.rstrip("/") + request.path_qs
     problem = ""
     for _ in range(2):  # once more: the Service may have picked a replica that just lost

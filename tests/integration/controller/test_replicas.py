@@ -11,6 +11,7 @@ reviewed; the Lease's leader-url annotation is never a place anything is sent.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import dataclasses
 import datetime as dt
@@ -26,7 +27,7 @@ from kubernetes_asyncio import client
 from controller import auth
 from devcluster import cluster
 from tests import controllerkit as kit
-from tests import leaderservice, runskit, support
+from tests import kueue, leaderservice, runskit, support
 
 pytestmark = pytest.mark.cluster
 
@@ -86,6 +87,7 @@ async def pair(
                 dev_cluster.kubeconfig, namespace, leader_url=proxy.url, pod_name=name,
                 peer_token_file=str(path),
                 controller_service_account=leaderservice.SERVICE_ACCOUNT,
+                run_manager=f"test/{namespace}",
             )  # fmt: skip
             proxy.backends[name] = ("127.0.0.1", ctl.settings.port)
             replicas.append(ctl)
@@ -158,6 +160,60 @@ async def test_a_follower_sends_the_leader_its_own_peer_token_never_the_callers(
     )  # fmt: skip
     assert expected == actual
     assert follower_token.encode() in sent
+
+
+async def _run_token(api: client.ApiClient, namespace: str, run: str) -> str:
+    """The run-scoped token the leader wrote into the run's Secret (its pods' TAU_TOKEN)."""
+
+    async def read() -> str:
+        secret = await client.CoreV1Api(api).read_namespaced_secret(f"{run}-token", namespace)
+        return base64.b64decode(secret.data["token"]).decode()
+
+    return await support.eventually(support.not_found_is_not_yet(read), what=f"{run}'s token")
+
+
+async def test_run_writes_sent_to_a_follower_are_done_by_the_leader_without_their_tokens(
+    k8s: client.ApiClient, namespace: str, pair: Pair
+) -> None:
+    """A researcher's submit and cancel and a run pod's checkpoint report, each sent to the
+    follower, are done by the leader (the run is created, records the checkpoint, ends
+    Cancelled); neither the researcher's token nor the run's crosses to the leader, and the
+    run's token on another run is refused by the follower itself."""
+    _, follower = await pair.roles()
+    await kueue.create_queues(k8s, namespace, gpus=8)
+    try:
+        researcher = await runskit.make_token(k8s, namespace, "researcher",
+                                              runskit.RESEARCHER_RULES)  # fmt: skip
+        runs = f"{follower.url}/v1/runs"
+        answers = []
+        for name in ("mine", "theirs"):
+            async with pair.http.post(
+                runs, params={"namespace": namespace}, json=runskit.job_spec(name),
+                headers=_bearer(researcher),
+            ) as resp:  # fmt: skip
+                answers.append(resp.status)
+        token = await _run_token(k8s, namespace, "mine")
+        report = {"attempt": 1, "step": 100, "path": "/c/100"}
+        for run in ("mine", "theirs"):
+            async with pair.http.post(
+                f"{runs}/{namespace}/{run}/checkpoints", json=report, headers=_bearer(token)
+            ) as resp:
+                answers.append(resp.status)
+        async with pair.http.delete(f"{runs}/{namespace}/mine", headers=_bearer(researcher)) as r:
+            answers.append(r.status)
+            phase = (await r.json())["phase"]
+        run = await client.CustomObjectsApi(k8s).get_namespaced_custom_object(
+            "taugrid.dev", "v1alpha1", namespace, "tauruns", "mine"
+        )
+    finally:
+        await kueue.delete_queues(k8s, namespace)
+    sent = bytes(pair.proxy.relayed)
+    expected = ([201, 201, 201, 403, 200], "Cancelled", [100], False, False)
+    actual = (
+        answers, phase, [c["step"] for c in run["status"].get("checkpoints") or []],
+        researcher.encode() in sent, token.encode() in sent,
+    )  # fmt: skip
+    assert expected == actual
 
 
 async def test_a_follower_refuses_unauthenticated_and_unauthorised_callers_itself(
