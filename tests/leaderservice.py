@@ -139,14 +139,21 @@ class ServiceProxy:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
-        target = next(
-            (self.backends[p] for p in await endpoints(self._api, self._namespace)
-             if p in self.backends), None,
-        )  # fmt: skip
-        if target is None:  # no endpoint: kube-proxy rejects the connection
+        upstream = None
+        for pod in await endpoints(self._api, self._namespace):
+            if pod not in self.backends:
+                continue
+            try:
+                upstream = await asyncio.open_connection(*self.backends[pod])
+                break
+            except OSError:
+                # A killed replica's pod keeps its label (KWOK runs no readiness probe to take
+                # it out of the Service, as a kubelet would): try the next endpoint.
+                continue
+        if upstream is None:  # no endpoint: kube-proxy rejects the connection
             writer.close()
             return
-        up_reader, up_writer = await asyncio.open_connection(*target)
+        up_reader, up_writer = upstream
         pumps = [
             asyncio.create_task(self._pump(reader, up_writer, record=True)),
             asyncio.create_task(self._pump(up_reader, writer, record=False)),

@@ -231,7 +231,9 @@ async def _failover(
     await support.eventually(a_leads, what="ctl-a to lead")
     url_b = await _replica(k8s, fleet_env, proxy, "ctl-b")
     for n in fleet_env.nodes:
-        fleet_env.start_agent(n, url_b)  # agents reach the follower, which forwards
+        # Agents reach the follower, which forwards through the leader Service's stand-in;
+        # that relay runs on this event loop, so the blocking start goes to a thread.
+        await asyncio.to_thread(fleet_env.start_agent, n, url_b)
 
     async def reported() -> None:
         for n in fleet_env.nodes:
