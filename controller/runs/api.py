@@ -388,6 +388,7 @@ async def post_rerun(request: web.Request) -> web.StreamResponse:
     namespace = request.match_info["namespace"]
     old = request.match_info["name"]
     await context.allow(request, identity, "create", namespace)
+    context.check_run_namespace(request, namespace)
     if (leader := await serving.unless_leader(request, identity)) is not None:
         return leader
     body = await _json_body(request, optional=True)

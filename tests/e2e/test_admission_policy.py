@@ -48,6 +48,11 @@ def job(meta: dict[str, Any], **pod: Any) -> dict[str, Any]:
             "spec": {"suspend": True, "template": {"spec": {**PLAIN_POD, **pod}}}}  # fmt: skip
 
 
+def runlog(meta: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": "taugrid.dev/v1alpha1", "kind": "TauRunLog",
+            "metadata": {"name": "r-a1-w0", **meta}}  # fmt: skip
+
+
 def configmap(meta: dict[str, Any]) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "r-checkpoint", **meta}}
 
@@ -125,6 +130,7 @@ async def controller(
 
 
 JOBS = f"/apis/batch/v1/namespaces/{RUNS}/jobs"
+RUNLOGS = f"/apis/taugrid.dev/v1alpha1/namespaces/{RUNS}/taurunlogs"
 CONFIGMAPS = f"/api/v1/namespaces/{RUNS}/configmaps"
 SECRETS = f"/api/v1/namespaces/{RUNS}/secrets"
 
@@ -167,6 +173,10 @@ SECRETS = f"/api/v1/namespaces/{RUNS}/secrets"
             "metadata": {"name": "r-token", **OURS,
                          "annotations": {"kubernetes.io/service-account.name": "default"}}},
                      "policy", id="a ServiceAccount token Secret is refused"),
+        pytest.param("POST", RUNLOGS, runlog(OURS), "allowed",
+                     id="a run's kept log (TauRunLog) is allowed"),
+        pytest.param("POST", RUNLOGS, runlog({}), "policy",
+                     id="a TauRunLog of nobody's run is refused"),
         pytest.param("POST", "/api/v1/namespaces/kube-system/secrets",
                      {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "x", **OURS}},
                      "rbac", id="a Secret in kube-system is refused by RBAC"),

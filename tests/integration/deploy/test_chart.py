@@ -346,7 +346,8 @@ WRITES = [
     Right("", "services", "create"), Right("", "configmaps", "create"),
     Right("", "configmaps", "patch"), Right("", "secrets", "create"),
     Right("taugrid.dev", "tauruns", "create"), Right("ray.io", "rayjobs", "create"),
-    Right("", "pods/log", "get"),
+    Right("", "pods/log", "get"), Right("", "persistentvolumeclaims", "get"),
+    Right("taugrid.dev", "taurunlogs", "create"), Right("taugrid.dev", "taurunlogs", "update"),
 ]  # fmt: skip
 """The run-object rights: granted only where runs live."""
 

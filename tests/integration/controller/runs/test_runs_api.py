@@ -14,11 +14,13 @@ import pathlib
 import sys
 from typing import Any
 
+import aiohttp
 import pytest
 from kubernetes_asyncio import client
 
-from tests import support
-from tests.runskit import IMAGE, Env, job_spec, make_token
+from devcluster import cluster
+from tests import controllerkit, support
+from tests.runskit import IMAGE, RESEARCHER_RULES, Env, job_spec, make_token
 
 pytestmark = pytest.mark.cluster
 
