@@ -49,8 +49,11 @@ def job(meta: dict[str, Any], **pod: Any) -> dict[str, Any]:
 
 
 def runlog(meta: dict[str, Any]) -> dict[str, Any]:
+    spec = {"run": "r", "attempt": 1, "worker": 0, "pod": "r-a1-x", "container": "main",
+            "capturedAt": "2026-01-01T00:00:00Z", "complete": True, "truncated": False,
+            "bytes": 3, "log": "ok\n"}  # fmt: skip
     return {"apiVersion": "taugrid.dev/v1alpha1", "kind": "TauRunLog",
-            "metadata": {"name": "r-a1-w0", **meta}}  # fmt: skip
+            "metadata": {"name": "r-a1-w0", **meta}, "spec": spec}  # fmt: skip
 
 
 def configmap(meta: dict[str, Any]) -> dict[str, Any]:

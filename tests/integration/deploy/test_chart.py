@@ -432,6 +432,7 @@ CALL_RIGHTS: dict[tuple[str, str, str], tuple[Right, ...]] = {
     ("_core", "create_namespaced_pod_eviction", ""): (Right("", "pods/eviction", "create"),),
     ("_core", "patch_namespaced_pod", ""): (Right("", "pods", "patch"),),
     ("_logs", "read_namespaced_pod_log", ""): (Right("", "pods/log", "get"),),
+    ("_core", "read_namespaced_pod_log", ""): (Right("", "pods/log", "get"),),
     ("_core", "create_namespaced_service", ""): (Right("", "services", "create"),),
     ("_core", "delete_namespaced_service", ""): (Right("", "services", "delete"),),
     ("_core", "create_namespaced_secret", ""): (Right("", "secrets", "create"),),
