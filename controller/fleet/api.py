@@ -2,9 +2,10 @@
 
 `POST /v1/heartbeats` is the hot path: it authenticates (cached), parses and validates the
 JSON in one pydantic-core step, ingests, and wakes the quarantine loop only when a verdict,
-the faults or the boot changed. The on-call calls read and act on the leader's fleet state,
-so a follower forwards them; each is authorised as the Kubernetes verb on nodes it stands
-for (`get` to read, `patch` to act).
+the faults or the boot changed. The on-call calls read and act on the leader's fleet state:
+each is authorised here as the Kubernetes verb on nodes it stands for (`get` to read,
+`patch` to act), and a follower then sends it to the leader for the caller it reviewed,
+under its own peer token (`serving.unless_leader`).
 """
 
 from __future__ import annotations
@@ -68,20 +69,21 @@ async def post_heartbeat(request: web.Request) -> web.StreamResponse:
     started = time.perf_counter()
     try:
         identity = await serving.identity(request, (st.settings.token_audience,))
+        agent = auth.agent_username(st.settings.namespace, st.settings.agent_service_account)
+        auth.check_heartbeat_identity(identity, agent)  # nobody else's body is ever parsed
         raw = await serving.read_body(request, st.settings.max_body_bytes)
         try:
             # The fast path: pydantic-core parses and validates the JSON in one step.
             hb = heartbeat.Heartbeat.model_validate_json(raw)
         except (pydantic.ValidationError, ValueError):
             hb = _explain_bad_heartbeat(raw)
-        auth.check_heartbeat_sender(
-            identity,
-            auth.agent_username(st.settings.namespace, st.settings.agent_service_account),
-            hb.node_name,
-        )
+        auth.check_heartbeat_sender(identity, agent, hb.node_name)
         if not st.elector.is_leader():
+            # The leader gets the report as parsed here, for the agent reviewed here, under
+            # this replica's own peer token: the agent's token stays with this replica.
             st.metrics.heartbeats.labels("forwarded").inc()
-            return await serving.forward_to_leader(request, raw)
+            report = hb.model_dump_json(by_alias=True, exclude_none=True).encode()
+            return await serving.forward(request, identity, report)
         ctx = _ctx(request)
         before = _verdict_key(ctx.fleet.get(hb.node_name))
         if ctx.fleet.ingest(hb, _now()) and _verdict_key(ctx.fleet.get(hb.node_name)) != before:
@@ -174,10 +176,11 @@ def _node_json(ctx: FleetContext, name: str, *, detail: bool) -> dict[str, Any]:
     return out
 
 
-@serving.leader_only
 async def list_nodes(request: web.Request) -> web.StreamResponse:
     """Fleet health: every GPU node with its state and quarantine."""
-    await serving.on_call(request, "get")
+    who = await serving.on_call(request, "get")
+    if (leader := await serving.unless_leader(request, who)) is not None:
+        return leader
     ctx = _ctx(request)
     names = sorted(set(ctx.cache.nodes) | set(ctx.fleet))
     items = [_node_json(ctx, n, detail=False) for n in names]
@@ -187,10 +190,11 @@ async def list_nodes(request: web.Request) -> web.StreamResponse:
     return serving.json_response({"items": items})
 
 
-@serving.leader_only
 async def get_node(request: web.Request) -> web.StreamResponse:
     """One node: per-GPU detail, quarantine state and history."""
-    await serving.on_call(request, "get")
+    who = await serving.on_call(request, "get")
+    if (leader := await serving.unless_leader(request, who)) is not None:
+        return leader
     ctx = _ctx(request)
     name = request.match_info["name"]
     if name not in ctx.cache.nodes and name not in ctx.fleet:
@@ -207,6 +211,8 @@ class QuarantineRequest(pydantic.BaseModel):
 
 async def _manual(request: web.Request, release: bool) -> web.StreamResponse:
     identity = await serving.on_call(request, "patch")
+    if (leader := await serving.unless_leader(request, identity)) is not None:
+        return leader
     st = serving.serving_of(request)
     ctx = _ctx(request)
     name = request.match_info["name"]
@@ -223,13 +229,11 @@ async def _manual(request: web.Request, release: bool) -> web.StreamResponse:
     return serving.json_response(_node_json(ctx, name, detail=True))
 
 
-@serving.leader_only
 async def post_quarantine(request: web.Request) -> web.StreamResponse:
     """Quarantine a node by hand (reason required); only a manual release ends it."""
     return await _manual(request, release=False)
 
 
-@serving.leader_only
 async def delete_quarantine(request: web.Request) -> web.StreamResponse:
     """Release a node by hand (reason required)."""
     return await _manual(request, release=True)
@@ -250,17 +254,19 @@ def _fleet_json(st: serving.ServingState, ctx: FleetContext) -> dict[str, Any]:
     }
 
 
-@serving.leader_only
 async def get_fleet(request: web.Request) -> web.StreamResponse:
     """Breaker state, dry-run mode and fleet counts."""
-    await serving.on_call(request, "get")
+    who = await serving.on_call(request, "get")
+    if (leader := await serving.unless_leader(request, who)) is not None:
+        return leader
     return serving.json_response(_fleet_json(serving.serving_of(request), _ctx(request)))
 
 
-@serving.leader_only
 async def reset_breaker(request: web.Request) -> web.StreamResponse:
     """Close the quarantine circuit breaker (an operator's decision)."""
     identity = await serving.on_call(request, "patch")
+    if (leader := await serving.unless_leader(request, identity)) is not None:
+        return leader
     ctx = _ctx(request)
     await ctx.quarantiner.reset_breaker(by=identity.username, now=_now())
     return serving.json_response(_fleet_json(serving.serving_of(request), ctx))
@@ -273,10 +279,11 @@ class ModeRequest(pydantic.BaseModel):
     dry_run: bool = pydantic.Field(alias="dryRun")
 
 
-@serving.leader_only
 async def put_mode(request: web.Request) -> web.StreamResponse:
     """Switch dry run on or off at runtime."""
     identity = await serving.on_call(request, "patch")
+    if (leader := await serving.unless_leader(request, identity)) is not None:
+        return leader
     st = serving.serving_of(request)
     raw = await serving.read_body(request, st.settings.max_body_bytes)
     try:

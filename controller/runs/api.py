@@ -84,7 +84,6 @@ def _spec_error(err: specs.SpecError) -> errors.Invalid:
 
 
 # ---------------------------------------------------------------------- submit
-@serving.leader_only
 async def post_run(request: web.Request) -> web.StreamResponse:
     """Submit a run: the body is a tau.yaml (YAML or JSON)."""
     st = serving.serving_of(request)
@@ -105,6 +104,10 @@ async def post_run(request: web.Request) -> web.StreamResponse:
         if namespace is None:
             namespace = spec.namespace or "default"
             await context.allow(request, identity, "create", namespace)
+        context.check_run_namespace(request, namespace)
+        if (leader := await serving.unless_leader(request, identity, raw)) is not None:
+            outcome = "forwarded"
+            return leader
         checked = await preflight.run(ctx.store, spec, namespace)
         key = request.headers.get("Idempotency-Key", "").strip()
         annotations = {
@@ -189,7 +192,10 @@ async def list_runs(request: web.Request) -> web.StreamResponse:
     if namespace is not None:
         context.check_namespace(namespace)
     await context.allow(request, identity, "list", namespace)
-    items = await context.context_of(request).store.list_runs(namespace)
+    with serving.serving_of(request).limits.expensive_reads.hold(
+        identity.username, identity.username
+    ):
+        items = await context.context_of(request).store.list_runs(namespace)
     phase = request.query.get("phase")
     queue = request.query.get("queue")
     experiment = request.query.get("experiment")
@@ -233,7 +239,6 @@ async def get_evidence(request: web.Request) -> web.StreamResponse:
 
 
 # ---------------------------------------------------------------------- cancel
-@serving.leader_only
 async def cancel_run(request: web.Request) -> web.StreamResponse:
     """Cancel a run: delete its attempt (freeing its quota); the TauRun stays, Cancelled."""
     identity = await serving.identity(request)
@@ -243,6 +248,8 @@ async def cancel_run(request: web.Request) -> web.StreamResponse:
         await context.allow(request, identity, "delete", namespace)
     except errors.Forbidden:
         await context.allow(request, identity, "patch", namespace)
+    if (leader := await serving.unless_leader(request, identity)) is not None:
+        return leader
     ctx = context.context_of(request)
     item = await ctx.store.get_run(namespace, name)
     if item is None:
@@ -263,18 +270,22 @@ async def cancel_run(request: web.Request) -> web.StreamResponse:
 
 
 # ---------------------------------------------------------------------- checkpoints
-async def _run_caller(request: web.Request, verb: str, subresource: str = "") -> str:
+async def _run_caller(request: web.Request, verb: str, subresource: str = "") -> auth.Identity:
     """Authenticate a checkpoint call: the run's own token (from its pods), or a Kubernetes
-    identity allowed `verb` on the TauRun (a person). Return who called, for the log.
+    identity allowed `verb` on the TauRun (a person). Return who called.
 
     Run-scoped tokens carry a prefix, so one is never sent to TokenReview, and one run's
-    token used on another run is refused with 403 at once.
+    token used on another run is refused with 403 at once. A follower that checked a run's
+    token speaks for the run (`auth.run_caller`); the leader accepts that only from a
+    replica, and only for the same run.
     """
     namespace = context.check_namespace(request.match_info["namespace"])
     name = request.match_info["name"]
     token = auth.bearer_token(request.headers.get("Authorization"))
     if token.startswith(objects.RUN_TOKEN_PREFIX):
-        expected = await context.context_of(request).run_token_digest(namespace, name)
+        expected = await context.context_of(request).run_token_digest(
+            namespace, name, before_read=serving.unseen_credential(request)
+        )
         got = objects.token_digest(token)
         if expected is None or not hmac.compare_digest(got.encode(), expected.encode()):
             msg = (
@@ -282,10 +293,12 @@ async def _run_caller(request: web.Request, verb: str, subresource: str = "") ->
                 " token works only for that run"
             )
             raise errors.Forbidden(msg, field="Authorization")
-        return f"run {namespace}/{name}"
+        return auth.run_caller(namespace, name)
     identity = await serving.identity(request)
+    if serving.forwarded(request) and identity == auth.run_caller(namespace, name):
+        return identity
     await context.allow(request, identity, verb, namespace, subresource=subresource)
-    return identity.username
+    return identity
 
 
 async def _json_body(request: web.Request, *, optional: bool = False) -> Any:
@@ -302,14 +315,15 @@ async def _json_body(request: web.Request, *, optional: bool = False) -> Any:
         raise errors.Malformed(msg, field="body") from err
 
 
-@serving.leader_only
 async def post_checkpoint(request: web.Request) -> web.StreamResponse:
     """A run's pod reports a checkpoint it saved (`tau checkpoint --step N --path P`)."""
     caller = await _run_caller(request, "update", "status")
+    if (leader := await serving.unless_leader(request, caller)) is not None:
+        return leader
     namespace, name = request.match_info["namespace"], request.match_info["name"]
     report = checkpoints.parse_report(await _json_body(request))
     entry = await context.context_of(request).reconciler.record_checkpoint(namespace, name, report)
-    log.debug("checkpoint reported", run=f"{namespace}/{name}", by=caller)
+    log.debug("checkpoint reported", run=f"{namespace}/{name}", by=caller.username)
     return web.json_response(entry, status=201)
 
 
@@ -336,7 +350,6 @@ async def get_latest_checkpoint(request: web.Request) -> web.StreamResponse:
     return web.json_response(kept[-1])
 
 
-@serving.leader_only
 async def post_resume(request: web.Request) -> web.StreamResponse:
     """Start the next attempt of a Failed or Cancelled run, from the latest checkpoint or
     the one named in the body (`{"checkpoint": "/ckpt/step-100"}`)."""
@@ -344,6 +357,8 @@ async def post_resume(request: web.Request) -> web.StreamResponse:
     namespace = context.check_namespace(request.match_info["namespace"])
     name = request.match_info["name"]
     await context.allow(request, identity, "patch", namespace)
+    if (leader := await serving.unless_leader(request, identity)) is not None:
+        return leader
     body = await _json_body(request, optional=True)
     if not isinstance(body, dict):
         raise errors.Invalid("the body must be a JSON object", field="body")
@@ -365,7 +380,6 @@ async def post_resume(request: web.Request) -> web.StreamResponse:
 
 
 # ---------------------------------------------------------------------- rerun
-@serving.leader_only
 async def post_rerun(request: web.Request) -> web.StreamResponse:
     """Submit a new run from a run's evidence: the same spec, its image pinned to the digest
     that ran when the evidence has one, a new name (`<name>-r<N>`, or `{"name": …}`); the new
@@ -374,6 +388,9 @@ async def post_rerun(request: web.Request) -> web.StreamResponse:
     namespace = request.match_info["namespace"]
     old = request.match_info["name"]
     await context.allow(request, identity, "create", namespace)
+    context.check_run_namespace(request, namespace)
+    if (leader := await serving.unless_leader(request, identity)) is not None:
+        return leader
     body = await _json_body(request, optional=True)
     if not isinstance(body, dict):
         raise errors.Invalid("the body must be a JSON object", field="body")
@@ -431,16 +448,17 @@ async def post_rerun(request: web.Request) -> web.StreamResponse:
 
 
 # ---------------------------------------------------------------------- results
-@serving.leader_only
 async def post_results(request: web.Request) -> web.StreamResponse:
     """A run's pod reports metrics, artifacts or a summary (`tau result`); 202: written
     within `writtenWithinS`, in one status write with the rest of the burst."""
     caller = await _run_caller(request, "update", "status")
+    if (leader := await serving.unless_leader(request, caller)) is not None:
+        return leader
     namespace, name = request.match_info["namespace"], request.match_info["name"]
     report = results.parse_report(await _json_body(request))
     collector = context.context_of(request).reconciler.collector
     accepted = await collector.accept(namespace, name, report)
-    log.debug("results reported", run=f"{namespace}/{name}", by=caller)
+    log.debug("results reported", run=f"{namespace}/{name}", by=caller.username)
     return web.json_response(accepted, status=202)
 
 
