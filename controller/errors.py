@@ -32,7 +32,7 @@ class ControllerError(Exception):
         self.field = field
         self.code = code or type(self).default_code
         self.extra = extra
-        """More members of the error body, such as `leaderUrl` or `problems`."""
+        """More members of the error body, such as `problems`."""
 
 
 class Invalid(ControllerError):  # noqa: N818  (the kinds read as outcomes: Invalid, NotFound)

@@ -2,12 +2,13 @@
 
 `/healthz` (the process answers), `/readyz` (started, not shutting down, the node cache
 synced), `/metrics` (the controller's own registry), `/` (the web page, with a strict
-content security policy) and `/tau` (the `tau` client script).
+content security policy), `/tau` (the `tau` client script, with its SHA-256 in the
+`X-Tau-SHA256` and `Repr-Digest` headers) and `/tau.sha256` (that digest in `sha256sum`'s
+format, so `sha256sum -c` checks a download).
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import hashlib
 import pathlib
@@ -30,7 +31,9 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", get_metrics)
     app.router.add_get("/", web_page())
-    app.router.add_get("/tau", get_client)
+    script, digest = client_script()
+    app.router.add_get("/tau", script)
+    app.router.add_get("/tau.sha256", digest)
 
 
 TAG = "service"
@@ -44,12 +47,12 @@ class Health(pydantic.BaseModel):
 
 
 class Readiness(pydantic.BaseModel):
-    """Whether this replica serves, whether it leads, and where the leader is."""
+    """Whether this replica serves and whether it leads (never where the leader is: review
+    finding L6)."""
 
-    model_config = pydantic.ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+    model_config = pydantic.ConfigDict(frozen=True, extra="forbid")
     ready: bool
     leader: bool
-    leader_url: str = pydantic.Field(alias="leaderUrl")
 
 
 TEXT = {"type": "string"}
@@ -74,10 +77,12 @@ async def healthz(request: web.Request) -> web.StreamResponse:
 async def readyz(request: web.Request) -> web.StreamResponse:
     """Readiness: the node cache is synced and we are not shutting down."""
     if serving.SERVING not in request.app:
-        return web.json_response({"ready": False, "leader": False, "leaderUrl": ""}, status=503)
+        return web.json_response({"ready": False, "leader": False}, status=503)
     st = request.app[serving.SERVING]
     ok = st.is_ready()
-    body = {"ready": ok, "leader": st.elector.is_leader(), "leaderUrl": st.elector.leader_url}
+    # No leader address: followers reach the leader through the leader-only Service, and an
+    # unauthenticated caller learns nothing about where (review finding L6).
+    body = {"ready": ok, "leader": st.elector.is_leader()}
     return web.json_response(body, status=200 if ok else 503)
 
 
@@ -133,17 +138,38 @@ def web_page(path: pathlib.Path = WEB_PAGE) -> serving.Handler:
     return index
 
 
-@serving.operation(
-    "getClient", tag=TAG, auth=serving.Auth.NONE,
-    replies={200: serving.Reply("The script.", media_type="text/x-python", schema=TEXT)},
-)  # fmt: skip
-async def get_client(request: web.Request) -> web.StreamResponse:
-    """The `tau` client script (Python 3, standard library only)."""
-    body = await asyncio.to_thread(CLIENT_SCRIPT.read_bytes)
-    return web.Response(
-        body=body,
-        headers={
-            "Content-Type": "text/x-python; charset=utf-8",
-            "Content-Disposition": 'attachment; filename="tau"',
-        },
-    )
+def client_script(
+    path: pathlib.Path = CLIENT_SCRIPT,
+) -> tuple[serving.Handler, serving.Handler]:
+    """Read the `tau` script once (at app build) and return the handlers that serve it and
+    its SHA-256. The digest travels with every copy, so a download can be checked against
+    the digest the platform team publishes for the release (docs/researcher.md)."""
+    body = path.read_bytes()
+    raw = hashlib.sha256(body).digest()
+    hex_digest = raw.hex()
+    headers = {
+        "Content-Type": "text/x-python; charset=utf-8",
+        "Content-Disposition": 'attachment; filename="tau"',
+        "X-Tau-SHA256": hex_digest,
+        "Repr-Digest": f"sha-256=:{base64.b64encode(raw).decode()}:",
+        "X-Content-Type-Options": "nosniff",
+    }
+    line = f"{hex_digest}  tau\n".encode()
+
+    @serving.operation(
+        "getClient", tag=TAG, auth=serving.Auth.NONE,
+        replies={200: serving.Reply("The script.", media_type="text/x-python", schema=TEXT)},
+    )  # fmt: skip
+    async def get_client(request: web.Request) -> web.StreamResponse:
+        """The `tau` client script (Python 3, standard library only), with its SHA-256."""
+        return web.Response(body=body, headers=headers)
+
+    @serving.operation(
+        "getClientDigest", tag=TAG, auth=serving.Auth.NONE,
+        replies={200: serving.Reply("`<hex>  tau`.", media_type="text/plain", schema=TEXT)},
+    )  # fmt: skip
+    async def get_client_digest(request: web.Request) -> web.StreamResponse:
+        """The SHA-256 of the `tau` script, as `sha256sum` prints it (`<hex>  tau`)."""
+        return web.Response(body=line, content_type="text/plain", charset="utf-8")
+
+    return get_client, get_client_digest

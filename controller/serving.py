@@ -1,9 +1,10 @@
 """HTTP plumbing every domain's API shares; it imports no domain.
 
 What one replica needs to answer a request: who is calling (`identity`, `on_call`), bodies
-read within a limit, forwarding to the leader, the one error middleware with the one table
-from error kinds to HTTP statuses, and how this replica is reached (its URL, the client
-context it verifies its peers with).
+read within a limit, forwarding to the leader (under this replica's own peer token, for a
+caller reviewed here: a caller's credential never leaves the replica that received it), the
+one error middleware with the one table from error kinds to HTTP statuses, and how this
+replica is reached (its URL, the client context it verifies the leader with).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 from multidict import MultiMapping
 
-from controller import auth, errors, leading
+from controller import auth, errors, leading, limits
 from controller import metrics as metrics_mod
 from controller.settings import ControllerSettings
 
@@ -61,6 +62,26 @@ STREAMING_ATTRIBUTE = "taugrid_streaming"
 
 
 @dataclasses.dataclass
+class Limits:
+    """What one caller may make this replica do at once (429 beyond; review H2, M10)."""
+
+    log_streams: limits.Slots
+    expensive_reads: limits.Slots
+    reviews: limits.Buckets
+
+    @classmethod
+    def from_settings(cls, settings: ControllerSettings) -> Limits:
+        return cls(
+            log_streams=limits.Slots("log streams", per_key=settings.log_streams_per_identity,
+                                     total=settings.log_streams_max),
+            expensive_reads=limits.Slots("run lists or queue reads",
+                                         per_key=settings.expensive_reads_per_identity),
+            reviews=limits.Buckets(rate_per_s=settings.review_rate_per_source,
+                                   burst=settings.review_burst_per_source),
+        )  # fmt: skip
+
+
+@dataclasses.dataclass
 class ServingState:
     """What every handler of this replica shares: built at startup by the composition root."""
 
@@ -70,9 +91,16 @@ class ServingState:
     elector: leading.Elector
     http: aiohttp.ClientSession
     url: str
+    peer_token: Callable[[], str] = lambda: ""
+    """This replica's peer token (audience `peer_audience`), '' when it has none."""
     ready: bool = False
     readiness: list[Callable[[], bool]] = dataclasses.field(default_factory=list)
     """More conditions of readiness (the node cache is synced), each asked on `/readyz`."""
+    limits: Limits = dataclasses.field(init=False)
+    """The per-caller limits, from the settings."""
+
+    def __post_init__(self) -> None:
+        self.limits = Limits.from_settings(self.settings)
 
     def is_ready(self) -> bool:
         """Ready to serve: started, not shutting down, every readiness condition met."""
@@ -112,10 +140,26 @@ async def read_body(request: web.Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-async def identity(request: web.Request, audiences: tuple[str, ...] = ()) -> auth.Identity:
-    """Who calls: the identity TokenReview gives the bearer token."""
+async def identity(request: web.Request, audiences: tuple[str, ...] | None = None) -> auth.Identity:
+    """Who calls: the identity TokenReview gives the bearer token, reviewed for `audiences`
+    (None: the audiences a person's token must carry, `user_audiences`); or, from a follower
+    with a replica's peer token, the caller that follower reviewed."""
     st = serving_of(request)
-    return await st.authn.authenticate(request.headers.get("Authorization"), audiences)
+    if CALLER_HEADER in request.headers:
+        return await _speaking_for(request, st)
+    wanted = st.settings.user_audiences if audiences is None else audiences
+    return await st.authn.authenticate(
+        request.headers.get("Authorization"), wanted, before_review=unseen_credential(request)
+    )
+
+
+def unseen_credential(request: web.Request) -> Callable[[], None]:
+    """What to call before asking the API server about a credential not seen before: one
+    token of the source address's bucket, 429 when it is empty. So an unauthenticated flood
+    costs the API server at most the bucket's rate, per address (review M10)."""
+    st = serving_of(request)
+    source = request.remote or ""
+    return lambda: st.limits.reviews.take(source, "unknown tokens")
 
 
 async def allow(request: web.Request, who: auth.Identity, access: auth.Access) -> None:
@@ -367,58 +411,126 @@ class ErrorProblem(pydantic.BaseModel):
 
 class ErrorBody(pydantic.BaseModel):
     """The one error envelope (DESIGN.md section 4): `{"error": {code, message, field}}`,
-    with `problems` when a body has several, `leaderUrl` when another replica leads."""
+    with `problems` when a body has several."""
 
-    model_config = pydantic.ConfigDict(frozen=True, extra="allow", populate_by_name=True)
+    model_config = pydantic.ConfigDict(frozen=True, extra="allow")
     error: ErrorDetail
     problems: list[ErrorProblem] = []
-    leader_url: str = pydantic.Field("", alias="leaderUrl")
 
 
 # ---------------------------------------------------------------------- the leader
-async def forward_to_leader(request: web.Request, body: bytes | None = None) -> web.Response:
-    """Send a request the leader must handle to the leader; 503 with its URL on failure."""
-    st = serving_of(request)
-    url = st.elector.leader_url
-    if not url or url == st.url:
-        raise errors.Unavailable("no leader is elected yet; retry shortly", code="NoLeader")
-    headers = {k: v for k, v in request.headers.items() if k.lower() in
-               ("authorization", "content-type", "x-request-id", "idempotency-key")}  # fmt: skip
-    headers["X-TauGrid-Forwarded"] = "1"
-    if request.headers.get("X-TauGrid-Forwarded"):
-        raise errors.Unavailable("this replica is not the leader", code="NotLeader", leaderUrl=url)
-    if body is None and request.can_read_body:
-        body = await read_body(request, st.settings.max_body_bytes)
+CALLER_HEADER = "X-TauGrid-Caller"
+"""The caller a follower reviewed, sent with the follower's own peer token (never the
+caller's credential); the leader honours it only from the replicas' ServiceAccount."""
+FORWARDED_BY = web.RequestKey("forwarded_by", auth.Identity)
+"""On the leader: the peer (a follower) that forwarded this request, once verified."""
+
+
+async def _speaking_for(request: web.Request, st: ServingState) -> auth.Identity:
+    """The caller a follower speaks for, once its peer token proves it is a replica.
+
+    The peer token must be valid for `peer_audience` and belong to the replicas'
+    ServiceAccount; anything else is 403 PeerRefused, whatever the caller header says, so no
+    one but a replica can make the leader act for somebody else.
+    """
+    settings = st.settings
     try:
-        async with st.http.request(
-            request.method,
-            url.rstrip("/") + request.path_qs,
-            data=body,
-            headers=headers,
-            timeout=aiohttp.ClientTimeout(total=10),
-        ) as resp:
-            payload = await resp.read()
-            return web.Response(
-                body=payload,
-                status=resp.status,
-                content_type=resp.content_type,
-                headers={"X-TauGrid-Leader": url},
-            )
-    except (aiohttp.ClientError, TimeoutError) as err:
-        msg = f"could not reach the leader at {url}: {err}"
-        raise errors.Unavailable(msg, code="LeaderUnreachable", leaderUrl=url) from err
+        peer = await st.authn.authenticate(
+            request.headers.get("Authorization"), (settings.peer_audience,),
+            before_review=unseen_credential(request),
+        )  # fmt: skip
+    except errors.Unauthenticated as err:
+        msg = f"a request speaking for a caller needs a replica's peer token: {err.message}"
+        raise errors.Forbidden(msg, code="PeerRefused", field="Authorization") from err
+    expected = auth.agent_username(settings.namespace, settings.controller_service_account)
+    if peer.username != expected:
+        msg = f"{peer.username} is not a controller replica ({expected}); it speaks for nobody"
+        raise errors.Forbidden(msg, code="PeerRefused", field="Authorization")
+    request[FORWARDED_BY] = peer
+    return auth.decode_caller(request.headers[CALLER_HEADER])
 
 
-def leader_only(handler: Handler) -> Handler:
-    """Serve on the leader; forward from a follower (only the leader holds the state)."""
+def forwarded(request: web.Request) -> bool:
+    """True when a follower sent this request on behalf of a caller it reviewed."""
+    return FORWARDED_BY in request
 
-    @functools.wraps(handler)
-    async def wrapped(request: web.Request) -> web.StreamResponse:
-        if not serving_of(request).elector.is_leader():
-            return await forward_to_leader(request)
-        return await handler(request)
 
-    return wrapped
+async def unless_leader(
+    request: web.Request, caller: auth.Identity, body: bytes | None = None
+) -> web.StreamResponse | None:
+    """None when this replica leads (the handler goes on); otherwise the leader's answer to
+    this request, sent for `caller` (already authenticated and authorised here)."""
+    if serving_of(request).elector.is_leader():
+        return None
+    return await forward(request, caller, body)
+
+
+async def forward(
+    request: web.Request, caller: auth.Identity, body: bytes | None = None
+) -> web.Response:
+    """Send the leader this request on behalf of `caller`, under this replica's own peer
+    token; 503 when that is not possible.
+
+    The caller's credential never leaves this replica: the leader gets the peer token and
+    the reviewed identity (`X-TauGrid-Caller`), and authorises the call again itself. The
+    leader is reached only at `leader_url` (the leader-only Service), verified by the
+    chart's CA alone, with redirects refused; a request that was itself forwarded is never
+    forwarded again.
+    """
+    st = serving_of(request)
+    settings = st.settings
+    if forwarded(request):
+        raise errors.Unavailable("this replica no longer leads; retry", code="NotLeader")
+    if not settings.leader_url:
+        msg = "this replica is not the leader and knows no leader address; retry"
+        raise errors.Unavailable(msg, code="NotLeader")
+    token = st.peer_token()
+    if not token:
+        msg = "this replica has no peer token to reach the leader with; retry"
+        raise errors.Unavailable(msg, code="NoPeerToken")
+    if body is None and request.can_read_body:
+        body = await read_body(request, settings.max_body_bytes)
+    headers = {"Authorization": f"Bearer {token}", CALLER_HEADER: auth.encode_caller(caller)}
+    for name in ("Content-Type", "Idempotency-Key"):
+        if name in request.headers:
+            headers[name] = request.headers[name]
+    request_id = structlog.contextvars.get_contextvars().get("request_id")
+    if request_id:  # one id in both replicas' logs
+        headers["X-Request-Id"] = str(request_id)
+    url = settings.leader_url.rstrip("/") + request.path_qs
+    problem = ""
+    for _ in range(2):  # once more: the Service may have picked a replica that just lost
+        try:
+            async with st.http.request(
+                request.method, url, data=body, headers=headers, allow_redirects=False,
+                timeout=aiohttp.ClientTimeout(total=settings.forward_timeout_s),
+            ) as resp:  # fmt: skip
+                payload = await resp.read()
+                code = _error_code(payload) if resp.status >= 400 else ""
+                if resp.status == 503 and code == "NotLeader":
+                    problem = "the replica behind the leader address does not lead"
+                    continue
+                if code == "PeerRefused":
+                    log.error("leader refused our peer token", body=payload[:300])
+                    msg = "the leader refused this replica's peer token; retry later"
+                    raise errors.Unavailable(msg, code="PeerRefused")
+                return web.Response(body=payload, status=resp.status,
+                                    content_type=resp.content_type)  # fmt: skip
+        except (aiohttp.ClientError, TimeoutError) as err:
+            problem = f"{type(err).__name__}: {err}"
+    msg = f"could not reach the leader: {problem}"
+    raise errors.Unavailable(msg, code="LeaderUnreachable")
+
+
+def _error_code(payload: bytes) -> str:
+    """The `error.code` of an error body, '' when it has none."""
+    try:
+        doc = json.loads(payload)
+    except (ValueError, UnicodeDecodeError):
+        return ""
+    err = doc.get("error") if isinstance(doc, dict) else None
+    code = err.get("code") if isinstance(err, dict) else None
+    return code if isinstance(code, str) else ""
 
 
 # ---------------------------------------------------------------------- errors
@@ -458,6 +570,8 @@ def make_middleware(timeout_s: float) -> Middleware:
             resp = error_response(status_of(err), err.code, err.message, err.field, **err.extra)
             if isinstance(err, errors.Unauthenticated):
                 resp.headers["WWW-Authenticate"] = 'Bearer realm="taugrid"'
+            if isinstance(err, errors.TooManyRequests):
+                resp.headers["Retry-After"] = "1"
         except TimeoutError:
             resp = error_response(504, "Timeout", f"the request took longer than {timeout_s:.0f}s")
         except web.HTTPException as err:
@@ -486,10 +600,11 @@ def make_identity(settings: ControllerSettings) -> str:
 
 
 def peer_ssl_context(settings: ControllerSettings) -> ssl.SSLContext:
-    """Build the client context for calls to other replicas: the system store plus
-    `tls_ca_file`, so a follower verifies the leader's certificate (issued by a private CA,
-    for the name in its advertised URL) instead of failing or trusting anything."""
-    context = ssl.create_default_context()
+    """Build the client context for calls to the leader: `tls_ca_file` alone, never the
+    system store, so only a certificate the chart's CA issued (for the leader-only
+    Service's name) passes; any publicly trusted certificate would otherwise do."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # verifies peer and host name
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
     if settings.tls_ca_file:
         context.load_verify_locations(cafile=settings.tls_ca_file)
     return context

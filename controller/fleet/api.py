@@ -2,9 +2,10 @@
 
 `POST /v1/heartbeats` is the hot path: it authenticates (cached), parses and validates the
 JSON in one pydantic-core step, ingests, and wakes the quarantine loop only when a verdict,
-the faults or the boot changed. The on-call calls read and act on the leader's fleet state,
-so a follower forwards them; each is authorised as the Kubernetes verb on nodes it stands
-for (`get` to read, `patch` to act).
+the faults or the boot changed. The on-call calls read and act on the leader's fleet state:
+each is authorised here as the Kubernetes verb on nodes it stands for (`get` to read,
+`patch` to act), and a follower then sends it to the leader for the caller it reviewed,
+under its own peer token (`serving.unless_leader`).
 """
 
 from __future__ import annotations
@@ -96,15 +97,15 @@ async def post_heartbeat(request: web.Request) -> web.StreamResponse:
     started = time.perf_counter()
     try:
         identity = await serving.identity(request, (st.settings.token_audience,))
-        expected = auth.agent_username(st.settings.namespace, st.settings.agent_service_account)
-        auth.check_agent(identity, expected)
+        agent = auth.agent_username(st.settings.namespace, st.settings.agent_service_account)
+        auth.check_heartbeat_identity(identity, agent)  # nobody else's body is ever parsed
         raw = await serving.read_body(request, st.settings.max_body_bytes)
         try:
             # The fast path: pydantic-core parses and validates the JSON in one step.
             hb = heartbeat.Heartbeat.model_validate_json(raw)
         except (pydantic.ValidationError, ValueError):
             hb = _explain_bad_heartbeat(raw)
-        auth.check_heartbeat_sender(identity, expected, hb.node_name)
+        auth.check_heartbeat_sender(identity, agent, hb.node_name)
         s = st.settings
         problem = state.heartbeat_problem(
             hb, _now(), min_interval_s=s.heartbeat_min_interval_s,
@@ -113,8 +114,11 @@ async def post_heartbeat(request: web.Request) -> web.StreamResponse:
         if problem is not None:
             raise errors.Invalid(problem[1], field=problem[0])
         if not st.elector.is_leader():
+            # The leader gets the report as parsed here, for the agent reviewed here, under
+            # this replica's own peer token: the agent's token stays with this replica.
             st.metrics.heartbeats.labels("forwarded").inc()
-            return await serving.forward_to_leader(request, raw)
+            report = hb.model_dump_json(by_alias=True, exclude_none=True).encode()
+            return await serving.forward(request, identity, report)
         ctx = _ctx(request)
         url = await _agent_url(ctx, st, identity)
         if hb.agent_url != url:  # the chart's agents send the same URL: no copy (13 µs) then
@@ -228,10 +232,11 @@ FLEET_VIEW = {200: serving.Reply("The fleet's breaker, mode and counts.", schema
     "listNodes", tag=TAG, query=schemas.NodesQuery,
     replies={200: serving.Reply("Every GPU node.", schemas.NodeList)},
 )  # fmt: skip
-@serving.leader_only
 async def list_nodes(request: web.Request) -> web.StreamResponse:
     """Fleet health: every GPU node with its state and quarantine (on-call: `get nodes`)."""
-    await serving.on_call(request, "get")
+    who = await serving.on_call(request, "get")
+    if (leader := await serving.unless_leader(request, who)) is not None:
+        return leader
     query = serving.query_of(request, schemas.NodesQuery)
     ctx = _ctx(request)
     names = sorted(set(ctx.cache.nodes) | set(ctx.fleet))
@@ -242,10 +247,11 @@ async def list_nodes(request: web.Request) -> web.StreamResponse:
 
 
 @serving.operation("getNode", tag=TAG, path=schemas.NodePath, replies=NODE_DETAIL, errors=(404,))
-@serving.leader_only
 async def get_node(request: web.Request) -> web.StreamResponse:
     """One node: per-GPU detail, quarantine state and history (on-call: `get nodes`)."""
-    await serving.on_call(request, "get")
+    who = await serving.on_call(request, "get")
+    if (leader := await serving.unless_leader(request, who)) is not None:
+        return leader
     ctx = _ctx(request)
     name = serving.path_of(request, schemas.NodePath).name
     if name not in ctx.cache.nodes and name not in ctx.fleet:
@@ -255,6 +261,8 @@ async def get_node(request: web.Request) -> web.StreamResponse:
 
 async def _manual(request: web.Request, release: bool) -> web.StreamResponse:
     identity = await serving.on_call(request, "patch")
+    if (leader := await serving.unless_leader(request, identity)) is not None:
+        return leader
     ctx = _ctx(request)
     name = serving.path_of(request, schemas.NodePath).name
     body = await serving.json_body(request, schemas.QuarantineRequest)
@@ -273,7 +281,6 @@ QUARANTINE_BODY = serving.Body(schemas.QuarantineRequest)
     "quarantineNode", tag=TAG, path=schemas.NodePath, body=QUARANTINE_BODY,
     replies=NODE_DETAIL, errors=(404, 409),
 )  # fmt: skip
-@serving.leader_only
 async def post_quarantine(request: web.Request) -> web.StreamResponse:
     """Quarantine a node by hand (reason required); only a manual release ends it.
 
@@ -286,7 +293,6 @@ async def post_quarantine(request: web.Request) -> web.StreamResponse:
     "releaseNode", tag=TAG, path=schemas.NodePath, body=QUARANTINE_BODY,
     replies=NODE_DETAIL, errors=(404, 409),
 )  # fmt: skip
-@serving.leader_only
 async def delete_quarantine(request: web.Request) -> web.StreamResponse:
     """Release a node by hand (reason required). On-call: `patch nodes`."""
     return await _manual(request, release=True)
@@ -308,18 +314,20 @@ def _fleet_json(st: serving.ServingState, ctx: FleetContext) -> dict[str, Any]:
 
 
 @serving.operation("getFleet", tag=TAG, replies=FLEET_VIEW)
-@serving.leader_only
 async def get_fleet(request: web.Request) -> web.StreamResponse:
     """Breaker state, dry-run mode and fleet counts (on-call: `get nodes`)."""
-    await serving.on_call(request, "get")
+    who = await serving.on_call(request, "get")
+    if (leader := await serving.unless_leader(request, who)) is not None:
+        return leader
     return serving.json_response(_fleet_json(serving.serving_of(request), _ctx(request)))
 
 
 @serving.operation("resetBreaker", tag=TAG, replies=FLEET_VIEW)
-@serving.leader_only
 async def reset_breaker(request: web.Request) -> web.StreamResponse:
     """Close the quarantine circuit breaker (an operator's decision; `patch nodes`)."""
     identity = await serving.on_call(request, "patch")
+    if (leader := await serving.unless_leader(request, identity)) is not None:
+        return leader
     ctx = _ctx(request)
     await ctx.quarantiner.reset_breaker(by=identity.username, now=_now())
     return serving.json_response(_fleet_json(serving.serving_of(request), ctx))
@@ -328,10 +336,11 @@ async def reset_breaker(request: web.Request) -> web.StreamResponse:
 @serving.operation(
     "setFleetMode", tag=TAG, body=serving.Body(schemas.ModeRequest), replies=FLEET_VIEW
 )
-@serving.leader_only
 async def put_mode(request: web.Request) -> web.StreamResponse:
     """Switch dry run on or off at runtime (`patch nodes`)."""
     identity = await serving.on_call(request, "patch")
+    if (leader := await serving.unless_leader(request, identity)) is not None:
+        return leader
     body = await serving.json_body(request, schemas.ModeRequest)
     ctx = _ctx(request)
     ctx.quarantiner.set_dry_run(body.dry_run, by=identity.username)

@@ -80,11 +80,14 @@ def refusal(err: client.ApiException, kind: str) -> errors.ControllerError:
 class RunStore:
     """Every API call the run reconciler and the run API make."""
 
-    def __init__(self, api: client.ApiClient) -> None:
+    def __init__(self, api: client.ApiClient, *, streams: client.ApiClient | None = None) -> None:
+        """Calls go through `api`; log streams through `streams` when given, a client whose
+        pool they have to themselves (a stream holds its connection while it lasts)."""
         self.api = api
         self._custom = client.CustomObjectsApi(api)
         self._core = client.CoreV1Api(api)
         self._batch = client.BatchV1Api(api)
+        self._logs = client.CoreV1Api(streams or api)
         self._visibility_down_until = 0.0
 
     # ------------------------------------------------------------------ TauRuns
@@ -475,7 +478,7 @@ class RunStore:
         kwargs: dict[str, Any] = {"container": container, "follow": follow}
         if tail_lines is not None:
             kwargs["tail_lines"] = tail_lines
-        resp = await self._core.read_namespaced_pod_log(
+        resp = await self._logs.read_namespaced_pod_log(
             pod, namespace, _preload_content=False, **kwargs
         )
         if not 200 <= resp.status <= 299:

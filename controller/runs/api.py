@@ -108,7 +108,6 @@ PER_RUN_KINDS = frozenset({"Secret", "ConfigMap"})
     },
     errors=(404, 409),
 )  # fmt: skip
-@serving.leader_only
 async def post_run(request: web.Request) -> web.StreamResponse:
     """Submit a run: the body is a tau.yaml (YAML or JSON).
 
@@ -136,6 +135,10 @@ async def post_run(request: web.Request) -> web.StreamResponse:
             namespace = spec.namespace or "default"
             await context.allow(request, identity, "create", namespace)
         _check_priority(spec, st.settings)
+        context.check_run_namespace(request, namespace)
+        if (leader := await serving.unless_leader(request, identity, raw)) is not None:
+            outcome = "forwarded"
+            return leader
         checked = await preflight.run(ctx.store, spec, namespace)
         warnings = [*parsed.warnings, *checked]
         key = request.headers.get("Idempotency-Key", "").strip()
@@ -339,7 +342,10 @@ async def list_runs(request: web.Request) -> web.StreamResponse:
     identity = await serving.identity(request)
     query = serving.query_of(request, schemas.ListQuery)
     await context.allow(request, identity, "list", query.namespace)
-    items = await context.context_of(request).store.list_runs(query.namespace)
+    with serving.serving_of(request).limits.expensive_reads.hold(
+        identity.username, identity.username
+    ):
+        items = await context.context_of(request).store.list_runs(query.namespace)
     out = [context.run_json(i, with_spec=False) for i in items]
     if query.phase is not None:
         out = [r for r in out if str(r["phase"]).lower() == query.phase.lower()]
@@ -386,7 +392,6 @@ async def get_evidence(request: web.Request) -> web.StreamResponse:
 
 # ---------------------------------------------------------------------- cancel
 @serving.operation("cancelRun", tag=TAG, path=schemas.RunPath, replies=RUN_VIEW, errors=(404, 409))
-@serving.leader_only
 async def cancel_run(request: web.Request) -> web.StreamResponse:
     """Cancel a run: delete its attempt (freeing its quota); the TauRun stays, Cancelled.
 
@@ -398,6 +403,8 @@ async def cancel_run(request: web.Request) -> web.StreamResponse:
         await context.allow(request, identity, "delete", namespace)
     except errors.Forbidden:
         await context.allow(request, identity, "patch", namespace)
+    if (leader := await serving.unless_leader(request, identity)) is not None:
+        return leader
     ctx = context.context_of(request)
     item = await ctx.store.get_run(namespace, name)
     if item is None:
@@ -418,17 +425,21 @@ async def cancel_run(request: web.Request) -> web.StreamResponse:
 
 
 # ---------------------------------------------------------------------- checkpoints
-async def _run_caller(request: web.Request, verb: str, subresource: str = "") -> str:
+async def _run_caller(request: web.Request, verb: str, subresource: str = "") -> auth.Identity:
     """Authenticate a checkpoint call: the run's own token (from its pods), or a Kubernetes
-    identity allowed `verb` on the TauRun (a person). Return who called, for the log.
+    identity allowed `verb` on the TauRun (a person). Return who called.
 
     Run-scoped tokens carry a prefix, so one is never sent to TokenReview, and one run's
-    token used on another run is refused with 403 at once.
+    token used on another run is refused with 403 at once. A follower that checked a run's
+    token speaks for the run (`auth.run_caller`); the leader accepts that only from a
+    replica, and only for the same run.
     """
     namespace, name = context.run_path(request)
     token = auth.bearer_token(request.headers.get("Authorization"))
     if token.startswith(objects.RUN_TOKEN_PREFIX):
-        expected = await context.context_of(request).run_token_digest(namespace, name)
+        expected = await context.context_of(request).run_token_digest(
+            namespace, name, before_read=serving.unseen_credential(request)
+        )
         got = objects.token_digest(token)
         if expected is None or not hmac.compare_digest(got.encode(), expected.encode()):
             msg = (
@@ -436,10 +447,12 @@ async def _run_caller(request: web.Request, verb: str, subresource: str = "") ->
                 " token works only for that run"
             )
             raise errors.Forbidden(msg, field="Authorization")
-        return f"run {namespace}/{name}"
+        return auth.run_caller(namespace, name)
     identity = await serving.identity(request)
+    if serving.forwarded(request) and identity == auth.run_caller(namespace, name):
+        return identity
     await context.allow(request, identity, verb, namespace, subresource=subresource)
-    return identity.username
+    return identity
 
 
 CHECKPOINT = {201: serving.Reply("The checkpoint, as kept.", schemas.CheckpointRecord)}
@@ -449,7 +462,6 @@ CHECKPOINT = {201: serving.Reply("The checkpoint, as kept.", schemas.CheckpointR
     "reportCheckpoint", tag=TAG, path=schemas.RunPath,
     body=serving.Body(checkpoints.ReportBody), replies=CHECKPOINT, errors=(404, 409),
 )  # fmt: skip
-@serving.leader_only
 async def post_checkpoint(request: web.Request) -> web.StreamResponse:
     """A run's pod reports a checkpoint it saved (`tau checkpoint --step N --path P`).
 
@@ -457,11 +469,13 @@ async def post_checkpoint(request: web.Request) -> web.StreamResponse:
     an attempt that is over (or not begun) is a 409.
     """
     caller = await _run_caller(request, "update", "status")
+    if (leader := await serving.unless_leader(request, caller)) is not None:
+        return leader
     namespace, name = context.run_path(request)
     body = await serving.json_body(request, checkpoints.ReportBody)
     report = checkpoints.Report(attempt=body.attempt, step=body.step, path=body.path)
     entry = await context.context_of(request).reconciler.record_checkpoint(namespace, name, report)
-    log.debug("checkpoint reported", run=f"{namespace}/{name}", by=caller)
+    log.debug("checkpoint reported", run=f"{namespace}/{name}", by=caller.username)
     return web.json_response(entry, status=201)
 
 
@@ -501,7 +515,6 @@ async def get_latest_checkpoint(request: web.Request) -> web.StreamResponse:
     body=serving.Body(schemas.ResumeRequest, required=False), replies=RUN_VIEW,
     errors=(404, 409),
 )  # fmt: skip
-@serving.leader_only
 async def post_resume(request: web.Request) -> web.StreamResponse:
     """Start the next attempt of a Failed or Cancelled run.
 
@@ -511,6 +524,8 @@ async def post_resume(request: web.Request) -> web.StreamResponse:
     identity = await serving.identity(request)
     namespace, name = context.run_path(request)
     await context.allow(request, identity, "patch", namespace)
+    if (leader := await serving.unless_leader(request, identity)) is not None:
+        return leader
     body = await serving.json_body(request, schemas.ResumeRequest, optional=True)
     item = await context.context_of(request).reconciler.request_resume(
         namespace, name, checkpoint=body.checkpoint, by=identity.username[:200]
@@ -525,7 +540,6 @@ async def post_resume(request: web.Request) -> web.StreamResponse:
     replies={201: serving.Reply("The new run, and advice about its spec.", schemas.RunRerun)},
     errors=(404, 409),
 )  # fmt: skip
-@serving.leader_only
 async def post_rerun(request: web.Request) -> web.StreamResponse:
     """Submit a new run from a run's evidence.
 
@@ -536,6 +550,9 @@ async def post_rerun(request: web.Request) -> web.StreamResponse:
     identity, item = await context.read_run(request)
     namespace, old = context.run_path(request)
     await context.allow(request, identity, "create", namespace)
+    context.check_run_namespace(request, namespace)
+    if (leader := await serving.unless_leader(request, identity)) is not None:
+        return leader
     body = await serving.json_body(request, schemas.RerunRequest, optional=True)
     ctx = context.context_of(request)
     try:
@@ -589,7 +606,6 @@ async def post_rerun(request: web.Request) -> web.StreamResponse:
                                 schemas.ResultsAccepted)},
     errors=(404, 409),
 )  # fmt: skip
-@serving.leader_only
 async def post_results(request: web.Request) -> web.StreamResponse:
     """A run's pod reports metrics, artifacts or a summary (`tau result`).
 
@@ -597,11 +613,13 @@ async def post_results(request: web.Request) -> web.StreamResponse:
     With the run's own token, or as a person allowed `update tauruns/status`.
     """
     caller = await _run_caller(request, "update", "status")
+    if (leader := await serving.unless_leader(request, caller)) is not None:
+        return leader
     namespace, name = context.run_path(request)
     report = results.parse_report(await serving.json_document(request, results.ResultReport))
     collector = context.context_of(request).reconciler.collector
     accepted = await collector.accept(namespace, name, report)
-    log.debug("results reported", run=f"{namespace}/{name}", by=caller)
+    log.debug("results reported", run=f"{namespace}/{name}", by=caller.username)
     return web.json_response(accepted, status=202)
 
 

@@ -1,9 +1,13 @@
 """A run's logs: `GET /v1/runs/{ns}/{name}/logs`, streamed from the worker's pod.
 
 `follow=true` waits (up to `logs_wait_s`) for the pod to start, then keeps the stream open
-until the container ends; a client that hangs up ends the upstream stream too. When the pod
-is gone (or its log cannot be read), or `kept=true` asks for it, the tail the controller
-kept (`keeping`) is served instead, marked as such by `X-TauGrid-Log-Source: kept`.
+until the container ends. A client that hangs up cancels the handler (the runner's
+`handler_cancellation`), which ends both the wait's polling and the upstream stream. One
+identity holds at most `log_streams_per_identity` calls at once and a replica at most
+`log_streams_max` (429 beyond), so streams cannot take the API server connections the
+lease and the quarantine loop need (they are on other clients anyway). When the pod is gone
+(or its log cannot be read), or `kept=true` asks for it, the tail the controller kept
+(`keeping`) is served instead, marked as such by `X-TauGrid-Log-Source: kept`.
 """
 
 from __future__ import annotations
@@ -82,6 +86,12 @@ async def get_logs(request: web.Request) -> web.StreamResponse:
     namespace, name = context.run_path(request)
     await context.allow(request, identity, "get", namespace, resource="pods", group="",
                  subresource="log")  # fmt: skip
+    st = serving.serving_of(request)
+    with st.limits.log_streams.hold(identity.username, identity.username):
+        return await _stream(request, namespace, name)
+
+
+async def _stream(request: web.Request, namespace: str, name: str) -> web.StreamResponse:
     st = serving.serving_of(request)
     ctx = context.context_of(request)
     query = serving.query_of(request, schemas.LogsQuery)

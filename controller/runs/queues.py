@@ -25,11 +25,14 @@ async def get_queues(request: web.Request) -> web.StreamResponse:
     namespace = serving.query_of(request, schemas.QueuesQuery).namespace
     await context.allow(request, identity, "list", namespace)
     ctx = context.context_of(request)
-    lqs, cqs, items = await asyncio.gather(
-        ctx.store.list_kueue("localqueues", namespace),
-        ctx.store.list_kueue("clusterqueues"),
-        ctx.store.list_runs(namespace),
-    )
+    with serving.serving_of(request).limits.expensive_reads.hold(
+        identity.username, identity.username
+    ):
+        lqs, cqs, items = await asyncio.gather(
+            ctx.store.list_kueue("localqueues", namespace),
+            ctx.store.list_kueue("clusterqueues"),
+            ctx.store.list_runs(namespace),
+        )
     by_cq = {str(cq["metadata"]["name"]): cq for cq in cqs}
     out = []
     for lq in lqs:

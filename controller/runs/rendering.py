@@ -325,6 +325,9 @@ def _pod_spec(
         "restartPolicy": "Never",
         "terminationGracePeriodSeconds": settings.termination_grace_period_s,
         "enableServiceLinks": False,
+        # A run needs no Kubernetes credential (its TAU_TOKEN reaches our API), and the
+        # chart's ValidatingAdmissionPolicy refuses a pod template that would mount one.
+        "automountServiceAccountToken": False,
         "containers": [{**container, "volumeMounts": mounts}],
         "volumes": volumes,
     }

@@ -53,13 +53,13 @@ async def test_a_raised_kind_becomes_the_error_envelope_naming_field_and_code() 
     """The body is {"error": {code, message, field}} plus the error's extra members."""
 
     async def handler(request: web.Request) -> web.StreamResponse:
-        raise errors.Unavailable("go there", code="NotLeader", leaderUrl="https://l")
+        raise errors.Invalid("bad spec", field="image", problems=[{"field": "image"}])
 
     expected = (
-        503,
+        422,
         {
-            "error": {"code": "NotLeader", "message": "go there", "field": ""},
-            "leaderUrl": "https://l",
+            "error": {"code": "Invalid", "message": "bad spec", "field": "image"},
+            "problems": [{"field": "image"}],
         },
         "",
     )

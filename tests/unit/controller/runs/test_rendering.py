@@ -167,6 +167,21 @@ def test_pods_are_plain_and_checkpoint_friendly(fixture: str) -> None:
             assert expected == actual
 
 
+@ALL_FIXTURES
+def test_pods_carry_no_kubernetes_credential(fixture: str) -> None:
+    """Every pod template runs as the namespace's default ServiceAccount without mounting its
+    token, as the chart's ValidatingAdmissionPolicy requires of the controller's writes."""
+    for pod in _render(_fixture(fixture))[-1:]:
+        for pod_spec in _pod_specs(pod):
+            expected = (False, None, None)
+            actual = (
+                pod_spec["automountServiceAccountToken"],
+                pod_spec.get("serviceAccountName"),
+                pod_spec.get("serviceAccount"),
+            )
+            assert expected == actual
+
+
 def test_single_gpu_job() -> None:
     """A one-worker job: one pod, shell command under sh -c, resources, volumes, pull secrets."""
     spec = _fixture("job.yaml")
