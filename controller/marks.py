@@ -73,8 +73,15 @@ EVICTION_IN_PROGRESS_CONDITION = "EvictionInProgress"
 """The DeviceTaintRule condition kube-controller-manager keeps (for effect None: what
 NoExecute would evict)."""
 
-# ---------------------------------------------------------------- the Lease
+# ---------------------------------------------------------------- the Lease, the leader
 LEADER_URL_ANNOTATION = "taugrid.dev/leader-url"
+"""Where the leader says it listens: informational only (on-call reads it), never a place
+any replica or agent sends data to (DESIGN.md section 6)."""
+RUN_CALLER_EXTRA = "taugrid.dev/run"
+"""The extra of the identity a follower forwards for a run's own token: `<ns>/<run>`."""
+LEADER_LABEL = "taugrid.dev/leader"
+"""Set to "true" by the leader on its own pod, removed when it stops leading; the chart's
+leader-only Service selects it, and followers send leader-only work there."""
 BREAKER_ANNOTATION = "taugrid.dev/breaker"
 DRY_RUN_ANNOTATION = "taugrid.dev/dry-run"
 DEVICE_BREAKER_ANNOTATION = "taugrid.dev/device-breaker"

@@ -59,12 +59,16 @@ KCM_CONTROLLERS = (
     "pod-garbage-collector-controller",
     "resourceclaim-controller",
     "device-taint-eviction-controller",
+    "validatingadmissionpolicy-status-controller",
 )
 """The controllers DESIGN.md section 8 lists. node-lifecycle stays out: KWOK heartbeats nodes.
 The volume binder binds the real run's checkpoint claim and the example claims (examples/ runs as
-shipped) to their volumes. DRA needs the last two: the first makes each pod's ResourceClaim from
-its template and frees it afterwards, the second deletes pods holding a device with a NoExecute
-taint (DESIGN.md section 2); the DRA feature gates are all on by default in Kubernetes 1.37."""
+shipped) to their volumes. DRA needs the resource claim controller, which makes each pod's
+ResourceClaim from its template and frees it afterwards, and the device-taint eviction
+controller, which deletes pods holding a device with a NoExecute taint (DESIGN.md section 2);
+the DRA feature gates are all on by default in Kubernetes 1.37. The ValidatingAdmissionPolicy
+status controller type-checks the chart's policy (its `status.typeChecking`; the policy itself
+is enforced by the API server, GA and on by default since 1.30, no flag needed)."""
 
 KUEUE_WEBHOOKS_KEPT = ("batch-v1-job", "ray-io-v1-rayjob", "ray-io-v1-raycluster", "kueue-x-k8s-io")
 
@@ -383,7 +387,10 @@ class Cluster:
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             f"--service-account-key-file={k / 'sa.pub'}",
             f"--service-account-signing-key-file={k / 'sa.key'}",
-            "--api-audiences=https://kubernetes.default.svc.cluster.local,taugrid",
+            # The API server's own audience only, as on a real cluster: a token minted for the
+            # API server (a default `kubectl create token`) is not valid for heartbeats, which
+            # need audience `taugrid` (DESIGN.md section 10).
+            "--api-audiences=https://kubernetes.default.svc.cluster.local",
             "--authorization-mode=RBAC", "--service-cluster-ip-range=10.96.0.0/16",
             "--allow-privileged=true",
             # KWOK plays the kubelet on 127.0.0.1 (logs, exec); reach it by that address.

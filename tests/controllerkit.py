@@ -21,6 +21,7 @@ from aiohttp import web
 from kubernetes_asyncio import client
 
 from controller import app as controller_app
+from controller import main as controller_main
 from controller import serving
 from controller.admission import admitting
 from controller.fleet import api as fleet_api
@@ -89,6 +90,8 @@ async def start_controller(
         "release_after_s": 1.0,
         "stale_quarantine_after_s": 2.0,
         "auth_cache_ttl_s": 1.0,
+        # The scripted agents report every 0.5 s (a production agent: 5 s).
+        "heartbeat_min_interval_s": 0.1,
         # Only this test's nodes: a controller without a selector would manage the shared
         # dev fleet and fight the dev controller (and other tests) over it.
         "node_selector": f"taugrid.dev/test-fleet={namespace}",
@@ -99,7 +102,7 @@ async def start_controller(
     values.update(overrides)
     settings = ControllerSettings(**values)
     app = controller_app.make_app(settings)
-    runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=2.0)
+    runner = controller_main.make_runner(app, shutdown_timeout=2.0)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", port, ssl_context=ssl_context)
     await site.start()
@@ -118,8 +121,11 @@ async def wait_leader(*replicas: RunningController) -> RunningController:
     return await support.eventually(probe, what="a leader")
 
 
-async def agent_token(api: client.ApiClient, namespace: str, node: str) -> str:
-    """Run an agent pod on `node` (KWOK runs it) and return a token bound to it."""
+async def agent_token(
+    api: client.ApiClient, namespace: str, node: str, *, audience: str | None = "taugrid"
+) -> str:
+    """Run an agent pod on `node` (KWOK runs it) and return a token bound to it, for
+    `audience` (None: the API server's own, as a default `kubectl create token`)."""
     core = client.CoreV1Api(api)
     try:
         await core.create_namespaced_service_account(namespace, {"metadata": {"name": AGENT_SA}})
@@ -127,7 +133,26 @@ async def agent_token(api: client.ApiClient, namespace: str, node: str) -> str:
         if err.status != 409:
             raise
     pod_name = f"agent-{node}"[:63]
-    pod = await core.create_namespaced_pod(
+    try:
+        pod = await core.read_namespaced_pod(pod_name, namespace)
+    except client.ApiException as err:
+        if err.status != 404:
+            raise
+        pod = await _agent_pod(core, namespace, node, pod_name)
+    spec: dict[str, Any] = {
+        "expirationSeconds": 3600,
+        "boundObjectRef": {
+            "apiVersion": "v1", "kind": "Pod", "name": pod_name, "uid": pod.metadata.uid,
+        },
+    }  # fmt: skip
+    if audience is not None:
+        spec["audiences"] = [audience]
+    tr = await core.create_namespaced_service_account_token(AGENT_SA, namespace, {"spec": spec})
+    return str(tr.status.token)
+
+
+async def _agent_pod(core: client.CoreV1Api, namespace: str, node: str, pod_name: str) -> Any:
+    return await core.create_namespaced_pod(
         namespace,
         {
             "metadata": {"name": pod_name, "labels": {"app": "taugrid-agent"}},
@@ -139,23 +164,6 @@ async def agent_token(api: client.ApiClient, namespace: str, node: str) -> str:
             },
         },
     )
-    tr = await core.create_namespaced_service_account_token(
-        AGENT_SA,
-        namespace,
-        {
-            "spec": {
-                "audiences": ["taugrid"],
-                "expirationSeconds": 3600,
-                "boundObjectRef": {
-                    "apiVersion": "v1",
-                    "kind": "Pod",
-                    "name": pod_name,
-                    "uid": pod.metadata.uid,
-                },
-            }
-        },
-    )
-    return str(tr.status.token)
 
 
 async def admin_token(api: client.ApiClient, namespace: str, name: str = "oncall") -> str:

@@ -81,6 +81,40 @@ class NodeState(enum.StrEnum):
     """No heartbeat yet, and the leader is still inside its warm-up: no judgement."""
 
 
+def heartbeat_problem(
+    hb: heartbeat.Heartbeat,
+    now: dt.datetime,
+    *,
+    min_interval_s: float,
+    max_interval_s: float,
+    max_skew_s: float,
+) -> tuple[str, str] | None:
+    """The field of a heartbeat outside what this controller accepts, and why; None if none.
+
+    Every field an agent sends is bounded (DESIGN.md section 10): `intervalS` within the
+    chart's range, since staleness is measured in intervals, and `sentAt` within a skew of
+    the receive time `now`, since replays are told apart by it. The sequence's bound (int64)
+    is the wire schema's.
+    """
+    if not min_interval_s <= hb.interval_s <= max_interval_s:
+        msg = (
+            f"intervalS {hb.interval_s:g} is outside {min_interval_s:g}..{max_interval_s:g} s,"
+            " the range this controller accepts (agent.heartbeatIntervalS in the chart)"
+        )
+        return "intervalS", msg
+    if hb.sent_at.tzinfo is None:
+        return "sentAt", "sentAt must carry a time zone (RFC 3339, e.g. 2026-01-01T00:00:00Z)"
+    skew = (hb.sent_at - now).total_seconds()
+    if abs(skew) > max_skew_s:
+        msg = (
+            f"sentAt is {abs(skew):.0f} s {'ahead of' if skew > 0 else 'behind'} the"
+            f" controller's clock; at most {max_skew_s:g} s is accepted (is the node's clock"
+            " synchronised?)"
+        )
+        return "sentAt", msg
+    return None
+
+
 BAD_STATES = frozenset(
     {NodeState.DEGRADED, NodeState.FAILED, NodeState.UNKNOWN, NodeState.STALE, NodeState.MISSING}
 )

@@ -42,6 +42,11 @@ Choices that hold for every kind (DESIGN.md sections 2, 3 and 7):
   counts only this form), tolerating our `taugrid.dev/gpu-evict` NoExecute taint for the
   run's checkpoint grace (`checkpoint.grace`, else the controller's default). The container
   names the claim instead of asking for `nvidia.com/gpu`.
+- **`NVIDIA_VISIBLE_DEVICES=void` on every container that requests no GPU** (DESIGN.md section
+  10): CUDA and PyTorch images carry `ENV NVIDIA_VISIBLE_DEVICES all`, and under the device
+  plugin's `envvar` strategy the container toolkit would hand such a container every GPU of
+  its node, outside Kueue's quota and quarantine's eviction. The pod's env beats the image's;
+  a container with GPUs gets the variable from the device plugin, and tau.yaml may not set it.
 """
 
 from __future__ import annotations
@@ -64,6 +69,10 @@ CHECKPOINT_FILE = f"{specs.CHECKPOINT_MOUNT_DIR}/{objects.CHECKPOINT_CONFIGMAP_K
 CA_FILE = f"{specs.CHECKPOINT_MOUNT_DIR}/{objects.CA_CONFIGMAP_KEY}"
 """Where run pods find the controller's CA (`TAU_CA_FILE`)."""
 
+
+GPU_VISIBILITY_ENV = "NVIDIA_VISIBLE_DEVICES"
+NO_GPUS = "void"
+"""The container toolkit's value for "no GPU at all" (not even the driver's files)."""
 
 VOLUME_SHM = "dshm"
 VOLUME_CHECKPOINT_FILE = "taugrid-checkpoint"
@@ -275,6 +284,12 @@ def _user_env(spec: specs.TauSpec) -> list[dict[str, Any]]:
     return [{"name": key, "value": value} for key, value in spec.env.items()]
 
 
+def _isolation_env(gpus: int) -> list[dict[str, Any]]:
+    """`NVIDIA_VISIBLE_DEVICES=void` for a container that requests no GPU (module docstring);
+    a container with GPUs, from the device plugin or a DRA claim, gets none of ours."""
+    return [] if gpus > 0 else [{"name": GPU_VISIBILITY_ENV, "value": NO_GPUS}]
+
+
 def _resources(spec: specs.TauSpec, *, gpus: int, claims: bool = False) -> dict[str, Any]:
     requests: dict[str, str] = {}
     limits: dict[str, str] = {}
@@ -371,6 +386,9 @@ def _pod_spec(
         "restartPolicy": "Never",
         "terminationGracePeriodSeconds": settings.termination_grace_period_s,
         "enableServiceLinks": False,
+        # A run needs no Kubernetes credential (its TAU_TOKEN reaches our API), and the
+        # chart's ValidatingAdmissionPolicy refuses a pod template that would mount one.
+        "automountServiceAccountToken": False,
         "containers": [{**container, "volumeMounts": mounts}],
         "volumes": volumes,
     }
@@ -399,7 +417,7 @@ def _render_job(
     pytorch = spec.kind == specs.RunKind.PYTORCH
     if pytorch:
         env += _rendezvous_env(spec, name, name, settings)
-    env += _user_env(spec)
+    env += _user_env(spec) + _isolation_env(spec.resources.gpus)
     container: dict[str, Any] = {
         "name": CONTAINER_NAME,
         "image": spec.image,
@@ -496,7 +514,7 @@ def _render_rayjob(
         container = {
             "name": container_name,
             "image": spec.image,
-            "env": env,
+            "env": env + _isolation_env(gpus),
             "resources": _resources(spec, gpus=gpus, claims=_uses_claims(spec, settings)),
         }
         return {
@@ -550,3 +568,38 @@ def pod_templates(obj: dict[str, Any]) -> list[dict[str, Any]]:
             group["template"] for group in cluster["workerGroupSpecs"]
         ]
     return []
+
+
+# ---------------------------------------------------------------- refusals
+
+_SPEC_FIELDS = (
+    ("imagePullSecrets", "imagePullSecrets"),
+    ("volumeMounts", "volumes"),
+    ("volumes", "volumes"),
+    (".env", "env"),
+    (".image", "image"),
+    (".resources", "resources"),
+    (".command", "command"),
+    (".args", "args"),
+    ("entrypoint", "command"),
+    ("labels", "labels"),
+    ("metadata.name", "name"),
+    ("metadata.namespace", "namespace"),
+)
+"""Where the fields of a rendered object come from in tau.yaml (first match wins)."""
+
+
+def spec_field(kind: str, field: str) -> str:
+    """The tau.yaml field behind a field of an object rendered from it, as the API server
+    names it in a refusal (`spec.template.spec.containers[0].env[3].name` → `env`); a field
+    of the TauRun's spec is its own (`spec.resources.cpu` → `resources.cpu`); others keep
+    their object's path, prefixed with its kind; "" when the API server named none (an
+    admission policy's refusal)."""
+    if not field:
+        return ""
+    if kind == "TauRun" and field.startswith("spec."):
+        return field.removeprefix("spec.")
+    for fragment, spec_name in _SPEC_FIELDS:
+        if fragment in field:
+            return spec_name
+    return f"{kind}.{field}"

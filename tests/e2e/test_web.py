@@ -217,10 +217,24 @@ async def test_the_page_shows_fleet_and_runs_live_and_the_quarantine_of_a_failed
     assert page.problems() == []
 
 
+async def _open(page: browser.Page, key: str) -> None:
+    """Click run `key`'s name until its detail is the one shown: the table redraws as runs
+    change phase, so a click can land on the row that just moved under the pointer (a user
+    would click again too)."""
+
+    async def opened() -> None:
+        shown = await page.evaluate("document.getElementById('run-detail').dataset.run || null")
+        if shown != key:
+            await page.click(f'[data-open-run="{key}"]')
+            raise support.NotYetError(f"the detail shows {shown!r}, not {key!r}")
+
+    await support.eventually(opened, what=f"run {key}'s detail")
+
+
 async def _open_run(page: browser.Page, w: World) -> None:
     """Click the run: its detail names attempt 1's Job; the evidence names the run."""
     key = f"{w.namespace}/{RUN}"
-    await page.click(f'[data-open-run="{key}"]')
+    await _open(page, key)
 
     async def detail() -> str:
         shown = await page.evaluate(
@@ -383,7 +397,7 @@ async def test_a_runs_results_are_charted_and_its_experiments_runs_overlaid(
         assert key in (await _snapshot(page))["runs"], "sweep-a not listed yet"
 
     await support.eventually(listed, what="sweep-a in the runs table")
-    await page.click(f'[data-open-run="{key}"]')
+    await _open(page, key)
 
     async def drawn() -> dict[str, Any]:
         seen = dict(await page.evaluate(CHARTS))
