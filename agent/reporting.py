@@ -1,10 +1,12 @@
 """Heartbeats to the controller: every interval, and at once when a verdict changes.
 
 Authentication is the projected ServiceAccount token, read from a file and re-read when the
-kubelet rotates it (or when the controller answers 401). Failures back off with full jitter. A
-follower that cannot forward answers 503 with the leader's URL (`leaderUrl` in the JSON body or
-an `X-Leader-URL` header); the agent retries there at once and stays with that leader until it
-fails. While the controller is away the agent keeps probing and serving locally.
+kubelet rotates it (or when the controller answers 401). Failures back off with full jitter.
+Heartbeats go to the configured controller URL (the controller Service) and nowhere else: the
+agent follows no URL a response names (a 503's `leaderUrl`, an `X-Leader-URL` header, a
+redirect), so whoever answers cannot send the agent's token somewhere of its choosing (review
+finding H1); a follower passes the report to the leader itself. While the controller is away
+the agent keeps probing and serving locally.
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ import asyncio
 import contextlib
 import dataclasses
 import datetime as dt
-import json
 import pathlib
 import random
 import ssl
@@ -25,26 +26,6 @@ import structlog
 from agent import monitoring, settings, snapshots
 
 log = structlog.get_logger("agent.reporting")
-
-
-def leader_hint(headers: dict[str, str], body: bytes) -> str:
-    """Return the leader URL from a 503 reply (JSON `leaderUrl` or `X-Leader-URL`), or ''."""
-    for key, value in headers.items():
-        if key.lower() == "x-leader-url" and value:
-            return value.strip()
-    try:
-        doc = json.loads(body or b"{}")
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return ""
-    if not isinstance(doc, dict):
-        return ""
-    url = doc.get("leaderUrl")
-    error = doc.get("error")
-    if not url and isinstance(error, dict):
-        url = error.get("leaderUrl")
-    if isinstance(url, str):
-        return url.strip()
-    return ""
 
 
 _MAX_DOUBLINGS = 60
@@ -129,7 +110,6 @@ class Reporter:
         self._token = TokenFile(config.token_path)
         self._poke = asyncio.Event()
         self._sequence = 0
-        self._leader = ""
         self._session: aiohttp.ClientSession | None = None
         self._task: asyncio.Task[None] | None = None
         self.stats = Stats(target=config.controller_url)
@@ -194,7 +174,7 @@ class Reporter:
             await asyncio.wait_for(self._poke.wait(), delay_s)
 
     async def send_once(self) -> bool:
-        """Send one heartbeat (following at most one leader hint); return whether it landed."""
+        """Send one heartbeat to the controller URL; return whether it landed."""
         if self._session is None or not self._settings.controller_url:
             return True
         if self._monitor.view.taken_at is None:
@@ -207,22 +187,12 @@ class Reporter:
             sequence=self._sequence,
             now=self._clock(),
         ).model_dump_json(by_alias=True, exclude_none=True)
-        for _hop in range(2):
-            base = (self._leader or self._settings.controller_url).rstrip("/")
-            url = base if base.endswith("/v1/heartbeats") else f"{base}/v1/heartbeats"
-            outcome = await self._post(url, body)
-            if outcome is True:
-                return True
-            if isinstance(outcome, str) and outcome and outcome != self._leader:
-                log.info("heartbeat_follow_leader", leader=outcome)
-                self._leader = outcome
-                continue
-            break
-        self._leader = ""
-        return False
+        base = self._settings.controller_url.rstrip("/")
+        url = base if base.endswith("/v1/heartbeats") else f"{base}/v1/heartbeats"
+        return await self._post(url, body)
 
-    async def _post(self, url: str, body: str) -> bool | str:
-        """POST once; True on success, the leader hint on a 503 that has one, else False."""
+    async def _post(self, url: str, body: str) -> bool:
+        """POST once (no redirect followed); True when the controller took the report."""
         assert self._session is not None
         for retry_auth in (False, True):
             token = self._token.get(force=retry_auth)
@@ -230,7 +200,9 @@ class Reporter:
             if token:
                 headers["Authorization"] = f"Bearer {token}"
             try:
-                async with self._session.post(url, data=body, headers=headers) as resp:
+                async with self._session.post(
+                    url, data=body, headers=headers, allow_redirects=False
+                ) as resp:
                     payload = await resp.read()
                     if resp.status < 300:
                         self.stats.sent += 1
@@ -241,8 +213,6 @@ class Reporter:
                     if resp.status == 401 and not retry_auth:
                         continue
                     self._fail(url, f"HTTP {resp.status}: {payload[:200]!r}")
-                    if resp.status == 503:
-                        return leader_hint(dict(resp.headers), payload)
                     return False
             except (aiohttp.ClientError, TimeoutError, OSError) as err:
                 self._fail(url, f"{type(err).__name__}: {err}")

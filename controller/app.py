@@ -4,7 +4,9 @@ It builds the plumbing every API shares (`controller.serving`), the three domain
 loops, and wires what crosses domains, which no domain may do itself:
 - fleet → runs: a node quarantined because a GPU failed reconciles the runs on it at once;
 - fleet → admission: any node change wakes the admission gate (what fits has changed);
-- admission → runs: why the gate holds a Workload back becomes its run's message.
+- admission → runs: why the gate holds a Workload back becomes its run's message;
+- the elector → its pod's leader label (`leading.LeaderMark`), which the leader-only
+  Service selects, so followers reach the leader without reading any address off the cluster.
 
 Background work lives in a cleanup context, so no loop outlives its app. Shutdown
 (`controller.main.serve`): readiness turns false first, then the sites stop, then the
@@ -21,25 +23,28 @@ import functools
 import pathlib
 import ssl
 from collections.abc import AsyncIterator, Callable
-from typing import Any
 
 import aiohttp
 import structlog
 from aiohttp import web
 
-from controller import auth, leading, metrics, pages, serving
+from controller import auth, leading, metrics, openapi, pages, serving
 from controller.admission import admitting
+from controller.admission import views as admission_views
 from controller.fleet import api as fleet_api
-from controller.fleet import policy, quarantining, state
+from controller.fleet import devicepolicy, policy, quarantining, state
 from controller.kube import admission as kube_admission
 from controller.kube import client as kube_client
+from controller.kube import devices as kube_devices
 from controller.kube import leases, reviews
 from controller.kube import nodes as kube_nodes
+from controller.kube import pods as kube_pods
 from controller.kube import runs as kube_runs
 from controller.runs import api as runs_api
 from controller.runs import context as runs_context
 from controller.runs import keeping, reconciling, rendering, results
 from controller.settings import ControllerSettings
+from shared import kubetoken
 
 log = structlog.get_logger()
 
@@ -60,7 +65,7 @@ def make_app(
     )
     fleet_api.add_routes(app)
     pages.add_routes(app)
-    app.router.add_get("/openapi.json", openapi)
+    openapi.add_route(app, settings)
     runs_api.add_routes(app)
     app.cleanup_ctx.append(_runtime(settings, reviewer))
     return app
@@ -84,37 +89,69 @@ def _runtime(
     async def ctx(app: web.Application) -> AsyncIterator[None]:
         peer_ssl = serving.peer_ssl_context(settings)  # first: a bad CA fails before any client
         run_ca = read_run_ca(settings)
-        api = await kube_client.make_client(settings.kubeconfig)
+        # Four clients, four pools (review H2): the lease, the node cache and node writes on
+        # one that nothing a caller does can fill; the loops and the reviews on another;
+        # researchers' reads and writes on a third; log streams, which hold a connection
+        # while they last, on a fourth as large as the stream cap.
+        timeout_s = settings.api_timeout_s
+        control = await kube_client.make_client(settings.kubeconfig, pool=16, timeout_s=timeout_s)
+        api = await kube_client.make_client(settings.kubeconfig, pool=64, timeout_s=timeout_s)
+        callers = await kube_client.make_client(settings.kubeconfig, pool=32, timeout_s=timeout_s)
+        streams = await kube_client.make_client(
+            settings.kubeconfig, pool=settings.log_streams_max, timeout_s=timeout_s
+        )
+        clients = (control, api, callers, streams)
         http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=peer_ssl))
         m = metrics.make_metrics()
         authn = auth.Authenticator(
             reviewer or reviews.KubeReviewer(api),
             token_ttl_s=settings.token_cache_max_s,
+            bound_token_ttl_s=settings.bound_token_cache_max_s,
             access_ttl_s=settings.auth_cache_ttl_s,
         )
         fleet = state.FleetState(leader_since=_now(), stale_multiplier=settings.stale_multiplier)
         url = settings.advertise_url or serving.default_url(settings)
-        lease_store = leases.KubeLeaseStore(api, settings.namespace, settings.lease_name)
+        lease_store = leases.KubeLeaseStore(
+            control, settings.namespace, settings.lease_name,
+            timeout_s=min(timeout_s, settings.renew_deadline_s / 2),
+        )  # fmt: skip
         holder: list[quarantining.Quarantiner] = []
+        marks_: list[leading.LeaderMark] = []
 
         async def started() -> None:
             fleet.become_leader(_now())
             holder[0].restore(elector.lease_state)
             log.info("became leader", identity=elector.identity, url=url)
             holder[0].poke()
+            for mark in marks_:
+                mark.poke()
 
         async def stopped() -> None:
             log.warning("stopped leading", identity=elector.identity)
+            for mark in marks_:
+                mark.poke()
 
         elector = leading.Elector(
             lease_store, serving.make_identity(settings), url,
             lease_duration_s=settings.lease_duration_s, renew_deadline_s=settings.renew_deadline_s,
             retry_period_s=settings.retry_period_s, on_started=started, on_stopped=stopped,
         )  # fmt: skip
+
+        def dra_devices() -> dict[str, admission_views.DeviceNode]:
+            # fleet -> admission: the DRA nodes' GPUs as device quarantine judges them.
+            report = holder[0].device_report(_now()) if holder else {}
+            return {
+                node: admission_views.DeviceNode(fresh, tuple(
+                    admission_views.DeviceSlot(d.pool, d.name, d.usable, d.why) for d in found
+                ))
+                for node, (fresh, found) in report.items()
+            }  # fmt: skip
+
         gate = admitting.Gate(
             kube_admission.AdmissionStore(api, component=elector.identity), elector, m,
             check=settings.admission_check, retry_after_s=settings.admission_retry_after_s,
-            pass_interval_s=settings.admission_pass_interval_s,
+            pass_interval_s=settings.admission_pass_interval_s, devices=dra_devices,
+            dra_resource=settings.dra_quota_resource,
         )  # fmt: skip
 
         def node_changed() -> None:
@@ -122,15 +159,21 @@ def _runtime(
             gate.poke()  # a quarantine or a release changes what fits: decide again at once
 
         cache = kube_nodes.NodeCache(
-            api, on_change=node_changed, label_selector=settings.node_selector
+            control, on_change=node_changed, label_selector=settings.node_selector
         )
+        device_cache = kube_devices.DeviceCache(api, on_change=node_changed)
         quarantiner = quarantining.Quarantiner(
             fleet, cache=cache, settings=policy.settings_from(settings), elector=elector,
-            writer=kube_nodes.NodeWriter(api, settings.namespace, component=elector.identity),
+            writer=kube_nodes.NodeWriter(control, settings.namespace, component=elector.identity),
             metrics=m, pass_interval_s=settings.pass_interval_s, lease_name=settings.lease_name,
-            save_state=lease_store.save_state,
+            save_state=lease_store.save_state, device_cache=device_cache,
+            device_writer=kube_devices.DeviceWriter(api),
+            device_settings=devicepolicy.settings_from(settings),
         )  # fmt: skip
         holder.append(quarantiner)
+        if settings.pod_name:
+            pod = kube_pods.PodLabel(control, settings.namespace, settings.pod_name)
+            marks_.append(leading.LeaderMark(pod, elector, interval_s=settings.retry_period_s))
         store = kube_runs.RunStore(api)
         keeper = keeping.LogKeeper(
             store, elector, m,
@@ -147,6 +190,7 @@ def _runtime(
                 ray_version=settings.ray_version, ca_pem=run_ca,
                 ray_operator_namespace=settings.ray_operator_namespace,
                 ray_token_auth=settings.ray_token_auth,
+                dra_grace_s=settings.run_device_grace_s,
             ),
             pass_interval_s=settings.run_pass_interval_s,
             ttl_after_finished_s=settings.run_ttl_after_finished_s,
@@ -161,6 +205,7 @@ def _runtime(
             results_flush_s=settings.run_results_flush_s,
             results_pending_max=settings.run_results_pending_max,
             keep_logs=keeper.keep_final,
+            dra=quarantiner.dra_render,  # fleet -> runs: how GPUs are requested now
         )  # fmt: skip
         if settings.run_urgent_resume:
             quarantiner.on_quarantine.append(reconciler.urgent)
@@ -168,13 +213,20 @@ def _runtime(
             quarantiner.on_quarantine.append(lambda _node: reconciler.poke())
 
         st = serving.ServingState(settings, m, authn, elector, http, url)
+        if settings.peer_token_file:
+            st.peer_token = kubetoken.FileToken(pathlib.Path(settings.peer_token_file))
         st.readiness.append(cache.synced.is_set)
         app[serving.SERVING] = st
-        app[fleet_api.FLEET] = fleet_api.FleetContext(fleet, quarantiner, cache)
-        app[runs_context.RUNS] = runs_context.RunsContext(store, reconciler, keeper)
+        agents = kube_nodes.AgentPods(api, settings.namespace)
+        app[fleet_api.FLEET] = fleet_api.FleetContext(fleet, quarantiner, cache, agents)
+        app[runs_context.RUNS] = runs_context.RunsContext(
+            kube_runs.RunStore(callers, streams=streams), reconciler, keeper
+        )
         app[GATE] = gate
+        labels = [asyncio.create_task(mark.run(), name="leader-label") for mark in marks_]
         tasks = [
             asyncio.create_task(cache.run(), name="node-cache"),
+            asyncio.create_task(device_cache.run(), name="device-cache"),
             asyncio.create_task(elector.run(), name="elector"),
             asyncio.create_task(quarantiner.run(), name="quarantine"),
             asyncio.create_task(gate.run(), name="admission"),
@@ -187,43 +239,22 @@ def _runtime(
         finally:
             st.ready = False
             await reconciler.collector.aclose()  # while this replica still leads
+            # The label goes before the lease (the elector gives it up when cancelled), so
+            # the leader-only Service stops sending here before a successor is labelled.
+            for t in labels:
+                t.cancel()
+            for t in labels:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await t
+            for mark in marks_:
+                await mark.clear()
             for t in tasks:
                 t.cancel()
             for t in tasks:
                 with contextlib.suppress(asyncio.CancelledError):
                     await t
             await http.close()
-            await api.close()
+            for c in clients:
+                await c.close()
 
     return ctx
-
-
-async def openapi(request: web.Request) -> web.StreamResponse:
-    """The OpenAPI document of this API."""
-    paths: dict[str, Any] = {}
-    for resource in request.app.router.resources():
-        info = resource.get_info()
-        path = info.get("path") or info.get("formatter")
-        if not path:
-            continue
-        for route in resource:
-            if route.method == "HEAD":
-                continue
-            lines = (route.handler.__doc__ or "").strip().splitlines()
-            paths.setdefault(path, {})[route.method.lower()] = {
-                "summary": lines[0] if lines else "",
-                "responses": {
-                    "default": {"description": "JSON; errors are {error: {code, message, field}}"}
-                },
-            }
-    schemas = {
-        name: model.model_json_schema(by_alias=True)
-        for name, model in {**fleet_api.REQUEST_BODIES, **runs_api.REQUEST_BODIES}.items()
-    }
-    doc = {
-        "openapi": "3.1.0",
-        "info": {"title": "TauGrid controller", "version": "v1"},
-        "paths": paths,
-        "components": {"schemas": schemas},
-    }
-    return web.json_response(doc)

@@ -18,12 +18,15 @@ import hashlib
 import json
 import time
 from collections.abc import Awaitable, Callable, Hashable
-from typing import Protocol, TypeVar, cast
+from typing import Annotated, Protocol, TypeVar, cast
 
-from controller import errors
+import pydantic
+
+from controller import errors, marks
 
 NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
 POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"
+POD_UID_EXTRA = "authentication.kubernetes.io/pod-uid"
 NEGATIVE_TTL_S = 5.0
 EXPIRY_MARGIN_S = 30.0
 MAX_ENTRIES = 50_000
@@ -57,6 +60,11 @@ class Identity:
     def node_name(self) -> str | None:
         """The node of the pod the token is bound to (pod-bound ServiceAccount tokens)."""
         return self.extra_value(NODE_NAME_EXTRA)
+
+    @property
+    def pod_uid(self) -> str | None:
+        """The UID of the pod the token is bound to (pod-bound ServiceAccount tokens)."""
+        return self.extra_value(POD_UID_EXTRA)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,18 +173,31 @@ class Authenticator:
         reviewer: Reviewer,
         *,
         token_ttl_s: float = 300.0,
+        bound_token_ttl_s: float = 60.0,
         access_ttl_s: float = 60.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._reviewer = reviewer
         self._token_ttl_s = token_ttl_s
+        self._bound_token_ttl_s = bound_token_ttl_s
         self._access_ttl_s = access_ttl_s
         self._clock = clock
         self.tokens = _TTLCache(clock)
         self.access = _TTLCache(clock)
 
-    async def authenticate(self, header: str | None, audiences: tuple[str, ...] = ()) -> Identity:
-        """Return the identity behind an `Authorization: Bearer` header, or raise."""
+    async def authenticate(
+        self,
+        header: str | None,
+        audiences: tuple[str, ...] = (),
+        *,
+        before_review: Callable[[], None] | None = None,
+    ) -> Identity:
+        """Return the identity behind an `Authorization: Bearer` header, or raise.
+
+        `before_review` runs only when the API server must be asked (the token is in no cache
+        and no review of it is in flight), so it can refuse that cost (a rate limit per
+        source address) without slowing down a known token.
+        """
         token = bearer_token(header)
         key = (hashlib.sha256(token.encode()).hexdigest(), audiences)
 
@@ -186,14 +207,21 @@ class Authenticator:
             if identity is None:
                 return NEGATIVE_TTL_S
             limit = self._token_ttl_s
+            if identity.extra_value(POD_NAME_EXTRA) is not None:
+                # A pod-bound token dies with its pod; the API server knows at once, we learn
+                # at the next review, so those are asked again sooner (review L7).
+                limit = min(limit, self._bound_token_ttl_s)
             expiry = token_expiry(token)
             if expiry is not None:
                 limit = min(limit, expiry - EXPIRY_MARGIN_S - self._clock())
             return max(limit, 0.0)
 
-        identity = await self.tokens.get(
-            key, lambda: self._reviewer.review_token(token, audiences), ttl
-        )
+        async def review() -> Identity | None:
+            if before_review is not None:
+                before_review()
+            return await self._reviewer.review_token(token, audiences)
+
+        identity = await self.tokens.get(key, review, ttl)
         if identity is None:
             msg = "token rejected by the API server (expired, revoked or wrong audience)"
             raise errors.Unauthenticated(msg)
@@ -218,12 +246,65 @@ class Authenticator:
 
 
 def agent_username(namespace: str, service_account: str) -> str:
-    """The TokenReview username of an agent's ServiceAccount token."""
+    """The TokenReview username of a ServiceAccount's token (an agent's, a replica's)."""
     return f"system:serviceaccount:{namespace}:{service_account}"
 
 
-def check_heartbeat_sender(identity: Identity, expected_user: str, node_name: str) -> None:
-    """Accept a heartbeat only from the agent ServiceAccount bound to a pod on that node."""
+# ---------------------------------------------------------------------- speaking for a caller
+RUN_CALLER = "system:taugrid:run-token"
+"""The username a follower gives a caller it recognised by a run's own token (a run pod);
+such a caller is never reviewed by the API server, only by the leader for that run. Under
+`system:`, which the API server's OIDC and ServiceAccount authenticators never hand out to
+anyone else."""
+
+
+def run_caller(namespace: str, name: str) -> Identity:
+    """The caller behind run `namespace/name`'s run-scoped token."""
+    return Identity(RUN_CALLER, extra=((marks.RUN_CALLER_EXTRA, (f"{namespace}/{name}",)),))
+
+
+class _CallerClaim(pydantic.BaseModel):
+    """The wire form of an Identity a follower reviewed, in the `X-TauGrid-Caller` header."""
+
+    model_config = pydantic.ConfigDict(frozen=True, extra="forbid")
+    username: str = pydantic.Field(min_length=1, max_length=1024)
+    uid: str = pydantic.Field(default="", max_length=256)
+    groups: tuple[Annotated[str, pydantic.StringConstraints(max_length=1024)], ...] = (
+        pydantic.Field(default=(), max_length=256)
+    )
+    extra: dict[str, tuple[str, ...]] = pydantic.Field(default_factory=dict, max_length=64)
+
+
+MAX_CALLER_HEADER = 6000
+"""Bytes of an encoded caller; below aiohttp's 8190-byte limit on one header field."""
+
+
+def encode_caller(identity: Identity) -> str:
+    """The identity as one header value: base64url of compact JSON."""
+    doc = {"username": identity.username, "uid": identity.uid, "groups": list(identity.groups),
+           "extra": {k: list(v) for k, v in identity.extra}}  # fmt: skip
+    raw = json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_caller(value: str) -> Identity:
+    """Read a header written by `encode_caller`; `Malformed` for anything else."""
+    if len(value) > MAX_CALLER_HEADER:
+        msg = f"the caller header exceeds {MAX_CALLER_HEADER} bytes"
+        raise errors.Malformed(msg, field="X-TauGrid-Caller")
+    try:
+        raw = base64.urlsafe_b64decode(value + "=" * (-len(value) % 4))
+        claim = _CallerClaim.model_validate_json(raw)
+    except (ValueError, pydantic.ValidationError) as err:
+        msg = "the caller header is not a caller this controller wrote"
+        raise errors.Malformed(msg, field="X-TauGrid-Caller") from err
+    extra = tuple(sorted(claim.extra.items()))
+    return Identity(claim.username, claim.uid, claim.groups, extra)
+
+
+def check_heartbeat_identity(identity: Identity, expected_user: str) -> str:
+    """Refuse, before its body is read, a heartbeat from anyone but the agent ServiceAccount
+    with a token bound to a pod on a node; return that node."""
     if identity.username != expected_user:
         msg = f"{identity.username} is not the agent ServiceAccount ({expected_user})"
         raise errors.Forbidden(msg)
@@ -231,6 +312,12 @@ def check_heartbeat_sender(identity: Identity, expected_user: str, node_name: st
     if bound is None:
         msg = "the token is not bound to a pod on a node; use a projected ServiceAccount token"
         raise errors.Forbidden(msg)
+    return bound
+
+
+def check_heartbeat_sender(identity: Identity, expected_user: str, node_name: str) -> None:
+    """Accept a heartbeat only from the agent ServiceAccount bound to a pod on that node."""
+    bound = check_heartbeat_identity(identity, expected_user)
     if bound != node_name:
         msg = f"a token bound to node {bound} may not report for node {node_name}"
         raise errors.Forbidden(msg)

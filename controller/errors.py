@@ -13,10 +13,11 @@ Internal parse errors of damaged records on the cluster (a Node's history annota
 
 from __future__ import annotations
 
-import json
 from typing import Any, ClassVar
 
 import pydantic
+
+from shared import jsonsafe
 
 
 class ControllerError(Exception):
@@ -31,7 +32,7 @@ class ControllerError(Exception):
         self.field = field
         self.code = code or type(self).default_code
         self.extra = extra
-        """More members of the error body, such as `leaderUrl` or `problems`."""
+        """More members of the error body, such as `problems`."""
 
 
 class Invalid(ControllerError):  # noqa: N818  (the kinds read as outcomes: Invalid, NotFound)
@@ -101,26 +102,25 @@ class Unavailable(ControllerError):  # noqa: N818
     default_code = "Unavailable"
 
 
-def validation_error(err: pydantic.ValidationError) -> Invalid:
-    """Turn a pydantic error into `Invalid` naming the first field (all problems listed)."""
+def validation_error(
+    err: pydantic.ValidationError, kind: type[Invalid] = Invalid, *, root: str = ""
+) -> Invalid:
+    """Turn a pydantic error into `kind` (Invalid; InvalidParameter for a path or a query)
+    naming the first field (all problems listed); a problem of the whole value is `root`'s."""
     problems = []
-    for e in err.errors(include_url=False):
-        loc = ".".join(str(p) for p in e["loc"])
+    for e in err.errors(include_url=False, include_input=False):
+        loc = ".".join(str(p) for p in e["loc"]) or root
         problems.append({"field": loc, "message": e["msg"]})
     first = problems[0] if problems else {"field": "", "message": "invalid"}
     msg = f"{first['field']}: {first['message']}" if first["field"] else first["message"]
-    return Invalid(msg, field=first["field"], problems=problems)
+    return kind(msg, field=first["field"], problems=problems)
 
 
 def read_json(raw: bytes) -> Any:
-    """Parse a JSON body; `Malformed` with the position of the problem."""
+    """Parse a JSON body under `shared.jsonsafe`'s limits (integer length, depth, no NaN);
+    `Malformed` naming the position (or, for a duplicate key, the field) of the problem."""
     try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as err:
-        msg = f"body is not UTF-8 (byte {err.start})"
-        raise Malformed(msg) from err
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as err:
-        msg = f"body is not valid JSON: {err.msg} at line {err.lineno} column {err.colno}"
-        raise Malformed(msg) from err
+        return jsonsafe.load(raw)
+    except jsonsafe.JsonError as err:
+        msg = f"the body is not JSON we read: {err}"
+        raise Malformed(msg, field=err.path) from err

@@ -1,15 +1,18 @@
-"""Leader election on a Lease, with the leader's URL for followers.
+"""Leader election on a Lease, and the label that makes the leader-only Service find it.
 
 `kubernetes_asyncio.leaderelection` falls short for us in three ways, so this module keeps the
 same algorithm as client-go's leaderelection in a small form of our own:
-- it cannot write an annotation, and followers need `taugrid.dev/leader-url` to forward
-  heartbeats to the leader;
+- it cannot keep annotations of ours on the Lease: the fleet state that must survive a
+  failover (the breaker, dry run) and, for people, `taugrid.dev/leader-url` (informational:
+  nothing is ever sent to it; followers reach the leader through the leader-only Service);
 - it offers no "is the lease still held right now" check, and every write of ours must make
   that check (a leader that cannot renew must stop acting before another can take over);
 - it judges expiry from timestamps written by another host's clock; we judge it, like
   client-go, from when *we* last saw the record change, so clock skew cannot cause two leaders.
 
 The decision (acquire, renew, or wait) is a pure function; `Elector` is the loop around it.
+`LeaderMark` keeps the `taugrid.dev/leader` label on this replica's pod equal to whether it
+leads, which is what the leader-only Service selects.
 """
 
 from __future__ import annotations
@@ -150,14 +153,6 @@ class Elector:
             raise NotLeaderError(msg)
 
     @property
-    def leader_url(self) -> str:
-        """The URL of the current leader as the Lease says ('' when unknown or expired)."""
-        rec = self._obs.record
-        if rec is None or expired(self._obs, self._clock()):
-            return ""
-        return rec.leader_url
-
-    @property
     def lease_state(self) -> dict[str, str]:
         """The fleet state kept on the Lease, as last observed."""
         return dict(self._obs.record.state) if self._obs.record else {}
@@ -229,6 +224,70 @@ class Elector:
         # Best effort: if this fails the lease simply expires.
         with contextlib.suppress(Exception):
             await self.store.write(expired_rec, create=False)
+
+
+class PodLabel(Protocol):
+    """This replica's pod's leader label (the Kubernetes adapter implements this)."""
+
+    async def set_leader(self, leading: bool) -> None:
+        """Set the label (leading) or remove it."""
+        ...
+
+
+class LeaderMark:
+    """Keep the leader label on this replica's pod equal to whether it leads.
+
+    Level-triggered: each round compares what the elector says with what was last written
+    and writes only a difference, so a failed write is retried, a container restarted in a
+    pod that still carries the label removes it (the first round always writes), and a
+    leader that lost the lease stops being an endpoint of the leader-only Service.
+    """
+
+    def __init__(self, label: PodLabel, elector: Elector, *, interval_s: float) -> None:
+        self._label = label
+        self._elector = elector
+        self._interval_s = interval_s
+        self._written: bool | None = None
+        self._wake = asyncio.Event()
+
+    @property
+    def written(self) -> bool | None:
+        """The label last written (True: set), None before the first write succeeded."""
+        return self._written
+
+    def poke(self) -> None:
+        """Sync at once (the elector started or stopped leading)."""
+        self._wake.set()
+
+    async def sync(self) -> None:
+        """Write the label when it differs from whether this replica leads now."""
+        leading = self._elector.is_leader()
+        if leading != self._written:
+            await self._label.set_leader(leading)
+            self._written = leading
+            log.info("leader label", leading=leading)
+
+    async def run(self) -> None:
+        """Sync until cancelled; a failed write is logged and retried next round."""
+        while True:
+            self._wake.clear()
+            try:
+                await self.sync()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("leader_label_failed")
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._interval_s):
+                    await self._wake.wait()
+
+    async def clear(self) -> None:
+        """Remove the label (shutdown), before the lease is given up; best effort."""
+        try:
+            await self._label.set_leader(False)
+            self._written = False
+        except Exception:  # noqa: BLE001  (shutting down: the next leader's label wins anyway)
+            log.warning("leader label not removed on shutdown")
 
 
 async def run_passes(

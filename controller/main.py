@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import signal
 import ssl
 import sys
@@ -16,17 +15,9 @@ from aiohttp import web
 
 from controller import app as controller_app
 from controller import certs, serving
+from controller import settings as settings_mod
 from controller.settings import ControllerSettings
 from shared import logs
-
-
-def _loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _background(
@@ -44,6 +35,16 @@ def _background(
     return ctx
 
 
+def make_runner(app: web.Application, *, shutdown_timeout: float = 10.0) -> web.AppRunner:
+    """The runner every controller serves through (tests too). `handler_cancellation`: a
+    client that hangs up cancels its handler, and with it the upstream calls and polls it
+    was making (review H2; aiohttp leaves handlers running by default)."""
+    return web.AppRunner(
+        app, handle_signals=False, access_log=None, shutdown_timeout=shutdown_timeout,
+        handler_cancellation=True,
+    )  # fmt: skip
+
+
 async def serve(
     app: web.Application,
     settings: ControllerSettings,
@@ -53,7 +54,7 @@ async def serve(
 ) -> None:
     """Serve `app` until `stop` is set; then readiness goes false, and only after
     `shutdown_grace_s` do the listeners close and the cleanup contexts stop the loops."""
-    runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=10.0)
+    runner = make_runner(app)
     await runner.setup()
     site = web.TCPSite(runner, settings.host, settings.port, ssl_context=ssl_context)
     await site.start()
@@ -91,7 +92,7 @@ def main() -> int:
         context.load_cert_chain(settings.tls_cert_file, settings.tls_key_file or None)
         reloader = certs.Reloader(context, settings.tls_cert_file, settings.tls_key_file)
         app.cleanup_ctx.append(_background(reloader.run(settings.tls_reload_interval_s)))
-    elif not _loopback(settings.host) and not settings.allow_insecure_http:
+    elif not settings_mod.is_loopback(settings.host) and not settings.allow_insecure_http:
         print(
             "refusing plain HTTP on a non-loopback address: set TAUGRID_CONTROLLER_TLS_CERT_FILE "
             "and _TLS_KEY_FILE, or TAUGRID_CONTROLLER_ALLOW_INSECURE_HTTP=true behind a TLS proxy",

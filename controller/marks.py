@@ -44,10 +44,47 @@ HISTORY_ANNOTATION = "taugrid.dev/history"
 CONTROLLER_IDENTITY = "taugrid-controller"
 """The `by` of every automatic action, in annotations and history."""
 
-# ---------------------------------------------------------------- the Lease
+# ---------------------------------------------------------------- DRA devices (fleet)
+DRA_DRIVER = "gpu.nvidia.com"
+"""NVIDIA's DRA driver: its ResourceSlices list a node's GPUs in a pool named after the node."""
+DRA_DEVICE_CLASS = "gpu.nvidia.com"
+"""NVIDIA's DeviceClass for whole GPUs, which our claim templates request."""
+DRA_UUID_ATTRIBUTE = "uuid"
+"""The device attribute NVIDIA's driver puts a GPU's UUID in (what our agents report)."""
+DEVICE_UNHEALTHY_KEY = TAINT_KEY
+"""Our NoSchedule device taint: nothing tolerates it, so no claim is allocated the device."""
+DEVICE_EVICT_KEY = "taugrid.dev/gpu-evict"
+"""Our NoExecute device taint that run claims tolerate for their checkpoint grace."""
+DEVICE_FAILED_KEY = "taugrid.dev/gpu-failed"
+"""Our NoExecute device taint that nothing tolerates (an uncontained fault)."""
+DEVICE_RULE_PREFIX = "taugrid-"
+"""Every DeviceTaintRule we create is named `taugrid-<node>-<device>-<kind>`."""
+DEVICE_RULE_LABEL = "taugrid.dev/quarantined-by"
+"""On our DeviceTaintRules, `taugrid-controller`: we never delete a rule without it."""
+DEVICE_RULE_NODE_ANNOTATION = "taugrid.dev/node"
+DEVICE_RULE_DEVICE_ANNOTATION = "taugrid.dev/device"
+DEVICE_RULE_UUID_ANNOTATION = "taugrid.dev/gpu-uuid"
+DEVICE_RULE_RECORD_ANNOTATION = QUARANTINE_ANNOTATION
+"""On our DeviceTaintRules: the quarantine record (reason, fault keys, what clears it)."""
+DEVICE_TAINT_DELETION_REASON = "DeletionByDeviceTaintManager"
+"""The `DisruptionTarget` reason kube-controller-manager's device-taint eviction puts on a
+pod it deletes (pkg/controller/devicetainteviction)."""
+EVICTION_IN_PROGRESS_CONDITION = "EvictionInProgress"
+"""The DeviceTaintRule condition kube-controller-manager keeps (for effect None: what
+NoExecute would evict)."""
+
+# ---------------------------------------------------------------- the Lease, the leader
 LEADER_URL_ANNOTATION = "taugrid.dev/leader-url"
+"""Where the leader says it listens: informational only (on-call reads it), never a place
+any replica or agent sends data to (DESIGN.md section 6)."""
+RUN_CALLER_EXTRA = "taugrid.dev/run"
+"""The extra of the identity a follower forwards for a run's own token: `<ns>/<run>`."""
+LEADER_LABEL = "taugrid.dev/leader"
+"""Set to "true" by the leader on its own pod, removed when it stops leading; the chart's
+leader-only Service selects it, and followers send leader-only work there."""
 BREAKER_ANNOTATION = "taugrid.dev/breaker"
 DRY_RUN_ANNOTATION = "taugrid.dev/dry-run"
+DEVICE_BREAKER_ANNOTATION = "taugrid.dev/device-breaker"
 
 # ---------------------------------------------------------------- Kueue (admission)
 ADMISSION_CHECK_CONTROLLER = "taugrid.dev/gpu-health"

@@ -35,6 +35,10 @@ class ControllerMetrics:
     admission_decisions: prom.Counter
     admission_check_active: prom.Gauge
     pass_failures: prom.Counter
+    quarantined_devices: prom.Gauge
+    gpus_kept: prom.Gauge
+    device_breaker_open: prom.Gauge
+    fault_to_device_rule: prom.Histogram
 
 
 def make_metrics() -> ControllerMetrics:
@@ -159,6 +163,28 @@ def make_metrics() -> ControllerMetrics:
         admission_check_active=prom.Gauge(
             "taugrid_admission_check_active",
             "1 while this replica keeps the gpu-health AdmissionCheck Active (the leader).",
+            registry=r,
+        ),
+        quarantined_devices=prom.Gauge(
+            "taugrid_quarantined_devices",
+            "GPUs fenced by TauGrid's DeviceTaintRules (device quarantine on DRA nodes).",
+            registry=r,
+        ),
+        gpus_kept=prom.Gauge(
+            "taugrid_gpus_kept_schedulable",
+            "Healthy GPUs on nodes with a fenced GPU: what node quarantine would have taken"
+            " out of service and device quarantine keeps schedulable.",
+            registry=r,
+        ),
+        device_breaker_open=prom.Gauge(
+            "taugrid_device_breaker_open",
+            "1 while the device quarantine breaker is open (no new devices fenced).",
+            registry=r,
+        ),
+        fault_to_device_rule=prom.Histogram(
+            "taugrid_fault_to_device_rule_seconds",
+            "Time from the first report of a GPU's fault to its DeviceTaintRules existing.",
+            buckets=FAULT_TO_QUARANTINE_BUCKETS,
             registry=r,
         ),
     )

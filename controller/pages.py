@@ -2,19 +2,20 @@
 
 `/healthz` (the process answers), `/readyz` (started, not shutting down, the node cache
 synced), `/metrics` (the controller's own registry), `/` (the web page, with a strict
-content security policy) and `/tau` (the `tau` client script).
+content security policy), `/tau` (the `tau` client script, with its SHA-256 in the
+`X-Tau-SHA256` and `Repr-Digest` headers) and `/tau.sha256` (that digest in `sha256sum`'s
+format, so `sha256sum -c` checks a download).
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import hashlib
 import pathlib
 import re
-from collections.abc import Awaitable, Callable
 
 import prometheus_client
+import pydantic
 from aiohttp import web
 
 from controller import serving
@@ -30,24 +31,66 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", get_metrics)
     app.router.add_get("/", web_page())
-    app.router.add_get("/tau", get_client)
+    script, digest = client_script()
+    app.router.add_get("/tau", script)
+    app.router.add_get("/tau.sha256", digest)
 
 
+TAG = "service"
+
+
+class Health(pydantic.BaseModel):
+    """The process answers."""
+
+    model_config = pydantic.ConfigDict(frozen=True, extra="forbid")
+    ok: bool
+
+
+class Readiness(pydantic.BaseModel):
+    """Whether this replica serves and whether it leads (never where the leader is: review
+    finding L6)."""
+
+    model_config = pydantic.ConfigDict(frozen=True, extra="forbid")
+    ready: bool
+    leader: bool
+
+
+TEXT = {"type": "string"}
+
+
+@serving.operation(
+    "getHealth", tag=TAG, auth=serving.Auth.NONE,
+    replies={200: serving.Reply("Alive.", Health)},
+)  # fmt: skip
 async def healthz(request: web.Request) -> web.StreamResponse:
     """Liveness: the process answers."""
     return web.json_response({"ok": True})
 
 
+@serving.operation(
+    "getReadiness", tag=TAG, auth=serving.Auth.NONE,
+    replies={
+        200: serving.Reply("Ready to serve.", Readiness),
+        503: serving.Reply("Starting, shutting down, or the node cache not synced.", Readiness),
+    },
+)  # fmt: skip
 async def readyz(request: web.Request) -> web.StreamResponse:
     """Readiness: the node cache is synced and we are not shutting down."""
     if serving.SERVING not in request.app:
-        return web.json_response({"ready": False, "leader": False, "leaderUrl": ""}, status=503)
+        return web.json_response({"ready": False, "leader": False}, status=503)
     st = request.app[serving.SERVING]
     ok = st.is_ready()
-    body = {"ready": ok, "leader": st.elector.is_leader(), "leaderUrl": st.elector.leader_url}
+    # No leader address: followers reach the leader through the leader-only Service, and an
+    # unauthenticated caller learns nothing about where (review finding L6).
+    body = {"ready": ok, "leader": st.elector.is_leader()}
     return web.json_response(body, status=200 if ok else 503)
 
 
+@serving.operation(
+    "getMetrics", tag=TAG, auth=serving.Auth.NONE, errors=(503,),
+    replies={200: serving.Reply("Prometheus text exposition.", media_type="text/plain",
+                                schema=TEXT)},
+)  # fmt: skip
 async def get_metrics(request: web.Request) -> web.StreamResponse:
     """Prometheus text exposition of the controller's own registry."""
     st = serving.serving_of(request)
@@ -72,7 +115,7 @@ def page_csp(html: str) -> str:
     )
 
 
-def web_page(path: pathlib.Path = WEB_PAGE) -> Callable[[web.Request], Awaitable[web.Response]]:
+def web_page(path: pathlib.Path = WEB_PAGE) -> serving.Handler:
     """Read the page once (at app build) and return the handler that serves it."""
     html = path.read_text(encoding="utf-8")
     body = html.encode()
@@ -84,20 +127,49 @@ def web_page(path: pathlib.Path = WEB_PAGE) -> Callable[[web.Request], Awaitable
         "Cache-Control": "no-cache",
     }
 
-    async def index(request: web.Request) -> web.Response:
+    @serving.operation(
+        "getWebPage", tag=TAG, auth=serving.Auth.NONE,
+        replies={200: serving.Reply("The page.", media_type="text/html", schema=TEXT)},
+    )  # fmt: skip
+    async def index(request: web.Request) -> web.StreamResponse:
         """The web page: fleet, queues and runs, live (no data in it; its calls carry a token)."""
         return web.Response(body=body, headers=headers)
 
     return index
 
 
-async def get_client(request: web.Request) -> web.StreamResponse:
-    """The `tau` client script (Python 3, standard library only)."""
-    body = await asyncio.to_thread(CLIENT_SCRIPT.read_bytes)
-    return web.Response(
-        body=body,
-        headers={
-            "Content-Type": "text/x-python; charset=utf-8",
-            "Content-Disposition": 'attachment; filename="tau"',
-        },
-    )
+def client_script(
+    path: pathlib.Path = CLIENT_SCRIPT,
+) -> tuple[serving.Handler, serving.Handler]:
+    """Read the `tau` script once (at app build) and return the handlers that serve it and
+    its SHA-256. The digest travels with every copy, so a download can be checked against
+    the digest the platform team publishes for the release (docs/researcher.md)."""
+    body = path.read_bytes()
+    raw = hashlib.sha256(body).digest()
+    hex_digest = raw.hex()
+    headers = {
+        "Content-Type": "text/x-python; charset=utf-8",
+        "Content-Disposition": 'attachment; filename="tau"',
+        "X-Tau-SHA256": hex_digest,
+        "Repr-Digest": f"sha-256=:{base64.b64encode(raw).decode()}:",
+        "X-Content-Type-Options": "nosniff",
+    }
+    line = f"{hex_digest}  tau\n".encode()
+
+    @serving.operation(
+        "getClient", tag=TAG, auth=serving.Auth.NONE,
+        replies={200: serving.Reply("The script.", media_type="text/x-python", schema=TEXT)},
+    )  # fmt: skip
+    async def get_client(request: web.Request) -> web.StreamResponse:
+        """The `tau` client script (Python 3, standard library only), with its SHA-256."""
+        return web.Response(body=body, headers=headers)
+
+    @serving.operation(
+        "getClientDigest", tag=TAG, auth=serving.Auth.NONE,
+        replies={200: serving.Reply("`<hex>  tau`.", media_type="text/plain", schema=TEXT)},
+    )  # fmt: skip
+    async def get_client_digest(request: web.Request) -> web.StreamResponse:
+        """The SHA-256 of the `tau` script, as `sha256sum` prints it (`<hex>  tau`)."""
+        return web.Response(body=line, content_type="text/plain", charset="utf-8")
+
+    return get_client, get_client_digest

@@ -1,36 +1,46 @@
 """HTTP plumbing every domain's API shares; it imports no domain.
 
 What one replica needs to answer a request: who is calling (`identity`, `on_call`), bodies
-read within a limit, forwarding to the leader, the one error middleware with the one table
-from error kinds to HTTP statuses, and how this replica is reached (its URL, the client
-context it verifies its peers with).
+read within a limit, forwarding to the leader (under this replica's own peer token, for a
+caller reviewed here: a caller's credential never leaves the replica that received it), the
+one error middleware with the one table from error kinds to HTTP statuses, and how this
+replica is reached (its URL, the client context it verifies the leader with).
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import enum
+import functools
+import inspect
 import json
 import os
 import random
 import secrets
 import socket
 import ssl
-from collections.abc import Awaitable, Callable
-from typing import Any
+import typing
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar
 
 import aiohttp
+import pydantic
 import structlog
 from aiohttp import web
 from aiohttp.typedefs import Middleware
+from multidict import MultiMapping
 
-from controller import auth, errors, leading
+from controller import auth, errors, leading, limits
 from controller import metrics as metrics_mod
 from controller.settings import ControllerSettings
 
 log = structlog.get_logger()
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+M = TypeVar("M", bound=pydantic.BaseModel)
+
+JSON = "application/json"
 
 STATUS: dict[type[errors.ControllerError], int] = {
     errors.Invalid: 422,
@@ -52,6 +62,26 @@ STREAMING_ATTRIBUTE = "taugrid_streaming"
 
 
 @dataclasses.dataclass
+class Limits:
+    """What one caller may make this replica do at once (429 beyond; review H2, M10)."""
+
+    log_streams: limits.Slots
+    expensive_reads: limits.Slots
+    reviews: limits.Buckets
+
+    @classmethod
+    def from_settings(cls, settings: ControllerSettings) -> Limits:
+        return cls(
+            log_streams=limits.Slots("log streams", per_key=settings.log_streams_per_identity,
+                                     total=settings.log_streams_max),
+            expensive_reads=limits.Slots("run lists or queue reads",
+                                         per_key=settings.expensive_reads_per_identity),
+            reviews=limits.Buckets(rate_per_s=settings.review_rate_per_source,
+                                   burst=settings.review_burst_per_source),
+        )  # fmt: skip
+
+
+@dataclasses.dataclass
 class ServingState:
     """What every handler of this replica shares: built at startup by the composition root."""
 
@@ -61,9 +91,16 @@ class ServingState:
     elector: leading.Elector
     http: aiohttp.ClientSession
     url: str
+    peer_token: Callable[[], str] = lambda: ""
+    """This replica's peer token (audience `peer_audience`), '' when it has none."""
     ready: bool = False
     readiness: list[Callable[[], bool]] = dataclasses.field(default_factory=list)
     """More conditions of readiness (the node cache is synced), each asked on `/readyz`."""
+    limits: Limits = dataclasses.field(init=False)
+    """The per-caller limits, from the settings."""
+
+    def __post_init__(self) -> None:
+        self.limits = Limits.from_settings(self.settings)
 
     def is_ready(self) -> bool:
         """Ready to serve: started, not shutting down, every readiness condition met."""
@@ -88,19 +125,41 @@ async def read_body(request: web.Request, limit: int) -> bytes:
         raise errors.TooLarge(msg)
     chunks = []
     size = 0
-    async for chunk in request.content.iter_chunked(64 * 1024):
-        size += len(chunk)
-        if size > limit:
-            msg = f"body exceeds the limit of {limit} bytes"
-            raise errors.TooLarge(msg)
-        chunks.append(chunk)
+    try:
+        async for chunk in request.content.iter_chunked(64 * 1024):
+            size += len(chunk)
+            if size > limit:
+                msg = f"body exceeds the limit of {limit} bytes"
+                raise errors.TooLarge(msg)
+            chunks.append(chunk)
+    except (ConnectionResetError, aiohttp.ClientPayloadError) as err:
+        # The client hung up (or broke its framing) mid-body: its fault, not a 500 with a
+        # traceback per disconnect.
+        msg = f"the body ended after {size} bytes, before it was complete"
+        raise errors.Malformed(msg, field="body") from err
     return b"".join(chunks)
 
 
-async def identity(request: web.Request, audiences: tuple[str, ...] = ()) -> auth.Identity:
-    """Who calls: the identity TokenReview gives the bearer token."""
+async def identity(request: web.Request, audiences: tuple[str, ...] | None = None) -> auth.Identity:
+    """Who calls: the identity TokenReview gives the bearer token, reviewed for `audiences`
+    (None: the audiences a person's token must carry, `user_audiences`); or, from a follower
+    with a replica's peer token, the caller that follower reviewed."""
     st = serving_of(request)
-    return await st.authn.authenticate(request.headers.get("Authorization"), audiences)
+    if CALLER_HEADER in request.headers:
+        return await _speaking_for(request, st)
+    wanted = st.settings.user_audiences if audiences is None else audiences
+    return await st.authn.authenticate(
+        request.headers.get("Authorization"), wanted, before_review=unseen_credential(request)
+    )
+
+
+def unseen_credential(request: web.Request) -> Callable[[], None]:
+    """What to call before asking the API server about a credential not seen before: one
+    token of the source address's bucket, 429 when it is empty. So an unauthenticated flood
+    costs the API server at most the bucket's rate, per address (review M10)."""
+    st = serving_of(request)
+    source = request.remote or ""
+    return lambda: st.limits.reviews.take(source, "unknown tokens")
 
 
 async def allow(request: web.Request, who: auth.Identity, access: auth.Access) -> None:
@@ -126,51 +185,352 @@ def streaming(handler: Handler) -> Handler:
     return handler
 
 
-# ---------------------------------------------------------------------- the leader
-async def forward_to_leader(request: web.Request, body: bytes | None = None) -> web.Response:
-    """Send a request the leader must handle to the leader; 503 with its URL on failure."""
-    st = serving_of(request)
-    url = st.elector.leader_url
-    if not url or url == st.url:
-        raise errors.Unavailable("no leader is elected yet; retry shortly", code="NoLeader")
-    headers = {k: v for k, v in request.headers.items() if k.lower() in
-               ("authorization", "content-type", "x-request-id", "idempotency-key")}  # fmt: skip
-    headers["X-TauGrid-Forwarded"] = "1"
-    if request.headers.get("X-TauGrid-Forwarded"):
-        raise errors.Unavailable("this replica is not the leader", code="NotLeader", leaderUrl=url)
-    if body is None and request.can_read_body:
-        body = await read_body(request, st.settings.max_body_bytes)
+# ---------------------------------------------------------------------- operations
+class Auth(enum.StrEnum):
+    """Who may call an operation, as the OpenAPI document declares it."""
+
+    NONE = "none"
+    """Anyone: health, metrics, the page, the client, the documents."""
+    BEARER = "bearer"
+    """A bearer token: a Kubernetes token reviewed by TokenReview and authorised by
+    SubjectAccessReview, or (checkpoint calls) the run's own token."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Body:
+    """The request body an operation reads."""
+
+    model: type[pydantic.BaseModel]
+    """The model that validates it; the document's schema is generated from it."""
+    media_types: tuple[str, ...] = (JSON,)
+    required: bool = True
+    checks_media_type: bool = False
+    """The handler refuses other types with 415."""
+    limits: Callable[[ControllerSettings], Mapping[str, Mapping[str, Any]]] | None = None
+    """Bounds of top-level fields that the controller's settings narrow (a heartbeat's
+    `intervalS`): JSON Schema keywords by wire name, published in the document."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Reply:
+    """One success answer of an operation."""
+
+    description: str
+    model: type[pydantic.BaseModel] | None = None
+    """The body's model (its serialisation schema is published); None with `schema`."""
+    any_of: tuple[type[pydantic.BaseModel], ...] = ()
+    """Several models, one of which the body is (a replay, or a dry run)."""
+    media_type: str = JSON
+    schema: Mapping[str, Any] | None = None
+    """The body's schema when no model describes it (text, a document of its own)."""
+    headers: tuple[str, ...] = ()
+    """Response headers worth declaring (`X-TauGrid-Pod`)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Operation:
+    """What the OpenAPI document says of one route; attached to its handler by `operation`."""
+
+    operation_id: str
+    tag: str
+    summary: str
+    description: str
+    auth: Auth
+    path: type[pydantic.BaseModel] | None
+    query: type[pydantic.BaseModel] | None
+    body: Body | None
+    replies: Mapping[int, Reply]
+    errors: tuple[int, ...]
+    """Statuses the handler itself raises (404, 409); those every call of its shape can get
+    are added by `error_statuses`."""
+    streaming: bool
+
+    def error_statuses(self) -> tuple[int, ...]:
+        """Every error status the call can answer: its own, and those of its shape (an
+        authenticated call can get 401, 403 and 429; any call 503 while starting or when the
+        leader is unreachable; a non-streaming one 504 past the handler timeout)."""
+        found = set(self.errors)
+        if self.auth is Auth.BEARER:
+            found |= {401, 403, 429, 503}
+        if self.path is not None or self.query is not None:
+            found.add(400)
+        if self.body is not None:
+            found |= {400, 413, 422}
+            if self.body.checks_media_type:
+                found.add(415)
+        if not self.streaming and self.auth is Auth.BEARER:
+            found.add(504)
+        return tuple(sorted(found - set(self.replies)))
+
+
+OPERATION_ATTRIBUTE = "taugrid_operation"
+PATH_PARAMETERS = web.RequestKey("path_parameters", pydantic.BaseModel)
+QUERY_PARAMETERS = web.RequestKey("query_parameters", pydantic.BaseModel)
+
+
+def operation(
+    operation_id: str,
+    *,
+    tag: str,
+    replies: Mapping[int, Reply],
+    auth: Auth = Auth.BEARER,
+    path: type[pydantic.BaseModel] | None = None,
+    query: type[pydantic.BaseModel] | None = None,
+    body: Body | None = None,
+    errors: tuple[int, ...] = (),
+) -> Callable[[Handler], Handler]:
+    """Declare what a handler takes and answers (the OpenAPI document is built from it), and
+    validate its path and query parameters before it runs: a bad one is a 400 naming it, so
+    no handler can forget a check. The summary is the docstring's first line."""
+
+    def decorate(handler: Handler) -> Handler:
+        doc = inspect.cleandoc(handler.__doc__ or "")
+        summary, _, description = doc.partition("\n\n")
+        op = Operation(
+            operation_id=operation_id, tag=tag, summary=" ".join(summary.split()),
+            description=description.strip(), auth=auth, path=path, query=query, body=body,
+            replies=dict(replies), errors=errors,
+            streaming=bool(getattr(handler, STREAMING_ATTRIBUTE, False)),
+        )  # fmt: skip
+
+        @functools.wraps(handler)
+        async def wrapped(request: web.Request) -> web.StreamResponse:
+            if path is not None:
+                request[PATH_PARAMETERS] = parameters(path, request.match_info)
+            if query is not None:
+                request[QUERY_PARAMETERS] = parameters(query, request.query)
+            return await handler(request)
+
+        setattr(wrapped, OPERATION_ATTRIBUTE, op)
+        return wrapped
+
+    return decorate
+
+
+def operation_of(handler: object) -> Operation | None:
+    """The operation a route's handler declares, None for an undocumented one."""
+    op = getattr(handler, OPERATION_ATTRIBUTE, None)
+    return op if isinstance(op, Operation) else None
+
+
+def parameters(model: type[M], values: Mapping[str, str] | MultiMapping[str]) -> M:
+    """Validate path or query parameters with `model`; a value given twice (where the model
+    wants one), or one the model refuses, is InvalidParameter naming it. A list-valued field
+    takes the parameter repeated (`run=a&run=b`). Unknown query parameters are ignored."""
+    lists = _list_fields(model)
+    data: dict[str, str | list[str]] = {}
+    for key in values:
+        given = values.getall(key) if isinstance(values, MultiMapping) else [values[key]]
+        if key in lists:
+            data[key] = list(given)
+            continue
+        if len(given) > 1:
+            msg = f"{key[:100]} is given {len(given)} times; give it once"
+            raise errors.InvalidParameter(msg, field=key[:100])
+        data[key] = given[0]
     try:
-        async with st.http.request(
-            request.method,
-            url.rstrip("/") + request.path_qs,
-            data=body,
-            headers=headers,
-            timeout=aiohttp.ClientTimeout(total=10),
-        ) as resp:
-            payload = await resp.read()
-            return web.Response(
-                body=payload,
-                status=resp.status,
-                content_type=resp.content_type,
-                headers={"X-TauGrid-Leader": url},
-            )
-    except (aiohttp.ClientError, TimeoutError) as err:
-        msg = f"could not reach the leader at {url}: {err}"
-        raise errors.Unavailable(msg, code="LeaderUnreachable", leaderUrl=url) from err
+        return model.model_validate(data)
+    except pydantic.ValidationError as err:
+        raise errors.validation_error(err, errors.InvalidParameter) from err
 
 
-def leader_only(handler: Handler) -> Handler:
-    """Serve on the leader; forward from a follower (only the leader holds the state)."""
+def _list_fields(model: type[pydantic.BaseModel]) -> frozenset[str]:
+    """The wire names of a parameter model's list-valued fields."""
+    return frozenset(
+        field.alias or name
+        for name, field in model.model_fields.items()
+        if typing.get_origin(field.annotation) in (list, tuple)
+    )
 
-    async def wrapped(request: web.Request) -> web.StreamResponse:
-        if not serving_of(request).elector.is_leader():
-            return await forward_to_leader(request)
-        return await handler(request)
 
-    wrapped.__doc__ = handler.__doc__
-    wrapped.__name__ = handler.__name__
-    return wrapped
+def path_of(request: web.Request, model: type[M]) -> M:
+    """The validated path parameters of this request (the route's `operation` declares
+    `model`)."""
+    return _stored(request, PATH_PARAMETERS, model)
+
+
+def query_of(request: web.Request, model: type[M]) -> M:
+    """The validated query parameters of this request (the route's `operation` declares
+    `model`)."""
+    return _stored(request, QUERY_PARAMETERS, model)
+
+
+def _stored(request: web.Request, key: web.RequestKey[pydantic.BaseModel], model: type[M]) -> M:
+    value = request.get(key)
+    if not isinstance(value, model):
+        msg = f"{request.path}: its operation declares no {model.__name__} (documented != read)"
+        raise TypeError(msg)
+    return value
+
+
+async def json_document(
+    request: web.Request, model: type[pydantic.BaseModel], *, optional: bool = False
+) -> Any:
+    """Read and parse (`shared.jsonsafe`'s limits) the JSON body the route's operation
+    documents as `model`, for a domain that validates it itself; Malformed or TooLarge
+    otherwise. An `optional` body may be empty (it reads as `{}`)."""
+    op = operation_of(request.match_info.route.handler)
+    if op is None or op.body is None or op.body.model is not model:
+        msg = f"{request.path}: its operation documents no {model.__name__} body"
+        raise TypeError(msg)
+    raw = await read_body(request, serving_of(request).settings.max_body_bytes)
+    if not raw.strip():
+        if not optional:
+            raise errors.Malformed("the body is empty; send a JSON object", field="body")
+        raw = b"{}"
+    return errors.read_json(raw)
+
+
+async def json_body(request: web.Request, model: type[M], *, optional: bool = False) -> M:
+    """Read, parse and validate the JSON body the route's operation documents; Malformed,
+    TooLarge or Invalid naming the field otherwise (see `json_document`)."""
+    data = await json_document(request, model, optional=optional)
+    try:
+        return model.model_validate(data)
+    except pydantic.ValidationError as err:
+        raise errors.validation_error(err, root="body") from err
+
+
+class ErrorDetail(pydantic.BaseModel):
+    """What went wrong: a stable code clients branch on, a message, the field at fault."""
+
+    model_config = pydantic.ConfigDict(frozen=True, extra="forbid")
+    code: str
+    message: str
+    field: str
+    """The path of the field, parameter or header at fault ("" when none is)."""
+
+
+class ErrorProblem(pydantic.BaseModel):
+    """One of several problems (every field of a body at fault, at once)."""
+
+    model_config = pydantic.ConfigDict(frozen=True, extra="forbid")
+    field: str
+    message: str
+
+
+class ErrorBody(pydantic.BaseModel):
+    """The one error envelope (DESIGN.md section 4): `{"error": {code, message, field}}`,
+    with `problems` when a body has several."""
+
+    model_config = pydantic.ConfigDict(frozen=True, extra="allow")
+    error: ErrorDetail
+    problems: list[ErrorProblem] = []
+
+
+# ---------------------------------------------------------------------- the leader
+CALLER_HEADER = "X-TauGrid-Caller"
+"""The caller a follower reviewed, sent with the follower's own peer token (never the
+caller's credential); the leader honours it only from the replicas' ServiceAccount."""
+FORWARDED_BY = web.RequestKey("forwarded_by", auth.Identity)
+"""On the leader: the peer (a follower) that forwarded this request, once verified."""
+
+
+async def _speaking_for(request: web.Request, st: ServingState) -> auth.Identity:
+    """The caller a follower speaks for, once its peer token proves it is a replica.
+
+    The peer token must be valid for `peer_audience` and belong to the replicas'
+    ServiceAccount; anything else is 403 PeerRefused, whatever the caller header says, so no
+    one but a replica can make the leader act for somebody else.
+    """
+    settings = st.settings
+    try:
+        peer = await st.authn.authenticate(
+            request.headers.get("Authorization"), (settings.peer_audience,),
+            before_review=unseen_credential(request),
+        )  # fmt: skip
+    except errors.Unauthenticated as err:
+        msg = f"a request speaking for a caller needs a replica's peer token: {err.message}"
+        raise errors.Forbidden(msg, code="PeerRefused", field="Authorization") from err
+    expected = auth.agent_username(settings.namespace, settings.controller_service_account)
+    if peer.username != expected:
+        msg = f"{peer.username} is not a controller replica ({expected}); it speaks for nobody"
+        raise errors.Forbidden(msg, code="PeerRefused", field="Authorization")
+    request[FORWARDED_BY] = peer
+    return auth.decode_caller(request.headers[CALLER_HEADER])
+
+
+def forwarded(request: web.Request) -> bool:
+    """True when a follower sent this request on behalf of a caller it reviewed."""
+    return FORWARDED_BY in request
+
+
+async def unless_leader(
+    request: web.Request, caller: auth.Identity, body: bytes | None = None
+) -> web.StreamResponse | None:
+    """None when this replica leads (the handler goes on); otherwise the leader's answer to
+    this request, sent for `caller` (already authenticated and authorised here)."""
+    if serving_of(request).elector.is_leader():
+        return None
+    return await forward(request, caller, body)
+
+
+async def forward(
+    request: web.Request, caller: auth.Identity, body: bytes | None = None
+) -> web.Response:
+    """Send the leader this request on behalf of `caller`, under this replica's own peer
+    token; 503 when that is not possible.
+
+    The caller's credential never leaves this replica: the leader gets the peer token and
+    the reviewed identity (`X-TauGrid-Caller`), and authorises the call again itself. The
+    leader is reached only at `leader_url` (the leader-only Service), verified by the
+    chart's CA alone, with redirects refused; a request that was itself forwarded is never
+    forwarded again.
+    """
+    st = serving_of(request)
+    settings = st.settings
+    if forwarded(request):
+        raise errors.Unavailable("this replica no longer leads; retry", code="NotLeader")
+    if not settings.leader_url:
+        msg = "this replica is not the leader and knows no leader address; retry"
+        raise errors.Unavailable(msg, code="NotLeader")
+    token = st.peer_token()
+    if not token:
+        msg = "this replica has no peer token to reach the leader with; retry"
+        raise errors.Unavailable(msg, code="NoPeerToken")
+    if body is None and request.can_read_body:
+        body = await read_body(request, settings.max_body_bytes)
+    headers = {"Authorization": f"Bearer {token}", CALLER_HEADER: auth.encode_caller(caller)}
+    for name in ("Content-Type", "Idempotency-Key"):
+        if name in request.headers:
+            headers[name] = request.headers[name]
+    request_id = structlog.contextvars.get_contextvars().get("request_id")
+    if request_id:  # one id in both replicas' logs
+        headers["X-Request-Id"] = str(request_id)
+    url = settings.leader_url.rstrip("/") + request.path_qs
+    problem = ""
+    for _ in range(2):  # once more: the Service may have picked a replica that just lost
+        try:
+            async with st.http.request(
+                request.method, url, data=body, headers=headers, allow_redirects=False,
+                timeout=aiohttp.ClientTimeout(total=settings.forward_timeout_s),
+            ) as resp:  # fmt: skip
+                payload = await resp.read()
+                code = _error_code(payload) if resp.status >= 400 else ""
+                if resp.status == 503 and code == "NotLeader":
+                    problem = "the replica behind the leader address does not lead"
+                    continue
+                if code == "PeerRefused":
+                    log.error("leader refused our peer token", body=payload[:300])
+                    msg = "the leader refused this replica's peer token; retry later"
+                    raise errors.Unavailable(msg, code="PeerRefused")
+                return web.Response(body=payload, status=resp.status,
+                                    content_type=resp.content_type)  # fmt: skip
+        except (aiohttp.ClientError, TimeoutError) as err:
+            problem = f"{type(err).__name__}: {err}"
+    msg = f"could not reach the leader: {problem}"
+    raise errors.Unavailable(msg, code="LeaderUnreachable")
+
+
+def _error_code(payload: bytes) -> str:
+    """The `error.code` of an error body, '' when it has none."""
+    try:
+        doc = json.loads(payload)
+    except (ValueError, UnicodeDecodeError):
+        return ""
+    err = doc.get("error") if isinstance(doc, dict) else None
+    code = err.get("code") if isinstance(err, dict) else None
+    return code if isinstance(code, str) else ""
 
 
 # ---------------------------------------------------------------------- errors
@@ -210,12 +570,16 @@ def make_middleware(timeout_s: float) -> Middleware:
             resp = error_response(status_of(err), err.code, err.message, err.field, **err.extra)
             if isinstance(err, errors.Unauthenticated):
                 resp.headers["WWW-Authenticate"] = 'Bearer realm="taugrid"'
+            if isinstance(err, errors.TooManyRequests):
+                resp.headers["Retry-After"] = "1"
         except TimeoutError:
             resp = error_response(504, "Timeout", f"the request took longer than {timeout_s:.0f}s")
         except web.HTTPException as err:
             if err.status < 400:
                 raise
             resp = error_response(err.status, err.reason.replace(" ", ""), err.text or err.reason)
+            if "Allow" in err.headers:
+                resp.headers["Allow"] = err.headers["Allow"]
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -236,10 +600,11 @@ def make_identity(settings: ControllerSettings) -> str:
 
 
 def peer_ssl_context(settings: ControllerSettings) -> ssl.SSLContext:
-    """Build the client context for calls to other replicas: the system store plus
-    `tls_ca_file`, so a follower verifies the leader's certificate (issued by a private CA,
-    for the name in its advertised URL) instead of failing or trusting anything."""
-    context = ssl.create_default_context()
+    """Build the client context for calls to the leader: `tls_ca_file` alone, never the
+    system store, so only a certificate the chart's CA issued (for the leader-only
+    Service's name) passes; any publicly trusted certificate would otherwise do."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # verifies peer and host name
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
     if settings.tls_ca_file:
         context.load_verify_locations(cafile=settings.tls_ca_file)
     return context

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ipaddress
+import urllib.parse
 from typing import Literal
 
 import pydantic
@@ -39,11 +41,35 @@ class ControllerSettings(pydantic_settings.BaseSettings):
     """How often the certificate files are checked; a renewed pair (cert-manager, a replaced
     Secret) is served from the next handshake on, without a restart."""
     tls_ca_file: str = ""
-    """PEM bundle trusted, besides the system store, when this replica calls another (a
-    follower forwarding to the leader's advertised URL): the CA of a private certificate,
-    such as the chart's, is in no system store. Empty trusts the system store alone."""
+    """PEM bundle of the CA that issued the replicas' certificates (the chart's). A follower
+    verifies the leader against it alone, never the system store: any publicly trusted
+    certificate would otherwise pass. Also what run pods trust unless `run_ca_file` is set."""
     allow_insecure_http: bool = False
-    """Serve plain HTTP on a non-loopback address; only behind a proxy that terminates TLS."""
+    """Serve plain HTTP on a non-loopback address, and reach the leader over plain HTTP;
+    only behind a proxy or mesh that terminates TLS."""
+
+    leader_url: str = ""
+    """Where a follower sends what only the leader can do (heartbeats, on-call calls, run
+    writes): the chart's leader-only Service, `https://<fullname>-controller-leader.<ns>.svc:
+    <port>`, whose selector matches the label the leader keeps on its own pod. A bare origin
+    (no path); https is verified with `tls_ca_file` alone; http only on loopback (the dev
+    cluster) or with `allow_insecure_http`. Empty: a follower answers such calls 503
+    NotLeader. Nothing read from the cluster (the Lease's annotation) ever replaces it."""
+    peer_token_file: str = ""
+    """The projected ServiceAccount token (audience `peer_audience`) a follower presents to
+    the leader, in place of any caller's credential, with the caller it reviewed in the
+    `X-TauGrid-Caller` header; re-read when the kubelet rotates it."""
+    peer_audience: str = "taugrid-peer"
+    """Audience of the replicas' peer tokens; the leader reviews them with it."""
+    controller_service_account: str = "taugrid-controller"
+    """The replicas' ServiceAccount in `namespace`: only its peer tokens may speak for a
+    caller a follower has already authenticated and authorised."""
+    pod_name: str = ""
+    """This replica's pod (the chart sets it from the downward API). The leader labels it
+    `taugrid.dev/leader=true` and removes the label when it stops leading, so the
+    leader-only Service reaches the leader alone. Empty: no pod to label (a host process)."""
+    forward_timeout_s: float = pydantic.Field(default=10.0, gt=0)
+    """How long a follower waits for the leader's answer before it answers 503."""
 
     kubeconfig: str = ""
     """Kubeconfig path; empty means the in-cluster ServiceAccount."""
@@ -53,6 +79,32 @@ class ControllerSettings(pydantic_settings.BaseSettings):
     """Name of the agents' ServiceAccount in `namespace`; only its tokens may send heartbeats."""
     token_audience: str = "taugrid"  # noqa: S105  (an audience name, not a secret)
     """Audience the agents' projected tokens carry; TokenReview checks it."""
+    user_audiences: tuple[str, ...] = ()
+    """Audiences a person's token (researcher, on-call) must carry, checked by TokenReview.
+    Empty accepts the API server's own audiences, so `kubectl create token` and OIDC tokens
+    work as they are. A dedicated audience (`kubectl create token --audience taugrid-api`,
+    an OIDC client id) keeps a token that leaks at TauGrid from being a Kubernetes
+    credential (docs/security.md). Either way a token is only ever sent to TokenReview."""
+
+    heartbeat_min_interval_s: float = pydantic.Field(default=1.0, gt=0)
+    """Shortest `intervalS` a heartbeat may announce. The chart's agents report every 5 s; a
+    shorter interval would make a node stale after a few hundred milliseconds of silence."""
+    heartbeat_max_interval_s: float = pydantic.Field(default=300.0, gt=0, le=3600)
+    """Longest `intervalS` a heartbeat may announce: a node is stale only after 3 intervals
+    without a report, so one forged `intervalS: 3600` would hide a dead node for 3 hours
+    (security review M6). The chart's `agent.heartbeatIntervalS` must lie in this range."""
+    heartbeat_max_skew_s: float = pydantic.Field(default=300.0, gt=0)
+    """How far a heartbeat's `sentAt` may be from the controller's clock, either way. One report
+    dated 2099 would otherwise make every genuine report after it look like a replay."""
+    agent_port: int = pydantic.Field(default=9400, ge=1, le=65535)
+    """Port of the agents' API; with the pod IP the agent's token is bound to, it makes the
+    `agentUrl` the on-call API shows (the chart's `agent.port`)."""
+    agent_scheme: Literal["http", "https"] = "http"
+    """Scheme of the agents' API in that URL."""
+    allowed_priority_classes: tuple[str, ...] = ()
+    """WorkloadPriorityClasses a tau.yaml may name (a platform's allowlist; JSON list in the
+    environment). Empty allows any class but the controller's own resume class, which is
+    refused either way (the platform's, not a researcher's, to give)."""
 
     node_selector: str = ""
     """Label selector of the nodes this controller manages (empty: every node; GPU nodes are
@@ -77,6 +129,31 @@ class ControllerSettings(pydantic_settings.BaseSettings):
     permission lingers while keeping a busy endpoint from loading the API server."""
     token_cache_max_s: float = pydantic.Field(default=300.0, ge=0)
     """Upper bound on reusing a TokenReview answer (also capped by the token's expiry)."""
+    bound_token_cache_max_s: float = pydantic.Field(default=60.0, ge=0)
+    """Upper bound on reusing the answer for a pod-bound token (an agent's, a replica's peer
+    token): such a token stops working when its pod is deleted, and a minute bounds how long
+    a deleted pod's token is still taken here (review L7)."""
+    api_timeout_s: float = pydantic.Field(default=10.0, gt=0)
+    """Every call to the API server gives up after this long (a watch: its own server-side
+    timeout plus 30 s of silence; a followed log: this long to connect), so no caller and no
+    loop waits forever on a pooled connection or a stuck API server. Lease calls are bounded
+    by `renew_deadline_s` as well."""
+    log_streams_per_identity: int = pydantic.Field(default=4, ge=1)
+    """Concurrent `logs` calls one identity may hold open on a replica; more are 429. Four
+    lets a researcher follow a multi-worker run's workers side by side."""
+    log_streams_max: int = pydantic.Field(default=64, ge=1)
+    """Concurrent `logs` calls a replica serves in all (429 beyond); also the size of the
+    connection pool they have to themselves, so streams never wait behind, nor take from,
+    the connections the lease, the quarantine loop and the reviews use."""
+    expensive_reads_per_identity: int = pydantic.Field(default=2, ge=1)
+    """Concurrent run lists and `/v1/queues` calls (several API reads each) one identity may
+    have in flight; more are 429."""
+    review_rate_per_source: float = pydantic.Field(default=5.0, gt=0)
+    """TokenReviews per second a source address may cause with tokens this replica has not
+    seen (or a TauRun read for an unseen run token) before it is answered 429: what an
+    unauthenticated caller can make the API server do. Tokens already reviewed cost nothing."""
+    review_burst_per_source: int = pydantic.Field(default=20, ge=1)
+    """How many such reviews a source address may cause at once before the rate applies."""
     max_body_bytes: int = pydantic.Field(default=1 << 20, gt=0)
     """Request bodies above this are refused with 413 (DESIGN.md section 4: 1 MiB)."""
     handler_timeout_s: float = pydantic.Field(default=30.0, gt=0)
@@ -122,6 +199,37 @@ class ControllerSettings(pydantic_settings.BaseSettings):
     eviction_retry_s: float = pydantic.Field(default=5.0, gt=0)
     """Back-off between eviction attempts refused with 429 (a PodDisruptionBudget) or 409."""
 
+    gpu_mode: Literal["auto", "dra", "device-plugin"] = "auto"
+    """How the cluster's GPUs are advertised (DESIGN.md section 2). `auto`: a node whose
+    GPUs NVIDIA's DRA driver lists in ResourceSlices gets device quarantine, others node
+    quarantine; runs ask for GPUs through DRA claims when GPUs are published as DRA devices
+    and no managed node advertises `nvidia.com/gpu`, else through the extended resource.
+    `dra` or `device-plugin` decide both for the whole cluster."""
+    device_quarantine_max_per_node: int = pydantic.Field(default=2, ge=0)
+    """A DRA node with more bad GPUs than this is quarantined as a node instead: a third
+    GPU failing on one board points at the board, its power or its fabric. 0 turns device
+    quarantine off."""
+    max_quarantined_devices: int | None = pydantic.Field(default=None, ge=1)
+    """Absolute cap on GPUs fenced by device quarantine at once; overrides the fraction."""
+    max_quarantined_devices_fraction: float = pydantic.Field(default=0.2, gt=0, le=1)
+    """At most this share of the DRA fleet's GPUs fenced at once (at least one), the same
+    share as for nodes."""
+    device_breaker_percent: float = pydantic.Field(default=25.0, gt=0, le=100)
+    """The device breaker opens when more than this share of the DRA fleet's GPUs turned bad
+    inside `breaker_window_s`: GPUs failing together point at a common cause (a driver or
+    firmware roll-out, a cooling loop), which fencing them one by one would not fix."""
+    device_breaker_min_devices: int = pydantic.Field(default=4, ge=1)
+    """The device breaker never opens for fewer GPUs than this."""
+    run_device_grace_s: int = pydantic.Field(default=60, ge=0)
+    """A run's checkpoint grace on DRA clusters unless its tau.yaml sets `checkpoint.grace`:
+    the `tolerationSeconds` of its claims for our `taugrid.dev/gpu-evict` taint, i.e. how
+    long it keeps a fenced GPU to reach a checkpoint before kube-controller-manager deletes
+    its pod (which then has `run_termination_grace_s` more to exit). A minute, like the
+    SIGTERM window: enough for a run that checkpoints often to lose little."""
+    dra_quota_resource: str = pydantic.Field(default=marks.GPU_RESOURCE, min_length=1)
+    """The name Kueue's `resources.deviceClassMappings` gives NVIDIA's DeviceClass: the
+    admission gate reads a DRA pod set's GPUs from its quota usage under this name."""
+
     admission_check: str = pydantic.Field(default=marks.DEFAULT_ADMISSION_CHECK, min_length=1)
     """Name of the AdmissionCheck this controller answers (DESIGN.md section 7); it must name
     `taugrid.dev/gpu-health` as its `spec.controllerName`. Another name lets a second
@@ -135,6 +243,11 @@ class ControllerSettings(pydantic_settings.BaseSettings):
     before it queues a Workload that did not fit on healthy nodes again. Without it Kueue
     retries at once, a hot loop; 15 s lets a quarantine or a release settle first."""
 
+    run_namespaces: tuple[str, ...] = ()
+    """Namespaces runs may be submitted to (the chart's `controller.runNamespaces`, where it
+    grants the controller its run-object rights); a submission elsewhere is 403
+    NamespaceNotServed. Empty: any namespace (a controller with rights everywhere, as in
+    tests)."""
     run_pass_interval_s: float = pydantic.Field(default=2.0, gt=0)
     """Upper bound between two full passes of the run reconciler (it lists TauRuns, their
     objects, Workloads and pods). Submissions and cancels are reconciled at once, not here."""
@@ -211,6 +324,17 @@ class ControllerSettings(pydantic_settings.BaseSettings):
     lost node) delays a resume by at most this; its periodic capture is what is kept then."""
 
     @pydantic.model_validator(mode="after")
+    def _check_leader_url(self) -> ControllerSettings:
+        """Refuse a leader address that could hand a peer token to the wrong place."""
+        problem = leader_url_problem(
+            self.leader_url, ca_file=self.tls_ca_file, insecure=self.allow_insecure_http
+        )
+        if problem:
+            msg = f"leader_url {self.leader_url!r}: {problem}"
+            raise ValueError(msg)
+        return self
+
+    @pydantic.model_validator(mode="after")
     def _ray_token_auth_needs_its_version(self) -> ControllerSettings:
         """KubeRay refuses `authOptions.mode: token` without `rayVersion` 2.52.0 or later:
         say so at startup, not on every ray run's create."""
@@ -232,3 +356,33 @@ def _at_least(version: str, minimum: tuple[int, ...]) -> bool:
     except ValueError:
         return False
     return numbers >= minimum
+
+
+def is_loopback(host: str) -> bool:
+    """True for `localhost` and loopback addresses."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def leader_url_problem(url: str, *, ca_file: str, insecure: bool) -> str:
+    """Why `url` may not be the leader's address ('' when it may): an origin only (scheme,
+    host, port), https with a CA to verify it by, or http on loopback or when explicitly
+    allowed."""
+    if not url:
+        return ""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return "must be an http(s):// URL with a host"
+    if parts.username or parts.password or parts.query or parts.fragment:
+        return "must not carry credentials, a query or a fragment"
+    if parts.path not in ("", "/"):
+        return "must be an origin (scheme, host, port) without a path"
+    if parts.scheme == "https" and not ca_file:
+        return "https needs tls_ca_file: the leader is verified against that CA alone"
+    if parts.scheme == "http" and not (is_loopback(parts.hostname) or insecure):
+        return "plain http only on loopback (or with allow_insecure_http behind a TLS proxy)"
+    return ""

@@ -5,13 +5,14 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import fcntl
 import pathlib
 import sys
 from collections.abc import Iterator, Sequence
 
-from devcluster import build, cluster, images, imagespec, netns, node, stack, tokens
+from devcluster import build, cluster, drapublisher, images, imagespec, netns, node, stack, tokens
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -26,6 +27,10 @@ def _parser() -> argparse.ArgumentParser:
 
     up = sub.add_parser("up", help="start the control plane with fake GPU nodes and queues")
     up.add_argument("--nodes", type=int, default=4, help="number of fake GPU nodes (default 4)")
+    up.add_argument(
+        "--dra-nodes", type=int, default=0,
+        help="fake GPU nodes whose GPUs are DRA devices (gpu-dra-node-N; default 0)",
+    )  # fmt: skip
     up.add_argument(
         "--real-node",
         action=argparse.BooleanOptionalAction,
@@ -63,6 +68,11 @@ def _parser() -> argparse.ArgumentParser:
     img = sub.add_parser("images", help="build (or reuse) the images without Docker")
     img.add_argument("names", nargs="*", help="images of the spec (default: all)")
     sub.add_parser("dockerfiles", help="write deploy/docker/*.Dockerfile from the image spec")
+
+    dra = sub.add_parser(
+        "dra-publisher", help="publish a ResourceSlice per fake DRA node (run by `up`)"
+    )
+    dra.add_argument("--port", type=int, required=True, help="loopback port of /healthz")
 
     sub.add_parser("down", help="stop every process `up` started")
     st = sub.add_parser("status", help="report each component's health")
@@ -111,13 +121,18 @@ def _run(c: cluster.Cluster, args: argparse.Namespace) -> int:
         if args.nodes < 1:
             print("error: --nodes must be at least 1", file=sys.stderr)
             return 2
+        if args.dra_nodes < 0:
+            print("error: --dra-nodes must not be negative", file=sys.stderr)
+            return 2
         build.check_prerequisites()
-        c.up(nodes=args.nodes)
+        c.up(nodes=args.nodes, dra_nodes=args.dra_nodes)
         bin_dir = build.built_dir() / "bin"
         real = _start_real_node(c, bin_dir) if args.real_node else None
         if not args.no_taugrid:
             stack.stop_agents_state(c)
-            stack.start(c, bin_dir, [f"gpu-node-{i}" for i in range(args.nodes)], real)
+            fleet = [f"gpu-node-{i}" for i in range(args.nodes)]
+            fleet += [f"{cluster.DRA_NODE_PREFIX}{i}" for i in range(args.dra_nodes)]
+            stack.start(c, bin_dir, fleet, real)
             print(cluster.summary(c))
             print(_welcome(c, bin_dir))
         else:
@@ -132,6 +147,9 @@ def _run(c: cluster.Cluster, args: argparse.Namespace) -> int:
     if args.command == "renew-tokens":
         tokens.renew_forever(c, build.built_dir() / "bin", stack.NAMESPACE, stack.RELEASE,
                              args.nodes, controller_addr_file=args.controller_addr)  # fmt: skip
+        return 0
+    if args.command == "dra-publisher":
+        asyncio.run(drapublisher.serve(c.kubeconfig, args.port))
         return 0
     if args.command == "inject":
         line = stack.inject(c, args.node, args.gpu, *_inject_command(args))

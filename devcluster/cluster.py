@@ -20,15 +20,16 @@ import re
 import shutil
 import ssl
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
-from devcluster import build, netns, pki, processes
+from devcluster import build, drapublisher, netns, pki, processes
 
 STAGES_DIR = pathlib.Path(__file__).resolve().parent / "stages"
 
@@ -56,10 +57,18 @@ KCM_CONTROLLERS = (
     "persistentvolume-binder-controller",
     "ttl-after-finished-controller",
     "pod-garbage-collector-controller",
+    "resourceclaim-controller",
+    "device-taint-eviction-controller",
+    "validatingadmissionpolicy-status-controller",
 )
 """The controllers DESIGN.md section 8 lists. node-lifecycle stays out: KWOK heartbeats nodes.
 The volume binder binds the real run's checkpoint claim and the example claims (examples/ runs as
-shipped) to their volumes."""
+shipped) to their volumes. DRA needs the resource claim controller, which makes each pod's
+ResourceClaim from its template and frees it afterwards, and the device-taint eviction
+controller, which deletes pods holding a device with a NoExecute taint (DESIGN.md section 2);
+the DRA feature gates are all on by default in Kubernetes 1.37. The ValidatingAdmissionPolicy
+status controller type-checks the chart's policy (its `status.typeChecking`; the policy itself
+is enforced by the API server, GA and on by default since 1.30, no flag needed)."""
 
 KUEUE_WEBHOOKS_KEPT = ("batch-v1-job", "ray-io-v1-rayjob", "ray-io-v1-raycluster", "kueue-x-k8s-io")
 
@@ -69,9 +78,16 @@ START_ORDER = (
     "kube-controller-manager",
     "kube-scheduler",
     "kwok",
+    "dra-publisher",
     "kueue",
     "kuberay",
 )
+
+
+DRA_NODE_PREFIX = "gpu-dra-node-"
+"""`taugrid dev up --dra-nodes N` adds `gpu-dra-node-0..N-1` to the dev fleet."""
+GpuDriver = Literal["device-plugin", "dra"]
+"""How a fake node's GPUs are advertised (`fake_gpu_node`)."""
 
 
 class ClusterError(Exception):
@@ -114,6 +130,7 @@ class Ports:
     kueue_visibility: int = 8082
     kuberay_metrics: int = 18080
     kuberay_health: int = 18082
+    dra_publisher: int = 18090
 
     @classmethod
     def from_env(cls) -> Ports:
@@ -156,6 +173,7 @@ class Cluster:
             Component("kube-controller-manager", f"https://127.0.0.1:{p.kcm}/healthz"),
             Component("kube-scheduler", f"https://127.0.0.1:{p.scheduler}/healthz"),
             Component("kwok", f"http://127.0.0.1:{p.kwok}/healthz"),
+            Component("dra-publisher", f"http://127.0.0.1:{p.dra_publisher}/healthz"),
             Component("kueue", f"http://127.0.0.1:{p.kueue_health}/readyz"),
             Component("kuberay", f"http://127.0.0.1:{p.kuberay_health}/readyz"),
         ]
@@ -281,8 +299,11 @@ class Cluster:
         nodes: int = 4,
         out: Callable[[str], None] = print,
         root: pathlib.Path | None = None,
+        *,
+        dra_nodes: int = 0,
     ) -> None:
-        """Start the whole control plane in the documented order and bootstrap it."""
+        """Start the whole control plane in the documented order and bootstrap it, with
+        `nodes` device-plugin GPU nodes and `dra_nodes` DRA GPU nodes (`dra_node_names`)."""
         stale = self.table.clean_stale()
         if stale:
             out(f"cleaned stale PID records: {', '.join(sorted(stale))}")
@@ -313,10 +334,14 @@ class Cluster:
             self._start_kcm(bin_dir)
             self._start_scheduler(bin_dir)
             self._start_kwok(bin_dir, assets)
+            self._start_dra_publisher(bin_dir)
             self.ensure_nodes(bin_dir, nodes, labels={"taugrid.dev/dev-fleet": "true"})
+            if dra_nodes:
+                self.ensure_nodes(bin_dir, dra_nodes, prefix=DRA_NODE_PREFIX, gpu_driver="dra",
+                                  labels={"taugrid.dev/dev-fleet": "true"})  # fmt: skip
             self._start_kueue(bin_dir, assets)
             self._start_kuberay(bin_dir)
-            self._bootstrap_queues(bin_dir, nodes)
+            self._bootstrap_queues(bin_dir, nodes + dra_nodes)
             self.apply(bin_dir, example_volumes(self.state / "volumes"))
         except BaseException:
             out("start failed; stopping what was started")
@@ -362,7 +387,10 @@ class Cluster:
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             f"--service-account-key-file={k / 'sa.pub'}",
             f"--service-account-signing-key-file={k / 'sa.key'}",
-            "--api-audiences=https://kubernetes.default.svc.cluster.local,taugrid",
+            # The API server's own audience only, as on a real cluster: a token minted for the
+            # API server (a default `kubectl create token`) is not valid for heartbeats, which
+            # need audience `taugrid` (DESIGN.md section 10).
+            "--api-audiences=https://kubernetes.default.svc.cluster.local",
             "--authorization-mode=RBAC", "--service-cluster-ip-range=10.96.0.0/16",
             "--allow-privileged=true",
             # KWOK plays the kubelet on 127.0.0.1 (logs, exec); reach it by that address.
@@ -481,19 +509,51 @@ class Cluster:
             "--enable-crds=Logs,ClusterLogs",
         ])  # fmt: skip
 
+    def _start_dra_publisher(self, bin_dir: pathlib.Path) -> None:
+        """NVIDIA's DeviceClass, then our stand-in for its kubelet plugin (one ResourceSlice
+        per fake DRA node; `devcluster.drapublisher`)."""
+        self.apply(bin_dir, [drapublisher.device_class()])
+        self._start("dra-publisher", [
+            sys.executable, "-m", "devcluster.cli", "dev", "dra-publisher",
+            f"--port={self.ports.dra_publisher}",
+        ], env={"KUBECONFIG": str(self.kubeconfig), "PYTHONUNBUFFERED": "1"})  # fmt: skip
+
     def ensure_nodes(
         self,
         bin_dir: pathlib.Path,
         count: int,
         prefix: str = "gpu-node-",
         labels: dict[str, str] | None = None,
+        *,
+        gpu_driver: GpuDriver = "device-plugin",
     ) -> list[str]:
-        """Create `count` fake GPU nodes (idempotent) and wait until they are Ready."""
+        """Create `count` fake GPU nodes (idempotent) and wait until they are Ready; DRA
+        nodes also until the publisher has written their ResourceSlice."""
         names = [f"{prefix}{i}" for i in range(count)]
-        self.apply(bin_dir, [fake_gpu_node(n, labels=labels) for n in names])
+        self.apply(bin_dir, [fake_gpu_node(n, labels=labels, gpu_driver=gpu_driver)
+                             for n in names])  # fmt: skip
         self.kubectl(bin_dir, "wait", "--for=condition=Ready", "--timeout=60s",
                      *(f"node/{n}" for n in names))  # fmt: skip
+        if gpu_driver == "dra":
+            self.wait_slices(bin_dir, names)
         return names
+
+    def wait_slices(
+        self, bin_dir: pathlib.Path, nodes: Sequence[str], timeout_s: float = 60.0
+    ) -> None:
+        """Wait until every named DRA node's ResourceSlice exists (and names the node)."""
+        deadline = time.monotonic() + timeout_s
+        missing = list(nodes)
+        while time.monotonic() < deadline:
+            raw = self.kubectl(bin_dir, "get", "resourceslices.resource.k8s.io", "-o", "json")
+            have = {s["spec"].get("nodeName") for s in json.loads(raw)["items"]}
+            missing = [n for n in nodes if n not in have]
+            if not missing:
+                return
+            time.sleep(0.2)
+        tail = self.log_tail("dra-publisher")
+        msg = f"no ResourceSlice for {', '.join(missing)}; log tail:\n{tail}"
+        raise ClusterError(msg)
 
     def _start_kueue(self, bin_dir: pathlib.Path, assets: pathlib.Path) -> None:
         certs = self.state / "kueue-certs"
@@ -518,7 +578,15 @@ class Cluster:
             "manageJobsWithoutQueueName": False,
             "waitForPodsReady": {"timeout": f"{PODS_READY_TIMEOUT_S}s", "blockAdmission": False},
             "integrations": {"frameworks": ["batch/job", "ray.io/rayjob", "ray.io/raycluster"]},
-            "featureGates": {"VisibilityOnDemand": visibility},
+            # Kueue counts DRA devices only behind its alpha gate, and only for the device
+            # classes mapped to a quota name here: NVIDIA's class counts as nvidia.com/gpu,
+            # the name device-plugin GPUs have, so one quota covers both kinds of node.
+            "featureGates": {"VisibilityOnDemand": visibility, "DynamicResourceAllocation": True},
+            "resources": {
+                "deviceClassMappings": [
+                    {"name": "nvidia.com/gpu", "deviceClassNames": [drapublisher.DEVICE_CLASS]},
+                ]
+            },
         }
         cfg_path = self.state / "kueue.yaml"
         cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
@@ -576,9 +644,21 @@ class AlreadyRunningError(ClusterError):
     """`up` was asked for while a dev cluster runs from the same state directory."""
 
 
-def fake_gpu_node(name: str, gpus: int = 8, labels: dict[str, str] | None = None) -> dict[str, Any]:
-    """A KWOK-managed node with 8 H100-like GPUs, labelled as GPU feature discovery would."""
-    resources = {"cpu": "96", "memory": "1Ti", "pods": "110", "nvidia.com/gpu": str(gpus)}
+def fake_gpu_node(
+    name: str,
+    gpus: int = 8,
+    labels: dict[str, str] | None = None,
+    *,
+    gpu_driver: GpuDriver = "device-plugin",
+) -> dict[str, Any]:
+    """A KWOK-managed node with 8 H100-like GPUs, labelled as GPU feature discovery would.
+
+    A `device-plugin` node advertises them as `nvidia.com/gpu` in its allocatable; a `dra`
+    node advertises none there: the DRA publisher lists them in a ResourceSlice instead.
+    """
+    resources = {"cpu": "96", "memory": "1Ti", "pods": "110"}
+    if gpu_driver == "device-plugin":
+        resources["nvidia.com/gpu"] = str(gpus)
     return {
         "apiVersion": "v1",
         "kind": "Node",
@@ -593,6 +673,7 @@ def fake_gpu_node(name: str, gpus: int = 8, labels: dict[str, str] | None = None
                 "nvidia.com/gpu.present": "true",
                 "nvidia.com/gpu.product": GPU_PRODUCT,
                 "nvidia.com/gpu.count": str(gpus),
+                drapublisher.DRIVER_LABEL: gpu_driver,
                 **(labels or {}),
             },
         },

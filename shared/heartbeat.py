@@ -9,26 +9,41 @@ half-understood.
 from __future__ import annotations
 
 import datetime as dt
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import pydantic
 from pydantic import alias_generators
 
-from shared import health
+from shared import health, patterns
 
 SCHEMA_VERSION: Literal[1] = 1
 """The only heartbeat schema version this build speaks."""
 
 MAX_GPUS_PER_NODE = 64
 MAX_REASONS_PER_GPU = 32
+MAX_SEQUENCE = 2**63 - 1
+"""`sequence` is an int64 (the agent counts from 0 per start); a bigger one is forged."""
+MAX_COUNTER = 2**64 - 1
+"""NVML's counters are unsigned 64-bit."""
 
-K8sName = Annotated[
-    str,
-    pydantic.StringConstraints(
-        min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
-    ),
-]
+_NODE_NAME = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+_REASON_CODE = r"[A-Z][A-Za-z0-9]{0,62}"
+
+
+def _full(body: str, max_length: int | None = None) -> pydantic.StringConstraints:
+    """A full-match constraint, run by pydantic-core (see shared.patterns.rust)."""
+    return pydantic.StringConstraints(max_length=max_length, pattern=patterns.rust(body))
+
+
+def _schema(body: str) -> Any:  # pydantic.Field's FieldInfo, typed Any by pydantic
+    """The same pattern in the published JSON Schema (ECMA-262: `^(?:…)$`)."""
+    return pydantic.Field(json_schema_extra={"pattern": patterns.schema(body)})
+
+
+K8sName = Annotated[str, _full(_NODE_NAME, 253), _schema(_NODE_NAME)]
+"""A Node's name: a DNS-1123 subdomain."""
 ShortText = Annotated[str, pydantic.StringConstraints(max_length=1024)]
+Counter = Annotated[int, pydantic.Field(ge=0, le=MAX_COUNTER)]
 
 
 class WireModel(pydantic.BaseModel):
@@ -39,18 +54,19 @@ class WireModel(pydantic.BaseModel):
         extra="forbid",
         alias_generator=alias_generators.to_camel,
         populate_by_name=True,
+        allow_inf_nan=False,
     )
 
 
 class Reason(WireModel):
     """One finding behind a verdict, with the evidence an on-call engineer needs."""
 
-    code: Annotated[str, pydantic.StringConstraints(pattern=r"^[A-Z][A-Za-z0-9]{0,62}$")]
+    code: Annotated[str, _full(_REASON_CODE), _schema(_REASON_CODE)]
     """PascalCase reason, used verbatim as a NodeCondition reason (`XidFallenOffBus`)."""
     verdict: health.Verdict
     action: health.Action
     message: ShortText = ""
-    xid: int | None = None
+    xid: Annotated[int, pydantic.Field(ge=0, le=2**32 - 1)] | None = None
     latched: bool = False
     """True when the fault stays until `clears_when` is observed, whatever later probes show."""
     clears_when: ShortText = ""
@@ -65,12 +81,12 @@ class GpuReadings(WireModel):
     power_w: float | None = None
     utilization_pct: float | None = None
     memory_used_mib: float | None = None
-    ecc_uncorrected_volatile: int | None = None
-    ecc_corrected_volatile: int | None = None
+    ecc_uncorrected_volatile: Counter | None = None
+    ecc_corrected_volatile: Counter | None = None
     remapped_rows_pending: bool | None = None
     remapped_rows_failure: bool | None = None
-    pcie_replay_count: int | None = None
-    nvlinks_down: int | None = None
+    pcie_replay_count: Counter | None = None
+    nvlinks_down: Counter | None = None
 
 
 class GpuReport(WireModel):
@@ -93,9 +109,15 @@ class Heartbeat(WireModel):
     node_name: K8sName
     boot_id: Annotated[str, pydantic.StringConstraints(min_length=1, max_length=64)]
     agent_url: Annotated[str, pydantic.StringConstraints(max_length=512)] = ""
+    """Accepted and ignored: the controller derives the agent's URL from the pod its token is
+    bound to, never from the body (DESIGN.md section 10). Kept so agents of schema 1 still
+    validate; a later schema version drops it."""
     interval_s: Annotated[float, pydantic.Field(gt=0, le=3600)]
-    sequence: Annotated[int, pydantic.Field(ge=0)]
+    """Seconds until the next report. The controller accepts only its own range (settings
+    `heartbeat_min_interval_s`..`heartbeat_max_interval_s`); this bound is the wire's."""
+    sequence: Annotated[int, pydantic.Field(ge=0, le=MAX_SEQUENCE)]
     sent_at: dt.datetime
+    """The agent's clock; the controller refuses a report outside its skew window."""
     driver_version: ShortText = ""
     dcgm_available: bool = False
     gpus: Annotated[list[GpuReport], pydantic.Field(max_length=MAX_GPUS_PER_NODE)]

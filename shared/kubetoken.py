@@ -55,3 +55,29 @@ def refresh_hook(path: pathlib.Path) -> Callable[[Any], None]:
             seen[:] = [stamp]
 
     return hook
+
+
+class FileToken:
+    """A token kept in a file (a projected ServiceAccount token), re-read when it changes.
+
+    The kubelet rotates a projected token by swapping a symlink, so the file's identity and
+    size are checked on every read and the text read again only when they changed; a
+    missing or unreadable file reads as '' (the caller refuses to send nothing).
+    """
+
+    def __init__(self, path: pathlib.Path) -> None:
+        self._path = path
+        self._stamp: tuple[int, int, int] | None = None
+        self._token = ""
+
+    def __call__(self) -> str:
+        """The current token, '' when there is none."""
+        try:
+            stat = self._path.stat()
+            stamp = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
+            if stamp != self._stamp:
+                self._token = self._path.read_text(encoding="ascii").strip()
+                self._stamp = stamp
+        except (OSError, UnicodeDecodeError):
+            self._stamp, self._token = None, ""
+        return self._token

@@ -15,6 +15,7 @@ import dataclasses
 import enum
 import hashlib
 import json
+import math
 import re
 import typing
 from typing import Annotated, Any, Literal
@@ -22,7 +23,7 @@ from typing import Annotated, Any, Literal
 import pydantic
 from pydantic import alias_generators
 
-from shared import yamlsafe
+from shared import jsonsafe, patterns, yamlsafe
 
 API_VERSION = "taugrid.dev/v1alpha1"
 """The only schema version this build speaks; `apiVersion` in tau.yaml may pin it."""
@@ -49,7 +50,6 @@ CHECKPOINT_MOUNT_DIR = "/var/run/taugrid/checkpoint"
 """Where the per-run checkpoint ConfigMap is mounted in every pod (shared with rendering)."""
 
 SHM_MOUNT_PATH = "/dev/shm"  # noqa: S108 - the container's shared-memory mount, not a temp file
-RESERVED_MOUNT_PATHS = (SHM_MOUNT_PATH, CHECKPOINT_MOUNT_DIR)
 
 RENDEZVOUS_ENV_NAMES = frozenset(
     {
@@ -67,20 +67,74 @@ RENDEZVOUS_ENV_NAMES = frozenset(
 )
 """Env that `kind: pytorch` sets for torchrun; a user value would silently break rendezvous."""
 
-RESERVED_LABEL_DOMAINS = ("taugrid.dev", "kueue.x-k8s.io", "kubernetes.io", "k8s.io")
-
-_DNS1035_RE = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
-_DNS1123_LABEL_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_DNS1123_SUBDOMAIN_RE = re.compile(
-    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+RESERVED_LABEL_DOMAINS = (
+    "taugrid.dev",
+    "kubernetes.io",
+    "k8s.io",
+    "x-k8s.io",
+    "ray.io",
+    "istio.io",
 )
-_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_LABEL_NAME_RE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
-_LABEL_VALUE_RE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
-_QUANTITY_RE = re.compile(r"^([0-9]+(\.[0-9]+)?|\.[0-9]+)(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
-_DURATION_RE = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
-_IMAGE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]*$")
-_DIGEST_RE = re.compile(r"@sha256:[0-9a-f]{64}$")
+"""Label prefixes other controllers (and we) act on, refused with their subdomains: Kubernetes
+(`*.kubernetes.io`, `*.k8s.io`), SIG projects such as Kueue and JobSet (`*.x-k8s.io`),
+KubeRay (`ray.io/*`), Istio (`sidecar.istio.io/inject` opts a pod out of the mesh) and ours
+(DESIGN.md section 10)."""
+
+RESERVED_LABEL_NAMES = frozenset({"controller-uid", "job-name", "pod-template-hash"})
+"""Unprefixed label keys the Job and ReplicaSet controllers select their pods by: a run pod
+carrying one could be adopted, or counted, by another namespace object's controller."""
+
+RESERVED_ENV_NAMES = frozenset(
+    {
+        "NVIDIA_VISIBLE_DEVICES",
+        "NVIDIA_DRIVER_CAPABILITIES",
+        "NVIDIA_MIG_CONFIG_DEVICES",
+        "NVIDIA_MIG_MONITOR_DEVICES",
+        "NVIDIA_IMEX_CHANNELS",
+    }
+)
+"""Env the NVIDIA container toolkit reads to decide which GPUs (and driver capabilities, MIG
+devices, IMEX channels) a container gets. Under the device plugin's default `envvar` strategy
+a pod setting `NVIDIA_VISIBLE_DEVICES=all` sees every GPU of its node, outside its quota and
+outside quarantine's reach (security review H3); only the device plugin may set them.
+`CUDA_VISIBLE_DEVICES` stays allowed: it narrows what a process uses and grants nothing."""
+
+RESERVED_PRIORITY_CLASSES = frozenset({"taugrid-resume"})
+"""WorkloadPriorityClasses that only the controller assigns (the boost of a resumed attempt,
+`controller.marks.RESUME_PRIORITY_CLASS`); a spec naming one would jump the queue."""
+
+SERVICE_ACCOUNT_DIRS = ("/var/run/secrets", "/run/secrets")
+"""Where the kubelet mounts ServiceAccount tokens (and `/var/run` is `/run` in most images)."""
+
+RESERVED_MOUNT_PATHS = (
+    SHM_MOUNT_PATH,
+    CHECKPOINT_MOUNT_DIR,
+    CHECKPOINT_MOUNT_DIR.removeprefix("/var"),
+    *SERVICE_ACCOUNT_DIRS,
+)
+"""No volume may be mounted at or under these: /dev/shm and the checkpoint file are ours, and
+a volume over a token directory would replace the credential the pod's programs read."""
+
+MAX_QUANTITY_CHARS = 64
+MAX_QUANTITY_VALUE = float(2**63)
+"""Quantities beyond int64 base units (cores, bytes) are refused: the API server cannot hold
+them, and none is a real request."""
+
+_DNS1035 = r"[a-z]([-a-z0-9]*[a-z0-9])?"
+_DNS1123_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_DNS1123_SUBDOMAIN = rf"{_DNS1123_LABEL}(\.{_DNS1123_LABEL})*"
+_DNS1035_RE = patterns.compile_full(_DNS1035)
+_DNS1123_LABEL_RE = patterns.compile_full(_DNS1123_LABEL)
+_DNS1123_SUBDOMAIN_RE = patterns.compile_full(_DNS1123_SUBDOMAIN)
+_ENV_NAME_RE = patterns.compile_full(r"[A-Za-z_][A-Za-z0-9_]*")
+_LABEL_NAME_RE = patterns.compile_full(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+_LABEL_VALUE_RE = patterns.compile_full(r"([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?")
+_QUANTITY_RE = patterns.compile_full(
+    r"([0-9]+(\.[0-9]+)?|\.[0-9]+)(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?"
+)
+_DURATION_RE = patterns.compile_full(r"(?:([0-9]+)d)?(?:([0-9]+)h)?(?:([0-9]+)m)?(?:([0-9]+)s)?")
+_IMAGE_RE = patterns.compile_full(r"[A-Za-z0-9][A-Za-z0-9._/:@+-]*")
+_DIGEST_RE = re.compile(r"@sha256:[0-9a-f]{64}\Z")
 
 _QUANTITY_SUFFIX = {
     "": 1.0,
@@ -100,6 +154,10 @@ _QUANTITY_SUFFIX = {
 }
 
 MAX_DURATION_S = 366 * 24 * 3600
+MAX_DURATION_CHARS = 32
+MAX_PATH_CHARS = 1024
+MAX_PLAIN_INT = 10**jsonsafe.MAX_INT_DIGITS - 1
+"""Largest whole number taken as text in `command`, `args` and `env`; quote a longer one."""
 
 
 class RunKind(enum.StrEnum):
@@ -138,9 +196,11 @@ RetryClass = Literal["NodeFailure", "Evicted", "OOMKilled", "AppError", "Timeout
 
 def parse_duration(text: str) -> int:
     """Return the seconds in `90s`, `30m`, `2h`, `1h30m`, `2d`; raise ValueError otherwise."""
-    match = _DURATION_RE.match(text)
+    match = _DURATION_RE.fullmatch(text) if len(text) <= MAX_DURATION_CHARS else None
     if not text or match is None:
-        msg = f"{text!r} is not a duration; write a number with a unit: 90s, 30m, 2h, 1h30m, 2d"
+        msg = (
+            f"{_short(text)} is not a duration; write a number with a unit: 90s, 30m, 2h, 1h30m, 2d"
+        )
         raise ValueError(msg)
     days, hours, minutes, seconds = (int(part) if part else 0 for part in match.groups())
     total = ((days * 24 + hours) * 60 + minutes) * 60 + seconds
@@ -152,21 +212,25 @@ def parse_duration(text: str) -> int:
 
 def parse_quantity(text: str) -> float:
     """Return the value of a Kubernetes quantity (`500m`, `4`, `16Gi`) as a float."""
-    match = _QUANTITY_RE.match(text)
+    match = _QUANTITY_RE.fullmatch(text) if len(text) <= MAX_QUANTITY_CHARS else None
     if match is None:
         msg = (
-            f"{text!r} is not a Kubernetes quantity; write a number with an optional unit:"
+            f"{_short(text)} is not a Kubernetes quantity; write a number with an optional unit:"
             " 500m, 4, 1.5, 512Mi, 16Gi, 1Ti"
         )
         raise ValueError(msg)
-    return float(match.group(1)) * _QUANTITY_SUFFIX[match.group(3) or ""]
+    value = float(match.group(1)) * _QUANTITY_SUFFIX[match.group(3) or ""]
+    if value > MAX_QUANTITY_VALUE:
+        msg = f"{text!r} is too large: a quantity is at most 8Ei (2^63 in base units)"
+        raise ValueError(msg)
+    return value
 
 
 def _check_duration(value: object) -> object:
     if isinstance(value, bool):
         return value
     if isinstance(value, int | float):
-        msg = f"{value} has no unit; write it as a string with one: {value}s, 30m, 2h, 1h30m"
+        msg = f"{_short(value)} has no unit; write it as a string with one: 90s, 30m, 2h, 1h30m"
         raise ValueError(msg)
     if isinstance(value, str):
         parse_duration(value)
@@ -177,6 +241,9 @@ def _check_quantity(value: object) -> object:
     if isinstance(value, bool):
         return value
     if isinstance(value, int | float):
+        if not math.isfinite(value) or abs(value) > MAX_QUANTITY_VALUE:
+            msg = f"{_short(value)} is not a quantity: a quantity is at most 8Ei"
+            raise ValueError(msg)
         value = format(value, "g")
     if isinstance(value, str) and parse_quantity(value) <= 0:
         msg = f"{value!r} must be more than zero"
@@ -188,11 +255,18 @@ def _coerce_plain_text(value: object) -> object:
     """Accept integers and booleans where a string is meant (`args: [--epochs, 10]`).
 
     A float is refused: YAML would read `0.10` as 0.1 and lose the spelling the program
-    expects, so the message asks for quotes instead of guessing.
+    expects, so the message asks for quotes instead of guessing. So is an integer longer than
+    `MAX_INT_DIGITS`: quoted, it is text of any length.
     """
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int):
+        if abs(value) > MAX_PLAIN_INT:
+            msg = (
+                f"a number of more than {jsonsafe.MAX_INT_DIGITS} digits; quote it so it is"
+                " passed as text"
+            )
+            raise ValueError(msg)
         return str(value)
     if isinstance(value, float):
         msg = f"{value!r} is a number; quote it ('{value}') so it is passed exactly as written"
@@ -201,9 +275,9 @@ def _coerce_plain_text(value: object) -> object:
 
 
 def _check_name(value: str) -> str:
-    if len(value) > MAX_NAME_LENGTH or not _DNS1035_RE.match(value):
+    if len(value) > MAX_NAME_LENGTH or not _DNS1035_RE.fullmatch(value):
         msg = (
-            f"{value!r} is not a valid run name: use at most {MAX_NAME_LENGTH} lower-case"
+            f"{_short(value)} is not a valid run name: use at most {MAX_NAME_LENGTH} lower-case"
             " letters, digits and '-', starting with a letter and ending with a letter or digit"
         )
         raise ValueError(msg)
@@ -211,28 +285,43 @@ def _check_name(value: str) -> str:
 
 
 def _check_dns_label(value: str) -> str:
-    if len(value) > 63 or not _DNS1123_LABEL_RE.match(value):
+    if len(value) > 63 or not _DNS1123_LABEL_RE.fullmatch(value):
         msg = (
-            f"{value!r} is not a valid name: use at most 63 lower-case letters, digits and"
-            " '-', starting and ending with a letter or digit"
+            f"{_short(value)} is not a valid name: use at most 63 lower-case letters, digits"
+            " and '-', starting and ending with a letter or digit"
         )
         raise ValueError(msg)
     return value
 
 
 def _check_dns_subdomain(value: str) -> str:
-    if len(value) > 253 or not _DNS1123_SUBDOMAIN_RE.match(value):
+    if len(value) > 253 or not _DNS1123_SUBDOMAIN_RE.fullmatch(value):
         msg = (
-            f"{value!r} is not a valid Kubernetes object name: use lower-case letters, digits,"
-            " '-' and '.', starting and ending with a letter or digit"
+            f"{_short(value)} is not a valid Kubernetes object name: use at most 253 lower-case"
+            " letters, digits, '-' and '.', starting and ending with a letter or digit"
         )
         raise ValueError(msg)
     return value
 
 
+def _check_priority(value: str) -> str:
+    _check_dns_label(value)
+    if value in RESERVED_PRIORITY_CLASSES:
+        msg = f"{value!r} is the controller's own priority class (resumed attempts); choose another"
+        raise ValueError(msg)
+    return value
+
+
 def _check_abs_path(value: str) -> str:
-    if not value.startswith("/") or "\x00" in value or len(value) > 1024:
-        msg = f"{value!r} must be an absolute path such as /data or /checkpoints/run"
+    if (
+        not value.startswith("/")
+        or len(value) > MAX_PATH_CHARS
+        or any(ord(c) < 0x20 or ord(c) == 0x7F for c in value)
+    ):
+        msg = (
+            f"{_short(value)} must be an absolute path such as /data or /checkpoints/run, of at"
+            f" most {MAX_PATH_CHARS} characters and without control characters"
+        )
         raise ValueError(msg)
     if any(part == ".." for part in value.split("/")):
         msg = f"{value!r} must not contain '..'"
@@ -241,20 +330,29 @@ def _check_abs_path(value: str) -> str:
 
 
 def _check_image(value: str) -> str:
-    if len(value) > 1024 or not _IMAGE_RE.match(value):
+    if len(value) > 1024 or not _IMAGE_RE.fullmatch(value):
         msg = (
-            f"{value!r} is not an image reference; write registry/repository:tag or, better,"
-            " registry/repository@sha256:<digest>"
+            f"{_short(value)} is not an image reference; write registry/repository:tag or,"
+            " better, registry/repository@sha256:<digest>"
         )
         raise ValueError(msg)
     return value
+
+
+def _string_schema(pattern: re.Pattern[str], max_length: int) -> dict[str, Any]:
+    """The JSON Schema of a name checked by `pattern` in full (DESIGN.md section 10)."""
+    return {"type": "string", "pattern": patterns.schema(pattern), "maxLength": max_length}
 
 
 Duration = Annotated[
     str,
     pydantic.BeforeValidator(_check_duration),
     pydantic.Field(
-        json_schema_extra={"pattern": _DURATION_RE.pattern, "examples": ["90s", "30m", "1h30m"]}
+        json_schema_extra={
+            "pattern": patterns.schema(_DURATION_RE),
+            "maxLength": MAX_DURATION_CHARS,
+            "examples": ["90s", "30m", "1h30m"],
+        }
     ),
 ]
 Quantity = Annotated[
@@ -263,8 +361,12 @@ Quantity = Annotated[
     pydantic.WithJsonSchema(
         {
             "anyOf": [
-                {"type": "string", "pattern": _QUANTITY_RE.pattern},
-                {"type": "number", "exclusiveMinimum": 0},
+                {
+                    "type": "string",
+                    "pattern": patterns.schema(_QUANTITY_RE),
+                    "maxLength": MAX_QUANTITY_CHARS,
+                },
+                {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_QUANTITY_VALUE},
             ]
         }
     ),
@@ -277,15 +379,53 @@ PlainText = Annotated[
         {
             "anyOf": [
                 {"type": "string", "maxLength": MAX_ENV_VALUE_BYTES},
-                {"type": "integer"},
+                {"type": "integer", "minimum": -MAX_PLAIN_INT, "maximum": MAX_PLAIN_INT},
                 {"type": "boolean"},
             ]
         }
     ),
 ]
-DnsLabel = Annotated[str, pydantic.AfterValidator(_check_dns_label)]
-ObjectName = Annotated[str, pydantic.AfterValidator(_check_dns_subdomain)]
-AbsPath = Annotated[str, pydantic.AfterValidator(_check_abs_path)]
+DnsLabel = Annotated[
+    str,
+    pydantic.AfterValidator(_check_dns_label),
+    pydantic.Field(json_schema_extra=_string_schema(_DNS1123_LABEL_RE, 63)),
+]
+ObjectName = Annotated[
+    str,
+    pydantic.AfterValidator(_check_dns_subdomain),
+    pydantic.Field(json_schema_extra=_string_schema(_DNS1123_SUBDOMAIN_RE, 253)),
+]
+RunName = Annotated[
+    str,
+    pydantic.AfterValidator(_check_name),
+    pydantic.Field(json_schema_extra=_string_schema(_DNS1035_RE, MAX_NAME_LENGTH)),
+]
+PriorityClass = Annotated[
+    str,
+    pydantic.AfterValidator(_check_priority),
+    pydantic.Field(
+        json_schema_extra={
+            **_string_schema(_DNS1123_LABEL_RE, 63),
+            "not": {"enum": sorted(RESERVED_PRIORITY_CLASSES)},
+        }
+    ),
+]
+Image = Annotated[
+    str,
+    pydantic.AfterValidator(_check_image),
+    pydantic.Field(json_schema_extra=_string_schema(_IMAGE_RE, 1024)),
+]
+AbsPath = Annotated[
+    str,
+    pydantic.AfterValidator(_check_abs_path),
+    pydantic.Field(
+        json_schema_extra={
+            "type": "string",
+            "pattern": patterns.schema(r"/[^\x00-\x1f\x7f]*"),
+            "maxLength": MAX_PATH_CHARS,
+        }
+    ),
+]
 ShortText = Annotated[str, pydantic.StringConstraints(min_length=1, max_length=256)]
 StrictInt = Annotated[int, pydantic.Strict()]
 StrictBool = Annotated[bool, pydantic.Strict()]
@@ -336,6 +476,15 @@ class Checkpoint(SpecModel):
     """PersistentVolumeClaim holding `dir`, so checkpoints outlive a pod. If it is not also
     listed in `volumes`, it is mounted at `dir`. Multi-worker runs need a ReadWriteMany
     claim, or only rank 0 may write."""
+    grace: Duration | None = None
+    """How long the run may keep its GPUs after one of them is fenced for a fault that
+    leaves work running (on DRA clusters: the `tolerationSeconds` of its claims), to reach
+    its next checkpoint; default: the controller's `runDeviceGraceS`."""
+
+    @property
+    def grace_s(self) -> int | None:
+        """The grace in seconds, None for the controller's default."""
+        return None if self.grace is None else parse_duration(self.grace)
 
 
 class Retry(SpecModel):
@@ -392,11 +541,11 @@ class TauSpec(SpecModel):
     kind: RunKind = RunKind.JOB
     """job (one or more identical pods), pytorch (torchrun across workers: Indexed Job and
     headless Service) or ray (a RayJob with a head and `workers` worker pods)."""
-    name: Annotated[str, pydantic.AfterValidator(_check_name)]
+    name: RunName
     """Run name: at most 40 lower-case letters, digits and '-', starting with a letter."""
     namespace: DnsLabel | None = None
     """Kubernetes namespace; the request's `?namespace=` wins, then this, then `default`."""
-    image: Annotated[str, pydantic.AfterValidator(_check_image)]
+    image: Image
     """Container image, best pinned by digest (`repo@sha256:...`); a tag gets a warning."""
     command: (
         Annotated[str, pydantic.StringConstraints(max_length=MAX_ENV_VALUE_BYTES)]
@@ -405,8 +554,21 @@ class TauSpec(SpecModel):
     """A list runs as is (exec form); a string runs under `/bin/sh -c`."""
     args: Annotated[list[PlainText], pydantic.Field(max_length=1024)] = []
     """Arguments appended to `command`."""
-    env: dict[str, PlainText] = {}
-    """Environment variables; names starting TAU_ are reserved for TauGrid."""
+    env: Annotated[
+        dict[str, PlainText],
+        pydantic.Field(
+            json_schema_extra={
+                "propertyNames": {
+                    "pattern": patterns.schema(r"(?!TAU_)[A-Za-z_][A-Za-z0-9_]*"),
+                    "not": {"enum": sorted(RESERVED_ENV_NAMES)},
+                }
+            }
+        ),
+    ] = {}
+    """Environment variables. Names starting TAU_ are reserved for TauGrid, and the NVIDIA
+    container toolkit's device variables (`NVIDIA_VISIBLE_DEVICES`,
+    `NVIDIA_DRIVER_CAPABILITIES`, `NVIDIA_MIG_CONFIG_DEVICES`, `NVIDIA_MIG_MONITOR_DEVICES`,
+    `NVIDIA_IMEX_CHANNELS`) for the device plugin."""
     workers: Annotated[StrictInt, pydantic.Field(ge=1, le=MAX_WORKERS)] = 1
     """Number of pods (for ray: worker pods besides the head)."""
     resources: Resources = Resources()
@@ -423,8 +585,9 @@ class TauSpec(SpecModel):
     """Secrets in the namespace for pulling `image` from a private registry."""
     queue: DnsLabel = DEFAULT_QUEUE
     """Kueue LocalQueue in the run's namespace."""
-    priority: DnsLabel | None = None
-    """Kueue WorkloadPriorityClass."""
+    priority: PriorityClass | None = None
+    """Kueue WorkloadPriorityClass. The controller's own `taugrid-resume` is refused, and a
+    platform may allow only some classes (`TAUGRID_CONTROLLER_ALLOWED_PRIORITY_CLASSES`)."""
     checkpoint: Checkpoint | None = None
     """Where checkpoints go; needed for resume after a failure to continue, not restart."""
     retry: Retry = Retry()
@@ -435,10 +598,22 @@ class TauSpec(SpecModel):
     experiment: Experiment | None = None
     """Tracking metadata."""
     labels: Annotated[
-        dict[str, Annotated[str, pydantic.BeforeValidator(_coerce_plain_text)]],
-        pydantic.Field(max_length=32),
+        dict[
+            str,
+            Annotated[
+                str,
+                pydantic.BeforeValidator(_coerce_plain_text),
+                pydantic.Field(json_schema_extra=_string_schema(_LABEL_VALUE_RE, 63)),
+            ],
+        ],
+        pydantic.Field(
+            max_length=32, json_schema_extra={"propertyNames": {"maxLength": 253 + 1 + 63}}
+        ),
     ] = {}
-    """Extra Kubernetes labels on the run's objects and pods."""
+    """Extra Kubernetes labels on the run's objects and pods. Keys in the domains other
+    controllers act on are refused (`*.kubernetes.io`, `*.k8s.io`, `*.x-k8s.io`, `ray.io`,
+    `*.istio.io`, `taugrid.dev`), and so are `controller-uid`, `job-name` and
+    `pod-template-hash`."""
 
     @pydantic.field_validator("command")
     @classmethod
@@ -455,14 +630,20 @@ class TauSpec(SpecModel):
     @classmethod
     def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
         for key in value:
-            if not _ENV_NAME_RE.match(key):
+            if not _ENV_NAME_RE.fullmatch(key):
                 msg = (
-                    f"{key!r} is not a valid variable name: use letters, digits and '_',"
+                    f"{_short(key)} is not a valid variable name: use letters, digits and '_',"
                     " not starting with a digit"
                 )
-                raise _FieldError(f"env.{key}", msg)
+                raise _FieldError(_key_field("env", key), msg)
             if key.startswith("TAU_"):
                 msg = f"{key!r}: names starting TAU_ are reserved for TauGrid"
+                raise _FieldError(f"env.{key}", msg)
+            if key in RESERVED_ENV_NAMES:
+                msg = (
+                    f"{key!r} decides which GPUs a container gets and is set by the device plugin"
+                    " alone; ask for GPUs with resources.gpus (CUDA_VISIBLE_DEVICES is allowed)"
+                )
                 raise _FieldError(f"env.{key}", msg)
         total = sum(len(k) + len(v.encode()) for k, v in value.items())
         if total > MAX_ENV_TOTAL_BYTES:
@@ -475,10 +656,10 @@ class TauSpec(SpecModel):
     def _label_pairs(cls, value: dict[str, str]) -> dict[str, str]:
         for key, label_value in value.items():
             _check_label_key(key)
-            if len(label_value) > 63 or not _LABEL_VALUE_RE.match(label_value):
+            if len(label_value) > 63 or not _LABEL_VALUE_RE.fullmatch(label_value):
                 msg = (
-                    f"value {label_value!r} must be at most 63 letters, digits, '-', '_' or"
-                    " '.', starting and ending with a letter or digit"
+                    f"value {_short(label_value)} must be at most 63 letters, digits, '-', '_'"
+                    " or '.', starting and ending with a letter or digit"
                 )
                 raise _FieldError(f"labels.{key}", msg)
         return value
@@ -496,12 +677,12 @@ class TauSpec(SpecModel):
                 raise _FieldError(f"env.{clash[0]}", msg)
         seen: dict[str, int] = {}
         for index, volume in enumerate(self.volumes):
-            path = volume.mount_path.rstrip("/") or "/"
-            if path == "/" or any(
-                path == reserved or path.startswith(reserved + "/")
-                for reserved in RESERVED_MOUNT_PATHS
-            ):
-                msg = f"{volume.mount_path!r} is reserved; choose another mountPath"
+            path = _clean_path(volume.mount_path)
+            if path == "/" or any(_is_under(path, reserved) for reserved in RESERVED_MOUNT_PATHS):
+                msg = (
+                    f"{volume.mount_path!r} is reserved (the root, /dev/shm, the checkpoint file"
+                    " and the ServiceAccount token directories); choose another mountPath"
+                )
                 raise _FieldError(f"volumes[{index}].mountPath", msg)
             if path in seen:
                 msg = f"{volume.mount_path!r} is already used by volumes[{seen[path]}]"
@@ -516,7 +697,7 @@ class TauSpec(SpecModel):
                 )
                 raise _FieldError("checkpoint.dir", msg)
             if not listed and (
-                self.checkpoint.dir.rstrip("/") in seen
+                _clean_path(self.checkpoint.dir) in seen
                 or any(_is_under(self.checkpoint.dir, r) for r in RESERVED_MOUNT_PATHS)
             ):
                 msg = (
@@ -564,26 +745,42 @@ class _FieldError(ValueError):
         self.message = message
 
 
+def _clean_path(path: str) -> str:
+    """The path as the kubelet mounts it: no empty or `.` segments (`..` is refused)."""
+    return "/" + "/".join(part for part in path.split("/") if part not in {"", "."})
+
+
 def _is_under(path: str, root: str) -> bool:
-    root = root.rstrip("/")
-    return path == root or path.startswith(root + "/")
+    path, root = _clean_path(path), _clean_path(root)
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def _key_field(parent: str, key: str) -> str:
+    """The field path of a mapping key; a key too long to be one is named by its parent."""
+    return f"{parent}.{key}" if len(key) <= 253 else parent
 
 
 def _check_label_key(key: str) -> None:
     prefix, _, name = key.rpartition("/")
-    ok = bool(name) and len(name) <= 63 and bool(_LABEL_NAME_RE.match(name))
+    ok = bool(name) and len(name) <= 63 and bool(_LABEL_NAME_RE.fullmatch(name))
     if prefix:
-        ok = ok and len(prefix) <= 253 and bool(_DNS1123_SUBDOMAIN_RE.match(prefix))
+        ok = ok and len(prefix) <= 253 and bool(_DNS1123_SUBDOMAIN_RE.fullmatch(prefix))
     if not ok:
         msg = (
-            f"{key!r} is not a valid label key: an optional DNS prefix and '/', then at most"
-            " 63 letters, digits, '-', '_' or '.'"
+            f"{_short(key)} is not a valid label key: an optional DNS prefix and '/', then at"
+            " most 63 letters, digits, '-', '_' or '.'"
         )
-        raise _FieldError(f"labels.{key}", msg)
+        raise _FieldError(_key_field("labels", key), msg)
     if prefix and any(
         prefix == domain or prefix.endswith("." + domain) for domain in RESERVED_LABEL_DOMAINS
     ):
-        msg = f"label prefix {prefix!r} is reserved for the system"
+        msg = (
+            f"label prefix {prefix!r} is reserved: Kubernetes, Kueue, KubeRay, Istio and TauGrid"
+            " act on labels in it"
+        )
+        raise _FieldError(f"labels.{key}", msg)
+    if not prefix and name in RESERVED_LABEL_NAMES:
+        msg = f"label {name!r} is reserved: the Job and ReplicaSet controllers select pods by it"
         raise _FieldError(f"labels.{key}", msg)
 
 
@@ -668,6 +865,33 @@ def parse_spec(data: bytes, content_type: str | None = None) -> ParsedSpec:
     return validate_spec(document)
 
 
+_DECLARED_NAMESPACE_RE = re.compile(
+    rb"(?:^|[{,])[ \t]*[\"']?namespace[\"']?[ \t]*:[ \t]*[\"']?"
+    rb"([a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?)[\"']?[ \t]*(?=[,}#\r\n]|\Z)",
+    re.MULTILINE,
+)
+MAX_DECLARED_NAMESPACES = 4
+
+
+def declared_namespaces(data: bytes) -> list[str]:
+    """The namespaces a body may declare, found without parsing it: the values of lines (or
+    JSON members) `namespace: NAME`, distinct, in order, at most MAX_DECLARED_NAMESPACES.
+
+    One linear scan, no parse (security review M3): the controller authorises the caller on
+    one of these before it spends any CPU on the document, then checks the namespace the
+    parsed spec really names. A nested key of the same name (a label) can be among them;
+    that costs a second check, never a parse for someone who may not create runs at all.
+    """
+    found: list[str] = []
+    for match in _DECLARED_NAMESPACE_RE.finditer(data):
+        name = match.group(1).decode("ascii")
+        if name not in found:
+            found.append(name)
+            if len(found) == MAX_DECLARED_NAMESPACES:
+                break
+    return found
+
+
 def validate_spec(document: object) -> ParsedSpec:
     """Validate already-parsed data (a dict from YAML/JSON or a TauRun's `spec`)."""
     if not isinstance(document, dict):
@@ -747,27 +971,10 @@ def _load_yaml(text: str) -> object:
 
 
 def _load_json(text: str) -> object:
-    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
-        result: dict[str, Any] = {}
-        for key, value in items:
-            if key in result:
-                msg = f"duplicate key {key!r}"
-                raise SpecError([FieldProblem(key, msg)], SpecErrorKind.MALFORMED)
-            result[key] = value
-        return result
-
-    def no_constant(name: str) -> object:
-        msg = f"{name} is not valid JSON"
-        raise SpecError([FieldProblem("", msg)], SpecErrorKind.MALFORMED)
-
     try:
-        return json.loads(text, object_pairs_hook=pairs, parse_constant=no_constant)
-    except json.JSONDecodeError as err:
-        msg = f"invalid JSON: {err.msg} (line {err.lineno}, column {err.colno})"
-        raise SpecError([FieldProblem("", msg)], SpecErrorKind.MALFORMED) from err
-    except RecursionError as err:
-        msg = "invalid JSON: nesting too deep"
-        raise SpecError([FieldProblem("", msg)], SpecErrorKind.MALFORMED) from err
+        return jsonsafe.load(text)
+    except jsonsafe.JsonError as err:
+        raise SpecError([FieldProblem(err.path, str(err))], SpecErrorKind.MALFORMED) from err
 
 
 def _json_type(value: object) -> str:

@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from shared import jsonsafe, yamlsafe
 from shared import spec as specs
-from shared import yamlsafe
 
 _INTRO = """\
 # `tau.yaml` reference
@@ -45,7 +45,29 @@ timeout: 12h
   ({aliases} uses, {nodes} nodes once expanded, {depth} levels); tags other than the core ones
   (`!!str`, `!!int`, `!!float`, `!!bool`, `!!null`, `!!seq`, `!!map`) are refused.
 - JSON is accepted too (`Content-Type: application/json`). The body must be UTF-8 and at most
-  {max_bytes} bytes.
+  {max_bytes} bytes. In either, an integer has at most {int_digits} digits (quote a longer
+  one), and `NaN`, `Infinity` and numbers beyond a double are refused.
+- Names are matched in full: a value with a trailing newline (or space) is not a name.
+  `name` is a DNS-1035 label of at most 40 characters; `namespace`, `queue` and `priority`
+  are DNS-1123 labels; `volumes[].claim` and `imagePullSecrets` DNS-1123 subdomains.
+- What would give a pod more than a plain pod of its namespace is refused (the platform's
+  trust boundaries):
+  - the NVIDIA container toolkit's device variables in `env` (`NVIDIA_VISIBLE_DEVICES`,
+    `NVIDIA_DRIVER_CAPABILITIES`, `NVIDIA_MIG_CONFIG_DEVICES`, `NVIDIA_MIG_MONITOR_DEVICES`,
+    `NVIDIA_IMEX_CHANNELS`): GPUs come from `resources.gpus` alone, and a container that asks
+    for none is started with `NVIDIA_VISIBLE_DEVICES=void`, whatever its image sets.
+    `CUDA_VISIBLE_DEVICES` (which only narrows) is allowed;
+  - `priority: taugrid-resume`, the controller's own boost for resumed attempts, and any
+    class outside the platform's allowlist when it has one;
+  - labels in domains other controllers act on (`*.kubernetes.io`, `*.k8s.io`, `*.x-k8s.io`,
+    `ray.io`, `*.istio.io`, `taugrid.dev`) and the unprefixed `controller-uid`, `job-name`
+    and `pod-template-hash`;
+  - a volume mounted at `/` or at or under the paths the pod needs as they are: `/dev/shm`, the
+    checkpoint file's directory (`/var/run/taugrid/checkpoint`) and the ServiceAccount token
+    directories (`/var/run/secrets`, `/run/secrets`).
+- Before anything is created the API server checks the run's first objects; a spec it would
+  refuse is refused at submission (422) with its message, never a run that cannot start.
+  `POST /v1/runs?dryRun=true` runs the whole check and shows what would be created.
 - Durations are strings with units: `90s`, `30m`, `2h`, `1h30m`, `2d`.
 - Quantities are Kubernetes quantities: `500m`, `4`, `16Gi`.
 - Whole numbers must be written as numbers (`workers: 2`, not `"2"`), booleans as
@@ -103,6 +125,7 @@ def render_markdown(schema: dict[str, Any] | None = None) -> str:
         .replace("{nodes}", str(yamlsafe.MAX_NODES))
         .replace("{depth}", str(yamlsafe.MAX_DEPTH))
         .replace("{max_bytes}", str(specs.MAX_SPEC_BYTES))
+        .replace("{int_digits}", str(jsonsafe.MAX_INT_DIGITS))
     )
     sections = [intro]
     order: list[str] = []

@@ -28,11 +28,19 @@ from typing import TYPE_CHECKING, Any
 import yaml
 from yaml import composer, nodes, parser, reader, resolver, scanner
 
+from shared import jsonsafe
+
 MAX_ALIASES = 100
 """Most alias uses (`*name`) in one document; a tau.yaml needs a handful at most."""
 
-MAX_NODES = 100_000
-"""Most nodes in the document with every alias expanded; stops exponential alias bombs."""
+MAX_NODES = 10_000
+"""Most nodes in the document, counted while it is composed (so a megabyte of `[a, a, …]`
+stops early instead of costing seconds of CPU first) and again with every alias expanded
+(which stops exponential alias bombs). A tau.yaml has a few hundred at most."""
+
+MAX_INT_DIGITS = jsonsafe.MAX_INT_DIGITS
+"""Most digits of an integer; a longer one (or `int()` past CPython's 4,300-digit limit) is
+refused, quote it to mean text."""
 
 MAX_DEPTH = 50
 """Deepest nesting of collections, aliases expanded; tau.yaml is four levels deep."""
@@ -90,6 +98,7 @@ class _CountingComposer(composer.Composer):
         super().__init__()
         self._alias_count = 0
         self._depth = 0
+        self._nodes = 0
 
     if TYPE_CHECKING:  # provided by the parser half of the loader; the stubs omit them
 
@@ -106,6 +115,11 @@ class _CountingComposer(composer.Composer):
                     f"too many aliases: at most {MAX_ALIASES} `*alias` uses are allowed",
                     line=_mark_line(event.start_mark),
                 )
+        self._nodes += 1
+        if self._nodes > MAX_NODES:
+            event = self.peek_event()
+            msg = f"document too large: more than {MAX_NODES} nodes"
+            raise YamlError(msg, line=_mark_line(event.start_mark))
         self._depth += 1
         try:
             if self._depth > MAX_DEPTH:
@@ -293,7 +307,7 @@ def _construct_scalar(node: nodes.ScalarNode, path: str) -> Any:
     if tag == TAG_BOOL and _BOOL_RE.match(value):
         return value.lower() == "true"
     if tag == TAG_INT and _INT_RE.match(value):
-        return _parse_int(value)
+        return _parse_int(value, path, _line(node))
     if tag == TAG_FLOAT and (_FLOAT_RE.match(value) or _INT_RE.match(value)):
         if _FLOAT_NAN_RE.match(value):
             return math.nan
@@ -301,7 +315,7 @@ def _construct_scalar(node: nodes.ScalarNode, path: str) -> Any:
             return -math.inf if value.startswith("-") else math.inf
         if _FLOAT_NUM_RE.match(value):
             return float(value)
-        return float(_parse_int(value))
+        return float(_parse_int(value, path, _line(node)))
     if tag in {TAG_NULL, TAG_BOOL, TAG_INT, TAG_FLOAT}:
         raise YamlError(
             f"{value!r} is not a valid {_describe_tag(tag)}", path=path, line=_line(node)
@@ -309,7 +323,14 @@ def _construct_scalar(node: nodes.ScalarNode, path: str) -> Any:
     raise _bad_tag(node, path)
 
 
-def _parse_int(value: str) -> int:
+def _parse_int(value: str, path: str = "", line: int | None = None) -> int:
+    digits = value.lstrip("+-").removeprefix("0o").removeprefix("0x")
+    if len(digits) > MAX_INT_DIGITS:
+        msg = (
+            f"a number of {len(digits)} digits; at most {MAX_INT_DIGITS} are read (quote it to"
+            " pass it as text)"
+        )
+        raise YamlError(msg, path=path, line=line)
     if _INT_OCT_RE.match(value):
         return int(value, 0)
     if _INT_HEX_RE.match(value):

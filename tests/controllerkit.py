@@ -21,11 +21,12 @@ from aiohttp import web
 from kubernetes_asyncio import client
 
 from controller import app as controller_app
+from controller import main as controller_main
 from controller import serving
 from controller.admission import admitting
 from controller.fleet import api as fleet_api
 from controller.settings import ControllerSettings
-from devcluster import cluster
+from devcluster import cluster, fakenvml
 from shared import health, heartbeat
 from tests import support
 
@@ -89,6 +90,8 @@ async def start_controller(
         "release_after_s": 1.0,
         "stale_quarantine_after_s": 2.0,
         "auth_cache_ttl_s": 1.0,
+        # The scripted agents report every 0.5 s (a production agent: 5 s).
+        "heartbeat_min_interval_s": 0.1,
         # Only this test's nodes: a controller without a selector would manage the shared
         # dev fleet and fight the dev controller (and other tests) over it.
         "node_selector": f"taugrid.dev/test-fleet={namespace}",
@@ -99,7 +102,7 @@ async def start_controller(
     values.update(overrides)
     settings = ControllerSettings(**values)
     app = controller_app.make_app(settings)
-    runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=2.0)
+    runner = controller_main.make_runner(app, shutdown_timeout=2.0)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", port, ssl_context=ssl_context)
     await site.start()
@@ -118,8 +121,11 @@ async def wait_leader(*replicas: RunningController) -> RunningController:
     return await support.eventually(probe, what="a leader")
 
 
-async def agent_token(api: client.ApiClient, namespace: str, node: str) -> str:
-    """Run an agent pod on `node` (KWOK runs it) and return a token bound to it."""
+async def agent_token(
+    api: client.ApiClient, namespace: str, node: str, *, audience: str | None = "taugrid"
+) -> str:
+    """Run an agent pod on `node` (KWOK runs it) and return a token bound to it, for
+    `audience` (None: the API server's own, as a default `kubectl create token`)."""
     core = client.CoreV1Api(api)
     try:
         await core.create_namespaced_service_account(namespace, {"metadata": {"name": AGENT_SA}})
@@ -127,7 +133,26 @@ async def agent_token(api: client.ApiClient, namespace: str, node: str) -> str:
         if err.status != 409:
             raise
     pod_name = f"agent-{node}"[:63]
-    pod = await core.create_namespaced_pod(
+    try:
+        pod = await core.read_namespaced_pod(pod_name, namespace)
+    except client.ApiException as err:
+        if err.status != 404:
+            raise
+        pod = await _agent_pod(core, namespace, node, pod_name)
+    spec: dict[str, Any] = {
+        "expirationSeconds": 3600,
+        "boundObjectRef": {
+            "apiVersion": "v1", "kind": "Pod", "name": pod_name, "uid": pod.metadata.uid,
+        },
+    }  # fmt: skip
+    if audience is not None:
+        spec["audiences"] = [audience]
+    tr = await core.create_namespaced_service_account_token(AGENT_SA, namespace, {"spec": spec})
+    return str(tr.status.token)
+
+
+async def _agent_pod(core: client.CoreV1Api, namespace: str, node: str, pod_name: str) -> Any:
+    return await core.create_namespaced_pod(
         namespace,
         {
             "metadata": {"name": pod_name, "labels": {"app": "taugrid-agent"}},
@@ -139,23 +164,6 @@ async def agent_token(api: client.ApiClient, namespace: str, node: str) -> str:
             },
         },
     )
-    tr = await core.create_namespaced_service_account_token(
-        AGENT_SA,
-        namespace,
-        {
-            "spec": {
-                "audiences": ["taugrid"],
-                "expirationSeconds": 3600,
-                "boundObjectRef": {
-                    "apiVersion": "v1",
-                    "kind": "Pod",
-                    "name": pod_name,
-                    "uid": pod.metadata.uid,
-                },
-            }
-        },
-    )
-    return str(tr.status.token)
 
 
 async def admin_token(api: client.ApiClient, namespace: str, name: str = "oncall") -> str:
@@ -203,8 +211,10 @@ def gpu(
     node: str,
     verdict: health.Verdict = health.Verdict.HEALTHY,
     reasons: tuple[heartbeat.Reason, ...] = (),
+    *,
+    uuid: str = "",
 ) -> heartbeat.GpuReport:
-    """One GPU of a fake node, with a UUID derived from the node name."""
+    """One GPU of a fake node, with a UUID derived from the node name (or the one given)."""
     action = max(
         (r.action for r in reasons),
         key=health.ACTION_SEVERITY.__getitem__,
@@ -212,7 +222,7 @@ def gpu(
     )
     return heartbeat.GpuReport(
         index=index,
-        uuid=f"GPU-{node}-{index}",
+        uuid=uuid or f"GPU-{node}-{index}",
         name="NVIDIA H100 80GB HBM3",
         verdict=verdict,
         action=action,
@@ -231,21 +241,58 @@ XID_79 = heartbeat.Reason(
 )
 
 
-class Agent:
-    """A scripted agent: posts heartbeats for one node with its pod-bound token."""
+ECC_RISING = heartbeat.Reason(
+    code="EccUncorrectedRising",
+    verdict=health.Verdict.DEGRADED,
+    action=health.Action.RESET_GPU,
+    message="uncorrected ECC errors rising",
+    latched=True,
+    clears_when="a GPU reset",
+)
+"""A reset-class fault scoped to one GPU (device quarantine on DRA nodes)."""
+XID_95 = heartbeat.Reason(
+    code="XidUncontainedEcc",
+    verdict=health.Verdict.FAILED,
+    action=health.Action.RESET_GPU,
+    message="Xid 95: uncontained ECC error",
+    xid=95,
+    latched=True,
+    clears_when="a GPU reset",
+)
 
-    def __init__(self, node: str, token: str, boot_id: str = "boot-1") -> None:
+
+class Agent:
+    """A scripted agent: posts heartbeats for one node with its pod-bound token.
+
+    `dra=True` reports the UUIDs the dev cluster's fake NVML gives that node, which its DRA
+    publisher lists in the node's ResourceSlice."""
+
+    def __init__(
+        self, node: str, token: str, boot_id: str = "boot-1", *, dra: bool = False
+    ) -> None:
         self.node = node
         self.token = token
         self.boot_id = boot_id
         self.sequence = 0
-        self.gpus = [gpu(i, node) for i in range(8)]
+        self.dra = dra
+        self.gpus = [self._gpu(i) for i in range(8)]
+
+    def uuid(self, index: int) -> str:
+        """The UUID this agent reports for GPU `index`."""
+        return fakenvml.default_uuid(self.node, index) if self.dra else f"GPU-{self.node}-{index}"
+
+    def _gpu(self, index: int, reason: heartbeat.Reason | None = None) -> heartbeat.GpuReport:
+        if reason is None:
+            return gpu(index, self.node, uuid=self.uuid(index))
+        return gpu(index, self.node, reason.verdict, (reason,), uuid=self.uuid(index))
 
     def fail(self, index: int, reason: heartbeat.Reason = XID_79) -> None:
-        self.gpus[index] = gpu(index, self.node, reason.verdict, (reason,))
+        self.gpus[index] = self._gpu(index, reason)
 
-    def heal(self) -> None:
-        self.gpus = [gpu(i, self.node) for i in range(8)]
+    def heal(self, index: int | None = None) -> None:
+        """All GPUs healthy again (or only GPU `index`)."""
+        for i in range(8) if index is None else (index,):
+            self.gpus[i] = self._gpu(i)
 
     def report(self, interval_s: float = 1.0) -> heartbeat.Heartbeat:
         self.sequence += 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import re
 import secrets
 import time
@@ -73,3 +74,8 @@ def condition(obj: dict[str, Any], kind: str) -> dict[str, Any] | None:
         if c.get("type") == kind:
             return dict(c)
     return None
+
+
+def parse_time(value: str) -> dt.datetime:
+    """Parse an RFC 3339 timestamp as the API server writes it (`…Z`, aware UTC)."""
+    return dt.datetime.fromisoformat(value)

@@ -20,10 +20,13 @@ from collections.abc import Callable
 
 from agent import readings
 
-_RECORD = re.compile(r"^(?P<prio>\d+),(?P<seq>\d+),(?P<ts>\d+),[^;]*;(?P<msg>.*)$")
+_RECORD = re.compile(
+    r"(?P<prio>[0-9]{1,20}),(?P<seq>[0-9]{1,20}),(?P<ts>[0-9]{1,20}),[^;]*;(?P<msg>.*)"
+)
+"""One record, matched in full (`fullmatch`: a `$` would also accept a trailing newline)."""
 _XID = re.compile(
     r"NVRM: Xid \(PCI:(?P<pci>[0-9A-Fa-f]+:[0-9A-Fa-f]+:[0-9A-Fa-f]+(?:\.[0-9A-Fa-f]+)?)\): "
-    r"(?P<xid>\d+)\b"
+    r"(?P<xid>[0-9]{1,10})\b"
 )
 # Xid 144-150 (R565+): `<Xid>, <unit> <Fatal|Nonfatal> XC<n> i<n> Link <nn> (<IntrInfo>
 # <ErrorStatus> <debug words...>)`, NVIDIA's "WORKFLOW_NVLINK5_ERR" bucket text; some
@@ -49,7 +52,7 @@ class Record:
 
 def parse_record(line: str) -> Record | None:
     """Parse one `/dev/kmsg` record; continuation lines and junk give None."""
-    match = _RECORD.match(line.rstrip("\n"))
+    match = _RECORD.fullmatch(line.rstrip("\n"))
     if match is None:
         return None
     return Record(int(match["seq"]), int(match["ts"]), match["msg"])

@@ -56,6 +56,8 @@ class Gate:
         pass_interval_s: float = 1.0,
         controller_name: str = marks.ADMISSION_CHECK_CONTROLLER,
         clock: Callable[[], dt.datetime] = _now,
+        devices: Callable[[], Mapping[str, views.DeviceNode]] | None = None,
+        dra_resource: str = marks.GPU_RESOURCE,
     ) -> None:
         self.store = store
         self.elector = elector
@@ -65,6 +67,10 @@ class Gate:
         self.pass_interval_s = pass_interval_s
         self.controller_name = controller_name
         self._clock = clock
+        self.devices = devices
+        """The DRA nodes' GPUs as device quarantine judges them (wired by the root from
+        the fleet); None: no DRA fleet, and DRA pod sets fit nowhere."""
+        self.dra_resource = dra_resource
         self._wake = asyncio.Event()
         self._messages: dict[tuple[str, str], str] = {}
         self._evented: dict[tuple[str, str], str] = {}
@@ -108,7 +114,7 @@ class Gate:
         await self._keep_active(raw_check, now)
         queues = policy.queues_with_check(await self.store.list_kueue("clusterqueues"), self.check)
         raw_workloads = await self.store.list_kueue("workloads")
-        seen = [views.parse_workload(w) for w in raw_workloads]
+        seen = [views.parse_workload(w, dra_resource=self.dra_resource) for w in raw_workloads]
         self._forget({(w.namespace, w.name) for w in seen})
         if not queues or not any(self._waits(w, queues) for w in seen):
             return
@@ -116,12 +122,21 @@ class Gate:
         raw_pods = await self.store.list_pods()
         raw_flavors = await self.store.list_kueue("resourceflavors")
         owners = await self.store.owner_labels()
-        parsed = (views.parse_workload(r, owners.get(views.owner_ref(r))) for r in raw_workloads)
+        parsed = (
+            views.parse_workload(r, owners.get(views.owner_ref(r)), dra_resource=self.dra_resource)
+            for r in raw_workloads
+        )
         workloads = {(w.namespace, w.name): w for w in parsed}
         flavors = {f.name: f for f in map(views.parse_flavor, raw_flavors)}
+        node_list = [views.parse_node(n) for n in raw_nodes]
+        if any(w.uses_dra for w in workloads.values()):
+            # Fail closed: without the fleet's word every DRA node counts as stale.
+            dra = self.devices() if self.devices is not None else {}
+            allocated = views.allocated_devices(await self.store.list_claims())
+            node_list = views.with_devices(node_list, dra, allocated)
         decisions = policy.plan(
             list(workloads.values()),
-            [views.parse_node(n) for n in raw_nodes],
+            node_list,
             flavors,
             [views.parse_pod(p) for p in raw_pods],
             now,
@@ -135,13 +150,14 @@ class Gate:
     def _waits(self, w: views.Workload, queues: frozenset[str]) -> bool:
         """Whether the Workload may need a decision: cheap, before the expensive lists."""
         ours = w.check(self.check)
-        return (
-            ours is not None
-            and ours.state in {views.CheckState.PENDING, ""}
-            and w.cluster_queue in queues
-            and w.quota_reserved
-            and not (w.evicted or w.finished or w.admitted)
-        )
+        if ours is None or w.cluster_queue not in queues or not w.quota_reserved:
+            return False
+        if w.evicted or w.finished:
+            return False
+        if ours.state == views.CheckState.READY:
+            # Passed but not running: its DRA devices are checked again until it runs.
+            return w.uses_dra and not w.pods_ready
+        return ours.state in {views.CheckState.PENDING, ""} and not w.admitted
 
     def _refuse(self, raw_check: Mapping[str, Any] | None) -> None:
         """Log once why the configured check is not ours to answer."""

@@ -142,6 +142,8 @@ def _eligible(
         ]
     if any(node.labels.get(k) != v for k, v in wanted.items()):
         return False
+    if ps.requests.gpus > 0 and ps.dra != node.dra:
+        return False  # claims need a DRA node's devices, the extended resource a plugin's
     health_keys = {marks.TAINT_KEY, views.UNSCHEDULABLE_TAINT, *views.NOT_READY_TAINTS}
     return all(
         any(tol.tolerates(t) for tol in tolerations)
@@ -234,7 +236,20 @@ def _shortfall(
     if sick:
         listed = _names([f"{name} {why}" for name, why in sick])
         have += f" ({len(sick)} unhealthy: {listed})"
+    fenced = [(n.name, n.fenced) for n in candidates if n.healthy and n.fenced]
+    if fenced:
+        count = sum(len(f) for _, f in fenced)
+        listed = _names([_devices_of(name, devs) for name, devs in fenced])
+        have += f" ({count} {_plural(count, 'GPU', 'GPUs')} not usable: {listed})"
     return f"{head} {where}{have}"
+
+
+def _devices_of(node: str, devices: Sequence[tuple[str, str]]) -> str:
+    """`d0 gpu-1, gpu-4 tainted; gpu-6 faulty`: one node's unusable devices, by why."""
+    by_why: dict[str, list[str]] = {}
+    for name, why in devices:
+        by_why.setdefault(why, []).append(name)
+    return f"{node} " + "; ".join(f"{', '.join(names)} {why}" for why, names in by_why.items())
 
 
 def _fit(
@@ -378,16 +393,33 @@ def plan(
     """
     base = views.with_usage(nodes, pods)
     free = {n.name: n.free for n in base}
-    for w in workloads:
-        if w.holds_capacity(check):
-            _claims(w, pods, base, flavors, free)
+    out: dict[tuple[str, str], Decision] = {}
+    passed = sorted(
+        (w for w in workloads if w.holds_capacity(check)),
+        key=lambda w: (-w.priority, w.created or now, w.namespace, w.name),
+    )
+    for w in passed:
+        if _rechecked(w, pods, queues, check=check):
+            current = [dataclasses.replace(n, used=n.allocatable - free[n.name]) for n in base]
+            fits, message, placement = _fit(w, current, flavors)
+            if not fits:
+                out[(w.namespace, w.name)] = Decision(
+                    views.CheckState.RETRY,
+                    f"quota released before its pods started: {message}",
+                    math.ceil(retry_after_s),
+                    now,
+                )
+                continue
+            for node, req in placement:
+                free[node] = free[node] - req
+            continue
+        _claims(w, pods, base, flavors, free)
     waiting = [
         w
         for w in workloads
         if w.check(check) is not None and (queues is None or w.cluster_queue in queues)
     ]
     waiting.sort(key=lambda w: (-w.priority, w.created or now, w.namespace, w.name))
-    out: dict[tuple[str, str], Decision] = {}
     for w in waiting:
         current = [dataclasses.replace(n, used=n.allocatable - free[n.name]) for n in base]
         decision = decide(w, current, flavors, pods, now, check=check,
@@ -398,6 +430,34 @@ def plan(
         for node, req in decision.placement:
             free[node] = free[node] - req
     return out
+
+
+def _rechecked(
+    w: views.Workload,
+    pods: Sequence[views.PodUsage],
+    queues: frozenset[str] | None,
+    *,
+    check: str,
+) -> bool:
+    """Whether a passed Workload is checked again: it gets GPUs through DRA claims, went
+    through our check (Ready) in one of our queues, and none of its pods has started (is
+    bound to a node) yet. Its devices may have gone bad since we said Ready; holding its
+    quota then only keeps others out (kueue#12757). Pods are told apart by their template's
+    labels; a pod set without labels cannot be, so its Workload is left alone."""
+    ours = w.check(check)
+    if not w.uses_dra or ours is None or ours.state != views.CheckState.READY:
+        return False
+    if w.pods_ready or (queues is not None and w.cluster_queue not in queues):
+        return False
+    if not all(ps.labels for ps in w.pod_sets):
+        return False
+    return not any(
+        p.namespace == w.namespace
+        and (p.node or p.terminal)
+        and all(p.labels.get(k) == v for k, v in ps.labels.items())
+        for ps in w.pod_sets
+        for p in pods
+    )
 
 
 def check_state_body(check: str, decision: Decision) -> dict[str, Any]:

@@ -199,6 +199,14 @@ class NodeCapacity:
     """Status of the `GPUHealthy` condition ('' when the node has none)."""
     gpu_reason: str = ""
     unschedulable: bool = False
+    dra: bool = False
+    """Its GPUs are DRA devices: `allocatable.gpus` counts the usable ones (healthy and
+    untainted), `used.gpus` those of them allocated to claims (`with_devices`)."""
+    fresh: bool = True
+    """Its GPU health data is fresh (DRA nodes: a recent heartbeat; a leader that has none
+    yet fails closed)."""
+    fenced: tuple[tuple[str, str], ...] = ()
+    """DRA nodes: (device, why) of the devices not usable (`tainted`, `faulty`)."""
 
     @property
     def free(self) -> Resources:
@@ -207,10 +215,17 @@ class NodeCapacity:
 
     @property
     def problem(self) -> str:
-        """Why the node is not healthy, in one word or three ('' when it is)."""
-        if self.gpu_status == "False":
+        """Why the node is not healthy, in one word or three ('' when it is).
+
+        A DRA node is judged device by device, so its `GPUHealthy` condition (False when
+        any one GPU is bad) does not count; stale health data does.
+        """
+        if self.dra:
+            if not self.fresh:
+                return "GPU health data stale"
+        elif self.gpu_status == "False":
             return self.gpu_reason or "GPUHealthy=False"
-        if self.gpu_status == "Unknown":
+        if self.gpu_status == "Unknown" and not self.dra:
             detail = f" ({self.gpu_reason})" if self.gpu_reason else ""
             return f"GPU health unknown{detail}"
         if any(t.key == marks.TAINT_KEY for t in self.taints):
@@ -295,6 +310,61 @@ def parse_pod(raw: Mapping[str, Any]) -> PodUsage:
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class DeviceSlot:
+    """One GPU of a DRA node, as device quarantine judges it."""
+
+    pool: str
+    name: str
+    usable: bool
+    why: str = ""
+    """Why not usable: `tainted` (a NoSchedule or NoExecute device taint) or `faulty` (its
+    agent reports a fault not fenced yet)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceNode:
+    """A DRA node's GPUs and whether its health data is fresh (from the fleet)."""
+
+    fresh: bool
+    devices: tuple[DeviceSlot, ...] = ()
+
+
+def allocated_devices(raw_claims: Iterable[Mapping[str, Any]]) -> frozenset[tuple[str, str]]:
+    """(pool, device) of every device allocated to a ResourceClaim of NVIDIA's driver."""
+    out = set()
+    for claim in raw_claims:
+        allocation = (claim.get("status") or {}).get("allocation") or {}
+        for result in (allocation.get("devices") or {}).get("results") or []:
+            if isinstance(result, Mapping) and result.get("driver") == marks.DRA_DRIVER:
+                out.add((str(result.get("pool", "")), str(result.get("device", ""))))
+    return frozenset(out)
+
+
+def with_devices(
+    node_list: Iterable[NodeCapacity],
+    dra: Mapping[str, DeviceNode],
+    allocated: frozenset[tuple[str, str]],
+) -> list[NodeCapacity]:
+    """Give every DRA node its GPU capacity: the usable devices, and which of them claims
+    hold. A node the fleet lists without devices, or as stale, offers no GPUs."""
+    out = []
+    for n in node_list:
+        found = dra.get(n.name)
+        if found is None:
+            out.append(n)
+            continue
+        usable = [d for d in found.devices if d.usable]
+        held = sum(1 for d in usable if (d.pool, d.name) in allocated)
+        fenced = tuple((d.name, d.why) for d in found.devices if not d.usable)
+        out.append(dataclasses.replace(
+            n, dra=True, fresh=found.fresh, fenced=fenced,
+            allocatable=dataclasses.replace(n.allocatable, gpus=len(usable) if found.fresh else 0),
+            used=dataclasses.replace(n.used, gpus=n.used.gpus + held),
+        ))  # fmt: skip
+    return out
+
+
 def with_usage(node_list: Iterable[NodeCapacity], pods: Iterable[PodUsage]) -> list[NodeCapacity]:
     """Add the requests of every non-terminal pod bound to each node to its `used`."""
     used: dict[str, Resources] = {}
@@ -345,6 +415,9 @@ class PodSet:
     labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
     """The pod template's labels (its pods carry them)."""
     flavors: tuple[str, ...] = ()
+    dra: bool = False
+    """Its pods get GPUs through DRA claims (templates): `requests.gpus` is read from
+    Kueue's quota usage of the pod set, and they fit only on DRA nodes."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -380,6 +453,13 @@ class Workload:
     run: str = ""
     """The TauRun of its owner Job/RayJob ('' for anything else)."""
     attempt: int | None = None
+    pods_ready: bool = False
+    """Kueue's PodsReady condition: its pods run (or ran)."""
+
+    @property
+    def uses_dra(self) -> bool:
+        """Whether any pod set gets GPUs through DRA claims."""
+        return any(ps.dra for ps in self.pod_sets)
 
     def check(self, name: str) -> CheckStatus | None:
         """Our entry in `status.admissionChecks`, if Kueue listed it."""
@@ -399,7 +479,7 @@ def _true(raw: Mapping[str, Any], kind: str) -> bool:
     )
 
 
-def _pod_sets(raw: Mapping[str, Any]) -> tuple[PodSet, ...]:
+def _pod_sets(raw: Mapping[str, Any], dra_resource: str) -> tuple[PodSet, ...]:
     status = raw.get("status") or {}
     assigned = {
         str(a.get("name", "")): a
@@ -413,11 +493,22 @@ def _pod_sets(raw: Mapping[str, Any]) -> tuple[PodSet, ...]:
         pod_spec = template.get("spec") or {}
         assignment = assigned.get(name) or {}
         count = assignment.get("count")
+        pods = int(count if count is not None else ps.get("count") or 0)
+        requests = pod_requests(pod_spec)
+        dra = bool(pod_spec.get("resourceClaims"))
+        if dra:
+            # Kueue's usage under the mapped name counts the claims' devices (and, when the
+            # name is nvidia.com/gpu itself, the extended resource too).
+            usage = _quantity((assignment.get("resourceUsage") or {}).get(dra_resource)) or 0
+            per_pod = math.ceil(usage / pods) if pods else 0
+            own = 0 if dra_resource == marks.GPU_RESOURCE else requests.gpus
+            requests = dataclasses.replace(requests, gpus=own + per_pod)
         out.append(
             PodSet(
                 name=name,
-                count=int(count if count is not None else ps.get("count") or 0),
-                requests=pod_requests(pod_spec),
+                count=pods,
+                requests=requests,
+                dra=dra,
                 node_selector=_strings(pod_spec.get("nodeSelector")),
                 tolerations=_tolerations(pod_spec.get("tolerations")),
                 labels=_strings((template.get("metadata") or {}).get("labels")),
@@ -447,7 +538,10 @@ def _checks(raw: Mapping[str, Any]) -> tuple[CheckStatus, ...]:
 
 
 def parse_workload(
-    raw: Mapping[str, Any], owner_labels: Mapping[str, str] | None = None
+    raw: Mapping[str, Any],
+    owner_labels: Mapping[str, str] | None = None,
+    *,
+    dra_resource: str = marks.GPU_RESOURCE,
 ) -> Workload:
     """Read a raw Workload. The run and attempt come from its owner Job/RayJob's labels
     (`owner_labels`; Kueue copies none to the Workload unless configured to), else from the
@@ -455,7 +549,7 @@ def parse_workload(
     meta = raw.get("metadata") or {}
     spec = raw.get("spec") or {}
     admission = (raw.get("status") or {}).get("admission") or {}
-    pod_sets = _pod_sets(raw)
+    pod_sets = _pod_sets(raw, dra_resource)
     sources = [dict(owner_labels or {}), _strings(meta.get("labels"))]
     sources += [dict(ps.labels) for ps in pod_sets[:1]]
     labels = next((s for s in sources if s.get(marks.RUN_LABEL)), {})
@@ -477,6 +571,7 @@ def parse_workload(
         active=spec.get("active", True) is not False,
         run=labels.get(marks.RUN_LABEL, ""),
         attempt=int(attempt) if attempt.isdigit() else None,
+        pods_ready=_true(raw, "PodsReady"),
     )
 
 

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import ipaddress
 import json
 import os
 import pathlib
@@ -96,6 +97,52 @@ def ssl_context(ca_file: str) -> ssl.SSLContext | None:
     return context
 
 
+def origin(url: str) -> tuple[str, str, int | None]:
+    """The origin of a URL: scheme, host and port (the default port made explicit)."""
+    parts = urllib.parse.urlsplit(url)
+    scheme = parts.scheme.lower()
+    port = parts.port or {"http": 80, "https": 443}.get(scheme)
+    return scheme, (parts.hostname or "").lower(), port
+
+
+def is_loopback(host: str) -> bool:
+    """True for `localhost` and loopback addresses (127.0.0.0/8, ::1)."""
+    if host.lower() in ("localhost", "localhost."):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+class SameOriginRedirects(urllib.request.HTTPRedirectHandler):
+    """Follow a redirect only within the controller's origin (scheme, host, port).
+
+    urllib copies every header added with `add_header`, Authorization included, into the
+    redirected request; a redirect to another origin (another host, or https to http) would
+    hand the token to it. So such a redirect ends the command instead.
+    """
+
+    def redirect_request(  # noqa: PLR0917  (urllib calls it with these six, positionally)
+        self,
+        req: urllib.request.Request,
+        fp: Any,
+        code: int,
+        msg: str,
+        headers: Any,
+        newurl: str,
+    ) -> urllib.request.Request | None:
+        target = urllib.parse.urljoin(req.full_url, newurl)
+        if origin(target) != origin(req.full_url):
+            raise TauError(
+                f"the controller answered HTTP {code} redirecting to another origin ({target});"
+                " tau does not follow it, so your token stays with the controller. If that is"
+                " the right address, set TAU_URL to it.",
+                EXIT_UNAVAILABLE,
+            )
+        return super().redirect_request(req, fp, code, msg, headers, target)
+
+
 class Client:
     """The controller's HTTP API."""
 
@@ -110,6 +157,17 @@ class Client:
         self.token = token
         self.timeout = timeout
         self.context = ssl_context(ca_file)
+        handlers: list[urllib.request.BaseHandler] = [SameOriginRedirects()]
+        if self.context is not None:
+            handlers.append(urllib.request.HTTPSHandler(context=self.context))
+        self.opener = urllib.request.build_opener(*handlers)
+        scheme, host, _ = origin(self.url)
+        if token and scheme == "http" and not is_loopback(host):
+            print(
+                f"warning: sending your token over plain http:// to {host}: anyone on the way"
+                " can read it and act as you. Use the controller's https:// URL.",
+                file=sys.stderr,
+            )
 
     def request(
         self,
@@ -130,9 +188,7 @@ class Client:
         for key, value in (headers or {}).items():
             req.add_header(key, value)
         try:
-            resp = urllib.request.urlopen(  # noqa: S310  (scheme checked in __init__)
-                req, timeout=None if stream else self.timeout, context=self.context
-            )
+            resp = self.opener.open(req, timeout=None if stream else self.timeout)
         except urllib.error.HTTPError as err:
             raise self._error(err.code, err.read()) from None
         except (urllib.error.URLError, OSError) as err:

@@ -17,7 +17,7 @@ from typing import ClassVar
 import pydantic
 from pydantic import alias_generators
 
-from controller.fleet import nodes, state
+from controller.fleet import devices, nodes, state
 
 
 class BreakerState(pydantic.BaseModel):
@@ -48,6 +48,7 @@ class SkipReason(enum.StrEnum):
     DRY_RUN = "DryRun"
     BREAKER_OPEN = "BreakerOpen"
     MAX_QUARANTINED = "MaxQuarantined"
+    MAX_QUARANTINED_DEVICES = "MaxQuarantinedDevices"
 
 
 class ActionKind(enum.StrEnum):
@@ -64,6 +65,8 @@ class ActionKind(enum.StrEnum):
     OPEN_BREAKER = "OpenBreaker"
     CLOSE_BREAKER = "CloseBreaker"
     SKIPPED = "Skipped"
+    FENCE_DEVICE = "FenceDevice"
+    UNFENCE_DEVICE = "UnfenceDevice"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -160,6 +163,8 @@ class OpenBreaker:
     kind: ClassVar[ActionKind] = ActionKind.OPEN_BREAKER
     message: str
     nodes: tuple[str, ...]
+    devices: bool = False
+    """The device breaker (DRA device quarantine), not the node breaker."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -169,6 +174,7 @@ class CloseBreaker:
     kind: ClassVar[ActionKind] = ActionKind.CLOSE_BREAKER
     reason: str
     by: str
+    devices: bool = False
 
 
 NodeAction = (
@@ -194,6 +200,81 @@ class Skipped:
 
 
 Action = NodeAction | Skipped | OpenBreaker | CloseBreaker
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FenceDevice:
+    """Create our DeviceTaintRules of `kinds` for one device, all in the same step."""
+
+    kind: ClassVar[ActionKind] = ActionKind.FENCE_DEVICE
+    node: str
+    device: devices.Device
+    kinds: frozenset[devices.RuleKind]
+    record: devices.DeviceRecord
+    escalation: bool = False
+    """The device was fenced already: this adds a stricter rule (never a new quarantine)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class UnfenceDevice:
+    """Delete our rules `names` of one device (only ours: each carries our label)."""
+
+    kind: ClassVar[ActionKind] = ActionKind.UNFENCE_DEVICE
+    node: str
+    device: str
+    gpu_uuid: str
+    rules: tuple[tuple[str, str], ...]
+    """(name, uid) of each rule, so a rule re-created meanwhile is not deleted."""
+    reason: str
+    message: str
+
+
+DeviceAction = FenceDevice | UnfenceDevice
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SkippedDevice:
+    """A device action a safety limit held back; reported, never executed."""
+
+    kind: ClassVar[ActionKind] = ActionKind.SKIPPED
+    node: str
+    wanted: DeviceAction
+    why: SkipReason
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FencedDevice:
+    """One GPU under device quarantine, as the on-call API and the metrics show it."""
+
+    node: str
+    device: str
+    gpu_uuid: str
+    rules: tuple[devices.TaintRule, ...]
+    record: devices.DeviceRecord | None
+    healthy_since: dt.datetime | None
+    """Start of the GPU's healthy streak (None while it still reports the fault)."""
+    release_at: dt.datetime | None
+    """When the rules go, if the GPU stays healthy (None while it is not)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DeviceDecision:
+    """The outcome of one device-quarantine pass."""
+
+    actions: tuple[DeviceAction | SkippedDevice | OpenBreaker | CloseBreaker, ...]
+    breaker: BreakerState
+    next_deadline: dt.datetime | None
+    scope: frozenset[str]
+    """Nodes whose faults are fenced device by device: node quarantine leaves them alone."""
+    dra_nodes: frozenset[str]
+    """Managed nodes whose GPUs are DRA devices (they count as GPU nodes)."""
+    fenced: Mapping[str, tuple[FencedDevice, ...]]
+    """The devices under quarantine (dry-run rules included), by node."""
+    quarantined_devices: int
+    """Devices fenced by us (dry-run rules aside) before this pass's actions."""
+    max_quarantined_devices: int
+    devices_total: int
+    """GPUs of the managed DRA nodes."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -2,9 +2,10 @@
 
 `POST /v1/heartbeats` is the hot path: it authenticates (cached), parses and validates the
 JSON in one pydantic-core step, ingests, and wakes the quarantine loop only when a verdict,
-the faults or the boot changed. The on-call calls read and act on the leader's fleet state,
-so a follower forwards them; each is authorised as the Kubernetes verb on nodes it stands
-for (`get` to read, `patch` to act).
+the faults or the boot changed. The on-call calls read and act on the leader's fleet state:
+each is authorised here as the Kubernetes verb on nodes it stands for (`get` to read,
+`patch` to act), and a follower then sends it to the leader for the caller it reviewed,
+under its own peer token (`serving.unless_leader`).
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ import structlog
 from aiohttp import web
 
 from controller import auth, errors, serving, timestamps
-from controller.fleet import nodes, quarantining, state
+from controller.fleet import actions, devices, nodes, quarantining, schemas, state
 from controller.kube import nodes as kube_nodes
+from controller.settings import ControllerSettings
 from shared import heartbeat
 
 log = structlog.get_logger()
@@ -34,6 +36,8 @@ class FleetContext:
     fleet: state.FleetState
     quarantiner: quarantining.Quarantiner
     cache: kube_nodes.NodeCache
+    agents: kube_nodes.AgentPods
+    """The pods agent tokens are bound to: where `agentUrl` comes from."""
 
 
 FLEET = web.AppKey("fleet", FleetContext)
@@ -62,27 +66,63 @@ def _ctx(request: web.Request) -> FleetContext:
 
 
 # ---------------------------------------------------------------------- heartbeats
+TAG = "fleet"
+
+
+def _heartbeat_limits(settings: ControllerSettings) -> dict[str, dict[str, Any]]:
+    """The interval range this controller accepts, as the document publishes it."""
+    return {
+        "intervalS": {
+            "minimum": settings.heartbeat_min_interval_s,
+            "maximum": settings.heartbeat_max_interval_s,
+        }
+    }
+
+
+@serving.operation(
+    "postHeartbeat", tag=TAG,
+    body=serving.Body(heartbeat.Heartbeat, limits=_heartbeat_limits),
+    replies={202: serving.Reply("Taken in (a replay of a report already taken too).",
+                                schemas.HeartbeatAccepted)},
+)  # fmt: skip
 async def post_heartbeat(request: web.Request) -> web.StreamResponse:
-    """Ingest one node's report (agents only, each for its own node)."""
+    """Ingest one node's report (agents only, each for its own node).
+
+    The token must be the agent ServiceAccount's, bound to a pod on the node the report names;
+    any other identity is refused before the body is read. `intervalS` and `sentAt` must lie
+    within the controller's range and skew window; `agentUrl` is ignored (the controller
+    derives it from the pod the token is bound to).
+    """
     st = serving.serving_of(request)
     started = time.perf_counter()
     try:
         identity = await serving.identity(request, (st.settings.token_audience,))
+        agent = auth.agent_username(st.settings.namespace, st.settings.agent_service_account)
+        auth.check_heartbeat_identity(identity, agent)  # nobody else's body is ever parsed
         raw = await serving.read_body(request, st.settings.max_body_bytes)
         try:
             # The fast path: pydantic-core parses and validates the JSON in one step.
             hb = heartbeat.Heartbeat.model_validate_json(raw)
         except (pydantic.ValidationError, ValueError):
             hb = _explain_bad_heartbeat(raw)
-        auth.check_heartbeat_sender(
-            identity,
-            auth.agent_username(st.settings.namespace, st.settings.agent_service_account),
-            hb.node_name,
-        )
+        auth.check_heartbeat_sender(identity, agent, hb.node_name)
+        s = st.settings
+        problem = state.heartbeat_problem(
+            hb, _now(), min_interval_s=s.heartbeat_min_interval_s,
+            max_interval_s=s.heartbeat_max_interval_s, max_skew_s=s.heartbeat_max_skew_s,
+        )  # fmt: skip
+        if problem is not None:
+            raise errors.Invalid(problem[1], field=problem[0])
         if not st.elector.is_leader():
+            # The leader gets the report as parsed here, for the agent reviewed here, under
+            # this replica's own peer token: the agent's token stays with this replica.
             st.metrics.heartbeats.labels("forwarded").inc()
-            return await serving.forward_to_leader(request, raw)
+            report = hb.model_dump_json(by_alias=True, exclude_none=True).encode()
+            return await serving.forward(request, identity, report)
         ctx = _ctx(request)
+        url = await _agent_url(ctx, st, identity)
+        if hb.agent_url != url:  # the chart's agents send the same URL: no copy (13 µs) then
+            hb = hb.model_copy(update={"agent_url": url})
         before = _verdict_key(ctx.fleet.get(hb.node_name))
         if ctx.fleet.ingest(hb, _now()) and _verdict_key(ctx.fleet.get(hb.node_name)) != before:
             # Only a change of verdict, faults or boot wakes the quarantine loop at once; a
@@ -99,12 +139,22 @@ async def post_heartbeat(request: web.Request) -> web.StreamResponse:
         st.metrics.heartbeat_seconds.observe(time.perf_counter() - started)
 
 
+async def _agent_url(ctx: FleetContext, st: serving.ServingState, who: auth.Identity) -> str:
+    """The agent's URL: the IP of the pod its token is bound to, and the agents' port; ""
+    while that pod is not known. Never the `agentUrl` of the body (security review M6)."""
+    ip = await ctx.agents.ip_of(who.pod_uid or "")
+    if not ip:
+        return ""
+    host = f"[{ip}]" if ":" in ip else ip
+    return f"{st.settings.agent_scheme}://{host}:{st.settings.agent_port}"
+
+
 def _explain_bad_heartbeat(raw: bytes) -> heartbeat.Heartbeat:
     """Re-read a body the fast path refused, to say exactly what is wrong with it (4xx)."""
     data = errors.read_json(raw)
     if isinstance(data, dict) and data.get("schemaVersion") not in (None, heartbeat.SCHEMA_VERSION):
         msg = (
-            f"schemaVersion {data.get('schemaVersion')!r} is not supported; "
+            f"schemaVersion {str(data.get('schemaVersion'))[:40]!r} is not supported; "
             f"this controller speaks {heartbeat.SCHEMA_VERSION}"
         )
         raise errors.Invalid(msg, field="schemaVersion", code="UnsupportedSchema")
@@ -145,6 +195,7 @@ def _node_json(ctx: FleetContext, name: str, *, detail: bool) -> dict[str, Any]:
         "gpuCapacity": view.gpu_capacity if view else 0,
         "quarantine": None,
         "inCluster": raw is not None,
+        "fencedGpus": len(_fenced(q, name)),
     }
     if view is not None and view.quarantine is not None:
         record = view.quarantine
@@ -157,9 +208,10 @@ def _node_json(ctx: FleetContext, name: str, *, detail: bool) -> dict[str, Any]:
             "evictAfter": timestamps.rfc3339_exact(record.evict_after),
         }
     if detail:
+        out["devices"] = [_fenced_json(f, q) for f in _fenced(q, name)]
         gpus = rec.heartbeat.gpus if rec else []
         out["gpus"] = [g.model_dump(mode="json", by_alias=True) for g in gpus]
-        out["history"] = [dataclasses.asdict(e) for e in view.history] if view else []
+        out["history"] = [e.to_json() for e in view.history] if view else []
         out["problems"] = list(view.problems) if view else []
         condition = view.condition if view else None
         out["condition"] = (
@@ -174,47 +226,48 @@ def _node_json(ctx: FleetContext, name: str, *, detail: bool) -> dict[str, Any]:
     return out
 
 
-@serving.leader_only
+NODE_DETAIL = {200: serving.Reply("The node, with per-GPU detail.", schemas.NodeDetail)}
+FLEET_VIEW = {200: serving.Reply("The fleet's breaker, mode and counts.", schemas.FleetView)}
+
+
+@serving.operation(
+    "listNodes", tag=TAG, query=schemas.NodesQuery,
+    replies={200: serving.Reply("Every GPU node.", schemas.NodeList)},
+)  # fmt: skip
 async def list_nodes(request: web.Request) -> web.StreamResponse:
-    """Fleet health: every GPU node with its state and quarantine."""
-    await serving.on_call(request, "get")
+    """Fleet health: every GPU node with its state and quarantine (on-call: `get nodes`)."""
+    who = await serving.on_call(request, "get")
+    if (leader := await serving.unless_leader(request, who)) is not None:
+        return leader
+    query = serving.query_of(request, schemas.NodesQuery)
     ctx = _ctx(request)
     names = sorted(set(ctx.cache.nodes) | set(ctx.fleet))
     items = [_node_json(ctx, n, detail=False) for n in names]
-    wanted = request.query.get("state")
-    if wanted:
-        items = [i for i in items if i["state"] == wanted]
+    if query.state is not None:
+        items = [i for i in items if i["state"] == query.state]
     return serving.json_response({"items": items})
 
 
-@serving.leader_only
+@serving.operation("getNode", tag=TAG, path=schemas.NodePath, replies=NODE_DETAIL, errors=(404,))
 async def get_node(request: web.Request) -> web.StreamResponse:
-    """One node: per-GPU detail, quarantine state and history."""
-    await serving.on_call(request, "get")
+    """One node: per-GPU detail, quarantine state and history (on-call: `get nodes`)."""
+    who = await serving.on_call(request, "get")
+    if (leader := await serving.unless_leader(request, who)) is not None:
+        return leader
     ctx = _ctx(request)
-    name = request.match_info["name"]
+    name = serving.path_of(request, schemas.NodePath).name
     if name not in ctx.cache.nodes and name not in ctx.fleet:
         raise errors.NotFound(f"node {name} is not known", field="name")
     return serving.json_response(_node_json(ctx, name, detail=True))
 
 
-class QuarantineRequest(pydantic.BaseModel):
-    """Body of the on-call quarantine and release calls."""
-
-    model_config = pydantic.ConfigDict(extra="forbid", frozen=True)
-    reason: str = pydantic.Field(min_length=1, max_length=1024)
-
-
 async def _manual(request: web.Request, release: bool) -> web.StreamResponse:
     identity = await serving.on_call(request, "patch")
-    st = serving.serving_of(request)
+    if (leader := await serving.unless_leader(request, identity)) is not None:
+        return leader
     ctx = _ctx(request)
-    name = request.match_info["name"]
-    raw_body = await serving.read_body(request, st.settings.max_body_bytes)
-    try:
-        body = QuarantineRequest.model_validate(errors.read_json(raw_body or b"{}"))
-    except pydantic.ValidationError as err:
-        raise errors.validation_error(err) from err
+    name = serving.path_of(request, schemas.NodePath).name
+    body = await serving.json_body(request, schemas.QuarantineRequest)
     raw = ctx.cache.nodes.get(name)
     if raw is None:
         raise errors.NotFound(f"node {name} does not exist", field="name")
@@ -223,22 +276,93 @@ async def _manual(request: web.Request, release: bool) -> web.StreamResponse:
     return serving.json_response(_node_json(ctx, name, detail=True))
 
 
-@serving.leader_only
+QUARANTINE_BODY = serving.Body(schemas.QuarantineRequest)
+
+
+@serving.operation(
+    "quarantineNode", tag=TAG, path=schemas.NodePath, body=QUARANTINE_BODY,
+    replies=NODE_DETAIL, errors=(404, 409),
+)  # fmt: skip
 async def post_quarantine(request: web.Request) -> web.StreamResponse:
-    """Quarantine a node by hand (reason required); only a manual release ends it."""
+    """Quarantine a node by hand (reason required); only a manual release ends it.
+
+    On-call: `patch nodes`.
+    """
     return await _manual(request, release=False)
 
 
-@serving.leader_only
+@serving.operation(
+    "releaseNode", tag=TAG, path=schemas.NodePath, body=QUARANTINE_BODY,
+    replies=NODE_DETAIL, errors=(404, 409),
+)  # fmt: skip
 async def delete_quarantine(request: web.Request) -> web.StreamResponse:
-    """Release a node by hand (reason required)."""
+    """Release a node by hand (reason required). On-call: `patch nodes`."""
     return await _manual(request, release=True)
+
+
+def _fenced(q: quarantining.Quarantiner, node: str) -> tuple[actions.FencedDevice, ...]:
+    devs = q.last_devices
+    return devs.fenced.get(node, ()) if devs is not None else ()
+
+
+def _clears(f: actions.FencedDevice, q: quarantining.Quarantiner) -> str:
+    """What clears a fenced GPU, in words, from its record and where its streak stands."""
+    after = q.device_settings.release_after_s if q.device_settings else 0
+    if f.release_at is not None:
+        return f"healthy since {timestamps.rfc3339(f.healthy_since)}: released at " + str(
+            timestamps.rfc3339(f.release_at)
+        )
+    first = "the agent clearing its latched fault"
+    if f.record is not None and f.record.clears_with is nodes.Clearing.MANUAL_RELEASE:
+        first = "an on-call release of the latched fault on the agent (POST /v1/release)"
+    elif f.record is not None:
+        first = "a GPU reset the agent observes (then a passing diagnostic, with DCGM)"
+    return f"{first}, then healthy reports for {after:g}s"
+
+
+def _fenced_json(f: actions.FencedDevice, q: quarantining.Quarantiner) -> dict[str, Any]:
+    record = f.record
+    return {
+        "device": f.device,
+        "gpuUuid": f.gpu_uuid,
+        "dryRun": all(r.kind is devices.RuleKind.DRY_RUN for r in f.rules),
+        "reason": record.reason if record else "",
+        "message": record.message if record else "",
+        "since": timestamps.rfc3339_exact(record.at) if record else None,
+        "clearsWith": record.clears_with.value if record else None,
+        "clears": _clears(f, q),
+        "healthySince": timestamps.rfc3339_exact(f.healthy_since),
+        "releaseAt": timestamps.rfc3339_exact(f.release_at),
+        "rules": [
+            {
+                "name": r.name,
+                "key": r.key,
+                "effect": r.effect,
+                "timeAdded": timestamps.rfc3339(r.time_added),
+                "evictionInProgress": (
+                    {"status": r.eviction_status, "message": r.eviction_message}
+                    if r.eviction_status
+                    else None
+                ),
+            }
+            for r in f.rules
+        ],
+    }
 
 
 def _fleet_json(st: serving.ServingState, ctx: FleetContext) -> dict[str, Any]:
     q = ctx.quarantiner
     last = q.last
     states = collections.Counter(h.state.value for h in last.health.values()) if last else {}
+    devs = q.last_devices
+    device_json = {
+        "gpuMode": q.device_settings.mode.value if q.device_settings else "device-plugin",
+        "breaker": q.device_breaker.model_dump(mode="json", by_alias=True),
+        "draNodes": len(devs.dra_nodes) if devs else 0,
+        "gpus": devs.devices_total if devs else 0,
+        "quarantined": devs.quarantined_devices if devs else 0,
+        "maxQuarantined": devs.max_quarantined_devices if devs else None,
+    }
     return {
         "leader": st.elector.identity,
         "dryRun": q.settings.dry_run,
@@ -247,50 +371,39 @@ def _fleet_json(st: serving.ServingState, ctx: FleetContext) -> dict[str, Any]:
         "quarantined": last.quarantined if last else 0,
         "maxQuarantined": last.max_quarantined if last else None,
         "states": dict(sorted(states.items())),
+        "devices": device_json,
     }
 
 
-@serving.leader_only
+@serving.operation("getFleet", tag=TAG, replies=FLEET_VIEW)
 async def get_fleet(request: web.Request) -> web.StreamResponse:
-    """Breaker state, dry-run mode and fleet counts."""
-    await serving.on_call(request, "get")
+    """Breaker state, dry-run mode and fleet counts (on-call: `get nodes`)."""
+    who = await serving.on_call(request, "get")
+    if (leader := await serving.unless_leader(request, who)) is not None:
+        return leader
     return serving.json_response(_fleet_json(serving.serving_of(request), _ctx(request)))
 
 
-@serving.leader_only
+@serving.operation("resetBreaker", tag=TAG, replies=FLEET_VIEW)
 async def reset_breaker(request: web.Request) -> web.StreamResponse:
-    """Close the quarantine circuit breaker (an operator's decision)."""
+    """Close the quarantine circuit breaker (an operator's decision; `patch nodes`)."""
     identity = await serving.on_call(request, "patch")
+    if (leader := await serving.unless_leader(request, identity)) is not None:
+        return leader
     ctx = _ctx(request)
     await ctx.quarantiner.reset_breaker(by=identity.username, now=_now())
     return serving.json_response(_fleet_json(serving.serving_of(request), ctx))
 
 
-class ModeRequest(pydantic.BaseModel):
-    """Body of `PUT /v1/fleet/mode`."""
-
-    model_config = pydantic.ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
-    dry_run: bool = pydantic.Field(alias="dryRun")
-
-
-@serving.leader_only
+@serving.operation(
+    "setFleetMode", tag=TAG, body=serving.Body(schemas.ModeRequest), replies=FLEET_VIEW
+)
 async def put_mode(request: web.Request) -> web.StreamResponse:
-    """Switch dry run on or off at runtime."""
+    """Switch dry run on or off at runtime (`patch nodes`)."""
     identity = await serving.on_call(request, "patch")
-    st = serving.serving_of(request)
-    raw = await serving.read_body(request, st.settings.max_body_bytes)
-    try:
-        body = ModeRequest.model_validate(errors.read_json(raw))
-    except pydantic.ValidationError as err:
-        raise errors.validation_error(err) from err
+    if (leader := await serving.unless_leader(request, identity)) is not None:
+        return leader
+    body = await serving.json_body(request, schemas.ModeRequest)
     ctx = _ctx(request)
     ctx.quarantiner.set_dry_run(body.dry_run, by=identity.username)
-    return serving.json_response(_fleet_json(st, ctx))
-
-
-REQUEST_BODIES: dict[str, type[pydantic.BaseModel]] = {
-    "Heartbeat": heartbeat.Heartbeat,
-    "QuarantineRequest": QuarantineRequest,
-    "ModeRequest": ModeRequest,
-}
-"""The request bodies this API reads, for the OpenAPI document."""
+    return serving.json_response(_fleet_json(serving.serving_of(request), ctx))

@@ -170,6 +170,14 @@ def patch_for(
     return wanted.patch(view, entry)
 
 
+def history_patch(node: Mapping[str, Any], entry: history.Entry) -> NodePatch:
+    """The patch that adds one entry to a node's history and changes nothing else (device
+    quarantine records each of its actions on the device's node)."""
+    view = nodes.parse(node)
+    annotations = {marks.HISTORY_ANNOTATION: history.render(history.append(view.history, entry))}
+    return NodePatch("", MERGE_PATCH, {"metadata": {"annotations": annotations}})
+
+
 def _end_quarantine(wanted: _Changes, view: nodes.NodeView, *, uncordon: bool) -> None:
     wanted.taint(present=False)
     if uncordon and view.cordoned_by_us and view.unschedulable:

@@ -290,7 +290,7 @@ def _parse_quarantine(annotations: Mapping[str, Any]) -> QuarantineRecord | None
         reason=reason,
         clears_with=clears_with,
         boot_id=boot_id if isinstance(boot_id, str) else None,
-        faults=_parse_keys(record.get("faults"), f"{marks.QUARANTINE_ANNOTATION}.faults"),
+        faults=parse_keys(record.get("faults"), f"{marks.QUARANTINE_ANNOTATION}.faults"),
         evict_after=timestamps.parse_strict(
             evict_after, f"{marks.QUARANTINE_ANNOTATION}.evictAfter"
         )
@@ -318,10 +318,12 @@ def _parse_released(raw: str | None) -> frozenset[state.FaultKey] | None:
     except json.JSONDecodeError as err:
         msg = f"{marks.RELEASED_FAULTS_ANNOTATION}: not JSON ({err.msg})"
         raise ValueError(msg) from err
-    return _parse_keys(data, marks.RELEASED_FAULTS_ANNOTATION)
+    return parse_keys(data, marks.RELEASED_FAULTS_ANNOTATION)
 
 
-def _parse_keys(data: Any, field: str) -> frozenset[state.FaultKey]:
+def parse_keys(data: Any, field: str) -> frozenset[state.FaultKey]:
+    """Read a JSON list of fault keys ([gpuUuid, code, since]), raising ValueError naming
+    `field` and the entry when it is not one."""
     if not isinstance(data, list):
         msg = f"{field}: expected a JSON list of [gpuUuid, code, since]"
         raise ValueError(msg)

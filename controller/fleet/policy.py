@@ -114,10 +114,23 @@ def decide(
     settings: Settings,
     breaker: actions.BreakerState,
     now: dt.datetime,
+    *,
+    device_scope: frozenset[str] = frozenset(),
+    device_nodes: frozenset[str] = frozenset(),
 ) -> actions.Decision:
-    """Return what to do to every node now, and when to look again."""
+    """Return what to do to every node now, and when to look again.
+
+    `device_nodes` are the DRA nodes (GPU nodes without `nvidia.com/gpu` capacity);
+    `device_scope` those whose faults device quarantine fences GPU by GPU
+    (`controller.fleet.devicepolicy`): their condition is kept, but they are neither
+    quarantined nor counted by the node breaker.
+    """
     views = sorted(
-        (v for v in node_views if v.managed and (v.is_gpu_node or v.name in fleet_state)),
+        (
+            v
+            for v in node_views
+            if v.managed and (v.is_gpu_node or v.name in fleet_state or v.name in device_nodes)
+        ),
         key=lambda v: v.name,
     )
     healths = {
@@ -128,8 +141,9 @@ def decide(
     decided: list[actions.Action] = []
 
     breaker = _judge_breaker(
-        views, healths, settings, breaker, now=now, decided=decided, deadlines=deadlines
-    )
+        views, healths, settings, breaker, now=now, decided=decided, deadlines=deadlines,
+        device_scope=device_scope,
+    )  # fmt: skip
 
     quarantined = sum(
         1
@@ -159,6 +173,8 @@ def decide(
                 )
             )
             continue
+        if view.name in device_scope:
+            continue  # fenced device by device; its other GPUs keep working
         candidate = _candidate(view, h, settings, now=now, decided=decided, deadlines=deadlines)
         if candidate is None:
             continue
@@ -239,15 +255,18 @@ def manual_release(
     *,
     by: str,
     reason: str,
+    devices_fenced: bool = False,
 ) -> actions.ManualRelease:
     """Release a quarantined node on an on-call engineer's order, whatever cleared or not.
 
     The node's current faults are remembered as released: it is not quarantined again until a
-    new fault (see the module docstring).
+    new fault (see the module docstring). A node with GPUs under device quarantine
+    (`devices_fenced`) can be released too: device quarantine then deletes the rules of the
+    released faults.
     """
     _require_text("by", by)
     _require_text("reason", reason)
-    if view.quarantine is None and not view.tainted:
+    if view.quarantine is None and not view.tainted and not devices_fenced:
         msg = f"node: {view.name} is not quarantined by TauGrid"
         raise errors.Conflict(msg, field="node", code="Refused")
     released = node_health.fault_keys if node_health else frozenset()
@@ -271,9 +290,11 @@ def _judge_breaker(
     now: dt.datetime,
     decided: list[actions.Action],
     deadlines: list[dt.datetime],
+    device_scope: frozenset[str] = frozenset(),
 ) -> actions.BreakerState:
+    """The node breaker; nodes in device scope count in the device breaker instead."""
     if breaker.open:
-        if not all(_contained(v, healths[v.name]) for v in views):
+        if not all(_contained(v, healths[v.name]) for v in views if v.name not in device_scope):
             return breaker.model_copy(update={"fleet_healthy_since": None})
         healthy_since = breaker.fleet_healthy_since or now
         closes_at = healthy_since + dt.timedelta(seconds=settings.breaker_healthy_close_s)
@@ -293,7 +314,10 @@ def _judge_breaker(
     turned = sorted(
         name
         for name, h in healths.items()
-        if h.state in state.BAD_STATES and h.bad_since is not None and h.bad_since > counted_after
+        if h.state in state.BAD_STATES
+        and h.bad_since is not None
+        and h.bad_since > counted_after
+        and name not in device_scope
     )
     share = 100 * len(turned) / len(views) if views else 0.0
     if share > settings.breaker_percent and len(turned) >= settings.breaker_min_nodes:

@@ -20,7 +20,17 @@ import structlog
 
 from controller import leading, marks
 from controller import metrics as metrics_mod
-from controller.fleet import actions, conditions, nodes, policy, state
+from controller.fleet import (
+    actions,
+    conditions,
+    devicepolicy,
+    devices,
+    history,
+    nodes,
+    policy,
+    state,
+)
+from controller.kube import devices as kube_devices
 from controller.kube import nodes as kube_nodes
 
 log = structlog.get_logger()
@@ -46,6 +56,9 @@ class Quarantiner:
         lease_name: str = "taugrid-controller",
         save_state: Callable[[dict[str, str]], Awaitable[None]] | None = None,
         clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
+        device_cache: kube_devices.DeviceCache | None = None,
+        device_writer: kube_devices.DeviceWriter | None = None,
+        device_settings: devicepolicy.Settings | None = None,
     ) -> None:
         self.fleet = fleet_state
         self.cache = cache
@@ -60,6 +73,20 @@ class Quarantiner:
         self.clock = clock
         self.breaker = actions.BreakerState()
         self.last: actions.Decision | None = None
+        self.device_cache = device_cache
+        self.device_writer = device_writer
+        self.device_settings = device_settings
+        self.device_breaker = actions.BreakerState()
+        self.last_devices: actions.DeviceDecision | None = None
+        self._records: set[asyncio.Task[None]] = set()
+        self._parsed_devices: tuple[tuple[int, int], dict[str, devices.NodeDevices],
+                                    list[devices.TaintRule]] | None = None  # fmt: skip
+        """The inventory and rules parsed at the device cache's versions (a pass reuses them:
+        parsing a fleet's slices is most of a pass's cost)."""
+        self._parsed_nodes: dict[str, tuple[str, nodes.NodeView]] = {}
+        """Each node's view at its resourceVersion."""
+        """A device action's history entry and Event, written after its rules without
+        holding up the next pass (the rules are what fence the GPU)."""
         self.wake = asyncio.Event()
         self._skips_logged: set[tuple[str, str]] = set()
         self._lock = asyncio.Lock()
@@ -83,16 +110,23 @@ class Quarantiner:
             h = self.fleet.assess(view.name, now, default_interval_s=interval)
         action: actions.NodeAction
         if release:
-            action = policy.manual_release(view, h, by=by, reason=reason)
+            fenced = self.last_devices is not None and bool(self.last_devices.fenced.get(view.name))
+            action = policy.manual_release(view, h, by=by, reason=reason, devices_fenced=fenced)
         else:
             action = policy.manual_quarantine(view, h, by=by, reason=reason, now=now)
         await self.apply(action, now)
         self.poke()
 
     async def reset_breaker(self, *, by: str, now: dt.datetime) -> None:
-        """Close the circuit breaker on an operator's request (and record who did)."""
+        """Close the circuit breakers (node and device) on an operator's request (and record
+        who did)."""
         self.breaker = policy.reset_breaker(self.breaker, by=by, now=now)
         await self.apply(actions.CloseBreaker(reason="Reset", by=by), now)
+        if self.device_breaker.open:
+            self.device_breaker = policy.reset_breaker(self.device_breaker, by=by, now=now)
+            await self.apply(actions.CloseBreaker(reason="Reset", by=by, devices=True), now)
+        else:
+            self.device_breaker = policy.reset_breaker(self.device_breaker, by=by, now=now)
         self.poke()
 
     def set_dry_run(self, dry_run: bool, *, by: str) -> None:
@@ -103,24 +137,107 @@ class Quarantiner:
 
     async def run(self) -> None:
         """Pass after pass while leading and the node cache is synced, until cancelled."""
-        await leading.run_passes(
-            "quarantine", self._pass_until_due, wake=self.wake, interval_s=self.pass_interval_s,
-            elector=self.elector, ready=self.cache.synced.is_set,
-            failures=lambda loop: self.metrics.pass_failures.labels(loop).inc(),
+        try:
+            await leading.run_passes(
+                "quarantine", self._pass_until_due, wake=self.wake,
+                interval_s=self.pass_interval_s, elector=self.elector, ready=self._ready,
+                failures=lambda loop: self.metrics.pass_failures.labels(loop).inc(),
+            )  # fmt: skip
+        finally:
+            for task in list(self._records):
+                task.cancel()
+
+    def _ready(self) -> bool:
+        """Nodes listed, and device slices and rules too when device quarantine is wired."""
+        return self.cache.synced.is_set() and (
+            self.device_cache is None or self.device_cache.synced()
+        )
+
+    def device_inputs(
+        self, *, report: bool = False
+    ) -> tuple[dict[str, devices.NodeDevices], list[devices.TaintRule]]:
+        """The DRA inventory and every DeviceTaintRule, from the device cache (`report`:
+        log the problems of damaged rules, once per pass)."""
+        cache = self.device_cache
+        if cache is None:
+            return {}, []
+        versions = (cache.slices.version, cache.rules.version)
+        if self._parsed_devices is not None and self._parsed_devices[0] == versions:
+            return self._parsed_devices[1], self._parsed_devices[2]
+        inventory = devices.inventory(cache.slices.items.values())
+        rules = [devices.parse_rule(r) for r in cache.rules.items.values()]
+        for rule in rules:
+            if report and rule.problems:
+                log.warning("malformed device rule", rule=rule.name, problems=rule.problems)
+        self._parsed_devices = (versions, inventory, rules)
+        return inventory, rules
+
+    def decide_devices(
+        self, views: list[nodes.NodeView], now: dt.datetime
+    ) -> actions.DeviceDecision | None:
+        """The device policy's decision for this pass (None without device quarantine)."""
+        if self.device_settings is None or self.device_cache is None:
+            return None
+        if not self.device_cache.available():
+            return None  # no DRA here (or no right to it): node quarantine only
+        inventory, rules = self.device_inputs(report=True)
+        return devicepolicy.decide(
+            self.fleet, views, self.device_settings, self.device_breaker, now,
+            inventory=inventory, rules=rules, dry_run=self.settings.dry_run,
         )  # fmt: skip
+
+    def device_report(
+        self, now: dt.datetime
+    ) -> dict[str, tuple[bool, tuple[devicepolicy.Usable, ...]]]:
+        """Per managed DRA node: fresh health data, and each GPU with whether a new claim
+        may use it (`devicepolicy.usable`); what the admission gate counts."""
+        if self.device_settings is None or self.device_cache is None:
+            return {}
+        if not self.device_cache.available():
+            return {}
+        inventory, rules = self.device_inputs()
+        managed = [
+            name for name, raw in self.cache.nodes.items()
+            if str(raw["metadata"]["labels"].get(marks.MANAGED_LABEL, "")).lower() != "false"
+        ]  # fmt: skip
+        return dict(devicepolicy.usable(self.fleet, managed, self.device_settings, now,
+                                        inventory=inventory, rules=rules))  # fmt: skip
+
+    def dra_render(self) -> bool:
+        """Whether runs ask for GPUs through DRA claims now (`gpuMode`, detected under auto:
+        GPUs are published as DRA devices and no managed node advertises nvidia.com/gpu)."""
+        if self.device_settings is None:
+            return False
+        published = bool(self.device_cache and self.device_cache.slices.items)
+        plugin_nodes = sum(
+            1 for raw in self.cache.nodes.values()
+            if marks.GPU_RESOURCE in (raw["status"].get("capacity") or {})
+        )  # fmt: skip
+        return devicepolicy.render_mode(self.device_settings.mode, dra_published=published,
+                                        plugin_nodes=plugin_nodes)  # fmt: skip
 
     async def _pass_until_due(self) -> float | None:
         deadline = await self.run_pass()
         return None if deadline is None else (deadline - self.clock()).total_seconds()
 
     def views(self) -> list[nodes.NodeView]:
-        """Parse every cached node (malformed annotations are reported, never raised)."""
+        """Parse every cached node (malformed annotations are reported, never raised); a
+        node unchanged since the last pass (same resourceVersion) is not parsed again."""
         out = []
-        for raw in self.cache.nodes.values():
+        known = self._parsed_nodes
+        for name, raw in self.cache.nodes.items():
+            rv = str(raw.get("metadata", {}).get("resourceVersion") or "")
+            seen = known.get(name)
+            if seen is not None and rv and seen[0] == rv:
+                out.append(seen[1])
+                continue
             view = nodes.parse(raw)
             if view.problems:
                 log.warning("malformed node annotations", node=view.name, problems=view.problems)
+            known[name] = (rv, view)
             out.append(view)
+        for gone in [n for n in known if n not in self.cache.nodes]:
+            del known[gone]
         return out
 
     async def run_pass(self) -> dt.datetime | None:
@@ -129,31 +246,48 @@ class Quarantiner:
             started = time.perf_counter()
             now = self.clock()
             views = self.views()
-            decision = policy.decide(self.fleet, views, self.settings, self.breaker, now)
+            device = self.decide_devices(views, now)
+            if device is not None:
+                self.device_breaker = device.breaker
+                self.last_devices = device
+            decision = policy.decide(
+                self.fleet, views, self.settings, self.breaker, now,
+                device_scope=device.scope if device else frozenset(),
+                device_nodes=device.dra_nodes if device else frozenset(),
+            )  # fmt: skip
             self.breaker = decision.breaker
             self.last = decision
-            by_node: dict[str, list[actions.Action]] = collections.defaultdict(list)
+            by_node: dict[str, list[actions.Action | DeviceStep]] = collections.defaultdict(list)
             for action in decision.actions:
                 node = getattr(action, "node", "")
                 by_node[node].append(action)
+            for step in device.actions if device else ():
+                by_node[getattr(step, "node", "")].append(step)
             sem = asyncio.Semaphore(MAX_PARALLEL_NODES)
 
-            async def run_node(node: str, todo: list[actions.Action]) -> None:
+            async def run_node(node: str, todo: list[actions.Action | DeviceStep]) -> None:
                 async with sem:
                     for action in todo:
-                        await self.apply(action, now, decision)
+                        if isinstance(action, actions.FenceDevice | actions.UnfenceDevice
+                                      | actions.SkippedDevice):  # fmt: skip
+                            await self.apply_device(action, now)
+                        else:
+                            await self.apply(action, now, decision)
 
             await asyncio.gather(*(run_node(n, a) for n, a in by_node.items()))
             self._export(decision, views)
+            self._export_devices(device)
             await self._persist()
             self.metrics.pass_seconds.observe(time.perf_counter() - started)
-            return decision.next_deadline
+            due = [d for d in (decision.next_deadline, device and device.next_deadline) if d]
+            return min(due) if due else None
 
     def durable_state(self) -> dict[str, str]:
         """What must survive a failover: the breaker and the runtime dry-run switch."""
         return {
             marks.BREAKER_ANNOTATION: self.breaker.model_dump_json(by_alias=True),
             marks.DRY_RUN_ANNOTATION: "true" if self.settings.dry_run else "false",
+            marks.DEVICE_BREAKER_ANNOTATION: self.device_breaker.model_dump_json(by_alias=True),
         }
 
     def restore(self, saved: dict[str, str]) -> None:
@@ -164,6 +298,13 @@ class Quarantiner:
                 self.breaker = actions.BreakerState.model_validate_json(raw)
             except ValueError:
                 log.warning("unreadable breaker state on the Lease; starting closed", value=raw)
+        raw_devices = saved.get(marks.DEVICE_BREAKER_ANNOTATION)
+        if raw_devices:
+            try:
+                self.device_breaker = actions.BreakerState.model_validate_json(raw_devices)
+            except ValueError:
+                log.warning("unreadable device breaker state on the Lease; starting closed",
+                            value=raw_devices)  # fmt: skip
         if marks.DRY_RUN_ANNOTATION in saved:
             dry = saved[marks.DRY_RUN_ANNOTATION] == "true"
             self.settings = self.settings.model_copy(update={"dry_run": dry})
@@ -266,14 +407,121 @@ class Quarantiner:
         await self.writer.event(raw, action.kind.value, note, warning=warning)
 
     async def _breaker_event(self, action: actions.OpenBreaker | actions.CloseBreaker) -> None:
+        which = "device breaker" if action.devices else "breaker"
         if isinstance(action, actions.OpenBreaker):
-            log.warning("quarantine breaker opened", message=action.message, nodes=action.nodes)
-            text = action.message
+            log.warning("quarantine breaker opened", breaker=which, message=action.message,
+                        nodes=action.nodes)  # fmt: skip
+            text = f"{which} opened: {action.message}" if action.devices else action.message
         else:
-            log.warning("quarantine breaker closed", reason=action.reason, by=action.by)
-            text = f"breaker closed ({action.reason}{' by ' + action.by if action.by else ''})"
+            log.warning("quarantine breaker closed", breaker=which, reason=action.reason,
+                        by=action.by)  # fmt: skip
+            text = f"{which} closed ({action.reason}{' by ' + action.by if action.by else ''})"
         self.metrics.quarantine_actions.labels(action.kind.value, "false").inc()
-        await self.writer.breaker_event(self.lease_name, action.kind.value, text)
+        reason = ("Device" + action.kind.value) if action.devices else action.kind.value
+        await self.writer.breaker_event(self.lease_name, reason, text)
+
+    # ------------------------------------------------------------------ devices
+    async def apply_device(self, action: DeviceStep, now: dt.datetime) -> None:
+        """Carry out one device action: the rules, then the node's history and an Event."""
+        if isinstance(action, actions.SkippedDevice):
+            key = (action.node, f"{action.wanted.kind}:{action.why}:{_device_of(action.wanted)}")
+            if key not in self._skips_logged:
+                self._skips_logged.add(key)
+                log.info("device action held back", node=action.node,
+                         action=action.wanted.kind.value, device=_device_of(action.wanted),
+                         reason=action.why.value)  # fmt: skip
+                self.metrics.quarantine_actions.labels(action.wanted.kind.value, "true").inc()
+            return
+        cache, writer = self.device_cache, self.device_writer
+        if cache is None or writer is None:
+            return
+        if isinstance(action, actions.FenceDevice):
+            created = []
+            for kind in _ORDER:
+                if kind not in action.kinds:
+                    continue
+                self.elector.ensure_leader()
+                body = devices.render_rule(action.device, kind, action.record)
+                made = await writer.create_rule(body)
+                if made is not None:
+                    cache.rules.put(made)
+                    created.append(body["metadata"]["name"])
+            if not created:
+                return
+            self._observe_fence(action, now)
+            dry = action.kinds == {devices.RuleKind.DRY_RUN}
+            reason = "DeviceDryRun" if dry else "DeviceQuarantine"
+            note = (f"{'dry run: would fence' if dry else 'fenced'} {action.device.name} "
+                    f"({action.device.uuid}): {action.record.message}; rules "
+                    f"{', '.join(created)}")  # fmt: skip
+        else:
+            removed = []
+            for name, uid in action.rules:
+                self.elector.ensure_leader()
+                if await writer.delete_rule(name, uid):
+                    cache.rules.drop(name)
+                    removed.append(name)
+            if not removed:
+                return
+            reason = "DeviceRelease"
+            note = f"released {action.device} ({action.message}); deleted {', '.join(removed)}"
+        self.metrics.quarantine_actions.labels(action.kind.value, "false").inc()
+        log.info("device action", node=action.node, action=action.kind.value, reason=reason,
+                 note=note)  # fmt: skip
+        task = asyncio.create_task(self._device_history(action.node, reason, note, now))
+        self._records.add(task)
+        task.add_done_callback(self._recorded)
+
+    def _recorded(self, task: asyncio.Task[None]) -> None:
+        self._records.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("device action not recorded", error=str(task.exception()))
+
+    def _observe_fence(self, action: actions.FenceDevice, now: dt.datetime) -> None:
+        if action.escalation or action.kinds == {devices.RuleKind.DRY_RUN}:
+            return
+        streak = self.fleet.gpu_streak(action.node, action.device.uuid)
+        if streak is not None and not streak[0]:
+            self.metrics.fault_to_device_rule.observe(max((now - streak[1]).total_seconds(), 0))
+
+    async def _device_history(self, node: str, reason: str, note: str, now: dt.datetime) -> None:
+        raw = self.cache.nodes.get(node)
+        if raw is None:
+            return
+        entry = history.Entry(now, reason, reason, marks.CONTROLLER_IDENTITY, note)
+        self.elector.ensure_leader()
+        updated = await self.writer.patch(node, conditions.history_patch(raw, entry))
+        if updated is not None:
+            self.cache.put(updated)
+        await self.writer.event(raw, reason, note, warning=reason == "DeviceQuarantine")
+
+    def _export_devices(self, device: actions.DeviceDecision | None) -> None:
+        if device is None:
+            return
+        real = [f for fenced in device.fenced.values() for f in fenced
+                if any(r.kind in devices.FENCING_KINDS for r in f.rules)]  # fmt: skip
+        self.metrics.quarantined_devices.set(len(real))
+        fenced_nodes = {f.node for f in real}
+        kept = 0
+        if self.device_cache is not None:
+            inventory, _ = self.device_inputs()
+            kept = sum(len(inventory[n].devices) for n in fenced_nodes if n in inventory)
+            kept -= sum(1 for f in real if f.node in inventory)
+        self.metrics.gpus_kept.set(max(kept, 0))
+        self.metrics.device_breaker_open.set(1 if device.breaker.open else 0)
+
+
+DeviceStep = actions.FenceDevice | actions.UnfenceDevice | actions.SkippedDevice
+_ORDER = (devices.RuleKind.UNHEALTHY, devices.RuleKind.DRY_RUN, devices.RuleKind.EVICT,
+          devices.RuleKind.FAILED)  # fmt: skip
+"""NoSchedule before NoExecute: a tolerating claim must never be allocated the device in
+between."""
+
+
+def _device_of(action: actions.DeviceAction) -> str:
+    if isinstance(action, actions.FenceDevice):
+        return action.device.name
+    return action.device
 
 
 def describe(action: actions.NodeAction) -> str:

@@ -81,6 +81,40 @@ class NodeState(enum.StrEnum):
     """No heartbeat yet, and the leader is still inside its warm-up: no judgement."""
 
 
+def heartbeat_problem(
+    hb: heartbeat.Heartbeat,
+    now: dt.datetime,
+    *,
+    min_interval_s: float,
+    max_interval_s: float,
+    max_skew_s: float,
+) -> tuple[str, str] | None:
+    """The field of a heartbeat outside what this controller accepts, and why; None if none.
+
+    Every field an agent sends is bounded (DESIGN.md section 10): `intervalS` within the
+    chart's range, since staleness is measured in intervals, and `sentAt` within a skew of
+    the receive time `now`, since replays are told apart by it. The sequence's bound (int64)
+    is the wire schema's.
+    """
+    if not min_interval_s <= hb.interval_s <= max_interval_s:
+        msg = (
+            f"intervalS {hb.interval_s:g} is outside {min_interval_s:g}..{max_interval_s:g} s,"
+            " the range this controller accepts (agent.heartbeatIntervalS in the chart)"
+        )
+        return "intervalS", msg
+    if hb.sent_at.tzinfo is None:
+        return "sentAt", "sentAt must carry a time zone (RFC 3339, e.g. 2026-01-01T00:00:00Z)"
+    skew = (hb.sent_at - now).total_seconds()
+    if abs(skew) > max_skew_s:
+        msg = (
+            f"sentAt is {abs(skew):.0f} s {'ahead of' if skew > 0 else 'behind'} the"
+            f" controller's clock; at most {max_skew_s:g} s is accepted (is the node's clock"
+            " synchronised?)"
+        )
+        return "sentAt", msg
+    return None
+
+
 BAD_STATES = frozenset(
     {NodeState.DEGRADED, NodeState.FAILED, NodeState.UNKNOWN, NodeState.STALE, NodeState.MISSING}
 )
@@ -105,6 +139,9 @@ class NodeRecord:
     previous_boot_id: str | None = None
     boot_changed_at: dt.datetime | None = None
     """When a report first carried a boot ID different from the one before it."""
+    gpu_since: dict[str, tuple[bool, dt.datetime]] = dataclasses.field(default_factory=dict)
+    """Per GPU UUID: whether its last report was healthy, and the receipt time of the first
+    report of that streak (a device fenced by itself is released on its own streak)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -205,7 +242,7 @@ class FleetState:
         verdict, action, faults = _summarise(hb)
         healthy = verdict is health.Verdict.HEALTHY
         if old is None:
-            self._records[hb.node_name] = NodeRecord(
+            record = NodeRecord(
                 heartbeat=hb,
                 received_at=now,
                 verdict=verdict,
@@ -214,9 +251,13 @@ class FleetState:
                 bad_since=None if healthy else now,
                 healthy_since=now if healthy else None,
             )
+            _track_gpus(record.gpu_since, hb, faults, now, restart=True)
+            self._records[hb.node_name] = record
             return True
         # A healthy report after a silence starts a new healthy streak: the silence was not one.
         was_stale = now - old.received_at > self.stale_after(old.heartbeat)
+        if faults or old.faults or was_stale or len(old.gpu_since) != len(hb.gpus):
+            _track_gpus(old.gpu_since, hb, faults, now, restart=was_stale)
         if old.heartbeat.boot_id != hb.boot_id:
             old.previous_boot_id = old.heartbeat.boot_id
             old.boot_changed_at = now
@@ -234,6 +275,12 @@ class FleetState:
         old.action = action
         old.faults = faults
         return True
+
+    def gpu_streak(self, node: str, gpu_uuid: str) -> tuple[bool, dt.datetime] | None:
+        """Whether the GPU's last report was healthy and since when (receipt time of the
+        streak's first report); None when this leader never heard of it."""
+        record = self._records.get(node)
+        return None if record is None else record.gpu_since.get(gpu_uuid)
 
     def stale_after(self, hb: heartbeat.Heartbeat) -> dt.timedelta:
         """Return how long a node may stay silent: the multiplier × its agent's interval."""
@@ -361,6 +408,28 @@ def _summarise(
     if len(faults) > 1:
         faults.sort(key=lambda f: (-_VSEV[f.verdict], -_ASEV[f.action], f.gpu_index, f.code))
     return verdict, action, tuple(faults)
+
+
+def _track_gpus(
+    streaks: dict[str, tuple[bool, dt.datetime]],
+    hb: heartbeat.Heartbeat,
+    faults: tuple[Fault, ...],
+    now: dt.datetime,
+    *,
+    restart: bool,
+) -> None:
+    """Update each GPU's streak from one report (`restart`: after a silence every streak
+    starts again, as the node's does). GPUs the report no longer lists are forgotten."""
+    bad = {f.gpu_uuid for f in faults}
+    seen = set()
+    for gpu in hb.gpus:
+        seen.add(gpu.uuid)
+        healthy = gpu.uuid not in bad
+        previous = streaks.get(gpu.uuid)
+        if restart or previous is None or previous[0] != healthy:
+            streaks[gpu.uuid] = (healthy, now)
+    for uuid in [u for u in streaks if u not in seen]:
+        del streaks[uuid]
 
 
 def _describe(record: NodeRecord) -> tuple[NodeState, str, str]:

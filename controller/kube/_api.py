@@ -19,7 +19,7 @@ from controller import timestamps
 
 log = structlog.get_logger()
 
-MAX_REASON_CHARS = 1000
+MAX_REASON_CHARS = 4000
 """How much of an error body an ApiException carries."""
 MAX_NOTE_CHARS = 1024
 """The API server refuses an Event note above 1 KiB."""

@@ -21,6 +21,7 @@ log = structlog.get_logger()
 KUEUE = ("kueue.x-k8s.io", "v1beta2")
 APPLY = "application/apply-patch+yaml"
 RAYJOB = ("ray.io", "v1", "rayjobs")
+RESOURCE = ("resource.k8s.io", "v1")
 
 
 class AdmissionStore:
@@ -62,6 +63,19 @@ class AdmissionStore:
         """List every pod (the gate counts the bound ones per node and fences on run pods)."""
         resp = await self._core.list_pod_for_all_namespaces(_preload_content=False)
         return list((await _api.read_json(resp)).get("items") or [])
+
+    async def list_claims(self) -> list[dict[str, Any]]:
+        """List every ResourceClaim (the gate counts the devices they hold); none where the
+        cluster serves no `resource.k8s.io/v1`."""
+        try:
+            resp = await self._custom.list_cluster_custom_object(
+                *RESOURCE, "resourceclaims", _preload_content=False
+            )
+            return list((await _api.read_json(resp)).get("items") or [])
+        except client.ApiException as err:
+            if err.status == 404:
+                return []
+            raise
 
     async def owner_labels(self) -> dict[tuple[str, str, str], dict[str, str]]:
         """Labels of every run's Job and RayJob, keyed by (namespace, kind, name): they name

@@ -1,16 +1,75 @@
-"""Build the kubernetes_asyncio client from a kubeconfig or the in-cluster ServiceAccount."""
+"""Build the kubernetes_asyncio clients from a kubeconfig or the in-cluster ServiceAccount.
+
+Every call to the API server has a timeout (review finding H2): kubernetes_asyncio's default
+is `aiohttp.ClientTimeout()`, no timeout at all, not even for waiting on a pooled connection.
+`TimedApiClient` gives each request one unless the call names its own: a plain call gets
+`timeout_s` in total; a watch gets its server-side `timeoutSeconds` plus a margin between
+bytes (bookmarks keep a healthy watch talking); a followed log, which may be quiet for hours,
+gets a bound only on connecting (including the wait for a pooled connection). The
+controller uses several clients, each with its own pool, so that one kind of traffic can
+never take another's connections (app.py).
+"""
 
 from __future__ import annotations
 
 import pathlib
+from collections.abc import Iterable
+from typing import Any
 
+import aiohttp
 from kubernetes_asyncio import client, config
 
 from shared import kubetoken
 
+WATCH_MARGIN_S = 30.0
+"""How much longer than its `timeoutSeconds` a watch may stay silent before it is dropped."""
 
-async def make_client(kubeconfig: str = "", *, qps_pool: int = 64) -> client.ApiClient:
-    """Return an ApiClient; the connection pool is sized for bursts of patches and reviews."""
+
+def timeout_for(query: Iterable[tuple[str, Any]] | None, default_s: float) -> aiohttp.ClientTimeout:
+    """The timeout of one request to the API server, from its query parameters."""
+    params = {str(k): v for k, v in query or ()}
+
+    def on(name: str) -> bool:
+        return str(params.get(name, "")).lower() == "true"
+
+    if on("watch"):
+        server_s = float(params.get("timeoutSeconds") or 0) or default_s
+        return aiohttp.ClientTimeout(sock_connect=default_s, connect=default_s,
+                                     sock_read=server_s + WATCH_MARGIN_S)  # fmt: skip
+    if on("follow"):
+        return aiohttp.ClientTimeout(sock_connect=default_s, connect=default_s)
+    return aiohttp.ClientTimeout(total=default_s)
+
+
+class TimedApiClient(client.ApiClient):  # type: ignore[misc]  # an untyped base
+    """An ApiClient whose requests all have a timeout (`timeout_for`) unless given one."""
+
+    def __init__(self, configuration: client.Configuration, *, timeout_s: float) -> None:
+        super().__init__(configuration=configuration)
+        self.timeout_s = timeout_s
+
+    def request(  # noqa: PLR0917  (kubernetes_asyncio's own signature)
+        self,
+        method: str,
+        url: str,
+        query_params: Any = None,
+        headers: Any = None,
+        post_params: Any = None,
+        body: Any = None,
+        _preload_content: bool = True,
+        _request_timeout: Any = None,
+    ) -> Any:
+        """Send one request with its timeout (kubernetes_asyncio calls this for every call)."""
+        if _request_timeout is None:
+            _request_timeout = timeout_for(query_params, self.timeout_s)
+        return super().request(method, url, query_params, headers, post_params, body,
+                               _preload_content, _request_timeout)  # fmt: skip
+
+
+async def make_client(
+    kubeconfig: str = "", *, pool: int = 64, timeout_s: float = 10.0
+) -> client.ApiClient:
+    """Return an ApiClient with a pool of `pool` connections and `timeout_s` on every call."""
     cfg = client.Configuration()
     if kubeconfig:
         await config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
@@ -19,5 +78,5 @@ async def make_client(kubeconfig: str = "", *, qps_pool: int = 64) -> client.Api
             cfg.refresh_api_key_hook = kubetoken.refresh_hook(rotated)
     else:
         config.load_incluster_config(client_configuration=cfg)
-    cfg.connection_pool_maxsize = qps_pool
-    return client.ApiClient(configuration=cfg)
+    cfg.connection_pool_maxsize = pool
+    return TimedApiClient(cfg, timeout_s=timeout_s)

@@ -33,15 +33,22 @@ def _record(lease: Any) -> leading.LeaseRecord:
 class KubeLeaseStore:
     """Read and conditionally write one Lease."""
 
-    def __init__(self, api: client.ApiClient, namespace: str, name: str) -> None:
+    def __init__(
+        self, api: client.ApiClient, namespace: str, name: str, *, timeout_s: float = 5.0
+    ) -> None:
+        """`timeout_s` bounds each call: a read and a write fit in the renew deadline, so a
+        stuck API server makes this replica step down in time rather than hang."""
         self._api = client.CoordinationV1Api(api)
         self.namespace = namespace
         self.name = name
+        self.timeout_s = timeout_s
 
     async def read(self) -> leading.LeaseRecord | None:
         """Return the Lease, None when it does not exist."""
         try:
-            lease = await self._api.read_namespaced_lease(self.name, self.namespace)
+            lease = await self._api.read_namespaced_lease(
+                self.name, self.namespace, _request_timeout=self.timeout_s
+            )
         except client.ApiException as err:
             if err.status == 404:
                 return None
@@ -73,10 +80,14 @@ class KubeLeaseStore:
         }
         try:
             if create:
-                lease = await self._api.create_namespaced_lease(self.namespace, body)
+                lease = await self._api.create_namespaced_lease(
+                    self.namespace, body, _request_timeout=self.timeout_s
+                )
             else:
                 body["metadata"]["resourceVersion"] = record.version
-                lease = await self._api.replace_namespaced_lease(self.name, self.namespace, body)
+                lease = await self._api.replace_namespaced_lease(
+                    self.name, self.namespace, body, _request_timeout=self.timeout_s
+                )
         except client.ApiException as err:
             if err.status in (409, 404):
                 return None
@@ -87,5 +98,6 @@ class KubeLeaseStore:
         """Merge fleet-state annotations into the Lease (the leader calls this)."""
         body = {"metadata": {"annotations": values}}
         await self._api.patch_namespaced_lease(
-            self.name, self.namespace, body, _content_type="application/merge-patch+json"
-        )
+            self.name, self.namespace, body,
+            _content_type="application/merge-patch+json", _request_timeout=self.timeout_s,
+        )  # fmt: skip

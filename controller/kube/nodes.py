@@ -10,9 +10,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
+import aiohttp
 import structlog
 from kubernetes_asyncio import client
 
@@ -260,6 +262,10 @@ class NodeWriter:
 
 
 def _requests_gpu(pod: dict[str, Any]) -> bool:
+    """Whether the pod asks for GPUs: the device plugin's resource, or DRA claims (on a DRA
+    node its GPUs come through claims; other DRA devices are rare enough to count too)."""
+    if (pod.get("spec") or {}).get("resourceClaims"):
+        return True
     for c in (pod.get("spec") or {}).get("containers") or []:
         res = c.get("resources") or {}
         for part in ("limits", "requests"):
@@ -267,3 +273,58 @@ def _requests_gpu(pod: dict[str, Any]) -> bool:
             if value not in (None, "0", 0):
                 return True
     return False
+
+
+class AgentPods:
+    """The IP of each pod an agent token is bound to, by pod UID: the address the on-call API
+    shows as a node's `agentUrl` (DESIGN.md section 10: derived by the controller, never taken
+    from a heartbeat).
+
+    One LIST of the install namespace's pods fills the map; a UID not in it triggers another,
+    at most every `refresh_s`, so a new leader hearing 5,000 agents lists once, not 5,000
+    times, and an agent whose pod cannot be read costs nothing per heartbeat.
+    """
+
+    def __init__(
+        self,
+        api: client.ApiClient,
+        namespace: str,
+        *,
+        refresh_s: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._core = client.CoreV1Api(api)
+        self.namespace = namespace
+        self.refresh_s = refresh_s
+        self._clock = clock
+        self._ips: dict[str, str] = {}
+        self._listed_at: float | None = None
+        self._lock = asyncio.Lock()
+        self.lists = 0
+        """LISTs made (a test counts them)."""
+
+    async def ip_of(self, uid: str) -> str | None:
+        """The pod's IP, None when it is not known (yet)."""
+        if not uid or uid in self._ips:
+            return self._ips.get(uid)
+        async with self._lock:
+            if uid in self._ips:
+                return self._ips[uid]
+            if self._listed_at is not None and self._clock() - self._listed_at < self.refresh_s:
+                return None
+            self._listed_at = self._clock()
+            self.lists += 1
+            try:
+                resp = await self._core.list_namespaced_pod(self.namespace, _preload_content=False)
+                data = await _api.read_json(resp)
+            except (client.ApiException, aiohttp.ClientError, TimeoutError) as err:
+                log.warning("cannot list agent pods", namespace=self.namespace, error=repr(err))
+                return None
+            ips: dict[str, str] = {}
+            for pod in data.get("items") or []:
+                pod_uid = str((pod.get("metadata") or {}).get("uid") or "")
+                pod_ip = str((pod.get("status") or {}).get("podIP") or "")
+                if pod_uid and pod_ip:
+                    ips[pod_uid] = pod_ip
+            self._ips = ips
+        return self._ips.get(uid)

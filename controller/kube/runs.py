@@ -7,6 +7,7 @@ object exists: level-triggered callers simply go on) and deletes tolerate 404 (g
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -20,9 +21,12 @@ TAURUN = ("taugrid.dev", "v1alpha1", "tauruns")
 TAURUNLOG = ("taugrid.dev", "v1alpha1", "taurunlogs")
 KUEUE = ("kueue.x-k8s.io", "v1beta2")
 RAYJOB = ("ray.io", "v1", "rayjobs")
+CLAIM_TEMPLATES = ("resource.k8s.io", "v1", "resourceclaimtemplates")
 VISIBILITY_VERSIONS = ("v1beta2", "v1beta1")
 NODE_METADATA = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
 """Accept header asking the API server for object metadata only."""
+MAX_MESSAGE_CHARS = 600
+"""How much of the API server's message a refusal carries."""
 VISIBILITY_RETRY_S = 60.0
 """After the visibility API fails, use the computed fallback this long before asking again."""
 
@@ -35,24 +39,70 @@ class NotFoundError(errors.NotFound):
     """The object, or its namespace, does not exist (HTTP 404 from the API server)."""
 
 
+class RejectedError(errors.Invalid):
+    """The API server refused an object we asked it to create (HTTP 400 or 422): `field` is
+    the object's field at fault (`spec.template.spec.containers[0].env[0].name`), as the API
+    server's Status names it, and `kind` the object's kind."""
+
+    default_code = "RejectedByAPIServer"
+
+    def __init__(self, kind: str, message: str, field: str) -> None:
+        super().__init__(message, field=field)
+        self.kind = kind
+
+
+def _status(err: client.ApiException) -> dict[str, Any]:
+    """The API server's Status object in an error, {} when the body is not one."""
+    try:
+        parsed = json.loads(str(err.reason or ""))
+    except ValueError:
+        return {}
+    return parsed if isinstance(parsed, dict) else {}
+
+
+def refusal(err: client.ApiException, kind: str) -> errors.ControllerError:
+    """The error kind for an API server's refusal of a create: 400/422 RejectedError naming
+    the field its Status names, 403 Forbidden (the controller may not create there), other
+    statuses Unavailable (retry later). The message keeps the API server's words."""
+    text = str(err.reason or "")
+    status = _status(err)
+    message = str(status.get("message") or text or err.status)[:MAX_MESSAGE_CHARS]
+    causes = (status.get("details") or {}).get("causes") or []
+    field = next((str(c.get("field") or "") for c in causes if isinstance(c, dict)), "")
+    if err.status in (400, 422):
+        return RejectedError(kind, f"the API server refused the {kind}: {message}", field)
+    if err.status == 403:
+        msg = f"the controller may not create the {kind} there: {message}"
+        return errors.Forbidden(msg, code="ControllerForbidden")
+    msg = f"the API server did not create the {kind} ({err.status}): {message}"
+    return errors.Unavailable(msg, code="APIServerError")
+
+
 class RunStore:
     """Every API call the run reconciler and the run API make."""
 
-    def __init__(self, api: client.ApiClient) -> None:
+    def __init__(self, api: client.ApiClient, *, streams: client.ApiClient | None = None) -> None:
+        """Calls go through `api`; log streams through `streams` when given, a client whose
+        pool they have to themselves (a stream holds its connection while it lasts)."""
         self.api = api
         self._custom = client.CustomObjectsApi(api)
         self._core = client.CoreV1Api(api)
         self._batch = client.BatchV1Api(api)
         self._networking = client.NetworkingV1Api(api)
+        self._logs = client.CoreV1Api(streams or api)
         self._visibility_down_until = 0.0
 
     # ------------------------------------------------------------------ TauRuns
-    async def create_run(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
-        """Create a TauRun; raise ConflictError when the name is taken, NotFoundError when
-        the namespace does not exist."""
+    async def create_run(
+        self, namespace: str, body: dict[str, Any], *, dry_run: bool = False
+    ) -> dict[str, Any]:
+        """Create a TauRun (with `dry_run`, have the API server check and admit it without
+        storing it); raise ConflictError when the name is taken, NotFoundError when the
+        namespace does not exist, `refusal`'s kinds for any other refusal."""
+        extra = {"dry_run": "All"} if dry_run else {}
         try:
             resp = await self._custom.create_namespaced_custom_object(
-                *TAURUN[:2], namespace, TAURUN[2], body, _preload_content=False
+                *TAURUN[:2], namespace, TAURUN[2], body, _preload_content=False, **extra
             )
             return dict(await _api.read_json(resp))
         except client.ApiException as err:
@@ -60,7 +110,25 @@ class RunStore:
                 raise ConflictError(str(err.reason)) from err
             if err.status == 404:
                 raise NotFoundError(namespace) from err
-            raise
+            raise refusal(err, "TauRun") from err
+
+    async def dry_run_create(self, obj: dict[str, Any]) -> None:
+        """Have the API server (and its admission webhooks: Kueue's) check an object we are
+        about to create, without storing it; `refusal`'s kinds when it would refuse it. A
+        404 means its kind is not served (no KubeRay for a RayJob); a 409 that one of that
+        name exists, which is the TauRun's create to judge."""
+        kind = str(obj["kind"])
+        try:
+            await self._create(obj, dry_run=True)
+        except client.ApiException as err:
+            if err.status == 409:
+                return
+            if err.status == 404:
+                if (_status(err).get("details") or {}).get("kind") == "namespaces":
+                    raise NotFoundError(str(obj["metadata"]["namespace"])) from err
+                msg = f"this cluster cannot create a {kind}: {str(err.reason)[:200]}"
+                raise RejectedError(kind, msg, "kind") from err
+            raise refusal(err, kind) from err
 
     async def get_run(self, namespace: str, name: str) -> dict[str, Any] | None:
         """Return a TauRun, None when it does not exist."""
@@ -118,38 +186,44 @@ class RunStore:
 
     # ------------------------------------------------------------------ owned objects
     async def create(self, obj: dict[str, Any]) -> bool:
-        """Create a Job, Service, RayJob, NetworkPolicy, Secret or ConfigMap; False when it
-        already exists."""
-        ns = obj["metadata"]["namespace"]
-        kind = obj["kind"]
+        """Create a Job, Service, RayJob, NetworkPolicy, ResourceClaimTemplate, Secret or
+        ConfigMap; False when it already exists."""
         try:
-            if kind == "Job":
-                resp = await self._batch.create_namespaced_job(ns, obj, _preload_content=False)
-            elif kind == "Service":
-                resp = await self._core.create_namespaced_service(ns, obj, _preload_content=False)
-            elif kind == "Secret":
-                resp = await self._core.create_namespaced_secret(ns, obj, _preload_content=False)
-            elif kind == "ConfigMap":
-                resp = await self._core.create_namespaced_config_map(
-                    ns, obj, _preload_content=False
-                )
-            elif kind == "RayJob":
-                resp = await self._custom.create_namespaced_custom_object(
-                    *RAYJOB[:2], ns, RAYJOB[2], obj, _preload_content=False
-                )
-            elif kind == "NetworkPolicy":
-                resp = await self._networking.create_namespaced_network_policy(
-                    ns, obj, _preload_content=False
-                )
-            else:
-                msg = f"cannot create a {kind}"
-                raise ValueError(msg)
-            await _api.read_json(resp)
+            await self._create(obj)
         except client.ApiException as err:
             if err.status == 409:
                 return False
             raise
         return True
+
+    async def _create(self, obj: dict[str, Any], *, dry_run: bool = False) -> None:
+        ns = obj["metadata"]["namespace"]
+        kind = obj["kind"]
+        opts: dict[str, Any] = {"_preload_content": False}
+        if dry_run:
+            opts["dry_run"] = "All"
+        if kind == "Job":
+            resp = await self._batch.create_namespaced_job(ns, obj, **opts)
+        elif kind == "Service":
+            resp = await self._core.create_namespaced_service(ns, obj, **opts)
+        elif kind == "Secret":
+            resp = await self._core.create_namespaced_secret(ns, obj, **opts)
+        elif kind == "ConfigMap":
+            resp = await self._core.create_namespaced_config_map(ns, obj, **opts)
+        elif kind == "RayJob":
+            resp = await self._custom.create_namespaced_custom_object(
+                *RAYJOB[:2], ns, RAYJOB[2], obj, **opts
+            )
+        elif kind == "ResourceClaimTemplate":
+            resp = await self._custom.create_namespaced_custom_object(
+                *CLAIM_TEMPLATES[:2], ns, CLAIM_TEMPLATES[2], obj, **opts
+            )
+        elif kind == "NetworkPolicy":
+            resp = await self._networking.create_namespaced_network_policy(ns, obj, **opts)
+        else:
+            msg = f"cannot create a {kind}"
+            raise ValueError(msg)
+        await _api.read_json(resp)
 
     async def write_configmap(self, body: dict[str, Any]) -> None:
         """Merge a ConfigMap's `data` into the stored one, creating it from `body` if missing."""
@@ -178,8 +252,8 @@ class RunStore:
         await _api.read_json(resp)
 
     async def delete(self, kind: str, namespace: str, name: str) -> bool:
-        """Delete a Job, Service, RayJob or NetworkPolicy with its dependents (background);
-        False if gone."""
+        """Delete a Job, Service, RayJob, NetworkPolicy or ResourceClaimTemplate (dependents in
+        the background); False if gone."""
         opts = {"propagation_policy": "Background"}
         try:
             if kind == "Job":
@@ -192,6 +266,10 @@ class RunStore:
                 )
             elif kind == "NetworkPolicy":
                 await self._networking.delete_namespaced_network_policy(name, namespace)
+            elif kind == "ResourceClaimTemplate":
+                await self._custom.delete_namespaced_custom_object(
+                    *CLAIM_TEMPLATES[:2], namespace, CLAIM_TEMPLATES[2], name
+                )
             else:
                 msg = f"cannot delete a {kind}"
                 raise ValueError(msg)
@@ -416,7 +494,7 @@ class RunStore:
         kwargs: dict[str, Any] = {"container": container, "follow": follow}
         if tail_lines is not None:
             kwargs["tail_lines"] = tail_lines
-        resp = await self._core.read_namespaced_pod_log(
+        resp = await self._logs.read_namespaced_pod_log(
             pod, namespace, _preload_content=False, **kwargs
         )
         if not 200 <= resp.status <= 299:

@@ -17,10 +17,9 @@ import asyncio
 import datetime as dt
 import hashlib
 import hmac
-import json
+from collections.abc import Sequence
 from typing import Any
 
-import pydantic
 import structlog
 from aiohttp import web
 
@@ -34,19 +33,20 @@ from controller.runs import (
     lifecycle,
     logs,
     objects,
+    policy,
     preflight,
     queues,
     reconciling,
     records,
+    rendering,
     reruns,
     results,
+    schemas,
 )
+from controller.settings import ControllerSettings
 from shared import spec as specs
 
 log = structlog.get_logger()
-
-REQUEST_BODIES: dict[str, type[pydantic.BaseModel]] = {"ResultReport": results.ResultReport}
-"""Request bodies of the runs API given as models, for the OpenAPI document."""
 
 _SPEC_ERRORS: dict[specs.SpecErrorKind, type[errors.Invalid]] = {
     specs.SpecErrorKind.TOO_LARGE: errors.TooLarge,
@@ -83,38 +83,74 @@ def _spec_error(err: specs.SpecError) -> errors.Invalid:
     return kind(str(err), field=err.field, code=str(err.kind), problems=problems)
 
 
+TAG = "runs"
+RUN_VIEW = {200: serving.Reply("The run.", schemas.RunView)}
+SPEC_MEDIA_TYPES = ("application/yaml", "application/json")
+DRY_RUN_UID = "00000000-0000-0000-0000-000000000000"
+"""The owner UID of objects checked by the API server's dry run before their TauRun exists:
+the API server wants one, and no object is stored with it."""
+DRY_RUN_TOKEN = objects.RUN_TOKEN_PREFIX + "<generated-when-the-run-is-created>"
+PER_RUN_KINDS = frozenset({"Secret", "ConfigMap"})
+"""The run's own objects, made once per run; the rest of a plan's creates are attempt 1's."""
+
+
 # ---------------------------------------------------------------------- submit
-@serving.leader_only
+@serving.operation(
+    "createRun", tag=TAG, query=schemas.SubmitQuery,
+    body=serving.Body(specs.TauSpec, media_types=SPEC_MEDIA_TYPES, checks_media_type=True),
+    replies={
+        201: serving.Reply("Created: the run, and advice about its spec.", schemas.RunCreated),
+        200: serving.Reply(
+            "With `dryRun=true`, what would be created (nothing was); else the run the same"
+            " `Idempotency-Key` created before.",
+            any_of=(schemas.DryRun, schemas.RunView),
+        ),
+    },
+    errors=(404, 409),
+)  # fmt: skip
 async def post_run(request: web.Request) -> web.StreamResponse:
-    """Submit a run: the body is a tau.yaml (YAML or JSON)."""
+    """Submit a run: the body is a tau.yaml (YAML or JSON).
+
+    The caller is authorised (`create tauruns`) before the body is parsed: in `?namespace=`,
+    else in a namespace the body declares on a plain `namespace: NAME` line (found by a scan
+    of the bytes, not a parse; the parsed spec's namespace is then checked too), else in
+    `default`. So a body from an identity that may not submit anywhere is never parsed.
+    Before anything is created the API server checks the run's first objects (its dry run),
+    so a spec it would refuse is a 422 naming the field, never a run that cannot start.
+    """
     st = serving.serving_of(request)
     ctx = context.context_of(request)
+    query = serving.query_of(request, schemas.SubmitQuery)
     outcome = "invalid"
     try:
         identity = await serving.identity(request)
-        namespace = request.query.get("namespace") or None
-        if namespace is not None:
-            context.check_namespace(namespace)
-            await context.allow(request, identity, "create", namespace)
         raw = await serving.read_body(request, specs.MAX_SPEC_BYTES)
+        namespace = await _authorise_submission(request, identity, query, raw)
         try:
             parsed = await asyncio.to_thread(specs.parse_spec, raw, _content_type(request))
         except specs.SpecError as err:
             raise _spec_error(err) from err
         spec = parsed.spec
-        if namespace is None:
+        if query.namespace is None and (spec.namespace or "default") != namespace:
             namespace = spec.namespace or "default"
             await context.allow(request, identity, "create", namespace)
+        _check_priority(spec, st.settings)
+        context.check_run_namespace(request, namespace)
+        if (leader := await serving.unless_leader(request, identity, raw)) is not None:
+            outcome = "forwarded"
+            return leader
         checked = await preflight.run(ctx.store, spec, namespace)
+        warnings = [*parsed.warnings, *checked]
         key = request.headers.get("Idempotency-Key", "").strip()
-        annotations = {
-            marks.SUBMITTED_BY_ANNOTATION: identity.username[:253],
-            marks.MANAGED_BY_ANNOTATION: ctx.reconciler.manager,
-        }
+        annotations = _annotations(identity, ctx.reconciler.manager)
         if key:
             annotations[marks.IDEMPOTENCY_ANNOTATION] = _key_digest(key)
+        body = _taurun(spec, namespace, annotations)
+        if query.dry_run:
+            outcome = "dry-run"
+            return web.json_response(await _dry_run(ctx, spec, body, warnings))
         try:
-            created = await _create_run(request, spec, namespace, annotations)
+            created = await _create_run(request, spec, namespace, body)
         except kube_runs.ConflictError as err:
             existing = await ctx.store.get_run(namespace, spec.name)
             stored = ((existing or {}).get("metadata") or {}).get("annotations") or {}
@@ -134,9 +170,7 @@ async def post_run(request: web.Request) -> web.StreamResponse:
         result = await ctx.reconciler.reconcile_now(namespace, spec.name) or created
         outcome = "created"
         log.info("run submitted", run=f"{namespace}/{spec.name}", user=identity.username)
-        return web.json_response(
-            {**context.run_json(result), "warnings": [*parsed.warnings, *checked]}, status=201
-        )
+        return web.json_response({**context.run_json(result), "warnings": warnings}, status=201)
     except errors.Forbidden:
         outcome = "forbidden"
         raise
@@ -144,23 +178,140 @@ async def post_run(request: web.Request) -> web.StreamResponse:
         st.metrics.run_submissions.labels(outcome).inc()
 
 
-async def _create_run(
-    request: web.Request, spec: specs.TauSpec, namespace: str, annotations: dict[str, str]
-) -> dict[str, Any]:
-    """Create the TauRun of a validated, pre-flighted spec; NotFound for a namespace that
-    does not exist; kube_runs.ConflictError (for the caller to word) when the name is taken."""
-    body = {
+async def _authorise_submission(
+    request: web.Request, who: auth.Identity, query: schemas.SubmitQuery, raw: bytes
+) -> str:
+    """Authorise `create tauruns` before the body is parsed (see `post_run`); return the
+    namespace authorised. Of several a body may declare, the first the caller may use."""
+    if query.namespace is not None:
+        await context.allow(request, who, "create", query.namespace)
+        return query.namespace
+    candidates = specs.declared_namespaces(raw) or ["default"]
+    refusals: list[errors.Forbidden] = []
+    for candidate in candidates:
+        try:
+            await context.allow(request, who, "create", candidate)
+        except errors.Forbidden as err:
+            refusals.append(err)
+            continue
+        return candidate
+    refusal = refusals[0]
+    if candidates == ["default"]:
+        refusal.message += (
+            " (no namespace was given as ?namespace= or on a `namespace:` line of the body)"
+        )
+    raise refusal
+
+
+def _check_priority(spec: specs.TauSpec, settings: ControllerSettings) -> None:
+    """Refuse a priority class the platform did not allow (DESIGN.md section 10): the
+    controller's resume class always, and any outside a configured allowlist."""
+    if spec.priority is None:
+        return
+    if spec.priority == settings.resume_priority_class:
+        msg = f"{spec.priority!r} is the controller's own priority class (resumed attempts)"
+        raise errors.Invalid(msg, field="priority", code="PriorityNotAllowed")
+    allowed = settings.allowed_priority_classes
+    if allowed and spec.priority not in allowed:
+        msg = f"priority {spec.priority!r} is not allowed here; allowed: {', '.join(allowed)}"
+        raise errors.Invalid(msg, field="priority", code="PriorityNotAllowed")
+
+
+def _annotations(who: auth.Identity, manager: str) -> dict[str, str]:
+    """The annotations every TauRun the API creates carries."""
+    return {marks.SUBMITTED_BY_ANNOTATION: who.username[:253], marks.MANAGED_BY_ANNOTATION: manager}
+
+
+def _taurun(spec: specs.TauSpec, namespace: str, annotations: dict[str, str]) -> dict[str, Any]:
+    """The TauRun a submission (or a rerun) creates."""
+    return {
         "apiVersion": specs.API_VERSION,
-        "kind": "TauRun",
+        "kind": objects.TAURUN_KIND,
         "metadata": {"name": spec.name, "namespace": namespace, "annotations": annotations},
         "spec": specs.spec_to_wire(spec),
     }
+
+
+async def _create_run(
+    request: web.Request, spec: specs.TauSpec, namespace: str, body: dict[str, Any]
+) -> dict[str, Any]:
+    """Create the TauRun of a validated, pre-flighted spec, once the API server has checked
+    attempt 1's objects (`_server_check`); NotFound for a namespace that does not exist, a
+    422 for a refusal; kube_runs.ConflictError (for the caller to word) when the name is
+    taken."""
+    ctx = context.context_of(request)
+    await _server_check(ctx, spec, objects.RunRef(spec.name, namespace, DRY_RUN_UID))
     serving.serving_of(request).elector.ensure_leader()
     try:
-        return await context.context_of(request).store.create_run(namespace, body)
+        return await ctx.store.create_run(namespace, body)
     except kube_runs.NotFoundError as err:
         msg = f"namespace {namespace!r} does not exist"
         raise errors.NotFound(msg, field="namespace") from err
+    except kube_runs.RejectedError as err:
+        raise _rejected(err) from err
+
+
+def _first_objects(
+    ctx: context.RunsContext, spec: specs.TauSpec, ref: objects.RunRef
+) -> list[dict[str, Any]]:
+    """What the reconciler creates for a new run, from its own decision step
+    (`policy.decide_run`): the run's token Secret and checkpoint ConfigMap, then attempt 1's
+    objects. The token shown is a placeholder; a real one is made at creation."""
+    run = policy.RunInput(
+        ref=ref, spec=specs.spec_to_wire(spec), status=records.RunStatus(), observed=False,
+        new_token=DRY_RUN_TOKEN,
+    )  # fmt: skip
+    now = dt.datetime.now(dt.UTC)
+    return list(policy.decide_run(run, ctx.reconciler.settings, now).creates)
+
+
+def _attempt_objects(
+    ctx: context.RunsContext, spec: specs.TauSpec, ref: objects.RunRef
+) -> list[dict[str, Any]]:
+    """Attempt 1's objects (its Job or RayJob, and a pytorch run's Service)."""
+    return [o for o in _first_objects(ctx, spec, ref) if o["kind"] not in PER_RUN_KINDS]
+
+
+async def _server_check(ctx: context.RunsContext, spec: specs.TauSpec, ref: objects.RunRef) -> None:
+    """Have the API server (and Kueue's webhooks) check attempt 1's objects without storing
+    them, so a spec it would refuse is refused now, naming the field, instead of a run the
+    reconciler could never start (security review M1)."""
+    for obj in _attempt_objects(ctx, spec, ref):
+        try:
+            await ctx.store.dry_run_create(obj)
+        except kube_runs.NotFoundError as err:
+            msg = f"namespace {ref.namespace!r} does not exist"
+            raise errors.NotFound(msg, field="namespace") from err
+        except kube_runs.RejectedError as err:
+            raise _rejected(err) from err
+
+
+def _rejected(err: kube_runs.RejectedError) -> errors.Invalid:
+    """An API server's refusal as a 422 naming the tau.yaml field behind the object's."""
+    field = rendering.spec_field(err.kind, err.field)
+    return errors.Invalid(err.message, field=field, code=err.code)
+
+
+async def _dry_run(
+    ctx: context.RunsContext, spec: specs.TauSpec, body: dict[str, Any], warnings: Sequence[str]
+) -> dict[str, Any]:
+    """What a submission would create, checked by the API server's own dry run."""
+    namespace = str(body["metadata"]["namespace"])
+    try:
+        checked = await ctx.store.create_run(namespace, body, dry_run=True)
+    except kube_runs.NotFoundError as err:
+        msg = f"namespace {namespace!r} does not exist"
+        raise errors.NotFound(msg, field="namespace") from err
+    except kube_runs.RejectedError as err:
+        raise _rejected(err) from err
+    except kube_runs.ConflictError as err:
+        msg = f"a run named {spec.name!r} already exists in namespace {namespace}"
+        raise errors.Conflict(msg, field="name", code="AlreadyExists") from err
+    uid = str((checked.get("metadata") or {}).get("uid") or DRY_RUN_UID)
+    ref = objects.RunRef(spec.name, namespace, uid)
+    await _server_check(ctx, spec, ref)
+    created = _first_objects(ctx, spec, ref)
+    return {"dryRun": True, "run": body, "objects": created, "warnings": list(warnings)}
 
 
 def _content_type(request: web.Request) -> str | None:
@@ -182,34 +333,41 @@ def _key_digest(key: str) -> str:
 
 
 # ---------------------------------------------------------------------- read
+@serving.operation(
+    "listRuns", tag=TAG, query=schemas.ListQuery,
+    replies={200: serving.Reply("The runs.", schemas.RunList)},
+)  # fmt: skip
 async def list_runs(request: web.Request) -> web.StreamResponse:
-    """List runs; filters: namespace, phase, queue, experiment (its name)."""
+    """List runs; filters: namespace, phase, queue, experiment (`list tauruns`)."""
     identity = await serving.identity(request)
-    namespace = request.query.get("namespace") or None
-    if namespace is not None:
-        context.check_namespace(namespace)
-    await context.allow(request, identity, "list", namespace)
-    items = await context.context_of(request).store.list_runs(namespace)
-    phase = request.query.get("phase")
-    queue = request.query.get("queue")
-    experiment = request.query.get("experiment")
+    query = serving.query_of(request, schemas.ListQuery)
+    await context.allow(request, identity, "list", query.namespace)
+    with serving.serving_of(request).limits.expensive_reads.hold(
+        identity.username, identity.username
+    ):
+        items = await context.context_of(request).store.list_runs(query.namespace)
     out = [context.run_json(i, with_spec=False) for i in items]
-    if phase:
-        out = [r for r in out if r["phase"].lower() == phase.lower()]
-    if queue:
-        out = [r for r in out if r["queue"] == queue]
-    if experiment:
-        out = [r for r in out if (r["experiment"] or {}).get("name") == experiment]
+    if query.phase is not None:
+        out = [r for r in out if str(r["phase"]).lower() == query.phase.lower()]
+    if query.queue is not None:
+        out = [r for r in out if r["queue"] == query.queue]
+    if query.experiment is not None:
+        out = [r for r in out if (r["experiment"] or {}).get("name") == query.experiment]
     out.sort(key=lambda r: (r["namespace"], r["createdAt"] or "", r["name"]))
     return web.json_response({"items": out})
 
 
+@serving.operation("getRun", tag=TAG, path=schemas.RunPath, replies=RUN_VIEW, errors=(404,))
 async def get_run(request: web.Request) -> web.StreamResponse:
-    """One run with its attempts, queue position, message and checkpoints."""
+    """One run with its attempts, queue position, message and checkpoints (`get tauruns`)."""
     _, item = await context.read_run(request)
     return web.json_response(context.run_json(item))
 
 
+@serving.operation(
+    "getRunEvidence", tag=TAG, path=schemas.RunPath, errors=(404,),
+    replies={200: serving.Reply("The evidence record.", schemas.Evidence)},
+)  # fmt: skip
 async def get_evidence(request: web.Request) -> web.StreamResponse:
     """The run's evidence record: enough to reproduce it and to see where it ran, and which
     workers' logs are kept (their text: `GET …/logs?attempt=N&worker=K`, needs pods/log)."""
@@ -233,16 +391,20 @@ async def get_evidence(request: web.Request) -> web.StreamResponse:
 
 
 # ---------------------------------------------------------------------- cancel
-@serving.leader_only
+@serving.operation("cancelRun", tag=TAG, path=schemas.RunPath, replies=RUN_VIEW, errors=(404, 409))
 async def cancel_run(request: web.Request) -> web.StreamResponse:
-    """Cancel a run: delete its attempt (freeing its quota); the TauRun stays, Cancelled."""
+    """Cancel a run: delete its attempt (freeing its quota); the TauRun stays, Cancelled.
+
+    Needs `delete` (or `patch`) on tauruns in the run's namespace.
+    """
     identity = await serving.identity(request)
-    namespace = context.check_namespace(request.match_info["namespace"])
-    name = request.match_info["name"]
+    namespace, name = context.run_path(request)
     try:
         await context.allow(request, identity, "delete", namespace)
     except errors.Forbidden:
         await context.allow(request, identity, "patch", namespace)
+    if (leader := await serving.unless_leader(request, identity)) is not None:
+        return leader
     ctx = context.context_of(request)
     item = await ctx.store.get_run(namespace, name)
     if item is None:
@@ -263,18 +425,21 @@ async def cancel_run(request: web.Request) -> web.StreamResponse:
 
 
 # ---------------------------------------------------------------------- checkpoints
-async def _run_caller(request: web.Request, verb: str, subresource: str = "") -> str:
+async def _run_caller(request: web.Request, verb: str, subresource: str = "") -> auth.Identity:
     """Authenticate a checkpoint call: the run's own token (from its pods), or a Kubernetes
-    identity allowed `verb` on the TauRun (a person). Return who called, for the log.
+    identity allowed `verb` on the TauRun (a person). Return who called.
 
     Run-scoped tokens carry a prefix, so one is never sent to TokenReview, and one run's
-    token used on another run is refused with 403 at once.
+    token used on another run is refused with 403 at once. A follower that checked a run's
+    token speaks for the run (`auth.run_caller`); the leader accepts that only from a
+    replica, and only for the same run.
     """
-    namespace = context.check_namespace(request.match_info["namespace"])
-    name = request.match_info["name"]
+    namespace, name = context.run_path(request)
     token = auth.bearer_token(request.headers.get("Authorization"))
     if token.startswith(objects.RUN_TOKEN_PREFIX):
-        expected = await context.context_of(request).run_token_digest(namespace, name)
+        expected = await context.context_of(request).run_token_digest(
+            namespace, name, before_read=serving.unseen_credential(request)
+        )
         got = objects.token_digest(token)
         if expected is None or not hmac.compare_digest(got.encode(), expected.encode()):
             msg = (
@@ -282,114 +447,120 @@ async def _run_caller(request: web.Request, verb: str, subresource: str = "") ->
                 " token works only for that run"
             )
             raise errors.Forbidden(msg, field="Authorization")
-        return f"run {namespace}/{name}"
+        return auth.run_caller(namespace, name)
     identity = await serving.identity(request)
+    if serving.forwarded(request) and identity == auth.run_caller(namespace, name):
+        return identity
     await context.allow(request, identity, verb, namespace, subresource=subresource)
-    return identity.username
+    return identity
 
 
-async def _json_body(request: web.Request, *, optional: bool = False) -> Any:
-    limit = serving.serving_of(request).settings.max_body_bytes
-    raw = await serving.read_body(request, limit)
-    if not raw.strip():
-        if optional:
-            return {}
-        raise errors.Malformed("the body is empty; send a JSON object", field="body")
-    try:
-        return json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as err:
-        msg = f"the body is not JSON: {err}"
-        raise errors.Malformed(msg, field="body") from err
+CHECKPOINT = {201: serving.Reply("The checkpoint, as kept.", schemas.CheckpointRecord)}
 
 
-@serving.leader_only
+@serving.operation(
+    "reportCheckpoint", tag=TAG, path=schemas.RunPath,
+    body=serving.Body(checkpoints.ReportBody), replies=CHECKPOINT, errors=(404, 409),
+)  # fmt: skip
 async def post_checkpoint(request: web.Request) -> web.StreamResponse:
-    """A run's pod reports a checkpoint it saved (`tau checkpoint --step N --path P`)."""
+    """A run's pod reports a checkpoint it saved (`tau checkpoint --step N --path P`).
+
+    With the run's own token, or as a person allowed `update tauruns/status`. A report from
+    an attempt that is over (or not begun) is a 409.
+    """
     caller = await _run_caller(request, "update", "status")
-    namespace, name = request.match_info["namespace"], request.match_info["name"]
-    report = checkpoints.parse_report(await _json_body(request))
+    if (leader := await serving.unless_leader(request, caller)) is not None:
+        return leader
+    namespace, name = context.run_path(request)
+    body = await serving.json_body(request, checkpoints.ReportBody)
+    report = checkpoints.Report(attempt=body.attempt, step=body.step, path=body.path)
     entry = await context.context_of(request).reconciler.record_checkpoint(namespace, name, report)
-    log.debug("checkpoint reported", run=f"{namespace}/{name}", by=caller)
+    log.debug("checkpoint reported", run=f"{namespace}/{name}", by=caller.username)
     return web.json_response(entry, status=201)
 
 
 async def _checkpoints_of(request: web.Request) -> list[dict[str, Any]]:
     await _run_caller(request, "get")
-    namespace, name = request.match_info["namespace"], request.match_info["name"]
+    namespace, name = context.run_path(request)
     item = await context.context_of(request).store.get_run(namespace, name)
     if item is None:
         raise reconciling.RunNotFoundError(namespace, name)
     return list((item.get("status") or {}).get("checkpoints") or [])
 
 
+@serving.operation(
+    "listCheckpoints", tag=TAG, path=schemas.RunPath, errors=(404,),
+    replies={200: serving.Reply("The kept checkpoints.", schemas.CheckpointList)},
+)  # fmt: skip
 async def list_checkpoints(request: web.Request) -> web.StreamResponse:
     """The checkpoints the run's status keeps, oldest first."""
     return web.json_response({"items": await _checkpoints_of(request)})
 
 
+@serving.operation(
+    "getLatestCheckpoint", tag=TAG, path=schemas.RunPath, errors=(404,),
+    replies={200: serving.Reply("The newest checkpoint.", schemas.CheckpointRecord)},
+)  # fmt: skip
 async def get_latest_checkpoint(request: web.Request) -> web.StreamResponse:
     """The newest checkpoint (`tau checkpoint latest`); 404 when none was reported."""
     kept = await _checkpoints_of(request)
     if not kept:
-        name = request.match_info["name"]
+        name = context.run_path(request)[1]
         raise errors.NotFound(f"run {name!r} has reported no checkpoint", code="NoCheckpoint")
     return web.json_response(kept[-1])
 
 
-@serving.leader_only
+@serving.operation(
+    "resumeRun", tag=TAG, path=schemas.RunPath,
+    body=serving.Body(schemas.ResumeRequest, required=False), replies=RUN_VIEW,
+    errors=(404, 409),
+)  # fmt: skip
 async def post_resume(request: web.Request) -> web.StreamResponse:
-    """Start the next attempt of a Failed or Cancelled run, from the latest checkpoint or
-    the one named in the body (`{"checkpoint": "/ckpt/step-100"}`)."""
+    """Start the next attempt of a Failed or Cancelled run.
+
+    From the latest checkpoint, or the one named in the body (`{"checkpoint":
+    "/ckpt/step-100"}`). Needs `patch tauruns`; a run that has not ended badly is a 409.
+    """
     identity = await serving.identity(request)
-    namespace = context.check_namespace(request.match_info["namespace"])
-    name = request.match_info["name"]
+    namespace, name = context.run_path(request)
     await context.allow(request, identity, "patch", namespace)
-    body = await _json_body(request, optional=True)
-    if not isinstance(body, dict):
-        raise errors.Invalid("the body must be a JSON object", field="body")
-    unknown = sorted(set(body) - {"checkpoint"})
-    if unknown:
-        msg = f"unknown field {unknown[0]!r}; allowed: checkpoint"
-        raise errors.Invalid(msg, field=unknown[0])
-    checkpoint = body.get("checkpoint")
-    if checkpoint is not None and (
-        not isinstance(checkpoint, str) or not checkpoint.strip()
-        or len(checkpoint) > checkpoints.MAX_PATH or "\n" in checkpoint
-    ):  # fmt: skip
-        msg = f"checkpoint must be a path of at most {checkpoints.MAX_PATH} characters"
-        raise errors.Invalid(msg, field="checkpoint")
+    if (leader := await serving.unless_leader(request, identity)) is not None:
+        return leader
+    body = await serving.json_body(request, schemas.ResumeRequest, optional=True)
     item = await context.context_of(request).reconciler.request_resume(
-        namespace, name, checkpoint=checkpoint, by=identity.username[:200]
+        namespace, name, checkpoint=body.checkpoint, by=identity.username[:200]
     )
     return web.json_response(context.run_json(item))
 
 
 # ---------------------------------------------------------------------- rerun
-@serving.leader_only
+@serving.operation(
+    "rerunRun", tag=TAG, path=schemas.RunPath,
+    body=serving.Body(schemas.RerunRequest, required=False),
+    replies={201: serving.Reply("The new run, and advice about its spec.", schemas.RunRerun)},
+    errors=(404, 409),
+)  # fmt: skip
 async def post_rerun(request: web.Request) -> web.StreamResponse:
-    """Submit a new run from a run's evidence: the same spec, its image pinned to the digest
-    that ran when the evidence has one, a new name (`<name>-r<N>`, or `{"name": …}`); the new
-    run's evidence points back at the old one. Needs `get` and `create tauruns`."""
+    """Submit a new run from a run's evidence.
+
+    The same spec, its image pinned to the digest that ran when the evidence has one, a new
+    name (`<name>-r<N>`, or `{"name": …}`); the new run's evidence points back at the old
+    one. Needs `get` and `create tauruns`.
+    """
     identity, item = await context.read_run(request)
-    namespace = request.match_info["namespace"]
-    old = request.match_info["name"]
+    namespace, old = context.run_path(request)
     await context.allow(request, identity, "create", namespace)
-    body = await _json_body(request, optional=True)
-    if not isinstance(body, dict):
-        raise errors.Invalid("the body must be a JSON object", field="body")
-    unknown = sorted(set(body) - {"name"})
-    if unknown:
-        raise errors.Invalid(f"unknown field {unknown[0]!r}; allowed: name", field=unknown[0])
+    context.check_run_namespace(request, namespace)
+    if (leader := await serving.unless_leader(request, identity)) is not None:
+        return leader
+    body = await serving.json_body(request, schemas.RerunRequest, optional=True)
     ctx = context.context_of(request)
     try:
         status = records.read(item.get("status"), results=False)
     except ValueError as err:
         msg = f"run {old!r} has a status this controller cannot read ({err})"
         raise errors.Conflict(msg, code="UnreadableStatus") from err
-    requested = body.get("name")
-    if requested is not None and not isinstance(requested, str):
-        raise errors.Invalid("name must be a string", field="name")
-    name = requested or reruns.next_name(
+    name = body.name or reruns.next_name(
         old,
         [
             str((i.get("metadata") or {}).get("name", ""))
@@ -408,15 +579,13 @@ async def post_rerun(request: web.Request) -> web.StreamResponse:
         msg = f"run {old!r} cannot be rerun: its spec is not valid ({err})"
         raise errors.Conflict(msg, field="name", code="NotRerunnable") from err
     spec = parsed.spec
+    _check_priority(spec, serving.serving_of(request).settings)
     checked = await preflight.run(ctx.store, spec, namespace)
     src = reruns.source(item, status)
-    annotations = {
-        marks.SUBMITTED_BY_ANNOTATION: identity.username[:253],
-        marks.MANAGED_BY_ANNOTATION: ctx.reconciler.manager,
-        marks.RERUN_OF_ANNOTATION: reruns.annotation(src),
-    }
+    annotations = _annotations(identity, ctx.reconciler.manager)
+    annotations[marks.RERUN_OF_ANNOTATION] = reruns.annotation(src)
     try:
-        created = await _create_run(request, spec, namespace, annotations)
+        created = await _create_run(request, spec, namespace, _taurun(spec, namespace, annotations))
     except kube_runs.ConflictError as err:
         msg = f"a run named {name!r} already exists in namespace {namespace}; pick another name"
         raise errors.Conflict(msg, field="name", code="AlreadyExists") from err
@@ -431,28 +600,44 @@ async def post_rerun(request: web.Request) -> web.StreamResponse:
 
 
 # ---------------------------------------------------------------------- results
-@serving.leader_only
+@serving.operation(
+    "reportResults", tag=TAG, path=schemas.RunPath, body=serving.Body(results.ResultReport),
+    replies={202: serving.Reply("Taken; written within `writtenWithinS`.",
+                                schemas.ResultsAccepted)},
+    errors=(404, 409),
+)  # fmt: skip
 async def post_results(request: web.Request) -> web.StreamResponse:
-    """A run's pod reports metrics, artifacts or a summary (`tau result`); 202: written
-    within `writtenWithinS`, in one status write with the rest of the burst."""
+    """A run's pod reports metrics, artifacts or a summary (`tau result`).
+
+    202: written within `writtenWithinS`, in one status write with the rest of the burst.
+    With the run's own token, or as a person allowed `update tauruns/status`.
+    """
     caller = await _run_caller(request, "update", "status")
-    namespace, name = request.match_info["namespace"], request.match_info["name"]
-    report = results.parse_report(await _json_body(request))
+    if (leader := await serving.unless_leader(request, caller)) is not None:
+        return leader
+    namespace, name = context.run_path(request)
+    report = results.parse_report(await serving.json_document(request, results.ResultReport))
     collector = context.context_of(request).reconciler.collector
     accepted = await collector.accept(namespace, name, report)
-    log.debug("results reported", run=f"{namespace}/{name}", by=caller)
+    log.debug("results reported", run=f"{namespace}/{name}", by=caller.username)
     return web.json_response(accepted, status=202)
 
 
+@serving.operation(
+    "getResults", tag=TAG, path=schemas.RunPath, query=schemas.ResultsQuery,
+    replies={200: serving.Reply("The run's results.", schemas.ResultsView)}, errors=(404, 409),
+)  # fmt: skip
 async def get_results(request: web.Request) -> web.StreamResponse:
-    """The run's results: metrics over steps (each with its last point), artifacts, the
-    summary; `?metric=NAME` gives that metric alone (404 when the run has none of it)."""
+    """The run's results: metrics over steps (each with its last point), artifacts, summary.
+
+    `?metric=NAME` gives that metric alone (404 when the run has none of it).
+    """
     await _run_caller(request, "get")
-    namespace, name = request.match_info["namespace"], request.match_info["name"]
+    namespace, name = context.run_path(request)
     item = await context.context_of(request).store.get_run(namespace, name)
     if item is None:
         raise reconciling.RunNotFoundError(namespace, name)
-    metric = request.query.get("metric") or None
+    metric = serving.query_of(request, schemas.ResultsQuery).metric
     kept = context.results_of(item)
     body = results.wire(kept, metric=metric)
     if metric is not None and not body["metrics"]:
@@ -464,6 +649,13 @@ async def get_results(request: web.Request) -> web.StreamResponse:
     return web.json_response({**head, **body})
 
 
+SCHEMA_DOCUMENT = {"type": "object", "description": "A JSON Schema (draft 2020-12)."}
+
+
+@serving.operation(
+    "getRunSchema", tag=TAG, auth=serving.Auth.NONE,
+    replies={200: serving.Reply("The JSON Schema of tau.yaml.", schema=SCHEMA_DOCUMENT)},
+)  # fmt: skip
 async def get_schema(request: web.Request) -> web.StreamResponse:
     """The JSON Schema of tau.yaml."""
     return web.json_response(specs.spec_json_schema())

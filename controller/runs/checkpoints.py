@@ -16,11 +16,14 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
-from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from collections.abc import Sequence
+from typing import Annotated, Any, Protocol
+
+import pydantic
 
 from controller import errors
 from controller.runs import records
+from shared import patterns
 
 MAX_PATH = 4096
 MAX_STEP = 2**63 - 1
@@ -61,36 +64,46 @@ class Report:
     path: str
 
 
-def _int(body: Mapping[str, Any], field: str, low: int) -> int:
-    value = body.get(field)
-    if isinstance(value, bool) or not isinstance(value, int):
-        msg = f"{field} must be an integer"
-        raise ReportError(field, msg)
-    if not low <= value <= MAX_STEP:
-        msg = f"{field} must be at least {low}"
-        raise ReportError(field, msg)
+def _one_line(value: str) -> str:
+    if not value.strip() or any(c in value for c in "\x00\r\n"):
+        msg = f"must be one non-blank line of at most {MAX_PATH} characters"
+        raise ValueError(msg)
     return value
+
+
+CheckpointPath = Annotated[
+    str,
+    pydantic.StringConstraints(min_length=1, max_length=MAX_PATH),
+    pydantic.AfterValidator(_one_line),
+    pydantic.Field(json_schema_extra={"pattern": patterns.schema(r"[^\x00\r\n]*\S[^\x00\r\n]*")}),
+]
+"""A checkpoint's path: one line, no NUL (it is written into a ConfigMap and a pod's env)."""
+
+
+class ReportBody(pydantic.BaseModel):
+    """The body of `POST /v1/runs/{ns}/{name}/checkpoints` (`tau checkpoint --step N --path P`)."""
+
+    model_config = pydantic.ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+    attempt: Annotated[int, pydantic.Strict(), pydantic.Field(ge=1, le=MAX_STEP)]
+    """The attempt that saved it (`TAU_ATTEMPT`); only the run's current attempt may report."""
+    step: Annotated[int, pydantic.Strict(), pydantic.Field(ge=0, le=MAX_STEP)]
+    """The training step it holds."""
+    path: CheckpointPath
+    """Where it is, inside the run's pods."""
 
 
 def parse_report(body: object) -> Report:
     """Validate a report body (`{"attempt": 2, "step": 200, "path": "/ckpt/step-200"}`)."""
-    if not isinstance(body, Mapping):
-        msg = "the body must be a JSON object with attempt, step and path"
-        raise ReportError("body", msg)
-    unknown = sorted(set(body) - {"attempt", "step", "path"})
-    if unknown:
-        msg = f"unknown field {unknown[0]!r}; allowed: attempt, step, path"
-        raise ReportError(unknown[0], msg)
-    attempt = _int(body, "attempt", 1)
-    step = _int(body, "step", 0)
-    path = body.get("path")
-    if not isinstance(path, str) or not path.strip():
-        msg = "path must be a non-empty string"
-        raise ReportError("path", msg)
-    if len(path) > MAX_PATH or "\n" in path or "\x00" in path:
-        msg = f"path must be one line of at most {MAX_PATH} characters"
-        raise ReportError("path", msg)
-    return Report(attempt=attempt, step=step, path=path)
+    try:
+        parsed = ReportBody.model_validate(body)
+    except pydantic.ValidationError as err:
+        first = err.errors(include_url=False, include_input=False)[0]
+        field = ".".join(str(part) for part in first["loc"]) or "body"
+        msg = f"{field}: {first['msg']}" if first["loc"] else (
+            "the body must be a JSON object with attempt, step and path")  # fmt: skip
+        raise ReportError(field, msg) from err
+    return Report(attempt=parsed.attempt, step=parsed.step, path=parsed.path)
 
 
 class FromAttempt(Protocol):

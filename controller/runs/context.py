@@ -8,21 +8,21 @@ where RBAC lets them and the controller's own, wider rights are never lent out.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
-import re
 import time
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
 
 from controller import auth, errors, serving
 from controller.kube import runs as kube_runs
-from controller.runs import keeping, lifecycle, reconciling, records
+from controller.runs import keeping, lifecycle, reconciling, records, schemas
 from shared import spec as specs
 
 GROUP = "taugrid.dev"
 RESOURCE = "tauruns"
-_NAMESPACE_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 RUN_TOKEN_TTL_S = 60.0
 MAX_CACHED_RUN_TOKENS = 10_000
 
@@ -36,14 +36,42 @@ class RunsContext:
     keeper: keeping.LogKeeper
     run_tokens: dict[tuple[str, str], tuple[str, float]] = dataclasses.field(default_factory=dict)
     """(namespace, run) -> (the digest of its run-scoped token, when read)."""
+    _reading: dict[tuple[str, str], asyncio.Future[str | None]] = dataclasses.field(
+        default_factory=dict, init=False, repr=False
+    )
+    """Reads in flight: concurrent reports of one run wait for one read, not one each."""
 
-    async def run_token_digest(self, namespace: str, name: str) -> str | None:
+    async def run_token_digest(
+        self, namespace: str, name: str, *, before_read: Callable[[], None] | None = None
+    ) -> str | None:
         """The SHA-256 of the run's token, from its status; cached for RUN_TOKEN_TTL_S (a
-        run without one yet is not cached: its first reconcile is about to record it)."""
+        run without one yet is not cached: its first reconcile is about to record it).
+        `before_read` runs before the API server is asked (a rate limit per source); reports
+        that arrive while that read is in flight share it."""
         now = time.monotonic()
-        cached = self.run_tokens.get((namespace, name))
+        key = (namespace, name)
+        cached = self.run_tokens.get(key)
         if cached is not None and now - cached[1] < RUN_TOKEN_TTL_S:
             return cached[0]
+        pending = self._reading.get(key)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        if before_read is not None:
+            before_read()
+        fut: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+        self._reading[key] = fut
+        try:
+            digest = await self._read_digest(namespace, name, now)
+        except BaseException as err:
+            fut.set_exception(err)
+            fut.exception()  # retrieved: the waiters re-raise it themselves
+            raise
+        finally:
+            self._reading.pop(key, None)
+        fut.set_result(digest)
+        return digest
+
+    async def _read_digest(self, namespace: str, name: str, now: float) -> str | None:
         item = await self.store.get_run(namespace, name)
         try:
             digest = records.read((item or {}).get("status"), results=False).token_sha256
@@ -83,19 +111,29 @@ async def allow(
     await serving.allow(request, identity, access)
 
 
-def check_namespace(namespace: str, field: str = "namespace") -> str:
-    """Return a namespace name that Kubernetes accepts; InvalidParameter otherwise."""
-    if len(namespace) > 63 or not _NAMESPACE_RE.match(namespace):
-        msg = f"{namespace!r} is not a valid namespace name"
-        raise errors.InvalidParameter(msg, field=field)
-    return namespace
+def run_path(request: web.Request) -> tuple[str, str]:
+    """The namespace and name of the run the path names, validated in full before the
+    handler ran (`schemas.RunPath`)."""
+    path = serving.path_of(request, schemas.RunPath)
+    return path.namespace, path.name
+
+
+def check_run_namespace(request: web.Request, namespace: str) -> None:
+    """Refuse a namespace this install does not run work in (`run_namespaces`): the
+    controller has no rights there, so a run would never start (403 NamespaceNotServed)."""
+    served = serving.serving_of(request).settings.run_namespaces
+    if served and namespace not in served:
+        msg = (
+            f"namespace {namespace!r} is not one this TauGrid runs work in"
+            f" ({', '.join(served)}); ask your platform team to add it"
+        )
+        raise errors.Forbidden(msg, field="namespace", code="NamespaceNotServed")
 
 
 async def read_run(request: web.Request, verb: str = "get") -> tuple[auth.Identity, dict[str, Any]]:
     """Authorise `verb` on the run the path names and read it (404 when it is not there)."""
     identity = await serving.identity(request)
-    namespace = check_namespace(request.match_info["namespace"])
-    name = request.match_info["name"]
+    namespace, name = run_path(request)
     await allow(request, identity, verb, namespace)
     item = await context_of(request).store.get_run(namespace, name)
     if item is None:

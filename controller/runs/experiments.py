@@ -14,7 +14,7 @@ from typing import Any
 from aiohttp import web
 
 from controller import errors, serving
-from controller.runs import context, results
+from controller.runs import context, results, schemas
 
 MAX_COMPARED = 50
 """Runs one comparison returns (the newest); a chart of more is unreadable anyway."""
@@ -25,16 +25,20 @@ def _experiment(item: dict[str, Any]) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-async def _runs(request: web.Request) -> tuple[str, list[dict[str, Any]]]:
+async def _runs(request: web.Request, namespace: str) -> tuple[str, list[dict[str, Any]]]:
     identity = await serving.identity(request)
-    namespace = context.check_namespace(request.query.get("namespace") or "default")
     await context.allow(request, identity, "list", namespace)
     return namespace, await context.context_of(request).store.list_runs(namespace)
 
 
+@serving.operation(
+    "listExperiments", tag="runs", query=schemas.ExperimentsQuery,
+    replies={200: serving.Reply("The namespace's experiments.", schemas.ExperimentList)},
+)  # fmt: skip
 async def list_experiments(request: web.Request) -> web.StreamResponse:
     """The namespace's experiments: name, projects, tags, and its runs by phase."""
-    namespace, items = await _runs(request)
+    query = serving.query_of(request, schemas.ExperimentsQuery)
+    namespace, items = await _runs(request, query.namespace)
     found: dict[str, dict[str, Any]] = {}
     for item in items:
         exp = _experiment(item)
@@ -60,16 +64,19 @@ async def list_experiments(request: web.Request) -> web.StreamResponse:
     return web.json_response({"namespace": namespace, "items": out})
 
 
+@serving.operation(
+    "compareRuns", tag="runs", query=schemas.CompareQuery,
+    replies={200: serving.Reply("The runs side by side.", schemas.Comparison)}, errors=(404,),
+)  # fmt: skip
 async def compare(request: web.Request) -> web.StreamResponse:
     """The runs of an experiment (`name`), or the runs named (`run`, repeated), side by
     side: each run's final metrics, and with `metric` its series of that metric."""
-    name = request.query.get("name") or None
-    wanted = request.query.getall("run", [])
+    query = serving.query_of(request, schemas.CompareQuery)
+    name, wanted, metric = query.name, query.run, query.metric
     if (name is None) == (not wanted):
         msg = "give an experiment (name=E) or runs (run=A&run=B), not both and not neither"
         raise errors.InvalidParameter(msg, field="name")
-    metric = request.query.get("metric") or None
-    namespace, items = await _runs(request)
+    namespace, items = await _runs(request, query.namespace)
     if name is not None:
         chosen = [i for i in items if _experiment(i).get("name") == name]
     else:

@@ -26,6 +26,7 @@ import datetime as dt
 from collections.abc import Iterable
 from typing import Any
 
+from controller import marks
 from controller.runs import records, views
 from shared import spec as specs
 
@@ -66,8 +67,11 @@ def classify_failure(
 
     The most specific cause wins, infrastructure before the application: a pod lost with a
     node we quarantined (or a node that vanished) is a NodeFailure even though its container
-    exited 143 on SIGTERM; an eviction is Evicted; then OOMKilled; then a non-zero exit code
-    is AppError; a deadline is Timeout. Anything else is Unknown (never retried).
+    exited 143 on SIGTERM, and so is a pod kube-controller-manager deleted because a GPU it
+    held got a NoExecute device taint (`DeletionByDeviceTaintManager`: device quarantine is
+    node failure at the scale of one GPU); an eviction is Evicted; then OOMKilled; then a
+    non-zero exit code is AppError; a deadline is Timeout. Anything else is Unknown (never
+    retried).
 
     A real kubelet removes an evicted pod within a second of its exit, often before a pass
     sees it Failed: with no failed pod left to read, the nodes the attempt was recorded on
@@ -92,6 +96,15 @@ def classify_failure(
         node = lost[0].node
         why = "was quarantined" if node in nodes.quarantined else "vanished"
         return specs.FailureClass.NODE_FAILURE, f"pod {lost[0].name} was lost: node {node} {why}"
+    fenced = [p for p in failed if p.disruption == marks.DEVICE_TAINT_DELETION_REASON]
+    if fenced:
+        p = fenced[0]
+        where = f" on node {p.node}" if p.node else ""
+        why = (
+            f"pod {p.name} was lost: a GPU it held{where} was fenced with a NoExecute device "
+            f"taint ({marks.DEVICE_TAINT_DELETION_REASON})"
+        )
+        return specs.FailureClass.NODE_FAILURE, why
     evicted = [p for p in failed if p.disruption]
     if evicted:
         p = evicted[0]

@@ -1,9 +1,13 @@
 """A run's logs: `GET /v1/runs/{ns}/{name}/logs`, streamed from the worker's pod.
 
 `follow=true` waits (up to `logs_wait_s`) for the pod to start, then keeps the stream open
-until the container ends; a client that hangs up ends the upstream stream too. When the pod
-is gone (or its log cannot be read), or `kept=true` asks for it, the tail the controller
-kept (`keeping`) is served instead, marked as such by `X-TauGrid-Log-Source: kept`.
+until the container ends. A client that hangs up cancels the handler (the runner's
+`handler_cancellation`), which ends both the wait's polling and the upstream stream. One
+identity holds at most `log_streams_per_identity` calls at once and a replica at most
+`log_streams_max` (429 beyond), so streams cannot take the API server connections the
+lease and the quarantine loop need (they are on other clients anyway). When the pod is gone
+(or its log cannot be read), or `kept=true` asks for it, the tail the controller kept
+(`keeping`) is served instead, marked as such by `X-TauGrid-Log-Source: kept`.
 """
 
 from __future__ import annotations
@@ -14,7 +18,16 @@ from typing import Any
 from aiohttp import web
 
 from controller import errors, marks, serving, timestamps
-from controller.runs import context, keptlogs, lifecycle, logtext, objects, reconciling, views
+from controller.runs import (
+    context,
+    keptlogs,
+    lifecycle,
+    logtext,
+    objects,
+    reconciling,
+    schemas,
+    views,
+)
 
 LOG_POLL_S = 0.5
 
@@ -49,28 +62,41 @@ async def _kept(request: web.Request, item: dict[str, Any], attempt: int, worker
     return web.Response(body=text.encode(), headers=headers)
 
 
+LOG_TEXT = {"type": "string", "description": "The container's log, as it writes it."}
+LOG_HEADERS = (
+    "X-TauGrid-Pod", "X-TauGrid-Log-Source", "X-TauGrid-Log-Complete",
+    "X-TauGrid-Log-Truncated", "X-TauGrid-Log-Captured-At",
+)  # fmt: skip
+
+
+@serving.operation(
+    "getRunLogs", tag="runs", path=schemas.RunPath, query=schemas.LogsQuery,
+    replies={200: serving.Reply("The log, streamed.", media_type="text/plain",
+                                schema=LOG_TEXT, headers=LOG_HEADERS)},
+    errors=(404,),
+)  # fmt: skip
 @serving.streaming
 async def get_logs(request: web.Request) -> web.StreamResponse:
-    """Stream a worker's log (`follow=true` keeps it open until the container ends)."""
+    """Stream a worker's log (`follow=true` keeps it open until the container ends).
+
+    Needs `get pods/log` in the run's namespace. When the pod is gone, or `kept=true`, the
+    tail the controller kept is served (`X-TauGrid-Log-Source: kept`).
+    """
     identity = await serving.identity(request)
-    namespace = context.check_namespace(request.match_info["namespace"])
-    name = request.match_info["name"]
+    namespace, name = context.run_path(request)
     await context.allow(request, identity, "get", namespace, resource="pods", group="",
                  subresource="log")  # fmt: skip
     st = serving.serving_of(request)
+    with st.limits.log_streams.hold(identity.username, identity.username):
+        return await _stream(request, namespace, name)
+
+
+async def _stream(request: web.Request, namespace: str, name: str) -> web.StreamResponse:
+    st = serving.serving_of(request)
     ctx = context.context_of(request)
-    follow = request.query.get("follow", "").lower() in {"1", "true", "yes"}
-    want_kept = request.query.get("kept", "").lower() in {"1", "true", "yes"}
-    try:
-        worker = int(request.query.get("worker", "0"))
-        attempt_q = request.query.get("attempt")
-        tail = request.query.get("tail")
-        tail_lines = int(tail) if tail else None
-        attempt = int(attempt_q) if attempt_q else None
-    except ValueError as err:
-        raise errors.InvalidParameter("attempt, worker and tail are numbers") from err
-    if worker < 0:
-        raise errors.InvalidParameter("worker counts from 0", field="worker")
+    query = serving.query_of(request, schemas.LogsQuery)
+    follow, worker, attempt, tail_lines = query.follow, query.worker, query.attempt, query.tail
+    want_kept = query.kept
     deadline = asyncio.get_running_loop().time() + (st.settings.logs_wait_s if follow else 0)
     picked: tuple[dict[str, Any], str] | None = None
     while True:

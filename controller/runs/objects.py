@@ -49,6 +49,11 @@ def attempt_name(run_name: str, attempt: int) -> str:
     return f"{run_name}-a{attempt}"
 
 
+def claim_template_name(run_name: str, attempt: int) -> str:
+    """Return the ResourceClaimTemplate of an attempt's pods on DRA: `<run>-a<N>-gpus`."""
+    return f"{attempt_name(run_name, attempt)}-gpus"
+
+
 def attempt_number(run_name: str, object_name: str) -> int | None:
     """N of an object named `<run>-a<N>`; None for any other name."""
     prefix = f"{run_name}-a"

@@ -162,7 +162,7 @@ def _decide(run: RunInput, settings: RunSettings, now: dt.datetime) -> RunPlan:
                 update={"end_time": last.end_time or now, "phase": Phase.CANCELLED}
             )
             st = st.model_copy(update={"attempts": (*st.attempts[:-1], last)})
-        return RunPlan(st, deletes=_attempt_objects(spec, run.ref, st.current_attempt))
+        return RunPlan(st, deletes=_attempt_objects(spec, run.ref, st.current_attempt, settings))
     if st.current_attempt == 0:
         st, first = _run_objects(run.ref, st, settings, run.new_token)
         st, attempt = _start(spec, run.ref, st, 1, now=now, settings=settings)
@@ -216,7 +216,7 @@ def _observe(
             st, Phase.FAILED, "Timeout", f"the run exceeded its timeout of {spec.timeout}", now=now
         )
         return RunPlan(
-            st, deletes=_attempt_objects(spec, run.ref, current), creates=creates,
+            st, deletes=_attempt_objects(spec, run.ref, current, settings), creates=creates,
             ended=str(specs.FailureClass.TIMEOUT),
         )  # fmt: skip
     st, waited = lifecycle.phase_conditions(st, outcome, run.workload, now)
@@ -253,7 +253,7 @@ def _observe(
                 st, Phase.RESUMING, str(failure), outcome.message, now
             )
             plan = dataclasses.replace(
-                plan, status=st, deletes=_attempt_objects(spec, run.ref, current),
+                plan, status=st, deletes=_attempt_objects(spec, run.ref, current, settings),
                 ended=str(failure), resumed=str(failure),
             )  # fmt: skip
             return _resume_if_due(spec, run, st, settings, now, plan=plan)
@@ -310,7 +310,7 @@ def _finished(
     if not lifecycle.ttl_expired(st.end_time, settings.ttl_after_finished_s, now):
         return RunPlan(st, requeue_at=_ttl_at(st, settings))
     deletes = tuple(
-        d for a in st.attempts for d in _attempt_objects(spec, ref, a.number, fence=True)
+        d for a in st.attempts for d in _attempt_objects(spec, ref, a.number, settings, fence=True)
     )
     return RunPlan(st.model_copy(update={"objects_deleted": True}), deletes=deletes)
 
@@ -434,7 +434,12 @@ def _render(
 
 
 def _attempt_objects(
-    spec: specs.TauSpec, ref: objects.RunRef, attempt: int, *, fence: bool = False
+    spec: specs.TauSpec,
+    ref: objects.RunRef,
+    attempt: int,
+    settings: RunSettings,
+    *,
+    fence: bool = False,
 ) -> tuple[ObjectRef, ...]:
     """The objects of attempt `attempt` (none before the first); with `fence`, its
     NetworkPolicy too. An attempt that ends keeps its policy until the run's objects go
@@ -448,6 +453,11 @@ def _attempt_objects(
         out.append(ObjectRef("Service", ref.namespace, name))
     if fence and networks.fenced(spec):
         out.append(ObjectRef(networks.KIND, ref.namespace, name))
+    if spec.resources.gpus > 0 and settings.render.dra:
+        # A template left by an attempt rendered before the mode changed is owned by the
+        # TauRun, so it goes with the run.
+        template = objects.claim_template_name(ref.name, attempt)
+        out.append(ObjectRef("ResourceClaimTemplate", ref.namespace, template))
     return tuple(out)
 
 

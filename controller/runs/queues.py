@@ -8,21 +8,31 @@ from typing import Any
 from aiohttp import web
 
 from controller import serving
-from controller.runs import context, lifecycle
+from controller.runs import context, lifecycle, schemas
 from shared import spec as specs
 
 
+@serving.operation(
+    "listQueues", tag="runs", query=schemas.QueuesQuery,
+    replies={200: serving.Reply("The namespace's LocalQueues.", schemas.QueueList)},
+)  # fmt: skip
 async def get_queues(request: web.Request) -> web.StreamResponse:
-    """The namespace's LocalQueues: their ClusterQueue's quota and usage, and who waits."""
+    """The namespace's LocalQueues: their ClusterQueue's quota and usage, and who waits.
+
+    Needs `list tauruns` in the namespace.
+    """
     identity = await serving.identity(request)
-    namespace = context.check_namespace(request.query.get("namespace") or "default")
+    namespace = serving.query_of(request, schemas.QueuesQuery).namespace
     await context.allow(request, identity, "list", namespace)
     ctx = context.context_of(request)
-    lqs, cqs, items = await asyncio.gather(
-        ctx.store.list_kueue("localqueues", namespace),
-        ctx.store.list_kueue("clusterqueues"),
-        ctx.store.list_runs(namespace),
-    )
+    with serving.serving_of(request).limits.expensive_reads.hold(
+        identity.username, identity.username
+    ):
+        lqs, cqs, items = await asyncio.gather(
+            ctx.store.list_kueue("localqueues", namespace),
+            ctx.store.list_kueue("clusterqueues"),
+            ctx.store.list_runs(namespace),
+        )
     by_cq = {str(cq["metadata"]["name"]): cq for cq in cqs}
     out = []
     for lq in lqs:

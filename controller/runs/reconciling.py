@@ -15,6 +15,7 @@ write checks that the lease is still held.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime as dt
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol
@@ -116,12 +117,16 @@ class Reconciler:
         results_pending_max: int = 4096,
         keep_logs: Callable[[objects.RunRef, Sequence[int]], Awaitable[None]] | None = None,
         clock: Callable[[], dt.datetime] = _now,
+        dra: Callable[[], bool] | None = None,
     ) -> None:
         self.store = store
         self.elector = elector
         self.metrics = metrics_
         self.render = render
-        self.settings = policy.RunSettings(
+        self.dra = dra
+        """Whether attempts ask for GPUs through DRA claims now (the fleet detects it under
+        `gpuMode: auto`); None keeps `render.dra`."""
+        self._settings = policy.RunSettings(
             render=render, ttl_after_finished_s=ttl_after_finished_s,
             pod_annotations=dict(pod_annotations or {}),
             resume_priority_class=resume_priority_class,
@@ -145,6 +150,14 @@ class Reconciler:
             pending_max=results_pending_max, clock=clock,
         )  # fmt: skip
         """Results reports, buffered and written in batches."""
+
+    @property
+    def settings(self) -> policy.RunSettings:
+        """What every run's decisions depend on, with the GPU request mode of the moment."""
+        if self.dra is None:
+            return self._settings
+        render = dataclasses.replace(self._settings.render, dra=self.dra())
+        return dataclasses.replace(self._settings, render=render)
 
     def poke(self) -> None:
         """Ask for a pass now."""

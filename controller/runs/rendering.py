@@ -35,6 +35,18 @@ Choices that hold for every kind (DESIGN.md sections 2, 3 and 7):
   gain); memory as request and limit (a run cannot take its neighbours' memory).
 - **`enableServiceLinks: false`**: a namespace with many Services would otherwise flood the
   environment with `*_SERVICE_HOST` variables.
+- **GPUs on DRA** (`RenderSettings.dra`): a ResourceClaimTemplate per attempt, created first,
+  from which each pod gets a claim of its own (never a named ResourceClaim, which Kueue 0.17
+  cannot admit): one request `gpus`, `exactly` NVIDIA's DeviceClass with `allocationMode:
+  ExactCount` and `count: resources.gpus` (no CEL selectors, constraints or config: Kueue
+  counts only this form), tolerating our `taugrid.dev/gpu-evict` NoExecute taint for the
+  run's checkpoint grace (`checkpoint.grace`, else the controller's default). The container
+  names the claim instead of asking for `nvidia.com/gpu`.
+- **`NVIDIA_VISIBLE_DEVICES=void` on every container that requests no GPU** (DESIGN.md section
+  10): CUDA and PyTorch images carry `ENV NVIDIA_VISIBLE_DEVICES all`, and under the device
+  plugin's `envvar` strategy the container toolkit would hand such a container every GPU of
+  its node, outside Kueue's quota and quarantine's eviction. The pod's env beats the image's;
+  a container with GPUs gets the variable from the device plugin, and tau.yaml may not set it.
 """
 
 from __future__ import annotations
@@ -57,6 +69,10 @@ CHECKPOINT_FILE = f"{specs.CHECKPOINT_MOUNT_DIR}/{objects.CHECKPOINT_CONFIGMAP_K
 CA_FILE = f"{specs.CHECKPOINT_MOUNT_DIR}/{objects.CA_CONFIGMAP_KEY}"
 """Where run pods find the controller's CA (`TAU_CA_FILE`)."""
 
+
+GPU_VISIBILITY_ENV = "NVIDIA_VISIBLE_DEVICES"
+NO_GPUS = "void"
+"""The container toolkit's value for "no GPU at all" (not even the driver's files)."""
 
 VOLUME_SHM = "dshm"
 VOLUME_CHECKPOINT_FILE = "taugrid-checkpoint"
@@ -107,6 +123,12 @@ class RenderSettings:
     """PEM bundle run pods trust for `controller_url` (read by the controller at startup):
     the per-run ConfigMap carries it as `ca.crt` and `TAU_CA_FILE` names the mounted file.
     Empty: no CA file, the pods' system store decides."""
+    dra: bool = False
+    """Ask for GPUs through DRA claims (a ResourceClaimTemplate per attempt) instead of the
+    `nvidia.com/gpu` extended resource."""
+    dra_grace_s: int = 60
+    """`tolerationSeconds` for `taugrid.dev/gpu-evict` when the run sets no
+    `checkpoint.grace`."""
 
 
 def render_attempt(
@@ -122,15 +144,53 @@ def render_attempt(
         msg = f"attempt numbers start at 1, got {ctx.attempt}"
         raise ValueError(msg)
     fence = [_render_network_policy(spec, ctx, settings)] if networks.fenced(spec) else []
+    claims = [_render_claim_template(spec, ctx, settings)] if _uses_claims(spec, settings) else []
     if spec.kind == specs.RunKind.PYTORCH:
-        return [
-            *fence,
-            _render_headless_service(spec, ctx, settings),
-            _render_job(spec, ctx, settings),
-        ]
+        return [*claims, *fence, _render_headless_service(spec, ctx, settings),
+                _render_job(spec, ctx, settings)]  # fmt: skip
     if spec.kind == specs.RunKind.RAY:
-        return [*fence, _render_rayjob(spec, ctx, settings)]
-    return [_render_job(spec, ctx, settings)]
+        return [*claims, *fence, _render_rayjob(spec, ctx, settings)]
+    return [*claims, _render_job(spec, ctx, settings)]
+
+
+CLAIM_NAME = "gpus"
+"""The pod's claim and the template's request: both are called `gpus`."""
+
+
+def _uses_claims(spec: specs.TauSpec, settings: RenderSettings) -> bool:
+    return settings.dra and spec.resources.gpus > 0
+
+
+def grace_s(spec: specs.TauSpec, settings: RenderSettings) -> int:
+    """The run's checkpoint grace on DRA: `checkpoint.grace`, else the controller's."""
+    own = spec.checkpoint.grace_s if spec.checkpoint is not None else None
+    return settings.dra_grace_s if own is None else own
+
+
+def _render_claim_template(
+    spec: specs.TauSpec, ctx: AttemptContext, settings: RenderSettings
+) -> dict[str, Any]:
+    """The ResourceClaimTemplate every pod of the attempt gets its GPUs from (see the
+    module docstring)."""
+    name = objects.claim_template_name(ctx.run.name, ctx.attempt)
+    exactly = {
+        "deviceClassName": marks.DRA_DEVICE_CLASS,
+        "allocationMode": "ExactCount",
+        "count": spec.resources.gpus,
+        "tolerations": [
+            {"key": marks.DEVICE_EVICT_KEY, "operator": "Exists", "effect": "NoExecute",
+             "tolerationSeconds": grace_s(spec, settings)}
+        ],
+    }  # fmt: skip
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": _metadata(spec, ctx, name, _run_labels(spec, ctx)),
+        "spec": {
+            "metadata": {"labels": _run_labels(spec, ctx)},
+            "spec": {"devices": {"requests": [{"name": CLAIM_NAME, "exactly": exactly}]}},
+        },
+    }
 
 
 def _render_network_policy(
@@ -242,9 +302,19 @@ def _user_env(spec: specs.TauSpec) -> list[dict[str, Any]]:
     return [{"name": key, "value": value} for key, value in spec.env.items()]
 
 
-def _resources(spec: specs.TauSpec, *, gpus: int) -> dict[str, Any]:
+def _isolation_env(gpus: int) -> list[dict[str, Any]]:
+    """`NVIDIA_VISIBLE_DEVICES=void` for a container that requests no GPU (module docstring);
+    a container with GPUs, from the device plugin or a DRA claim, gets none of ours."""
+    return [] if gpus > 0 else [{"name": GPU_VISIBILITY_ENV, "value": NO_GPUS}]
+
+
+def _resources(spec: specs.TauSpec, *, gpus: int, claims: bool = False) -> dict[str, Any]:
     requests: dict[str, str] = {}
     limits: dict[str, str] = {}
+    result: dict[str, Any] = {}
+    if claims and gpus > 0:
+        result["claims"] = [{"name": CLAIM_NAME}]
+        gpus = 0
     if spec.resources.cpu is not None:
         requests["cpu"] = spec.resources.cpu
     if spec.resources.memory is not None:
@@ -253,7 +323,6 @@ def _resources(spec: specs.TauSpec, *, gpus: int) -> dict[str, Any]:
     if gpus > 0:
         requests[marks.GPU_RESOURCE] = str(gpus)
         limits[marks.GPU_RESOURCE] = str(gpus)
-    result: dict[str, Any] = {}
     if requests:
         result["requests"] = requests
     if limits:
@@ -327,17 +396,25 @@ def _pod_spec(
     ctx: AttemptContext,
     settings: RenderSettings,
     container: dict[str, Any],
+    *,
+    gpus: int = 0,
 ) -> dict[str, Any]:
     volumes, mounts = _volumes_and_mounts(spec, ctx, with_ca=bool(settings.ca_pem))
     pod: dict[str, Any] = {
         "restartPolicy": "Never",
         "terminationGracePeriodSeconds": settings.termination_grace_period_s,
         "enableServiceLinks": False,
+        # A run needs no Kubernetes credential (its TAU_TOKEN reaches our API), and the
+        # chart's ValidatingAdmissionPolicy refuses a pod template that would mount one.
+        "automountServiceAccountToken": False,
         "containers": [{**container, "volumeMounts": mounts}],
         "volumes": volumes,
     }
     if spec.image_pull_secrets:
         pod["imagePullSecrets"] = [{"name": name} for name in spec.image_pull_secrets]
+    if gpus > 0 and _uses_claims(spec, settings):
+        template = objects.claim_template_name(ctx.run.name, ctx.attempt)
+        pod["resourceClaims"] = [{"name": CLAIM_NAME, "resourceClaimTemplateName": template}]
     return pod
 
 
@@ -358,17 +435,19 @@ def _render_job(
     pytorch = spec.kind == specs.RunKind.PYTORCH
     if pytorch:
         env += _rendezvous_env(spec, name, name, settings)
-    env += _user_env(spec)
+    env += _user_env(spec) + _isolation_env(spec.resources.gpus)
     container: dict[str, Any] = {
         "name": CONTAINER_NAME,
         "image": spec.image,
         "command": command,
         "env": env,
-        "resources": _resources(spec, gpus=spec.resources.gpus),
+        "resources": _resources(
+            spec, gpus=spec.resources.gpus, claims=_uses_claims(spec, settings)
+        ),
     }
     if args:
         container["args"] = args
-    pod = _pod_spec(spec, ctx, settings, container)
+    pod = _pod_spec(spec, ctx, settings, container, gpus=spec.resources.gpus)
     if pytorch:
         pod["subdomain"] = name
     job_spec: dict[str, Any] = {
@@ -453,12 +532,12 @@ def _render_rayjob(
         container = {
             "name": container_name,
             "image": spec.image,
-            "env": env,
-            "resources": _resources(spec, gpus=gpus),
+            "env": env + _isolation_env(gpus),
+            "resources": _resources(spec, gpus=gpus, claims=_uses_claims(spec, settings)),
         }
         return {
             "metadata": {"labels": pod_labels},
-            "spec": _pod_spec(spec, ctx, settings, container),
+            "spec": _pod_spec(spec, ctx, settings, container, gpus=gpus),
         }
 
     cluster: dict[str, Any] = {
@@ -509,3 +588,38 @@ def pod_templates(obj: dict[str, Any]) -> list[dict[str, Any]]:
             group["template"] for group in cluster["workerGroupSpecs"]
         ]
     return []
+
+
+# ---------------------------------------------------------------- refusals
+
+_SPEC_FIELDS = (
+    ("imagePullSecrets", "imagePullSecrets"),
+    ("volumeMounts", "volumes"),
+    ("volumes", "volumes"),
+    (".env", "env"),
+    (".image", "image"),
+    (".resources", "resources"),
+    (".command", "command"),
+    (".args", "args"),
+    ("entrypoint", "command"),
+    ("labels", "labels"),
+    ("metadata.name", "name"),
+    ("metadata.namespace", "namespace"),
+)
+"""Where the fields of a rendered object come from in tau.yaml (first match wins)."""
+
+
+def spec_field(kind: str, field: str) -> str:
+    """The tau.yaml field behind a field of an object rendered from it, as the API server
+    names it in a refusal (`spec.template.spec.containers[0].env[3].name` → `env`); a field
+    of the TauRun's spec is its own (`spec.resources.cpu` → `resources.cpu`); others keep
+    their object's path, prefixed with its kind; "" when the API server named none (an
+    admission policy's refusal)."""
+    if not field:
+        return ""
+    if kind == "TauRun" and field.startswith("spec."):
+        return field.removeprefix("spec.")
+    for fragment, spec_name in _SPEC_FIELDS:
+        if fragment in field:
+            return spec_name
+    return f"{kind}.{field}"

@@ -130,6 +130,39 @@ def agent_env(
     return env
 
 
+DEFAULT_GPU_NAME: Final = "NVIDIA H100 80GB HBM3"
+"""What `nvmlDeviceGetName` answers for every GPU of the default scenario."""
+DEFAULT_MEMORY_TOTAL: Final = 85520809984
+"""Bytes of framebuffer a default GPU reports (`memory_total`)."""
+_H100_BUSES: Final = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)
+_FNV_OFFSET: Final = 14695981039346656037
+_FNV_PRIME: Final = 1099511628211
+_U64: Final = (1 << 64) - 1
+
+
+def _fnv1a(text: str, h: int) -> int:
+    for byte in text.encode():
+        h = ((h ^ byte) * _FNV_PRIME) & _U64
+    return h
+
+
+def default_uuid(seed: str, index: int) -> str:
+    """Return the UUID the library gives GPU `index` under `seed` (`default_values` in
+    fakenvml.c: FNV-1a of the seed, then of the index), so tools that stand in for a node's
+    drivers (the dev cluster's DRA publisher) name the same GPUs its agent reports."""
+    h = _fnv1a(str(index), _fnv1a(seed, _FNV_OFFSET))
+    h2 = _fnv1a("taugrid", h)
+    return (
+        f"GPU-{h >> 32:08x}-{(h >> 16) & 0xFFFF:04x}-4{h & 0xFFF:03x}-"
+        f"8{(h2 >> 52) & 0xFFF:03x}-{h2 & 0xFFFFFFFFFFFF:012x}"
+    )
+
+
+def default_bus_id(index: int) -> str:
+    """Return the PCI bus ID the library gives GPU `index` (an HGX H100 board's buses)."""
+    return f"{index // 8:08X}:{_H100_BUSES[index % 8]:02X}:00.0"
+
+
 def render_scenario(
     *,
     gpus: int = 8,

@@ -21,7 +21,7 @@ from kubernetes_asyncio import client
 
 from devcluster import cluster, fakenvml, processes, stack
 from tests import controllerkit as kit
-from tests import support
+from tests import leaderservice, support
 
 pytestmark = pytest.mark.cluster
 
@@ -52,7 +52,7 @@ class Fleet:
         self.controllers: dict[str, int] = {}
         self.lib_dir = fakenvml.build()
 
-    def start_controller(self, name: str) -> str:
+    def start_controller(self, name: str, extra: dict[str, str] | None = None) -> str:
         port = kit.free_port()
         env = stack.controller_env(
             self.dev,
@@ -61,7 +61,8 @@ class Fleet:
             identity=name,
             node_selector=f"taugrid.dev/test-fleet={self.ns}",
         )
-        self.table.start(name, [sys.executable, "-m", "controller"], env={**env, **FAST})
+        env = {**env, **FAST, **(extra or {})}
+        self.table.start(name, [sys.executable, "-m", "controller"], env=env)
         self.controllers[name] = port
         url = f"http://127.0.0.1:{port}"
         stack.wait_http(self.dev_view(), name, f"{url}/healthz")
@@ -184,12 +185,43 @@ async def test_an_xid_injected_into_an_agent_quarantines_its_node_and_a_reboot_r
     await support.eventually(released, what="release after the reboot")
 
 
+async def _replica(
+    k8s: client.ApiClient, fleet_env: Fleet, proxy: leaderservice.ServiceProxy, name: str
+) -> str:
+    """Start a replica process standing in for a controller pod of its own (KWOK runs it):
+    it labels that pod when it leads, and reaches the leader through the leader Service."""
+    pod = await leaderservice.replica_pod(k8s, fleet_env.ns, name, fleet_env.nodes[0])
+    token = fleet_env.tmp / f"{name}.peer-token"
+    await leaderservice.peer_token(k8s, fleet_env.ns, pod, token)
+    url = await asyncio.to_thread(fleet_env.start_controller, name, {
+        "TAUGRID_CONTROLLER_POD_NAME": name,
+        "TAUGRID_CONTROLLER_PEER_TOKEN_FILE": str(token),
+        "TAUGRID_CONTROLLER_LEADER_URL": proxy.url,
+        "TAUGRID_CONTROLLER_CONTROLLER_SERVICE_ACCOUNT": leaderservice.SERVICE_ACCOUNT,
+    })  # fmt: skip
+    proxy.backends[name] = ("127.0.0.1", fleet_env.controllers[name])
+    return url
+
+
 async def test_killing_the_leader_during_a_fault_lets_the_follower_finish_the_quarantine_once(
     k8s: client.ApiClient, fleet_env: Fleet
 ) -> None:
-    """Failover: the follower takes over within the lease, quarantines once, and calls no node
-    stale because of the failover."""
-    url_a = fleet_env.start_controller("ctl-a")
+    """Failover: agents report to the follower, which sends their reports to the leader
+    through the leader-only Service under its own peer token; after the leader is killed the
+    follower takes over within the lease, quarantines once, and calls no node stale because
+    of the failover (a new leader observes for one staleAfter first)."""
+    await leaderservice.leader_service(k8s, fleet_env.ns)
+    proxy = await leaderservice.ServiceProxy(k8s, fleet_env.ns).start()
+    try:
+        await _failover(k8s, fleet_env, proxy)
+    finally:
+        await proxy.close()
+
+
+async def _failover(
+    k8s: client.ApiClient, fleet_env: Fleet, proxy: leaderservice.ServiceProxy
+) -> None:
+    url_a = await _replica(k8s, fleet_env, proxy, "ctl-a")
 
     async def a_leads() -> None:
         async with aiohttp.ClientSession() as http, http.get(f"{url_a}/readyz") as resp:
@@ -197,9 +229,11 @@ async def test_killing_the_leader_during_a_fault_lets_the_follower_finish_the_qu
             assert body["leader"] is True, body
 
     await support.eventually(a_leads, what="ctl-a to lead")
-    url_b = fleet_env.start_controller("ctl-b")
+    url_b = await _replica(k8s, fleet_env, proxy, "ctl-b")
     for n in fleet_env.nodes:
-        fleet_env.start_agent(n, url_b)  # agents reach the follower, which forwards
+        # Agents reach the follower, which forwards through the leader Service's stand-in;
+        # that relay runs on this event loop, so the blocking start goes to a thread.
+        await asyncio.to_thread(fleet_env.start_agent, n, url_b)
 
     async def reported() -> None:
         for n in fleet_env.nodes:

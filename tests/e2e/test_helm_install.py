@@ -7,82 +7,19 @@ from __future__ import annotations
 
 import asyncio
 import pathlib
-import subprocess
-from collections.abc import AsyncIterator
-from typing import Any
 
 import pytest
-import pytest_asyncio
 from kubernetes_asyncio import client
 
 from devcluster import chart, cluster, node, stack
-from tests import support
+from tests import releasekit, support
 
 pytestmark = pytest.mark.cluster
 
-_KEY, _VALUE = stack.DEV_FLEET_SELECTOR.split("=", 1)
-DEV_FLEET = {_KEY: _VALUE}
-"""The label of the nodes `taugrid dev up` made; other tests' fake nodes come and go."""
-
-
-class Release:
-    """One test release of the chart: its name, namespace and the names it was given."""
-
-    def __init__(self, name: str, namespace: str) -> None:
-        self.name = name
-        self.namespace = namespace
-        self.check = f"{name}-gpu-health"
-        self.priority = f"{name}-resume"
-
-    def values(self) -> dict[str, Any]:
-        """Unique cluster-scoped names, no queues, pods only on the dev fleet's nodes."""
-        return {
-            "admissionCheck": {"name": self.check},
-            "resumePriorityClass": {"name": self.priority},
-            "queues": {"enabled": False},
-            "agent": {"nodeSelector": DEV_FLEET, "stateHostPath": f"/var/lib/taugrid/{self.name}"},
-            "controller": {
-                "nodeSelector": DEV_FLEET,
-                # Were it to run, it would manage no node of anyone else's.
-                "managedNodeSelector": f"taugrid.dev/test-fleet={self.namespace}",
-            },
-        }
-
-    def service_account(self, component: str) -> str:
-        """`system:serviceaccount:…` user of a component's ServiceAccount."""
-        return f"system:serviceaccount:{self.namespace}:{self.name}-{component}"
-
-
-@pytest_asyncio.fixture
-async def release(
-    dev_cluster: cluster.Cluster, bin_dir: pathlib.Path, namespace: str
-) -> AsyncIterator[Release]:
-    """The chart installed into the test's namespace (CRDs skipped: the cluster has them),
-    uninstalled afterwards even when the test fails."""
-    rel = Release(support.unique_name("taugrid-e2e", max_len=30), namespace)
-    await asyncio.to_thread(
-        chart.install, dev_cluster.kubeconfig, rel.name, namespace, rel.values(),
-        skip_crds=True, bin_dir=bin_dir,
-    )  # fmt: skip
-    try:
-        yield rel
-    finally:
-        await asyncio.to_thread(
-            chart.uninstall, dev_cluster.kubeconfig, rel.name, namespace, wait=True,
-            bin_dir=bin_dir,
-        )  # fmt: skip
-
-
-def can_i(dev: cluster.Cluster, bin_dir: pathlib.Path, user: str, *args: str) -> bool:
-    """`kubectl auth can-i <args> --as=<user>`: True for yes, False for no."""
-    proc = subprocess.run(
-        [str(bin_dir / "kubectl"), f"--kubeconfig={dev.kubeconfig}", "auth", "can-i", *args,
-         f"--as={user}"],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    answer = proc.stdout.strip()
-    assert answer in ("yes", "no"), f"kubectl auth can-i {' '.join(args)}: {proc.stderr}"
-    return answer == "yes"
+DEV_FLEET = releasekit.DEV_FLEET
+Release = releasekit.Release
+release = releasekit.release
+can_i = releasekit.can_i
 
 
 async def dev_fleet_nodes(k8s: client.ApiClient) -> set[str]:
@@ -174,8 +111,32 @@ RBAC_TABLE = [
     ("controller", ("create", "subjectaccessreviews.authorization.k8s.io"), True),
     ("controller", ("list", "secrets", "-n", "default"), False),
     ("controller", ("delete", "nodes"), False),
+    # Least privilege (review H4): run objects only where runs live (runNamespaces: default),
+    # nothing in kube-system, no Secret ever read, its own pods patched only in its namespace.
+    ("controller", ("create", "jobs.batch", "-n", "default"), True),
+    ("controller", ("patch", "configmaps", "-n", "default"), True),
+    ("controller", ("create", "services", "-n", "default"), True),
+    ("controller", ("get", "pods", "--subresource=log", "-n", "default"), True),
+    ("controller", ("create", "secrets", "-n", "kube-system"), False),
+    ("controller", ("patch", "secrets", "-n", "kube-system"), False),
+    ("controller", ("patch", "configmaps", "-n", "kube-system"), False),
+    ("controller", ("create", "jobs.batch", "-n", "kube-system"), False),
+    ("controller", ("delete", "services", "-n", "kube-system"), False),
+    ("controller", ("create", "jobs.batch", "-n", "kube-public"), False),
+    ("controller", ("get", "secrets", "-n", "default"), False),
+    ("controller", ("get", "secrets", "-A"), False),
+    ("controller", ("create", "pods", "-n", "default"), False),
+    ("controller", ("patch", "pods", "-n", "default"), False),
+    ("controller", ("create", "serviceaccounts/token", "-n", "kube-system"), False),
+    ("controller", ("create", "devicetaintrules.resource.k8s.io"), False),
 ]  # fmt: skip
 """(component, `kubectl auth can-i` arguments, expected answer)."""
+
+RUN_NAMESPACE_ROWS = [
+    ("create", "jobs.batch"), ("patch", "configmaps"), ("create", "services"),
+    ("create", "secrets"), ("patch", "pods"),
+]  # fmt: skip
+"""Writes the controller may make in `default` (a run namespace) but not in its own."""
 
 
 async def test_rbac_answers_as_designed(
@@ -194,3 +155,23 @@ async def test_rbac_answers_as_designed(
 
     # The authorizer's caches pick up new bindings within moments; poll rather than race.
     await support.eventually(answered, what="RBAC answers as designed")
+
+
+async def test_the_controller_writes_nothing_in_its_own_namespace_but_its_pods_label(
+    dev_cluster: cluster.Cluster, bin_dir: pathlib.Path, release: Release
+) -> None:
+    """The release namespace is not a run namespace: no Job, ConfigMap, Service or Secret
+    there; patching pods there is what its leader label needs."""
+    user = release.service_account("controller")
+
+    async def answered() -> None:
+        got = [
+            await asyncio.to_thread(
+                can_i, dev_cluster, bin_dir, user, verb, res, "-n", release.namespace
+            )
+            for verb, res in RUN_NAMESPACE_ROWS
+        ]
+        expected = [False, False, False, False, True]
+        assert expected == got
+
+    await support.eventually(answered, what="RBAC answers in the release namespace")

@@ -1,7 +1,8 @@
 """TLS as the chart deploys it, against the local control plane: controller replicas serve
-HTTPS with a certificate a private CA issued (made here with openssl), a follower forwards to
-the leader's HTTPS URL only when it trusts that CA (`tls_ca_file`), and run pods (the `tau`
-client) reach the controller only with the CA that the run's ConfigMap carries (TAU_CA_FILE).
+HTTPS with a certificate a private CA issued (made here with openssl), a follower reaches the
+leader over HTTPS only when the leader's certificate comes from the CA it is given
+(`tls_ca_file`, trusted alone), and run pods (the `tau` client) reach the controller only with
+the CA that the run's ConfigMap carries (TAU_CA_FILE).
 """
 
 from __future__ import annotations
@@ -23,10 +24,11 @@ from kubernetes_asyncio import client
 from controller import serving
 from devcluster import cluster, pki
 from tests import controllerkit as kit
-from tests import kueue, support
+from tests import kueue
 
 TAU = pathlib.Path(__file__).parents[3] / "controller/assets/tau.py"
 IMAGE = "registry.example/train@sha256:" + "0" * 64
+PEER_SA = "taugrid-controller"
 
 
 @pytest.fixture(scope="module")
@@ -89,50 +91,69 @@ def test_a_replica_advertises_its_ip_by_its_name_under_the_headless_service() ->
     assert expected == actual
 
 
+async def _peer_token(api: client.ApiClient, namespace: str, path: pathlib.Path) -> None:
+    """A peer-audience token of the replicas' ServiceAccount, written where a replica reads it."""
+    core = client.CoreV1Api(api)
+    await core.create_namespaced_service_account(namespace, {"metadata": {"name": PEER_SA}})
+    tr = await core.create_namespaced_service_account_token(
+        PEER_SA, namespace, {"spec": {"audiences": ["taugrid-peer"], "expirationSeconds": 3600}}
+    )
+    await asyncio.to_thread(path.write_text, str(tr.status.token))
+
+
 @pytest.mark.cluster
-@pytest.mark.parametrize("trust", [True, False], ids=["with tls_ca_file", "without it"])
-async def test_a_follower_forwards_to_the_leader_over_https_only_when_it_trusts_the_ca(
-    dev_cluster: cluster.Cluster, namespace: str, certs: pathlib.Path, oncall: str, trust: bool
+@pytest.mark.parametrize("trusted", [True, False], ids=["the chart's CA", "another CA"])
+async def test_a_follower_reaches_the_leader_over_https_verified_by_its_ca_alone(  # noqa: PLR0917 - fixtures
+    dev_cluster: cluster.Cluster,
+    k8s: client.ApiClient,
+    namespace: str,
+    certs: pathlib.Path,
+    oncall: str,
+    tmp_path: pathlib.Path,
+    trusted: bool,
 ) -> None:
-    """A leader-only write sent to the follower lands on the leader over verified HTTPS (the
-    leader's dry-run mode changes); a follower without the CA refuses the leader's certificate
-    and answers 503 LeaderUnreachable with the leader's URL, and nothing changes."""
+    """A leader-only write sent to the follower lands on the leader over HTTPS verified by
+    `tls_ca_file` (the leader's address stands in for the leader-only Service); a follower
+    given another CA refuses the leader's certificate, answers 503 LeaderUnreachable, and
+    nothing changes."""
+    other_ca = pki.ensure(tmp_path / "other")
+    await _peer_token(k8s, namespace, tmp_path / "peer.token")
     async with (
-        replicas(dev_cluster, namespace, certs, 2, **tls_settings(certs, trust=trust)) as both,
+        replicas(dev_cluster, namespace, certs, 1, **tls_settings(certs, trust=True)) as (leader,),
         aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(
                 ssl=ssl.create_default_context(cafile=str(certs / "ca.crt"))
             )
         ) as http,
     ):
-        leader = await kit.wait_leader(*both)
-        follower = next(r for r in both if r is not leader)
-        assert leader.url.startswith("https://")
-
-        async def follower_knows_the_leader() -> None:
-            assert follower.serving.elector.leader_url == leader.url
-
-        await support.eventually(follower_knows_the_leader, what="the leader URL in the Lease")
-        async with http.put(
-            f"{follower.url}/v1/fleet/mode",
-            json={"dryRun": True},
-            headers={"Authorization": f"Bearer {oncall}"},
-        ) as resp:
-            body = await resp.json()
-            status, via = resp.status, resp.headers.get("X-TauGrid-Leader")
-        if trust:
-            expected: tuple[Any, ...] = (200, leader.url, True, leader.serving.elector.identity)
-            actual: tuple[Any, ...] = (
-                status, via, leader.fleet.quarantiner.settings.dry_run, body["leader"]
-            )  # fmt: skip
-        else:
-            expected = (503, "LeaderUnreachable", leader.url, True, False)
-            actual = (
-                status, body["error"]["code"], body.get("leaderUrl"),
-                "CERTIFICATE_VERIFY_FAILED" in body["error"]["message"],
-                leader.fleet.quarantiner.settings.dry_run,
-            )  # fmt: skip
-        assert expected == actual, body
+        await kit.wait_leader(leader)
+        ca = certs / "ca.crt" if trusted else other_ca / "ca.crt"
+        async with replicas(
+            dev_cluster, namespace, certs, 1, **tls_settings(certs, trust=False),
+            tls_ca_file=str(ca), leader_url=leader.url, controller_service_account=PEER_SA,
+            peer_token_file=str(tmp_path / "peer.token"),
+        ) as (follower,):  # fmt: skip
+            assert leader.url.startswith("https://")
+            async with http.put(
+                f"{follower.url}/v1/fleet/mode",
+                json={"dryRun": True},
+                headers={"Authorization": f"Bearer {oncall}"},
+            ) as resp:
+                body = await resp.json()
+                status = resp.status
+    if trusted:
+        expected: tuple[Any, ...] = (200, True, leader.serving.elector.identity)
+        actual: tuple[Any, ...] = (
+            status, leader.fleet.quarantiner.settings.dry_run, body["leader"]
+        )  # fmt: skip
+    else:
+        expected = (503, "LeaderUnreachable", True, False)
+        actual = (
+            status, body["error"]["code"],
+            "CERTIFICATE_VERIFY_FAILED" in body["error"]["message"],
+            leader.fleet.quarantiner.settings.dry_run,
+        )  # fmt: skip
+    assert expected == actual, body
 
 
 async def _researcher_token(api: client.ApiClient, namespace: str) -> str:

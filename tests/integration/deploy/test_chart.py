@@ -6,6 +6,7 @@ that stay documented."""
 from __future__ import annotations
 
 import ast
+import json
 import pathlib
 import re
 import shutil
@@ -38,6 +39,7 @@ EVERYTHING_ON: dict[str, Any] = {
     "grafanaDashboard": {"enabled": True},
     "agent": {"service": {"enabled": True}, "runtimeClassName": "nvidia"},
     "controller": {"maxQuarantined": 3, "rayVersion": "2.41.0"},
+    "userTokenAudiences": ["taugrid-api"],
 }
 
 
@@ -170,12 +172,15 @@ def test_helm_lint_is_clean(values: dict[str, Any]) -> None:
 def test_defaults_render_the_core_objects_and_nothing_optional(
     defaults: list[dict[str, Any]],
 ) -> None:
-    """Defaults: the two components, their RBAC, Services (the API and the headless one over
-    the replicas), PDB, AdmissionCheck, priority class."""
+    """Defaults: the two components, their RBAC (the controller's cluster-wide role, its runs
+    role bound in the runs namespace, its release-namespace role) and admission policy,
+    Services (the API, the leader-only one and the headless one over the replicas), PDB,
+    AdmissionCheck, priority class."""
     expected = {
-        "ClusterRole": 1, "ClusterRoleBinding": 3, "DaemonSet": 1, "Deployment": 1,
-        "PodDisruptionBudget": 1, "Role": 1, "RoleBinding": 1, "Service": 2,
+        "ClusterRole": 2, "ClusterRoleBinding": 3, "DaemonSet": 1, "Deployment": 1,
+        "PodDisruptionBudget": 1, "Role": 1, "RoleBinding": 2, "Service": 3,
         "ServiceAccount": 2, "AdmissionCheck": 1, "WorkloadPriorityClass": 1,
+        "ValidatingAdmissionPolicy": 1, "ValidatingAdmissionPolicyBinding": 1,
     }  # fmt: skip
     kinds: dict[str, int] = {}
     for d in defaults:
@@ -288,6 +293,7 @@ CONTROLLER_RIGHTS = [
     Right("", "nodes", "get"), Right("", "nodes", "list"), Right("", "nodes", "watch"),
     Right("", "nodes", "patch"), Right("", "nodes/status", "patch"),
     Right("", "pods/eviction", "create"), Right("", "pods", "list"), Right("", "pods/log", "get"),
+    Right("", "pods", "patch"),
     Right("batch", "jobs", "create"), Right("batch", "jobs", "delete"),
     Right("ray.io", "rayjobs", "create"), Right("ray.io", "rayjobs/status", "patch"),
     Right("", "services", "create"), Right("", "secrets", "create"), Right("", "secrets", "patch"),
@@ -327,12 +333,85 @@ def test_the_controller_has_the_right(controller_rules: list[Any], right: Right)
         Right("coordination.k8s.io", "leases", "update", "someone-elses-lease"),
         Right("rbac.authorization.k8s.io", "clusterroles", "create"),
         Right("kueue.x-k8s.io", "clusterqueues", "patch"),
+        # A rule's effect is never switched in place (it would reset timeAdded).
+        Right("resource.k8s.io", "devicetaintrules", "update"),
+        Right("resource.k8s.io", "devicetaintrules", "patch"),
+        Right("resource.k8s.io", "resourceslices", "create"),
     ],
     ids=lambda r: f"{r.verb} {r.resource} {r.name or ''}".strip(),
 )  # fmt: skip
 def test_the_controller_lacks_the_right(controller_rules: list[Any], right: Right) -> None:
     """Rights the controller does not use are not granted (it never reads Secrets)."""
     assert not allows(controller_rules, right)
+
+
+WRITES = [
+    Right("batch", "jobs", "create"), Right("batch", "jobs", "delete"),
+    Right("", "services", "create"), Right("", "configmaps", "create"),
+    Right("", "configmaps", "patch"), Right("", "secrets", "create"),
+    Right("taugrid.dev", "tauruns", "create"), Right("ray.io", "rayjobs", "create"),
+    Right("", "pods/log", "get"), Right("", "persistentvolumeclaims", "get"),
+    Right("taugrid.dev", "taurunlogs", "create"), Right("taugrid.dev", "taurunlogs", "update"),
+]  # fmt: skip
+"""The run-object rights: granted only where runs live."""
+
+
+def test_run_object_writes_are_granted_only_in_the_runs_namespaces() -> None:
+    """No cluster-wide binding grants a run-object write; the runs role is bound by one
+    RoleBinding per `controller.runNamespaces` entry and nowhere else."""
+    docs = render({"controller": {"runNamespaces": ["team-a", "team-b"]}})
+    roles = {d["metadata"]["name"]: d.get("rules", []) for d in objects(docs, "ClusterRole")}
+    wide = [r for b in objects(docs, "ClusterRoleBinding")
+            for r in roles.get(b["roleRef"]["name"], [])]  # fmt: skip
+    bound = sorted(
+        b["metadata"]["namespace"] for b in objects(docs, "RoleBinding")
+        if b["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                            "name": "taugrid-controller-runs"}
+    )  # fmt: skip
+    expected: tuple[list[Right], list[str], list[Right]] = ([], ["team-a", "team-b"], [])
+    actual = (
+        [w for w in WRITES if allows(wide, w)], bound,
+        [w for w in WRITES if not allows(roles["taugrid-controller-runs"], w)],
+    )  # fmt: skip
+    assert expected == actual
+
+
+@pytest.mark.parametrize(
+    ("namespaces", "message"),
+    [
+        pytest.param(["kube-system"], "must not name kube-system", id="kube-system is refused"),
+        pytest.param(["team-a", "kube-public"], "must not name kube-public",
+                     id="any kube- namespace is refused"),
+        pytest.param([], "at least one namespace", id="no runs namespace is refused"),
+    ],
+)  # fmt: skip
+def test_runs_never_live_in_the_kube_namespaces(namespaces: list[str], message: str) -> None:
+    """The rendering fails, naming the problem, rather than grant writes there."""
+    with pytest.raises(chart.ChartError, match=message):
+        render({"controller": {"runNamespaces": namespaces}})
+
+
+def test_without_run_token_secrets_the_controller_touches_no_secret() -> None:
+    """controller.runTokenSecrets=false (once run pods get projected tokens) drops the last
+    Secret right."""
+    rules = rules_of(render({"controller": {"runTokenSecrets": False}}), "taugrid-controller")[0]
+    expected = [False, False, False]
+    assert expected == [allows(rules, Right("", "secrets", v)) for v in ("create", "patch", "get")]
+
+
+def test_the_admission_policy_binds_the_controllers_service_account_and_denies() -> None:
+    """The policy matches requests of the release's controller ServiceAccount only, fails
+    closed, and its binding denies (not just warns or audits)."""
+    docs = render(release="tg2", namespace="team-ops")
+    policy = one(docs, "ValidatingAdmissionPolicy")
+    binding = one(docs, "ValidatingAdmissionPolicyBinding")
+    (condition,) = policy["spec"]["matchConditions"]
+    user = "system:serviceaccount:team-ops:tg2-taugrid-controller"
+    expected = (f"request.userInfo.username == {json.dumps(user)}", "Fail", ["Deny"],
+                policy["metadata"]["name"])  # fmt: skip
+    actual = (condition["expression"], policy["spec"]["failurePolicy"],
+              binding["spec"]["validationActions"], binding["spec"]["policyName"])  # fmt: skip
+    assert expected == actual
 
 
 def test_without_ray_the_controller_gets_no_ray_rights() -> None:
@@ -347,6 +426,7 @@ def test_without_ray_the_controller_gets_no_ray_rights() -> None:
 # call missing here fails the test below: add it here and grant it in the chart's
 # templates/rbac-controller.yaml.
 TAURUN, RAYJOB = ("taugrid.dev", "tauruns"), ("ray.io", "rayjobs")
+DRA = ("resource.k8s.io",)
 TAURUNLOG = ("taugrid.dev", "taurunlogs")
 CALL_RIGHTS: dict[tuple[str, str, str], tuple[Right, ...]] = {
     ("_core", "list_node", ""): (Right("", "nodes", "list"), Right("", "nodes", "watch")),
@@ -355,6 +435,8 @@ CALL_RIGHTS: dict[tuple[str, str, str], tuple[Right, ...]] = {
     ("_core", "list_pod_for_all_namespaces", ""): (Right("", "pods", "list"),),
     ("_core", "list_namespaced_pod", ""): (Right("", "pods", "list"),),
     ("_core", "create_namespaced_pod_eviction", ""): (Right("", "pods/eviction", "create"),),
+    ("_core", "patch_namespaced_pod", ""): (Right("", "pods", "patch"),),
+    ("_logs", "read_namespaced_pod_log", ""): (Right("", "pods/log", "get"),),
     ("_core", "read_namespaced_pod_log", ""): (Right("", "pods/log", "get"),),
     ("_core", "create_namespaced_service", ""): (Right("", "services", "create"),),
     ("_core", "delete_namespaced_service", ""): (Right("", "services", "delete"),),
@@ -402,6 +484,18 @@ CALL_RIGHTS: dict[tuple[str, str, str], tuple[Right, ...]] = {
     ("_custom", "list_cluster_custom_object", "RAYJOB"): (Right(*RAYJOB, "list"),),
     ("_custom", "patch_namespaced_custom_object_status", "RAYJOB"): (
         Right("ray.io", "rayjobs/status", "patch"),),
+    ("_custom", "list_cluster_custom_object", "RESOURCE"): (  # slices, rules, claims
+        Right(*DRA, "resourceslices", "list"), Right(*DRA, "resourceslices", "watch"),
+        Right(*DRA, "devicetaintrules", "list"), Right(*DRA, "devicetaintrules", "watch"),
+        Right(*DRA, "resourceclaims", "list")),
+    ("_custom", "create_cluster_custom_object", "RESOURCE"): (
+        Right(*DRA, "devicetaintrules", "create"),),
+    ("_custom", "delete_cluster_custom_object", "RESOURCE"): (
+        Right(*DRA, "devicetaintrules", "delete"),),
+    ("_custom", "create_namespaced_custom_object", "CLAIM_TEMPLATES"): (
+        Right(*DRA, "resourceclaimtemplates", "create"),),
+    ("_custom", "delete_namespaced_custom_object", "CLAIM_TEMPLATES"): (
+        Right(*DRA, "resourceclaimtemplates", "delete"),),
 }  # fmt: skip
 KUEUE_VERBS = {"get": "get", "list": "list", "create": "create", "patch": "patch",
                "delete": "delete", "replace": "update"}  # fmt: skip
@@ -447,6 +541,7 @@ def adapter_calls() -> Iterator[Call]:
                 continue
             if receiver.attr not in {
                 "_core",
+                "_logs",
                 "_events",
                 "_batch",
                 "_custom",
@@ -498,6 +593,38 @@ def test_the_controller_is_granted_every_api_call_its_adapters_make(
         for right in rights:
             assert allows(controller_rules, right), f"{call} needs {right}"
     assert unknown == [], "map these calls in CALL_RIGHTS and grant them in the chart"
+
+
+def test_followers_reach_the_leader_through_the_leader_only_service_with_a_peer_token(
+    everything: list[dict[str, Any]],
+) -> None:
+    """The leader-only Service selects the controller pods that carry the leader label; the
+    replicas are told its https URL, the name of their own pod, and read a projected peer
+    token of audience taugrid-peer; the certificate covers the Service's names."""
+    service = one(everything, "Service", "taugrid-controller-leader")
+    deploy = one(everything, "Deployment")
+    pod_labels = deploy["spec"]["template"]["metadata"]["labels"]
+    env = env_of(deploy)
+    fields = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"]
+              for e in container(deploy)["env"] if "valueFrom" in e}  # fmt: skip
+    volumes = {v["name"]: v for v in deploy["spec"]["template"]["spec"]["volumes"]}
+    (source,) = volumes["peer-token"]["projected"]["sources"]
+    mount = next(m for m in container(deploy)["volumeMounts"] if m["name"] == "peer-token")
+    names = one(everything, "Certificate", "taugrid-controller")["spec"]["dnsNames"]
+    selector = service["spec"]["selector"]
+    expected = (
+        "true", True, "https://taugrid-controller-leader.taugrid-system.svc.cluster.local:8080",
+        "metadata.name", "taugrid-peer",
+        pathlib.PurePosixPath(env["TAUGRID_CONTROLLER_PEER_TOKEN_FILE"]), True,
+    )  # fmt: skip
+    actual = (
+        selector.pop("taugrid.dev/leader"), selector.items() <= pod_labels.items(),
+        env["TAUGRID_CONTROLLER_LEADER_URL"], fields["TAUGRID_CONTROLLER_POD_NAME"],
+        source["serviceAccountToken"]["audience"],
+        pathlib.PurePosixPath(mount["mountPath"], source["serviceAccountToken"]["path"]),
+        "taugrid-controller-leader.taugrid-system.svc.cluster.local" in names,
+    )  # fmt: skip
+    assert expected == actual
 
 
 def test_the_lease_rights_name_the_configured_lease() -> None:
@@ -657,7 +784,8 @@ def test_the_pdb_keeps_one_controller_replica(defaults: list[dict[str, Any]]) ->
 
 
 def test_the_controller_knows_the_names_this_release_gives_things() -> None:
-    """Namespace, agent ServiceAccount, AdmissionCheck and priority class reach the settings."""
+    """Namespace, agent ServiceAccount and port, AdmissionCheck and priority class reach the
+    settings."""
     docs = render({
         "fullnameOverride": "tg2",
         "admissionCheck": {"name": "tg2-gpu-health"},
@@ -667,6 +795,7 @@ def test_the_controller_knows_the_names_this_release_gives_things() -> None:
     env = env_of(one(docs, "Deployment"))
     assert env["TAUGRID_CONTROLLER_NAMESPACE"] == NAMESPACE
     assert env["TAUGRID_CONTROLLER_AGENT_SERVICE_ACCOUNT"] == "tg2-agent"
+    assert env["TAUGRID_CONTROLLER_AGENT_PORT"] == "9400"
     assert env["TAUGRID_CONTROLLER_ADMISSION_CHECK"] == "tg2-gpu-health"
     assert env["TAUGRID_CONTROLLER_RESUME_PRIORITY_CLASS"] == "tg2-resume"
     assert env["TAUGRID_CONTROLLER_DRY_RUN"] == "true"
@@ -696,6 +825,23 @@ def test_every_rendered_setting_exists_and_parses(
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     settings_class()  # raises pydantic.ValidationError on a value the process would refuse
+
+
+def test_user_token_audiences_reach_the_controller_as_a_list(
+    everything: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """userTokenAudiences becomes `user_audiences`; unset, the variable is not rendered, so
+    the controller accepts the API server's own audience."""
+    env = env_of(one(everything, "Deployment"))
+    monkeypatch.setenv(
+        "TAUGRID_CONTROLLER_USER_AUDIENCES", env["TAUGRID_CONTROLLER_USER_AUDIENCES"]
+    )
+    expected = (("taugrid-api",), False)
+    actual = (
+        controller_settings.ControllerSettings().user_audiences,
+        "TAUGRID_CONTROLLER_USER_AUDIENCES" in env_of(one(render(), "Deployment")),
+    )
+    assert expected == actual
 
 
 def test_extra_settings_become_environment_variables() -> None:

@@ -180,6 +180,23 @@ def test_defaults_describe_an_hgx_h100_board(fake: fakenvml.InProcessControl) ->
     assert expected == actual
 
 
+@pytest.mark.parametrize("seed", ["", "gpu-node-0", "dra-n-7"], ids=lambda s: f"seed {s!r}")
+def test_python_derives_the_uuids_and_bus_ids_the_library_reports(
+    fake: fakenvml.InProcessControl, tmp_path: pathlib.Path, seed: str
+) -> None:
+    """`default_uuid` and `default_bus_id` give what NVML answers for each GPU under a seed,
+    so the dev cluster's DRA publisher lists the GPUs a node's agent reports."""
+    scenario = tmp_path / "s.txt"
+    scenario.write_text(fakenvml.render_scenario(gpus=10, seed=seed or None))
+    fake.load(scenario)
+    expected = [(fakenvml.default_uuid(seed, i), fakenvml.default_bus_id(i)) for i in range(10)]
+    actual = [
+        (pynvml.nvmlDeviceGetUUID(handle(i)), pynvml.nvmlDeviceGetPciInfo(handle(i)).busId)
+        for i in range(10)
+    ]
+    assert expected == actual
+
+
 @pytest.mark.parametrize(
     "lookup",
     [

@@ -192,97 +192,62 @@ async def until(check: Callable[[], bool], what: str) -> None:
         await asyncio.sleep(0.01)
 
 
-# ------------------------------------------------------------------ leader hints
+# ------------------------------------------------------------------ no URL is followed
 
 
 async def hint_in_body(request: web.Request, leader: str) -> web.Response:
-    """A follower naming the leader in the JSON body."""
+    """A follower naming a leader in the JSON body (what followers used to send)."""
     del request
     body = {"error": {"code": "NotLeader", "message": "not the leader"}, "leaderUrl": leader}
     return web.json_response(body, status=503)
 
 
 async def hint_in_error(request: web.Request, leader: str) -> web.Response:
-    """A follower naming the leader inside the error object."""
+    """A follower naming a leader inside the error object."""
     del request
     body = {"error": {"code": "NotLeader", "message": "not the leader", "leaderUrl": leader}}
     return web.json_response(body, status=503)
 
 
 async def hint_in_header(request: web.Request, leader: str) -> web.Response:
-    """A follower naming the leader in `X-Leader-URL` with a plain-text body."""
+    """A follower naming a leader in `X-Leader-URL` with a plain-text body."""
     del request
     return web.Response(status=503, text="not the leader", headers={"X-Leader-URL": leader})
+
+
+async def redirect(request: web.Request, leader: str) -> web.Response:
+    """A reply sending the agent elsewhere by HTTP redirect."""
+    del request
+    raise web.HTTPTemporaryRedirect(f"{leader}/v1/heartbeats")
 
 
 @pytest.mark.parametrize(
     "follower",
     [
-        pytest.param(hint_in_body, id="a leaderUrl in the 503 body is followed"),
-        pytest.param(hint_in_error, id="a leaderUrl inside the 503 error object is followed"),
-        pytest.param(hint_in_header, id="an X-Leader-URL header on a 503 is followed"),
+        pytest.param(hint_in_body, id="a leaderUrl in a 503 body is not followed"),
+        pytest.param(hint_in_error, id="a leaderUrl inside the 503 error object is not followed"),
+        pytest.param(hint_in_header, id="an X-Leader-URL header on a 503 is not followed"),
+        pytest.param(redirect, id="a redirect is not followed"),
     ],
 )
-async def test_a_503_with_a_leader_hint_is_retried_at_the_leader_and_kept(
+async def test_the_agent_sends_its_token_only_to_the_configured_controller(
     controllers: Callable[[], Awaitable[Controller]],
     make_rig: Callable[..., Awaitable[Rig]],
     follower: Callable[[web.Request, str], Awaitable[web.Response]],
 ) -> None:
-    """The same heartbeat lands on the leader at once, and the next one goes there directly."""
-    leader = await controllers()
-    first = await controllers()
-    first.reply = lambda request: follower(request, leader.url)
-    rig = await make_rig(first.url)
-    assert await rig.reporter.send_once()
-    assert (len(first.beats), len(leader.beats)) == (1, 1)
-    assert first.beats[0]["sequence"] == leader.beats[0]["sequence"]
-    assert await rig.reporter.send_once()
-    assert (len(first.beats), len(leader.beats)) == (1, 2)
-    assert rig.reporter.stats.target == f"{leader.url}/v1/heartbeats"
-
-
-async def test_a_leader_that_fails_sends_the_agent_back_to_the_configured_url(
-    controllers: Callable[[], Awaitable[Controller]],
-    make_rig: Callable[..., Awaitable[Rig]],
-) -> None:
-    """Once the remembered leader answers an error, the next heartbeat goes to controllerUrl."""
-    leader = await controllers()
-    first = await controllers()
-    first.reply = lambda request: hint_in_body(request, leader.url)
-    rig = await make_rig(first.url)
-    assert await rig.reporter.send_once()
-
-    async def broken(request: web.Request) -> web.Response:
-        del request
-        return web.json_response({"error": {"code": "Internal"}}, status=500)
-
-    leader.reply = broken
-    assert not await rig.reporter.send_once()
-    first.reply = None
-    assert await rig.reporter.send_once()
-    assert len(first.beats) == 2
-    assert rig.reporter.stats.target == f"{first.url}/v1/heartbeats"
-
-
-@pytest.mark.parametrize(
-    ("headers", "body", "expected"),
-    [
-        pytest.param({}, b'{"leaderUrl": "https://c-1:8080"}', "https://c-1:8080",
-                     id="a top-level leaderUrl is the hint"),
-        pytest.param({"x-leader-url": " https://c-2:8080 "}, b"", "https://c-2:8080",
-                     id="the header is matched case-insensitively and trimmed"),
-        pytest.param({}, b'{"error": "leader unknown"}', "",
-                     id="an error that is a string gives no hint instead of crashing"),
-        pytest.param({}, b"[1, 2]", "", id="a JSON list gives no hint"),
-        pytest.param({}, b"\xff\xfe not json", "", id="a body that is not JSON gives no hint"),
-        pytest.param({}, b'{"leaderUrl": 42}', "", id="a leaderUrl that is not text is ignored"),
-    ],
-)  # fmt: skip
-def test_leader_hint_reads_what_followers_send(
-    headers: dict[str, str], body: bytes, expected: str
-) -> None:
-    """Every shape of 503 reply gives the leader URL or '' and never raises."""
-    assert reporting.leader_hint(headers, body) == expected
+    """Whatever a reply names, the heartbeat counts as failed, the named server never hears
+    from the agent (so never sees its token), and the next heartbeat goes to controllerUrl."""
+    elsewhere = await controllers()
+    configured = await controllers()
+    configured.reply = lambda request: follower(request, elsewhere.url)
+    rig = await make_rig(configured.url)
+    refused = await rig.reporter.send_once()
+    configured.reply = None
+    landed = await rig.reporter.send_once()
+    expected = (False, True, 0, 2, f"{configured.url}/v1/heartbeats")
+    actual = (refused, landed, len(elsewhere.beats), len(configured.beats),
+              rig.reporter.stats.target)  # fmt: skip
+    assert expected == actual
 
 
 # ------------------------------------------------------------------ backoff

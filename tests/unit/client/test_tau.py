@@ -311,3 +311,123 @@ def test_tau_validate_never_posts_to_a_controller_without_dry_run(
     done = _tau(answering_old, "validate", "tau.yaml", cwd=tmp_path)
     assert (7, before) == (done.returncode, len(_OldController.posts))
     assert "cannot validate without submitting" in done.stderr
+
+
+# ---------------------------------------------------------------- the token stays home
+class _Recorder(http.server.ThreadingHTTPServer):
+    """A loopback HTTP server that remembers the path and Authorization header of every
+    request and answers each path from `routes`: (status, extra headers); a `Location`
+    header redirects."""
+
+    def __init__(self, routes: dict[str, tuple[int, dict[str, str]]]) -> None:
+        self.routes = routes
+        self.seen: list[tuple[str, str | None]] = []
+        super().__init__(("127.0.0.1", 0), _RecordingHandler)
+        self.thread = threading.Thread(target=self.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+    def close(self) -> None:
+        self.shutdown()
+        self.server_close()
+        self.thread.join()
+
+
+class _RecordingHandler(http.server.BaseHTTPRequestHandler):
+    server: _Recorder
+
+    def do_GET(self) -> None:
+        path = self.path.split("?")[0]
+        self.server.seen.append((path, self.headers.get("Authorization")))
+        status, headers = self.server.routes.get(path, (200, {}))
+        body = b'{"items": []}' if status == 200 else b""
+        self.send_response(status)
+        for key, value in headers.items():
+            self.send_header(key, value)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Keep the test's output quiet."""
+
+
+@pytest.fixture
+def servers() -> Iterator[tuple[_Recorder, _Recorder]]:
+    """Two loopback servers on different ports: two origins."""
+    other = _Recorder({})
+    home = _Recorder({})
+    try:
+        yield home, other
+    finally:
+        home.close()
+        other.close()
+
+
+def test_tau_does_not_follow_a_redirect_to_another_origin_with_the_token(
+    servers: tuple[_Recorder, _Recorder], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A 302 to another origin ends the command (exit 7, naming it); the other origin never
+    sees a request, so it never sees the token."""
+    home, other = servers
+    home.routes["/v1/runs"] = (302, {"Location": f"{other.url}/steal"})
+    code = _tau_client().main(["list", "--url", home.url, "--token", "secret-token"])
+    expected: tuple[int, list[Any], bool] = (7, [], True)
+    actual = (code, other.seen, "another origin" in capsys.readouterr().err)
+    assert expected == actual
+
+
+def test_tau_follows_a_redirect_within_the_origin_with_the_token(
+    servers: tuple[_Recorder, _Recorder],
+) -> None:
+    """A redirect to another path of the same origin is followed, with the token."""
+    home, _ = servers
+    home.routes["/v1/runs"] = (307, {"Location": "/v1/runs/"})
+    code = _tau_client().main(["list", "--url", home.url, "--token", "secret-token"])
+    expected = (0, [("/v1/runs", "Bearer secret-token"), ("/v1/runs/", "Bearer secret-token")])
+    assert expected == (code, home.seen)
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "same"),
+    [
+        pytest.param("https://c.example/x", "https://c.example:443/y", True,
+                     id="the default port is the same origin"),
+        pytest.param("https://c.example/x", "http://c.example/x", False,
+                     id="https to http is another origin"),
+        pytest.param("https://c.example/x", "https://evil.example/x", False,
+                     id="another host is another origin"),
+        pytest.param("http://127.0.0.1:8080/", "http://127.0.0.1:8081/", False,
+                     id="another port is another origin"),
+        pytest.param("https://C.Example/", "https://c.example/", True,
+                     id="host names compare without case"),
+    ],
+)  # fmt: skip
+def test_tau_compares_origins_by_scheme_host_and_port(a: str, b: str, same: bool) -> None:
+    """The origin of a URL is its scheme, host and port, as browsers compare them."""
+    tau = _tau_client()
+    assert same == (tau.origin(a) == tau.origin(b))
+
+
+@pytest.mark.parametrize(
+    ("url", "token", "warned"),
+    [
+        pytest.param("http://10.1.2.3:8080", "t", True,
+                     id="a token over plain http to another host is warned about"),
+        pytest.param("http://127.0.0.1:8080", "t", False, id="loopback http is not"),
+        pytest.param("http://localhost:8080", "t", False, id="localhost is not"),
+        pytest.param("http://[::1]:8080", "t", False, id="IPv6 loopback is not"),
+        pytest.param("https://10.1.2.3:8080", "t", False, id="https is not"),
+        pytest.param("http://10.1.2.3:8080", "", False, id="no token, nothing to warn about"),
+    ],
+)  # fmt: skip
+def test_tau_warns_before_sending_a_token_over_plain_http_to_another_host(
+    url: str, token: str, warned: bool, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The warning comes when the client is made, before anything is sent."""
+    _tau_client().Client(url, token)
+    assert warned == ("warning: sending your token over plain http://" in capsys.readouterr().err)

@@ -87,6 +87,30 @@ async def test_the_cache_never_outlives_the_token() -> None:
 
 
 @pytest.mark.parametrize(
+    ("identity", "reviews"),
+    [
+        pytest.param(auth.Identity("ada"), 1, id="a person's token is reused for the long TTL"),
+        pytest.param(auth.Identity(AGENT.username, extra=(
+            (auth.NODE_NAME_EXTRA, ("node-a",)), (auth.POD_NAME_EXTRA, ("agent-x",)))), 2,
+                     id="a pod-bound token is asked again after the short one"),
+    ],
+)  # fmt: skip
+async def test_a_pod_bound_token_is_reviewed_again_sooner(
+    identity: auth.Identity, reviews: int
+) -> None:
+    """After 61 s a pod-bound token (its pod may be gone) is reviewed again; a person's
+    token stays cached up to the token TTL (review L7)."""
+    clock = Clock()
+    token = jwt(clock.t + 3600)
+    reviewer = CountingReviewer({token: identity}, set())
+    a = auth.Authenticator(reviewer, token_ttl_s=300, bound_token_ttl_s=60, clock=clock)
+    await a.authenticate(f"Bearer {token}")
+    clock.t += 61
+    await a.authenticate(f"Bearer {token}")
+    assert reviews == reviewer.token_reviews
+
+
+@pytest.mark.parametrize(
     ("header", "fragment"),
     [
         pytest.param(None, "missing bearer token", id="no header is refused"),
@@ -162,3 +186,84 @@ def test_the_agent_on_its_own_node_is_accepted() -> None:
     """The right ServiceAccount, bound to a pod on the node it reports for, passes."""
     auth.check_heartbeat_sender(AGENT, AGENT.username, "node-a")
     assert AGENT.node_name == "node-a"
+
+
+@pytest.mark.parametrize(
+    "identity",
+    [
+        pytest.param(AGENT, id="an agent bound to its node"),
+        pytest.param(auth.Identity("ada", "uid-1", ("team-a", "system:authenticated")),
+                     id="a person with groups"),
+        pytest.param(auth.run_caller("team-a", "mnist"), id="a run's own token"),
+    ],
+)  # fmt: skip
+def test_a_reviewed_caller_survives_the_header_unchanged(identity: auth.Identity) -> None:
+    """What a follower reviewed is exactly what the leader authorises: user, uid, groups and
+    extras all cross."""
+    assert identity == auth.decode_caller(auth.encode_caller(identity))
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        pytest.param("not base64 at all!", id="not base64"),
+        pytest.param(base64.urlsafe_b64encode(b"[1, 2]").decode(), id="not an object"),
+        pytest.param(base64.urlsafe_b64encode(b'{"username": ""}').decode(), id="no username"),
+        pytest.param(base64.urlsafe_b64encode(b'{"username": "a", "admin": true}').decode(),
+                     id="an unknown field"),
+        pytest.param("A" * 7000, id="longer than the limit"),
+    ],
+)  # fmt: skip
+def test_a_caller_header_the_controller_did_not_write_is_malformed(value: str) -> None:
+    """Anything but `encode_caller`'s output is refused as Malformed naming the header."""
+    with pytest.raises(errors.Malformed) as caught:
+        auth.decode_caller(value)
+    expected = "X-TauGrid-Caller"
+    assert expected == caught.value.field
+
+
+@pytest.mark.parametrize(
+    ("identity", "node", "refused"),
+    [
+        pytest.param(AGENT, "node-a", "", id="the agent for its own node is accepted"),
+        pytest.param(AGENT, "node-b", "bound to node node-a", id="another node is refused"),
+        pytest.param(auth.Identity("system:serviceaccount:taugrid-system:other",
+                                   extra=AGENT.extra), "node-a",
+                     "is not the agent ServiceAccount", id="another ServiceAccount is refused"),
+        pytest.param(auth.Identity(AGENT.username), "node-a", "not bound to a pod",
+                     id="a token bound to no pod is refused"),
+    ],
+)  # fmt: skip
+def test_only_the_agent_bound_to_the_node_may_report_for_it(
+    identity: auth.Identity, node: str, refused: str
+) -> None:
+    """The identity checks (made before the body is read) and the node check after it."""
+    try:
+        auth.check_heartbeat_sender(identity, AGENT.username, node)
+        message = ""
+    except errors.Forbidden as err:
+        message = err.message
+    expected = (bool(refused), True)
+    assert expected == (bool(message), refused in message)
+
+
+async def test_the_guard_before_a_review_runs_only_when_the_api_server_would_be_asked() -> None:
+    """A known token costs nothing; an unknown one runs the guard first, and a guard that
+    refuses (a rate limit) keeps the review from being made at all."""
+    known, unknown = jwt(2_000_000), "garbage"
+    reviewer = CountingReviewer({known: AGENT}, set())
+    a = auth.Authenticator(reviewer, clock=Clock())
+    guarded: list[str] = []
+
+    def guard() -> None:
+        guarded.append("asked")
+
+    def refuse() -> None:
+        raise errors.TooManyRequests("slow down")
+
+    await a.authenticate(f"Bearer {known}", before_review=guard)
+    await a.authenticate(f"Bearer {known}", before_review=guard)
+    with pytest.raises(errors.TooManyRequests):
+        await a.authenticate(f"Bearer {unknown}", before_review=refuse)
+    expected = (["asked"], 1)
+    assert expected == (guarded, reviewer.token_reviews)

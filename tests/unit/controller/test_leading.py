@@ -95,7 +95,7 @@ async def test_two_electors_never_lead_at_once_and_the_follower_takes_over_after
     await a.step()
     await b.step()
     assert (a.is_leader(), b.is_leader()) == (True, False)
-    assert b.leader_url == "http://a"
+    assert b.leader_identity == "a"
     for _ in range(7):  # a stops renewing; b keeps observing
         clock.t += 2
         await b.step()
@@ -160,3 +160,52 @@ async def test_the_pass_helper_counts_a_failed_pass_and_goes_on() -> None:
         with contextlib.suppress(asyncio.CancelledError):
             await loop
     assert (passes, failures) == ([0, 1, 2], ["demo"])
+
+
+class RecordingLabel:
+    """The leader label of one pod, as the writes left it; fails the next `fail` writes."""
+
+    def __init__(self) -> None:
+        self.writes: list[bool] = []
+        self.fail = 0
+
+    async def set_leader(self, leading: bool) -> None:
+        if self.fail:
+            self.fail -= 1
+            msg = "the API server is away"
+            raise ConnectionError(msg)
+        self.writes.append(leading)
+
+
+async def test_the_leader_label_follows_the_lease_and_is_written_only_on_a_change() -> None:
+    """First sync writes (clearing a label left by a restarted container), then only changes
+    are written: leading sets it, losing the lease removes it."""
+    store, clock = MemoryStore(), Clock()
+    elector = leading.Elector(store, "a", "http://a", lease_duration_s=15, renew_deadline_s=10,
+                              retry_period_s=2, clock=clock)  # fmt: skip
+    label = RecordingLabel()
+    mark = leading.LeaderMark(label, elector, interval_s=1.0)
+    await mark.sync()  # a follower: the label is removed once
+    await elector.step()
+    await mark.sync()
+    await mark.sync()  # unchanged: nothing written
+    clock.t += 11  # past the renew deadline without renewing: no longer the leader
+    await mark.sync()
+    expected = [False, True, False]
+    assert expected == label.writes
+
+
+async def test_a_failed_label_write_is_retried_until_it_lands() -> None:
+    """A write that fails leaves the mark unwritten, so the next round writes again."""
+    store, clock = MemoryStore(), Clock()
+    elector = leading.Elector(store, "a", "http://a", lease_duration_s=15, renew_deadline_s=10,
+                              retry_period_s=2, clock=clock)  # fmt: skip
+    await elector.step()
+    label = RecordingLabel()
+    label.fail = 2
+    mark = leading.LeaderMark(label, elector, interval_s=1.0)
+    for _ in range(3):
+        with contextlib.suppress(ConnectionError):
+            await mark.sync()
+    expected = ([True], True)
+    assert expected == (label.writes, mark.written)

@@ -6,10 +6,13 @@ import asyncio
 from typing import Any
 
 import pytest
+import yarl
 from aiohttp import test_utils, web
 
 from controller import auth, errors, leading, serving
-from controller.runs import checkpoints, reconciling
+from controller.runs import checkpoints, reconciling, schemas
+from shared import spec as specs
+from tests import support
 
 
 @pytest.mark.parametrize(
@@ -50,13 +53,13 @@ async def test_a_raised_kind_becomes_the_error_envelope_naming_field_and_code() 
     """The body is {"error": {code, message, field}} plus the error's extra members."""
 
     async def handler(request: web.Request) -> web.StreamResponse:
-        raise errors.Unavailable("go there", code="NotLeader", leaderUrl="https://l")
+        raise errors.Invalid("bad spec", field="image", problems=[{"field": "image"}])
 
     expected = (
-        503,
+        422,
         {
-            "error": {"code": "NotLeader", "message": "go there", "field": ""},
-            "leaderUrl": "https://l",
+            "error": {"code": "Invalid", "message": "bad spec", "field": "image"},
+            "problems": [{"field": "image"}],
         },
         "",
     )
@@ -94,3 +97,109 @@ async def test_a_streaming_handler_outlives_the_handler_timeout() -> None:
     assert (
         (plain[0], plain[1]["error"]["code"]), (streamed[0], streamed[1])
     ) == ((504, "Timeout"), (200, {"waited": True}))  # fmt: skip
+
+
+# ---------------------------------------------------------------------- operations
+class _Path(schemas.Params):
+    namespace: specs.DnsLabel
+    name: specs.ObjectName
+
+
+class _Query(schemas.Params):
+    worker: int = 0
+
+
+@serving.operation("probe", tag="t", path=_Path, query=_Query,
+                   replies={200: serving.Reply("ok")})  # fmt: skip
+async def _probe(request: web.Request) -> web.StreamResponse:
+    path = serving.path_of(request, _Path)
+    query = serving.query_of(request, _Query)
+    return web.json_response({"name": path.name, "worker": query.worker})
+
+
+async def _get(raw_path: str) -> tuple[int, Any]:
+    app = web.Application(middlewares=[serving.make_middleware(30.0)])
+    app.router.add_get("/v1/runs/{namespace}/{name}", _probe)
+    async with test_utils.TestClient(test_utils.TestServer(app)) as client:
+        resp = await client.get(yarl.URL(raw_path, encoded=True))
+        return resp.status, await resp.json()
+
+
+@pytest.mark.parametrize(
+    ("raw_path", "field"),
+    [
+        pytest.param("/v1/runs/default/%2e", "name", id="a run named . (the collection)"),
+        pytest.param("/v1/runs/default/%2e%2e", "name", id="a run named .."),
+        pytest.param("/v1/runs/default/x%2F..%2Fy", "name", id="an encoded x/../y"),
+        pytest.param("/v1/runs/default/a%0A", "name", id="a name with a trailing newline"),
+        pytest.param("/v1/runs/Default/a", "namespace", id="an upper-case namespace"),
+        pytest.param("/v1/runs/default/a?worker=%C2%B2", "worker", id="a superscript two"),
+        pytest.param("/v1/runs/default/a?worker=" + "9" * 5000, "worker",
+                     id="a five-thousand-digit number"),
+        pytest.param("/v1/runs/default/a?worker=1&worker=2", "worker", id="a parameter twice"),
+    ],
+)  # fmt: skip
+async def test_path_and_query_parameters_are_validated_before_the_handler(
+    raw_path: str, field: str
+) -> None:
+    """A declared operation validates its parameters in full: a bad one is a 400 naming it,
+    and the handler never sees it (L1, L10)."""
+    status, body = await _get(raw_path)
+    expected = (400, field)
+    assert expected == (status, body["error"]["field"])
+
+
+async def test_valid_parameters_reach_the_handler_typed() -> None:
+    """The handler reads the validated models."""
+    expected = (200, {"name": "my.run", "worker": 3})
+    assert expected == await _get("/v1/runs/default/my.run?worker=3&other=ignored")
+
+
+async def test_a_405_keeps_its_allow_header() -> None:
+    """The error middleware turns aiohttp's 405 into the envelope and keeps `Allow`."""
+    app = web.Application(middlewares=[serving.make_middleware(30.0)])
+    app.router.add_get("/x", _probe)
+    async with test_utils.TestClient(test_utils.TestServer(app)) as client:
+        resp = await client.patch("/x")
+        actual = (resp.status, (await resp.json())["error"]["code"], "GET" in resp.headers["Allow"])
+    expected = (405, "MethodNotAllowed", True)
+    assert expected == actual
+
+
+async def test_a_body_cut_short_by_the_client_is_malformed_not_a_500() -> None:
+    """A client that stops sending mid-body (its last chunk never comes) is its own fault:
+    the handler raises Malformed (400), not an unhandled error logged with a traceback."""
+    seen: list[int] = []
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        try:
+            await serving.read_body(request, 1 << 20)
+        except errors.Malformed as err:
+            seen.append(serving.status_of(err))
+            raise
+        return web.json_response({})
+
+    app = web.Application(middlewares=[serving.make_middleware(30.0)])
+    app.router.add_post("/x", handler)
+    # Served as the controller is (an AppRunner), which lets a handler finish after the
+    # client hangs up; aiohttp's TestServer would cancel it instead.
+    runner = web.AppRunner(app, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    host, port = runner.addresses[0][:2]
+    try:
+        _, writer = await asyncio.open_connection(host, port)
+        writer.write(b"POST /x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nab")
+        await writer.drain()
+        writer.write_eof()  # the client is done sending: the body will never be complete
+
+        async def handled() -> None:
+            assert seen, "the handler has not seen the short body yet"
+
+        await support.eventually(handled, what="the short body to be refused")
+        writer.close()
+    finally:
+        await runner.cleanup()
+    expected = [400]
+    assert expected == seen

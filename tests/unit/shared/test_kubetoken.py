@@ -53,3 +53,21 @@ def test_the_hook_rereads_the_token_only_when_the_file_changes(tmp_path: pathlib
     path.unlink()
     hook(cfg)
     assert cfg.api_key["BearerToken"] == "Bearer second-and-longer"
+
+
+def test_a_file_token_follows_a_rotation_by_symlink_swap(tmp_path: pathlib.Path) -> None:
+    """As the kubelet rotates a projected token (a new file, the symlink swapped): the reader
+    returns the new token; a vanished file reads as '' rather than the old token."""
+    (tmp_path / "v1").write_text("first\n")
+    (tmp_path / "v2").write_text("second\n")
+    link = tmp_path / "token"
+    link.symlink_to(tmp_path / "v1")
+    read = kubetoken.FileToken(link)
+    before = read()
+    swap = tmp_path / "token.tmp"
+    swap.symlink_to(tmp_path / "v2")
+    swap.replace(link)
+    after = read()
+    link.unlink()
+    expected = ("first", "second", "")
+    assert expected == (before, after, read())

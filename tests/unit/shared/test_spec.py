@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 import yaml
 
+from shared import patterns, specdoc
 from shared import spec as specs
-from shared import specdoc
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 FIXTURES = ROOT / "tests" / "fixtures" / "specs"
@@ -335,7 +335,7 @@ ALIAS_BOMB = (
             "application/json",
             specs.SpecErrorKind.MALFORMED,
             "",
-            "NaN is not valid JSON",
+            "NaN is not a number JSON allows",
             id="NaN in JSON",
         ),
         pytest.param(
@@ -351,7 +351,7 @@ ALIAS_BOMB = (
             "application/json",
             specs.SpecErrorKind.MALFORMED,
             "",
-            "invalid JSON",
+            "nesting too deep",
             id="JSON nested a hundred thousand deep",
         ),
         pytest.param(
@@ -984,3 +984,223 @@ def test_crd_status_fields() -> None:
         "currentAttempt",
     }
     assert expected <= set(status["properties"])
+
+
+# ---------------------------------------------------------------- hostile values (DESIGN §10)
+
+NL = "\n"
+
+
+def _spec_json(**fields: Any) -> bytes:
+    base: dict[str, Any] = {
+        "name": "demo",
+        "image": f"registry.example.com/train{DIGEST}",
+        "command": ["python", "train.py"],
+    }
+    return json.dumps({**base, **fields}).encode()
+
+
+@pytest.mark.parametrize(
+    ("body", "field", "message"),
+    [
+        pytest.param(_spec_json(name="demo" + NL), "name", "not a valid run name",
+                     id="a run name with a trailing newline"),
+        pytest.param(_spec_json(namespace="team" + NL), "namespace", "not a valid name",
+                     id="a namespace with a trailing newline"),
+        pytest.param(_spec_json(image="repo/x:1" + NL), "image", "not an image reference",
+                     id="an image with a trailing newline"),
+        pytest.param(_spec_json(queue="q" + NL), "queue", "not a valid name",
+                     id="a queue with a trailing newline"),
+        pytest.param(_spec_json(priority="high" + NL), "priority", "not a valid name",
+                     id="a priority with a trailing newline"),
+        pytest.param(_spec_json(env={"A" + NL: "x"}), "env.A\n", "not a valid variable name",
+                     id="an env name with a trailing newline"),
+        pytest.param(_spec_json(labels={"team" + NL: "a"}), "labels.team\n",
+                     "not a valid label key", id="a label key with a trailing newline"),
+        pytest.param(_spec_json(labels={"team": "a" + NL}), "labels.team", "must be at most 63",
+                     id="a label value with a trailing newline"),
+        pytest.param(_spec_json(resources={"cpu": "4" + NL}), "resources.cpu",
+                     "not a Kubernetes quantity", id="a cpu quantity with a trailing newline"),
+        pytest.param(_spec_json(imagePullSecrets=["regcred" + NL]), "imagePullSecrets[0]",
+                     "not a valid Kubernetes object name",
+                     id="a pull secret with a trailing newline"),
+        pytest.param(_spec_json(volumes=[{"claim": "d" + NL, "mountPath": "/d"}]),
+                     "volumes[0].claim", "not a valid Kubernetes object name",
+                     id="a claim with a trailing newline"),
+        pytest.param(_spec_json(volumes=[{"claim": "d", "mountPath": "/d" + NL}]),
+                     "volumes[0].mountPath", "without control characters",
+                     id="a mount path with a trailing newline"),
+        pytest.param(_spec_json(timeout="2h" + NL), "timeout", "not a duration",
+                     id="a duration with a trailing newline"),
+        pytest.param(_spec_json(name="x" * 100_000), "name", "not a valid run name",
+                     id="a huge name is refused with a short message"),
+        pytest.param(_spec_json(resources={"cpu": 10**19}), "resources.cpu", "at most 8Ei",
+                     id="an integer cpu beyond int64"),
+        pytest.param(_spec_json(resources={"memory": "9" * 60}), "resources.memory", "too large",
+                     id="a sixty-digit memory quantity"),
+        pytest.param(_spec_json(resources={"memory": "9" * 65}), "resources.memory",
+                     "not a Kubernetes quantity", id="a quantity longer than any real one"),
+        pytest.param(_spec_json(timeout="9" * 400 + "s"), "timeout", "not a duration",
+                     id="a four-hundred-digit duration"),
+        pytest.param(_spec_json(env={"NVIDIA_VISIBLE_DEVICES": "all"}),
+                     "env.NVIDIA_VISIBLE_DEVICES", "device plugin",
+                     id="NVIDIA_VISIBLE_DEVICES would bypass the GPU allocation"),
+        pytest.param(_spec_json(env={"NVIDIA_DRIVER_CAPABILITIES": "all"}),
+                     "env.NVIDIA_DRIVER_CAPABILITIES", "device plugin",
+                     id="NVIDIA_DRIVER_CAPABILITIES is the device plugin's"),
+        pytest.param(_spec_json(env={"NVIDIA_MIG_CONFIG_DEVICES": "all"}),
+                     "env.NVIDIA_MIG_CONFIG_DEVICES", "device plugin",
+                     id="NVIDIA_MIG_CONFIG_DEVICES is the device plugin's"),
+        pytest.param(_spec_json(env={"NVIDIA_MIG_MONITOR_DEVICES": "all"}),
+                     "env.NVIDIA_MIG_MONITOR_DEVICES", "device plugin",
+                     id="NVIDIA_MIG_MONITOR_DEVICES is the device plugin's"),
+        pytest.param(_spec_json(priority="taugrid-resume"), "priority", "controller's own",
+                     id="the resume boost class is the controller's alone"),
+        pytest.param(_spec_json(labels={"ray.io/node-type": "head"}), "labels.ray.io/node-type",
+                     "reserved", id="a KubeRay label"),
+        pytest.param(_spec_json(labels={"sidecar.istio.io/inject": "false"}),
+                     "labels.sidecar.istio.io/inject", "reserved",
+                     id="an Istio label that opts a pod out of the mesh"),
+        pytest.param(_spec_json(labels={"jobset.sigs.x-k8s.io/jobset-name": "a"}),
+                     "labels.jobset.sigs.x-k8s.io/jobset-name", "reserved",
+                     id="a SIG project label under x-k8s.io"),
+        pytest.param(_spec_json(labels={"app.kubernetes.io/name": "a"}),
+                     "labels.app.kubernetes.io/name", "reserved",
+                     id="a kubernetes.io label"),
+        pytest.param(_spec_json(labels={"controller-uid": "a"}), "labels.controller-uid",
+                     "reserved", id="the Job controller's controller-uid"),
+        pytest.param(_spec_json(labels={"job-name": "a"}), "labels.job-name", "reserved",
+                     id="the Job controller's job-name"),
+        pytest.param(
+            _spec_json(volumes=[{"claim": "d", "mountPath": "/var/run/secrets/kubernetes.io"}]),
+            "volumes[0].mountPath", "reserved", id="a volume over the token directory"),
+        pytest.param(
+            _spec_json(volumes=[{"claim": "d", "mountPath": "/run/secrets"}]),
+            "volumes[0].mountPath", "reserved", id="a volume over the token directory via /run"),
+        pytest.param(
+            _spec_json(volumes=[{"claim": "d", "mountPath": "/var/run//./secrets/x"}]),
+            "volumes[0].mountPath", "reserved",
+            id="a volume over the token directory spelt with // and /./"),
+        pytest.param(
+            _spec_json(volumes=[{"claim": "d", "mountPath": "/run/taugrid/checkpoint"}]),
+            "volumes[0].mountPath", "reserved",
+            id="a volume over the checkpoint file via /run"),
+        pytest.param(
+            _spec_json(checkpoint={"dir": "/var/run/secrets/ckpt", "volume": "c"}),
+            "checkpoint.dir", "already in use",
+            id="a checkpoint volume mounted over the token directory"),
+    ],
+)  # fmt: skip
+def test_hostile_values_are_refused_naming_the_field(body: bytes, field: str, message: str) -> None:
+    """What a hostile tenant (or a stray newline) sends is a 422-kind error naming the field,
+    never a value the API server would refuse later (a 500, a poison run) or one that gives
+    a pod more than a plain pod of its namespace (DESIGN.md section 10)."""
+    with pytest.raises(specs.SpecError) as caught:
+        specs.parse_spec(body, "application/json")
+    error = caught.value
+    assert (specs.SpecErrorKind.INVALID, field) == (error.kind, error.field)
+    assert message in error.problems[0].message
+    assert len(str(error)) < 1000
+
+
+@pytest.mark.parametrize(
+    ("body", "content_type", "message"),
+    [
+        pytest.param(b'{"name": "x", "workers": ' + b"1" * 5000 + b"}", "application/json",
+                     "5000 digits", id="a five-thousand-digit JSON integer"),
+        pytest.param(b'{"name": "x", "workers": 1e400}', "application/json", "infinity",
+                     id="a JSON number that overflows to infinity"),
+        pytest.param(b'{"name": "x", "workers": Infinity}', "application/json",
+                     "Infinity is not a number", id="Infinity in JSON"),
+        pytest.param(b"name: x\nworkers: " + b"1" * 5000 + b"\n", "application/yaml",
+                     "5000 digits", id="a five-thousand-digit YAML integer"),
+        pytest.param(b"name: x\nargs: [" + b"a, " * 20_000 + b"]\n", "application/yaml",
+                     "more than 10000 nodes", id="twenty thousand YAML list items"),
+        pytest.param(b"[" * 100_000 + b"]" * 100_000, "application/yaml", "nesting",
+                     id="YAML nested a hundred thousand deep"),
+    ],
+)  # fmt: skip
+def test_huge_numbers_and_deep_documents_are_malformed(
+    body: bytes, content_type: str, message: str
+) -> None:
+    """Numbers and nesting no parser should build are refused while parsing (400-kind),
+    never escaping as ValueError, OverflowError or RecursionError (a 500)."""
+    with pytest.raises(specs.SpecError) as caught:
+        specs.parse_spec(body, content_type)
+    expected = specs.SpecErrorKind.MALFORMED
+    assert expected == caught.value.kind
+    assert message in str(caught.value)
+
+
+def test_an_integer_too_long_for_text_is_refused_in_parsed_data() -> None:
+    """Data that did not come through our parsers (a TauRun read back) may hold any integer;
+    one longer than MAX_INT_DIGITS is refused, not turned into a 4,300-digit ValueError."""
+    document = json.loads(_spec_json())
+    with pytest.raises(specs.SpecError) as caught:
+        specs.validate_spec({**document, "args": [10**5000]})
+    expected = ("args[0]", True)
+    assert expected == (caught.value.field, "quote it" in str(caught.value))
+
+
+@pytest.mark.parametrize(
+    ("fields", "env"),
+    [
+        pytest.param({"env": {"CUDA_VISIBLE_DEVICES": "0"}}, {"CUDA_VISIBLE_DEVICES": "0"},
+                     id="CUDA_VISIBLE_DEVICES narrows and grants nothing, so it stays allowed"),
+        pytest.param({"env": {"NVIDIA_TF32_OVERRIDE": "0"}}, {"NVIDIA_TF32_OVERRIDE": "0"},
+                     id="an NVIDIA_ library setting that grants no device stays allowed"),
+    ],
+)  # fmt: skip
+def test_env_that_grants_no_device_is_accepted(fields: dict[str, Any], env: dict[str, str]) -> None:
+    """Only the toolkit's device variables are refused, not every NVIDIA_ or CUDA_ name."""
+    assert env == specs.parse_spec(_spec_json(**fields), "application/json").spec.env
+
+
+def test_reserved_priority_classes_include_the_controllers_resume_class() -> None:
+    """shared cannot import the controller's vocabulary; this pins the two to one name."""
+    from controller import marks
+
+    assert marks.RESUME_PRIORITY_CLASS in specs.RESERVED_PRIORITY_CLASSES
+
+
+def test_schema_patterns_are_anchored_for_ecma_and_agree_with_the_validators() -> None:
+    """Each pattern the JSON Schema publishes is `^(?:…)$` (ECMA-262 reads `$` as the end of
+    the input), and a value it accepts the model accepts too."""
+    schema = specs.spec_json_schema()
+    found = _patterns(schema)
+    assert found, "the schema publishes patterns"
+    expected: list[str] = []
+    assert expected == [p for p in found if not (p.startswith("^(?:") and p.endswith(")$"))]
+    name = schema["properties"]["name"]
+    assert (name["pattern"], name["maxLength"]) == (
+        patterns.schema(specs._DNS1035_RE),
+        specs.MAX_NAME_LENGTH,
+    )
+
+
+def _patterns(node: object) -> list[str]:
+    if isinstance(node, dict):
+        own = [node["pattern"]] if isinstance(node.get("pattern"), str) else []
+        return own + [p for value in node.values() for p in _patterns(value)]
+    if isinstance(node, list):
+        return [p for value in node for p in _patterns(value)]
+    return []
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        pytest.param(b"name: a\nnamespace: team-a\n", ["team-a"], id="a block line"),
+        pytest.param(b'{"name": "a", "namespace": "team-a"}', ["team-a"], id="a JSON member"),
+        pytest.param(b"namespace: 'team-a'  # ours\n", ["team-a"], id="quoted, with a comment"),
+        pytest.param(b"name: a\n", [], id="none declared"),
+        pytest.param(b"labels:\n  namespace: x\nnamespace: y\n", ["x", "y"],
+                     id="a nested key of the same name is a candidate too, in order"),
+        pytest.param(b"namespace: Team_A\n", [], id="a value that is no namespace name"),
+        pytest.param(b"namespace: a\n" * 3 + b"".join(b"namespace: n%d\n" % i for i in range(9)),
+                     ["a", "n0", "n1", "n2"], id="at most four distinct candidates"),
+    ],
+)  # fmt: skip
+def test_declared_namespaces_are_found_without_parsing(body: bytes, expected: list[str]) -> None:
+    """The namespaces a body may declare, from one scan of its bytes (M3: authorise first)."""
+    assert expected == specs.declared_namespaces(body)

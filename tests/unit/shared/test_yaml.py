@@ -127,6 +127,28 @@ def test_nan_is_a_float() -> None:
         pytest.param("a: [1, 2\nb: 3\n", "invalid YAML", "", None, id="a syntax error"),
         pytest.param("? [a]\n: b\n", "plain value", "", 1, id="a list as a mapping key"),
         pytest.param("a: \x07", "invalid YAML", "", None, id="a control character"),
+        pytest.param(
+            "a: " + "1" * 5000,
+            "5000 digits",
+            "a",
+            1,
+            id="a five-thousand-digit integer (past CPython's int limit)",
+        ),
+        pytest.param(
+            "a: [1, " + "1" * 21 + "]",
+            "21 digits",
+            "a[1]",
+            1,
+            id="a 21-digit integer names its path",
+        ),
+        pytest.param("a: 0x" + "f" * 30, "30 digits", "a", 1, id="a thirty-digit hex integer"),
+        pytest.param(
+            "a: [" + "x, " * 20_000 + "]",
+            "more than 10000 nodes",
+            "",
+            1,
+            id="twenty thousand list items stop while composing",
+        ),
     ],
 )
 def test_refused_documents(
@@ -139,6 +161,12 @@ def test_refused_documents(
     assert path == caught.value.path
     if line is not None:
         assert line == caught.value.line
+
+
+def test_twenty_digits_still_load() -> None:
+    """An unsigned 64-bit number (20 digits) is within the limit."""
+    expected = {"a": 2**64 - 1}
+    assert expected == yamlsafe.load(f"a: {2**64 - 1}")
 
 
 def test_alias_bomb_is_refused_before_expansion() -> None:

@@ -92,6 +92,23 @@ The headless Service over the controller pods. DNS names each of its endpoints
 {{- printf "%s-pods" (include "taugrid.controller.fullname" .) -}}
 {{- end -}}
 
+{{/*
+The leader-only Service: its selector adds the label the leader keeps on its own pod
+(taugrid.dev/leader=true), so followers reach the leader through it and never through an
+address read off the cluster.
+*/}}
+{{- define "taugrid.controller.leaderServiceName" -}}
+{{- printf "%s-leader" (include "taugrid.controller.fullname" .) -}}
+{{- end -}}
+
+{{- define "taugrid.controller.leaderHost" -}}
+{{- printf "%s.%s.svc.%s" (include "taugrid.controller.leaderServiceName" .) .Release.Namespace .Values.clusterDomain -}}
+{{- end -}}
+
+{{- define "taugrid.controller.leaderUrl" -}}
+{{- printf "%s://%s:%v" (ternary "https" "http" .Values.tls.enabled) (include "taugrid.controller.leaderHost" .) .Values.controller.port -}}
+{{- end -}}
+
 {{- define "taugrid.controller.podsDomain" -}}
 {{- printf "%s.%s.svc.%s" (include "taugrid.controller.podsServiceName" .) .Release.Namespace .Values.clusterDomain -}}
 {{- end -}}

@@ -14,11 +14,13 @@ import pathlib
 import sys
 from typing import Any
 
+import aiohttp
 import pytest
 from kubernetes_asyncio import client
 
-from tests import support
-from tests.runskit import IMAGE, Env, job_spec, make_token
+from devcluster import cluster
+from tests import controllerkit, support
+from tests.runskit import IMAGE, RESEARCHER_RULES, Env, job_spec, make_token
 
 pytestmark = pytest.mark.cluster
 
@@ -272,3 +274,28 @@ async def test_a_stale_attempt_cannot_report_after_a_resume(env: Env) -> None:
     latest = await env.get(f"/v1/runs/{env.namespace}/again/checkpoints/latest")
     assert latest == (200, {"attempt": 2, "step": 200, "path": "/c/200",
                             "time": latest[1]["time"]})  # fmt: skip
+
+
+async def test_a_namespace_this_install_does_not_run_work_in_is_refused(
+    dev_cluster: cluster.Cluster, k8s: client.ApiClient, namespace: str
+) -> None:
+    """With `run_namespaces` set (the chart grants the controller run rights only there), a
+    submission to any other namespace is 403 NamespaceNotServed and creates no TauRun."""
+    token = await make_token(k8s, namespace, "researcher", RESEARCHER_RULES)
+    ctl = await controllerkit.start_controller(
+        dev_cluster.kubeconfig, namespace, run_namespaces=("team-elsewhere",),
+        run_manager=f"test/{namespace}",
+    )  # fmt: skip
+    try:
+        await controllerkit.wait_leader(ctl)
+        async with aiohttp.ClientSession() as http:
+            env = Env(ctl.url, namespace, token, http, k8s, ctl)
+            status, body = await env.submit(job_spec("elsewhere"))
+        runs = await client.CustomObjectsApi(k8s).list_namespaced_custom_object(
+            "taugrid.dev", "v1alpha1", namespace, "tauruns"
+        )
+    finally:
+        await ctl.stop()
+    expected: tuple[int, str, str, list[Any]] = (403, "NamespaceNotServed", "namespace", [])
+    actual = (status, body["error"]["code"], body["error"]["field"], runs["items"])
+    assert expected == actual

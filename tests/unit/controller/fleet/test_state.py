@@ -248,3 +248,57 @@ def test_naive_times_are_refused_naming_the_field() -> None:
     """A clock without a zone is a programming error, reported with the parameter name."""
     with pytest.raises(ValueError, match="leader_since must be timezone-aware"):
         fleet.FleetState(leader_since=dt.datetime(2025, 1, 1))  # noqa: DTZ001
+
+
+def test_each_gpu_keeps_its_own_healthy_streak() -> None:
+    """GPU 2 recovers at 20 while GPU 5 stays bad: GPU 2's streak starts at 20 (the node's
+    has not started), GPU 5 is bad since 0, GPU 0 healthy since the first report."""
+    state = fleet.FleetState(leader_since=at(0))
+    bad = {2: [fakes.ecc_rising()], 5: [fakes.ecc_rising()]}
+    state.ingest(fakes.hb("n1", faults=bad, seq=1, sent_at=at(0)), at(0))
+    state.ingest(fakes.hb("n1", faults=bad, seq=2, sent_at=at(10)), at(10))
+    only5 = {5: [fakes.ecc_rising()]}
+    state.ingest(fakes.hb("n1", faults=only5, seq=3, sent_at=at(20)), at(20))
+    state.ingest(fakes.hb("n1", faults=only5, seq=4, sent_at=at(30)), at(30))
+    expected = ((True, at(20)), (False, at(0)), (True, at(0)), None)
+    streaks = [state.gpu_streak("n1", fakes.gpu_uuid("n1", i)) for i in (2, 5, 0)]
+    actual = (*streaks, _assess(state, at(30)).healthy_since)
+    assert expected == actual
+
+
+def test_a_silence_restarts_every_gpu_streak() -> None:
+    """After a silence longer than staleAfter, every GPU's streak starts again."""
+    state = fleet.FleetState(leader_since=at(0))
+    state.ingest(fakes.hb("n1", seq=1, sent_at=at(0)), at(0))
+    state.ingest(fakes.hb("n1", seq=2, sent_at=at(100)), at(100))  # staleAfter is 30 s
+    assert (True, at(100)) == state.gpu_streak("n1", fakes.gpu_uuid("n1", 3))
+
+
+# ---------------------------------------------------------------- bounds (security review M6)
+@pytest.mark.parametrize(
+    ("interval_s", "sent_at", "expected"),
+    [
+        pytest.param(5.0, at(100), None, id="a report within every bound is taken"),
+        pytest.param(1.0, at(100), None, id="the shortest interval is within the range"),
+        pytest.param(300.0, at(100), None, id="the longest interval is within the range"),
+        pytest.param(0.5, at(100), "intervalS", id="an interval under the range is refused"),
+        pytest.param(3600.0, at(100), "intervalS",
+                     id="an interval of an hour would hide a dead node for three"),
+        pytest.param(5.0, at(100) + dt.timedelta(days=30000), "sentAt",
+                     id="a report dated decades ahead would make genuine ones replays"),
+        pytest.param(5.0, at(100) - dt.timedelta(minutes=6), "sentAt",
+                     id="a report six minutes behind is refused"),
+        pytest.param(5.0, at(100) + dt.timedelta(minutes=4), None,
+                     id="four minutes of clock skew are tolerated"),
+        pytest.param(5.0, at(100).replace(tzinfo=None), "sentAt",
+                     id="a time without a zone cannot be compared, so it is refused"),
+    ],
+)  # fmt: skip
+def test_heartbeat_bounds(interval_s: float, sent_at: dt.datetime, expected: str | None) -> None:
+    """The interval must lie in the controller's range, sentAt within the skew window of
+    the receive time (DESIGN.md section 10: every field of a heartbeat is bounded)."""
+    hb = fakes.hb("n1", interval_s=interval_s, sent_at=sent_at)
+    problem = fleet.heartbeat_problem(
+        hb, at(100), min_interval_s=1.0, max_interval_s=300.0, max_skew_s=300.0
+    )
+    assert expected == (problem[0] if problem else None)

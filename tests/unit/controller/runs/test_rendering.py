@@ -178,6 +178,21 @@ def test_pods_are_plain_and_checkpoint_friendly(fixture: str) -> None:
             assert expected == actual
 
 
+@ALL_FIXTURES
+def test_pods_carry_no_kubernetes_credential(fixture: str) -> None:
+    """Every pod template runs as the namespace's default ServiceAccount without mounting its
+    token, as the chart's ValidatingAdmissionPolicy requires of the controller's writes."""
+    for pod in _render(_fixture(fixture))[-1:]:
+        for pod_spec in _pod_specs(pod):
+            expected = (False, None, None)
+            actual = (
+                pod_spec["automountServiceAccountToken"],
+                pod_spec.get("serviceAccountName"),
+                pod_spec.get("serviceAccount"),
+            )
+            assert expected == actual
+
+
 def test_single_gpu_job() -> None:
     """A one-worker job: one pod, shell command under sh -c, resources, volumes, pull secrets."""
     spec = _fixture("job.yaml")
@@ -557,3 +572,134 @@ def test_longest_names_fit_kubernetes_limits() -> None:
     job_name = objects.attempt_name(name, specs.MAX_ATTEMPTS)
     hostname = f"{job_name}-{specs.MAX_WORKERS - 1}"
     assert len(hostname) <= 63
+
+
+DRA = rendering.RenderSettings(
+    controller_url="http://taugrid.taugrid-system:8080", dra=True, dra_grace_s=45
+)
+
+
+@ALL_FIXTURES
+def test_on_dra_an_attempt_starts_with_a_claim_template_its_gpu_pods_claim_from(
+    fixture: str,
+) -> None:
+    """DRA: a ResourceClaimTemplate `<run>-a<N>-gpus` comes first; every pod that wants
+    GPUs names it (never a named claim) and its container names the claim instead of
+    asking for nvidia.com/gpu; pods without GPUs (the ray head) claim nothing."""
+    spec = _fixture(fixture)
+    rendered = rendering.render_attempt(spec, _ctx(), DRA)
+    first = rendered[0]
+    expected = ("ResourceClaimTemplate", "demo-a1-gpus", "team-a", RUN.uid)
+    actual = (first["kind"], first["metadata"]["name"], first["metadata"]["namespace"],
+              first["metadata"]["ownerReferences"][0]["uid"])  # fmt: skip
+    assert expected == actual
+    for obj in rendered[1:]:
+        for pod in _pod_specs(obj):
+            container = pod["containers"][0]
+            wants = "claims" in container["resources"]
+            assert marks.GPU_RESOURCE not in str(container["resources"])
+            claims = [{"name": "gpus", "resourceClaimTemplateName": "demo-a1-gpus"}]
+            assert (claims if wants else None) == pod.get("resourceClaims")
+
+
+@pytest.mark.parametrize(
+    ("checkpoint", "expected_seconds"),
+    [
+        pytest.param("", 45, id="without checkpoint.grace the controller's default counts"),
+        pytest.param("checkpoint: {dir: /ckpt, grace: 2m}\n", 120,
+                     id="checkpoint.grace is the run's own"),
+    ],
+)  # fmt: skip
+def test_the_claim_request_is_kueue_countable_and_tolerates_our_evict_taint_for_the_grace(
+    checkpoint: str, expected_seconds: int
+) -> None:
+    """One request, `exactly` NVIDIA's class with ExactCount and the run's GPU count, no
+    selectors; tolerating taugrid.dev/gpu-evict NoExecute for the checkpoint grace."""
+    spec = _spec(
+        f"name: demo\nimage: repo/train{DIGEST}\ncommand: [python, t.py]\n"
+        f"resources: {{gpus: 4}}\n{checkpoint}"
+    )
+    template = rendering.render_attempt(spec, _ctx(), DRA)[0]
+    expected = [{"name": "gpus", "exactly": {
+        "deviceClassName": "gpu.nvidia.com", "allocationMode": "ExactCount", "count": 4,
+        "tolerations": [{"key": "taugrid.dev/gpu-evict", "operator": "Exists",
+                         "effect": "NoExecute", "tolerationSeconds": expected_seconds}],
+    }}]  # fmt: skip
+    assert expected == template["spec"]["spec"]["devices"]["requests"]
+
+
+def test_a_run_without_gpus_gets_no_claim_template_on_dra() -> None:
+    """0 GPUs: no template, no claims (a CPU run must not wait for devices)."""
+    spec = _spec(f"name: demo\nimage: repo/train{DIGEST}\ncommand: [python, t.py]\n")
+    rendered = rendering.render_attempt(spec, _ctx(), DRA)
+    assert [o["kind"] for o in rendered] == ["Job"]
+    assert "resourceClaims" not in rendered[0]["spec"]["template"]["spec"]
+
+
+# ---------------------------------------------------------------- GPU isolation (H3)
+BASE = f"name: demo\nimage: registry.example/train{DIGEST}\ncommand: [python, t.py]\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        pytest.param(BASE + "resources: {gpus: 0}\n", {"main": "void"},
+                     id="a job without GPUs sees none, whatever its image says"),
+        pytest.param(BASE + "resources: {gpus: 2}\n", {"main": None},
+                     id="a job with GPUs gets them from the device plugin alone"),
+        pytest.param(BASE + "kind: pytorch\nworkers: 2\nresources: {gpus: 0}\n",
+                     {"main": "void"}, id="a CPU-only pytorch run sees no GPU"),
+        pytest.param(BASE + "kind: ray\nresources: {gpus: 1}\n",
+                     {"ray-head": "void", "ray-worker": None},
+                     id="a ray head asks for no GPU, so it sees none; its workers get theirs"),
+        pytest.param(BASE + "kind: ray\nresources: {gpus: 0}\n",
+                     {"ray-head": "void", "ray-worker": "void"},
+                     id="a CPU-only ray run sees no GPU anywhere"),
+    ],
+)  # fmt: skip
+def test_containers_without_gpus_are_rendered_with_no_visible_devices(
+    text: str, expected: dict[str, str | None]
+) -> None:
+    """NVIDIA_VISIBLE_DEVICES=void on every container that requests no GPU (DESIGN.md
+    section 10): CUDA images set it to `all`, which the toolkit would honour."""
+    actual: dict[str, str | None] = {}
+    for obj in _render(_spec(text)):
+        for pod in _pod_specs(obj):
+            for container in pod["containers"]:
+                actual[container["name"]] = _env(container).get("NVIDIA_VISIBLE_DEVICES")
+    assert expected == actual
+
+
+def test_the_isolation_variable_comes_after_everything_the_run_sets() -> None:
+    """Kubernetes lets the last of two same-named variables win; ours is last."""
+    job = _render(_spec(BASE + "env: {CUDA_VISIBLE_DEVICES: '0'}\n"))[0]
+    names = [item["name"] for item in job["spec"]["template"]["spec"]["containers"][0]["env"]]
+    expected = ("NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")
+    assert expected == (names[-1], names[-2])
+
+
+@pytest.mark.parametrize(
+    ("kind", "field", "expected"),
+    [
+        pytest.param("Job", "spec.template.spec.containers[0].env[3].name", "env",
+                     id="a Job's env is the spec's env"),
+        pytest.param("Job", "spec.template.spec.containers[0].image", "image",
+                     id="a Job's image is the spec's image"),
+        pytest.param("Job", "spec.template.spec.imagePullSecrets[0].name", "imagePullSecrets",
+                     id="pull secrets are the spec's"),
+        pytest.param("Job", "spec.template.spec.containers[0].volumeMounts[1].mountPath",
+                     "volumes", id="a mount is the spec's volumes"),
+        pytest.param("RayJob", "metadata.labels", "labels", id="labels are the spec's labels"),
+        pytest.param("RayJob", "spec.entrypoint", "command", id="the entrypoint is the command"),
+        pytest.param("TauRun", "spec.resources.cpu", "resources.cpu",
+                     id="a TauRun's spec field is the tau.yaml field"),
+        pytest.param("Job", "spec.parallelism", "Job.spec.parallelism",
+                     id="a field of ours keeps its object's path"),
+        pytest.param("Job", "", "", id="a refusal naming no field names none"),
+    ],
+)  # fmt: skip
+def test_an_api_server_refusal_names_the_tau_yaml_field(
+    kind: str, field: str, expected: str
+) -> None:
+    """A 422 from the API server becomes a 422 naming what the researcher wrote."""
+    assert expected == rendering.spec_field(kind, field)

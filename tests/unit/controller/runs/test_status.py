@@ -142,6 +142,12 @@ def test_attempt_phase(
             id="a pod whose node vanished is a node failure",
         ),
         pytest.param(
+            [a_pod(phase="Failed", exit_code=143, disruption="DeletionByDeviceTaintManager")],
+            "",
+            specs.FailureClass.NODE_FAILURE,
+            id="a pod deleted for a NoExecute device taint on its GPU is a node failure",
+        ),
+        pytest.param(
             [a_pod(phase="Failed", exit_code=143, disruption="EvictionByEvictionAPI")],
             "",
             specs.FailureClass.EVICTED,

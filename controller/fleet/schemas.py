@@ -1,0 +1,203 @@
+"""What the fleet API takes and answers, as models: the OpenAPI document is generated from
+them, and the path, query and body models are the ones that validate (DESIGN.md section 4).
+
+The answer models describe the JSON the handlers build; they are published, not run on
+every answer (the OpenAPI fuzzer checks the answers against them).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import pydantic
+from pydantic import alias_generators
+
+from controller.fleet import actions
+from controller.fleet import state as fleet_state
+from shared import heartbeat
+from shared import spec as specs
+
+
+class Wire(pydantic.BaseModel):
+    """camelCase on the wire, frozen, unknown fields refused, docstrings as descriptions."""
+
+    model_config = pydantic.ConfigDict(
+        frozen=True,
+        extra="forbid",
+        alias_generator=alias_generators.to_camel,
+        populate_by_name=True,
+        use_attribute_docstrings=True,
+    )
+
+
+class Params(Wire):
+    """Path or query parameters: unknown ones are ignored, as HTTP clients expect."""
+
+    model_config = pydantic.ConfigDict(extra="ignore")
+
+
+# ---------------------------------------------------------------- parameters
+class NodePath(Params):
+    """A node in the path: `/v1/nodes/{name}`."""
+
+    name: specs.ObjectName
+    """The Node's name (a DNS-1123 subdomain)."""
+
+
+class NodesQuery(Params):
+    """Filters of `GET /v1/nodes`."""
+
+    state: fleet_state.NodeState | None = None
+    """Only nodes in this state."""
+
+
+# ---------------------------------------------------------------- bodies
+class QuarantineRequest(Wire):
+    """Body of the on-call quarantine and release calls."""
+
+    reason: Annotated[str, pydantic.StringConstraints(min_length=1, max_length=1024)]
+    """Why (kept in the node's history and its annotations)."""
+
+
+class ModeRequest(Wire):
+    """Body of `PUT /v1/fleet/mode`."""
+
+    dry_run: pydantic.StrictBool
+    """True: decide and record, change no node."""
+
+
+# ---------------------------------------------------------------- answers
+class HeartbeatAccepted(Wire):
+    """A heartbeat taken in (a replay of one already taken is accepted too)."""
+
+    accepted: bool
+    node: str
+    sequence: int
+
+
+class QuarantineView(Wire):
+    """TauGrid's quarantine of a node."""
+
+    mode: str
+    by: str
+    at: str | None
+    reason: str
+    clears_with: str
+    evict_after: str | None
+
+
+class HistoryEntry(Wire):
+    """One action TauGrid took on the node (the last 20 are kept on it)."""
+
+    at: str
+    action: str
+    reason: str
+    by: str
+    message: str
+
+
+class ConditionView(Wire):
+    """The node's GPUHealthy condition."""
+
+    status: str
+    reason: str
+    message: str
+
+
+class NodeSummary(Wire):
+    """A GPU node as `GET /v1/nodes` lists it."""
+
+    name: str
+    state: str
+    reason: str
+    message: str
+    last_heartbeat: str | None
+    boot_id: str | None
+    agent_url: str | None
+    """The node's agent, at the address of the pod its token is bound to (derived by the
+    controller, never taken from a heartbeat); empty until that pod has been read."""
+    managed: bool
+    unschedulable: bool
+    cordoned_by_us: bool
+    tainted: bool
+    gpu_capacity: int
+    quarantine: QuarantineView | None
+    in_cluster: bool
+    fenced_gpus: int
+    """GPUs of a DRA node under device quarantine (DeviceTaintRules of ours)."""
+
+
+class EvictionView(Wire):
+    """kube-controller-manager's EvictionInProgress condition on a DeviceTaintRule."""
+
+    status: str
+    message: str
+
+
+class DeviceRuleView(Wire):
+    """One DeviceTaintRule of ours on a GPU."""
+
+    name: str
+    key: str
+    effect: str
+    time_added: str | None
+    eviction_in_progress: EvictionView | None
+
+
+class FencedGpuView(Wire):
+    """A GPU of a DRA node under device quarantine."""
+
+    device: str
+    """The device's name in its ResourceSlice."""
+    gpu_uuid: str
+    dry_run: bool
+    """Every rule has effect None: what NoExecute would evict is reported, nothing is."""
+    reason: str
+    message: str
+    since: str | None
+    clears_with: str | None
+    clears: str
+    """What clears it, in words."""
+    healthy_since: str | None
+    release_at: str | None
+    rules: list[DeviceRuleView]
+
+
+class NodeDetail(NodeSummary):
+    """One node: per-GPU detail, its quarantine, fenced GPUs, history and problems."""
+
+    devices: list[FencedGpuView]
+    gpus: list[heartbeat.GpuReport]
+    history: list[HistoryEntry]
+    problems: list[str]
+    condition: ConditionView | None
+
+
+class NodeList(Wire):
+    """The fleet's GPU nodes."""
+
+    items: list[NodeSummary]
+
+
+class FleetView(Wire):
+    """The breaker, dry-run mode and the fleet's counts."""
+
+    leader: str
+    dry_run: bool
+    breaker: actions.BreakerState
+    nodes: int
+    quarantined: int
+    max_quarantined: int | None
+    states: dict[str, int]
+    devices: DeviceCounts
+
+
+class DeviceCounts(Wire):
+    """Device quarantine (DRA): the GPU mode, its breaker and the device counts."""
+
+    gpu_mode: str
+    breaker: actions.BreakerState
+    dra_nodes: int
+    gpus: int
+    quarantined: int
+    max_quarantined: int | None

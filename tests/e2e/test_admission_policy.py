@@ -1,0 +1,361 @@
+"""The chart's ValidatingAdmissionPolicy on the real API server (review H4, DESIGN.md §10).
+
+A test release of the chart is installed (its runs namespace is `default`); each case is a
+request made as that release's controller ServiceAccount (impersonated by the dev cluster's
+admin, with `dryRun=All`, so nothing is kept) and answered three ways: allowed, refused by
+RBAC, or refused by the policy. The writes the controller must not make are refused; the
+writes its code makes go through, so the policy is not simply closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import pathlib
+import ssl
+import urllib.parse
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+import pytest_asyncio
+from kubernetes_asyncio import client
+
+from devcluster import cluster
+from tests import releasekit, support
+
+pytestmark = pytest.mark.cluster
+
+RUNS = "default"
+"""The release's runs namespace (the chart's default `controller.runNamespaces`)."""
+OWNER = {"apiVersion": "taugrid.dev/v1alpha1", "kind": "TauRun", "name": "r",
+         "uid": "00000000-0000-0000-0000-000000000001", "controller": True}  # fmt: skip
+OURS = {"labels": {"taugrid.dev/run": "r"}, "ownerReferences": [OWNER]}
+PLAIN_POD: dict[str, Any] = {
+    "restartPolicy": "Never", "automountServiceAccountToken": False,
+    "containers": [{"name": "main", "image": "registry.example/x@sha256:" + "1" * 64}],
+    "volumes": [{"name": "shm", "emptyDir": {"medium": "Memory"}},
+                {"name": "ckpt", "configMap": {"name": "r-checkpoint", "optional": True}},
+                {"name": "data", "persistentVolumeClaim": {"claimName": "data"}}],
+}  # fmt: skip
+
+
+def job(meta: dict[str, Any], **pod: Any) -> dict[str, Any]:
+    """A suspended Job with the plain pod template, changed by `pod`."""
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "r-a1", **meta},
+            "spec": {"suspend": True, "template": {"spec": {**PLAIN_POD, **pod}}}}  # fmt: skip
+
+
+def runlog(meta: dict[str, Any]) -> dict[str, Any]:
+    spec = {"run": "r", "attempt": 1, "worker": 0, "pod": "r-a1-x", "container": "main",
+            "capturedAt": "2026-01-01T00:00:00Z", "complete": True, "truncated": False,
+            "bytes": 3, "log": "ok\n"}  # fmt: skip
+    return {"apiVersion": "taugrid.dev/v1alpha1", "kind": "TauRunLog",
+            "metadata": {"name": "r-a1-w0", **meta}, "spec": spec}  # fmt: skip
+
+
+def configmap(meta: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "r-checkpoint", **meta}}
+
+
+class Impersonated:
+    """Requests to the API server as the release's controller ServiceAccount."""
+
+    def __init__(self, dev: cluster.Cluster, user: str, http: aiohttp.ClientSession) -> None:
+        self.dev = dev
+        self.user = user
+        self.http = http
+
+    async def send(
+        self, method: str, path: str, body: dict[str, Any], *, pod: str = "",
+        content_type: str = "application/json",
+    ) -> str:  # fmt: skip
+        """'allowed', 'rbac' (RBAC refused) or 'policy' (the admission policy refused: 403
+        naming it; a policy that fails to evaluate answers 422 and fails the test)."""
+        namespace = self.user.split(":")[2]
+        headers = [
+            ("Impersonate-User", self.user), ("Impersonate-Group", "system:serviceaccounts"),
+            ("Impersonate-Group", f"system:serviceaccounts:{namespace}"),
+            ("Impersonate-Group", "system:authenticated"), ("Content-Type", content_type),
+        ]  # fmt: skip
+        if pod:
+            key = urllib.parse.quote("authentication.kubernetes.io/pod-name", safe="")
+            headers.append((f"Impersonate-Extra-{key}", pod))
+        sep = "&" if "?" in path else "?"
+        async with self.http.request(
+            method, f"{self.dev.server}{path}{sep}dryRun=All", data=json.dumps(body),
+            headers=headers,
+        ) as resp:  # fmt: skip
+            text = await resp.text()
+        if resp.status < 300:
+            return "allowed"
+        assert resp.status == 403, (resp.status, text)
+        return "policy" if "ValidatingAdmissionPolicy" in text else "rbac"
+
+
+@pytest_asyncio.fixture(scope="module")
+async def release(
+    dev_cluster: cluster.Cluster, bin_dir: pathlib.Path, k8s: client.ApiClient
+) -> AsyncIterator[releasekit.Release]:
+    """One test release for the whole module (installing one per case would take minutes)."""
+    core = client.CoreV1Api(k8s)
+    name = support.unique_name("t-admission-policy", max_len=40)
+    await core.create_namespace(
+        {"metadata": {"name": name, "labels": {"taugrid.dev/test": "true"}}}
+    )
+    try:
+        async with releasekit.installed(dev_cluster, bin_dir, name) as rel:
+            yield rel
+    finally:
+        await core.delete_namespace(name, propagation_policy="Background")
+
+
+@pytest_asyncio.fixture(scope="module")
+async def controller(
+    dev_cluster: cluster.Cluster, release: releasekit.Release
+) -> AsyncIterator[Impersonated]:
+    """The release's controller, impersonated; its policy is in force once this yields."""
+    pki = dev_cluster.pki
+    ctx = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+    ctx.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ctx)) as http:
+        me = Impersonated(dev_cluster, release.service_account("controller"), http)
+
+        async def enforced() -> None:
+            assert await me.send("POST", f"/apis/batch/v1/namespaces/{RUNS}/jobs", job({})) == (
+                "policy"
+            )
+
+        await support.eventually(enforced, what="the release's policy in force")
+        yield me
+
+
+JOBS = f"/apis/batch/v1/namespaces/{RUNS}/jobs"
+RUNLOGS = f"/apis/taugrid.dev/v1alpha1/namespaces/{RUNS}/taurunlogs"
+CONFIGMAPS = f"/api/v1/namespaces/{RUNS}/configmaps"
+SECRETS = f"/api/v1/namespaces/{RUNS}/secrets"
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "expected"),
+    [
+        pytest.param("POST", JOBS, job(OURS), "allowed",
+                     id="a run's Job as the controller renders it is allowed"),
+        pytest.param("POST", JOBS, job({}), "policy", id="a Job without our labels is refused"),
+        pytest.param("POST", JOBS, job({"labels": {"taugrid.dev/run": "r"}}), "policy",
+                     id="a labelled Job no TauRun controls is refused"),
+        pytest.param("POST", JOBS, job({"labels": {"taugrid.dev/run": "other"},
+                                        "ownerReferences": [OWNER]}), "policy",
+                     id="a Job labelled for another run than its owner is refused"),
+        pytest.param("POST", JOBS, job(OURS, serviceAccountName="builder"), "policy",
+                     id="a pod with another ServiceAccount is refused"),
+        pytest.param("POST", JOBS, job(OURS, automountServiceAccountToken=True), "policy",
+                     id="a pod that mounts its token is refused"),
+        pytest.param("POST", JOBS, job(OURS, volumes=[{"name": "root",
+                                                       "hostPath": {"path": "/"}}]), "policy",
+                     id="a hostPath volume is refused"),
+        pytest.param("POST", JOBS, job(OURS, volumes=[{"name": "s",
+                                                       "secret": {"secretName": "x"}}]), "policy",
+                     id="a Secret volume is refused"),
+        pytest.param("POST", JOBS, job(OURS, hostNetwork=True), "policy",
+                     id="the node's network is refused"),
+        pytest.param("POST", JOBS, job(OURS, containers=[{
+            "name": "main", "image": "x", "securityContext": {"privileged": True}}]), "policy",
+                     id="a privileged container is refused"),
+        pytest.param("POST", CONFIGMAPS, configmap(OURS), "allowed",
+                     id="a run's checkpoint ConfigMap is allowed"),
+        pytest.param("POST", CONFIGMAPS, configmap({}), "policy",
+                     id="a ConfigMap of nobody's run is refused"),
+        pytest.param("POST", SECRETS, {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+                                       "metadata": {"name": "r-token", **OURS}}, "allowed",
+                     id="a run's Opaque token Secret is allowed"),
+        pytest.param("POST", SECRETS, {
+            "apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/service-account-token",
+            "metadata": {"name": "r-token", **OURS,
+                         "annotations": {"kubernetes.io/service-account.name": "default"}}},
+                     "policy", id="a ServiceAccount token Secret is refused"),
+        pytest.param("POST", RUNLOGS, runlog(OURS), "allowed",
+                     id="a run's kept log (TauRunLog) is allowed"),
+        pytest.param("POST", RUNLOGS, runlog({}), "policy",
+                     id="a TauRunLog of nobody's run is refused"),
+        pytest.param("POST", "/api/v1/namespaces/kube-system/secrets",
+                     {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "x", **OURS}},
+                     "rbac", id="a Secret in kube-system is refused by RBAC"),
+        pytest.param("POST", "/apis/batch/v1/namespaces/kube-system/jobs", job(OURS), "rbac",
+                     id="a Job in kube-system is refused by RBAC"),
+    ],
+)  # fmt: skip
+async def test_the_controller_may_write_only_its_runs_plain_objects(
+    controller: Impersonated, method: str, path: str, body: dict[str, Any], expected: str
+) -> None:
+    """Each write, as the controller, is allowed or refused as DESIGN.md section 10 says."""
+    assert expected == await controller.send(method, path, body)
+
+
+async def test_the_controller_may_not_change_an_object_that_is_not_its_runs(
+    k8s: client.ApiClient, controller: Impersonated
+) -> None:
+    """A ConfigMap named like a run's checkpoint but made by someone else (the confused
+    deputy, review M4) may not be patched by the controller, even into looking like ours."""
+    core = client.CoreV1Api(k8s)
+    name = support.unique_name("theirs-checkpoint", max_len=50)
+    await core.create_namespaced_config_map(RUNS, {"metadata": {"name": name},
+                                                   "data": {"token": "theirs"}})  # fmt: skip
+    try:
+        patch = {"metadata": OURS, "data": {"latest": "/ckpt/1"}}
+        answer = await controller.send(
+            "PATCH", f"{CONFIGMAPS}/{name}", patch, content_type="application/merge-patch+json"
+        )
+    finally:
+        await core.delete_namespaced_config_map(name, RUNS)
+    assert answer == "policy"
+
+
+@contextlib.asynccontextmanager
+async def replica_pod(
+    k8s: client.ApiClient, release: releasekit.Release, name: str
+) -> AsyncIterator[None]:
+    """A pod of the release's controller ServiceAccount in its namespace (not run: no node)."""
+    core = client.CoreV1Api(k8s)
+    await core.create_namespaced_pod(release.namespace, {
+        "metadata": {"name": name, "labels": {"app": "x"}},
+        "spec": {"serviceAccountName": f"{release.name}-controller",
+                 "containers": [{"name": "c", "image": "x@sha256:" + "2" * 64}]},
+    })  # fmt: skip
+    try:
+        yield
+    finally:
+        await core.delete_namespaced_pod(name, release.namespace, grace_period_seconds=0)
+
+
+async def test_the_controller_may_set_only_the_leader_label_and_only_on_its_own_pod(
+    k8s: client.ApiClient, release: releasekit.Release, controller: Impersonated
+) -> None:
+    """Bound to pod `own`: setting and removing taugrid.dev/leader=true there is allowed; the
+    same label on another pod, another label, or another value on its own pod is refused."""
+    pods = f"/api/v1/namespaces/{release.namespace}/pods"
+    merge = "application/merge-patch+json"
+
+    def label(value: str | None, key: str = "taugrid.dev/leader") -> dict[str, Any]:
+        return {"metadata": {"labels": {key: value}}}
+
+    async with replica_pod(k8s, release, "own"), replica_pod(k8s, release, "other"):
+        answers = [
+            await controller.send("PATCH", f"{pods}/own", label("true"), pod="own",
+                                  content_type=merge),
+            await controller.send("PATCH", f"{pods}/own", label(None), pod="own",
+                                  content_type=merge),
+            await controller.send("PATCH", f"{pods}/other", label("true"), pod="own",
+                                  content_type=merge),
+            await controller.send("PATCH", f"{pods}/own", label("yes"), pod="own",
+                                  content_type=merge),
+            await controller.send("PATCH", f"{pods}/own", label("y", "app"), pod="own",
+                                  content_type=merge),
+        ]  # fmt: skip
+    expected = ["allowed", "allowed", "policy", "policy", "policy"]
+    assert expected == answers
+
+
+@pytest_asyncio.fixture
+async def node(
+    k8s: client.ApiClient, dev_cluster: cluster.Cluster, bin_dir: pathlib.Path, namespace: str
+) -> AsyncIterator[str]:
+    """A fake node carrying somebody else's taint."""
+    (name,) = await asyncio.to_thread(
+        dev_cluster.ensure_nodes, bin_dir, 1, prefix=f"p-{namespace}"[:50].rstrip("-") + "-",
+        labels={"taugrid.dev/test-fleet": namespace},
+    )  # fmt: skip
+    core = client.CoreV1Api(k8s)
+    await core.patch_node(name, {"spec": {"taints": [
+        {"key": "example.com/maintenance", "effect": "NoSchedule"}]}})  # fmt: skip
+    try:
+        yield name
+    finally:
+        await core.delete_node(name)
+
+
+OUR_TAINT = {"key": "taugrid.dev/gpu-unhealthy", "effect": "NoSchedule"}
+THEIR_TAINT = {"key": "example.com/maintenance", "effect": "NoSchedule"}
+
+
+async def test_on_a_node_the_controller_may_change_only_its_own_marks(
+    node: str, controller: Impersonated
+) -> None:
+    """Our taint beside theirs, our annotation, the cordon and GPUHealthy are allowed;
+    dropping their taint, a label, another annotation, another condition are refused."""
+    path, merge = f"/api/v1/nodes/{node}", "application/merge-patch+json"
+    strategic = "application/strategic-merge-patch+json"
+
+    def condition(kind: str) -> dict[str, Any]:
+        return {"status": {"conditions": [{"type": kind, "status": "False", "reason": "Test",
+                                           "message": "m"}]}}  # fmt: skip
+
+    cases: list[tuple[str, dict[str, Any], str]] = [
+        (path, {"spec": {"taints": [THEIR_TAINT, OUR_TAINT], "unschedulable": True}}, merge),
+        (path, {"metadata": {"annotations": {"taugrid.dev/cordoned": "true"}}}, merge),
+        (f"{path}/status", condition("GPUHealthy"), strategic),
+        (path, {"spec": {"taints": [OUR_TAINT]}}, merge),
+        (path, {"metadata": {"labels": {"node-role.kubernetes.io/control-plane": ""}}}, merge),
+        (path, {"metadata": {"annotations": {"example.com/owner": "us"}}}, merge),
+        (f"{path}/status", condition("Ready"), strategic),
+    ]
+    answers = [await controller.send("PATCH", p, b, content_type=t) for p, b, t in cases]
+    expected = ["allowed"] * 3 + ["policy"] * 4
+    assert expected == answers
+
+
+@pytest_asyncio.fixture
+async def may_taint_devices(
+    k8s: client.ApiClient, release: releasekit.Release
+) -> AsyncIterator[None]:
+    """Grant the release's controller DeviceTaintRule writes for this test alone (the code
+    makes none yet), so the policy, not RBAC, decides."""
+    rbac = client.RbacAuthorizationV1Api(k8s)
+    name = f"{release.name}-test-dtr"
+    await rbac.create_cluster_role({"metadata": {"name": name}, "rules": [{
+        "apiGroups": ["resource.k8s.io"], "resources": ["devicetaintrules"],
+        "verbs": ["create"]}]})  # fmt: skip
+    await rbac.create_cluster_role_binding({
+        "metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": f"{release.name}-controller",
+                      "namespace": release.namespace}],
+    })  # fmt: skip
+    try:
+        yield
+    finally:
+        await rbac.delete_cluster_role_binding(name)
+        await rbac.delete_cluster_role(name)
+
+
+def rule(name: str, driver: str, device: str = "gpu-3") -> dict[str, Any]:
+    selector = {"driver": driver, "pool": "node-a", "device": device}
+    taint = {"key": "taugrid.dev/gpu-unhealthy", "effect": "NoSchedule"}
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceTaintRule",
+            "metadata": {"name": name},
+            "spec": {"deviceSelector": {k: v for k, v in selector.items() if v},
+                     "taint": taint}}  # fmt: skip
+
+
+async def test_device_taint_rules_only_for_one_nvidia_gpu_under_our_name(
+    may_taint_devices: None, controller: Impersonated
+) -> None:
+    """With the right granted: one gpu.nvidia.com device under a taugrid- name is allowed;
+    another driver, another name, or no device (every device of the pool) is refused."""
+    path = "/apis/resource.k8s.io/v1/devicetaintrules"
+
+    async def answers() -> list[str]:
+        got = [
+            await controller.send("POST", path, rule("taugrid-node-a-gpu-3", "gpu.nvidia.com")),
+            await controller.send("POST", path, rule("taugrid-node-a-nic", "rdma.example.com")),
+            await controller.send("POST", path, rule("evict-gpu-3", "gpu.nvidia.com")),
+            await controller.send("POST", path, rule("taugrid-node-a", "gpu.nvidia.com", "")),
+        ]
+        assert got[0] == "allowed", got  # the grant has reached the authorizer
+        return got
+
+    got = await support.eventually(answers, what="the DeviceTaintRule grant in force")
+    expected = ["allowed", "policy", "policy", "policy"]
+    assert expected == got

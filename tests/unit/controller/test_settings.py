@@ -1,0 +1,60 @@
+"""The controller's settings refuse a leader address that could send a peer token astray."""
+
+from __future__ import annotations
+
+import pathlib
+import ssl
+
+import pydantic
+import pytest
+
+from controller import serving
+from controller.settings import ControllerSettings
+from devcluster import pki
+
+
+@pytest.mark.parametrize(
+    ("values", "problem"),
+    [
+        pytest.param({}, "", id="no leader address is allowed (no forwarding)"),
+        pytest.param({"leader_url": "https://taugrid-controller-leader.ns.svc:8080",
+                      "tls_ca_file": "/ca.crt"}, "", id="the leader Service over https is allowed"),
+        pytest.param({"leader_url": "http://127.0.0.1:8080"}, "",
+                     id="plain http on loopback is allowed (the dev cluster)"),
+        pytest.param({"leader_url": "https://leader.ns.svc:8080"}, "needs tls_ca_file",
+                     id="https without the CA to verify it by is refused"),
+        pytest.param({"leader_url": "http://leader.ns.svc:8080"}, "plain http only on loopback",
+                     id="plain http to another host is refused"),
+        pytest.param({"leader_url": "http://leader.ns.svc:8080", "allow_insecure_http": True},
+                     "", id="plain http behind a TLS mesh is allowed when asked for"),
+        pytest.param({"leader_url": "http://127.0.0.1:8080/latest/meta-data"},
+                     "without a path", id="a path is refused"),
+        pytest.param({"leader_url": "http://127.0.0.1:8080?x="}, "a query",
+                     id="a query is refused"),
+        pytest.param({"leader_url": "http://u:p@127.0.0.1:8080"}, "credentials",
+                     id="credentials in the URL are refused"),
+        pytest.param({"leader_url": "file:///etc/passwd"}, "http(s)://",
+                     id="another scheme is refused"),
+    ],
+)  # fmt: skip
+def test_the_leader_address_is_an_origin_verified_as_it_should_be(
+    values: dict[str, object], problem: str
+) -> None:
+    """`leader_url` is checked when the settings are read, so a replica never starts with
+    an address that would hand its peer token to a stranger."""
+    try:
+        ControllerSettings(**values)  # type: ignore[arg-type]
+        message = ""
+    except pydantic.ValidationError as err:
+        message = str(err)
+    expected = (bool(problem), True)
+    assert expected == (bool(message), problem in message)
+
+
+def test_the_leader_is_verified_by_the_charts_ca_alone(tmp_path: pathlib.Path) -> None:
+    """The client context for the leader trusts exactly the configured CA, none of the
+    system store, and checks the host name."""
+    certs = pki.ensure(tmp_path)
+    context = serving.peer_ssl_context(ControllerSettings(tls_ca_file=str(certs / "ca.crt")))
+    expected = (1, True, ssl.CERT_REQUIRED)
+    assert expected == (len(context.get_ca_certs()), context.check_hostname, context.verify_mode)
