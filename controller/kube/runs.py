@@ -186,8 +186,8 @@ class RunStore:
 
     # ------------------------------------------------------------------ owned objects
     async def create(self, obj: dict[str, Any]) -> bool:
-        """Create a Job, Service, RayJob, NetworkPolicy, ResourceClaimTemplate, Secret or
-        ConfigMap; False when it already exists."""
+        """Create a Job, Service, RayJob, NetworkPolicy, ResourceClaimTemplate or ConfigMap;
+        False when it already exists."""
         try:
             await self._create(obj)
         except client.ApiException as err:
@@ -206,8 +206,6 @@ class RunStore:
             resp = await self._batch.create_namespaced_job(ns, obj, **opts)
         elif kind == "Service":
             resp = await self._core.create_namespaced_service(ns, obj, **opts)
-        elif kind == "Secret":
-            resp = await self._core.create_namespaced_secret(ns, obj, **opts)
         elif kind == "ConfigMap":
             resp = await self._core.create_namespaced_config_map(ns, obj, **opts)
         elif kind == "RayJob":
@@ -238,18 +236,6 @@ class RunStore:
             if err.status != 404:
                 raise
             await self.create(body)
-
-    async def write_secret(self, body: dict[str, Any]) -> None:
-        """Create a Secret, or replace the data of an existing one (a run whose token was
-        made but never recorded: no pod can hold it yet). Secrets are never read."""
-        meta = body["metadata"]
-        if await self.create(body):
-            return
-        resp = await self._core.patch_namespaced_secret(
-            meta["name"], meta["namespace"], {"stringData": body.get("stringData") or {}},
-            _preload_content=False, _content_type="application/merge-patch+json",
-        )  # fmt: skip
-        await _api.read_json(resp)
 
     async def delete(self, kind: str, namespace: str, name: str) -> bool:
         """Delete a Job, Service, RayJob, NetworkPolicy or ResourceClaimTemplate (dependents in
@@ -371,6 +357,16 @@ class RunStore:
             resp = await self._custom.get_cluster_custom_object(
                 *KUEUE, "workloadpriorityclasses", name, _preload_content=False
             )
+            return dict(await _api.read_json(resp))
+        except client.ApiException as err:
+            if err.status == 404:
+                return None
+            raise
+
+    async def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """A pod, None when there is none (which run and attempt a run token is)."""
+        try:
+            resp = await self._core.read_namespaced_pod(name, namespace, _preload_content=False)
             return dict(await _api.read_json(resp))
         except client.ApiException as err:
             if err.status == 404:

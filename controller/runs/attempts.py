@@ -2,25 +2,19 @@
 
 It carries a `policy.RunPlan` out in order: the TauRun's annotations, then the logs of the
 attempts that end (kept before their pods can go), then the deletes (an attempt that ended,
-a finished run's objects after its TTL), then the creates (the per-run token Secret and
-checkpoint ConfigMap, each attempt's Job or RayJob and headless Service).
+a finished run's objects after its TTL), then the creates (the per-run checkpoint
+ConfigMap, each attempt's Job or RayJob and headless Service).
 Every write checks that the lease is still held; creates tolerate a 409 and deletes a 404, so
 a repeated plan is harmless (level-triggered).
 """
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
 from controller import leading
 from controller.runs import objects, policy
-
-
-def new_token() -> str:
-    """A fresh run-scoped token (`tau_` and 32 random bytes)."""
-    return objects.RUN_TOKEN_PREFIX + secrets.token_urlsafe(32)
 
 
 class ObjectStore(Protocol):
@@ -34,10 +28,6 @@ class ObjectStore(Protocol):
 
     async def create(self, obj: dict[str, Any]) -> bool:
         """Create an object; False when it already exists."""
-        ...
-
-    async def write_secret(self, body: dict[str, Any]) -> None:
-        """Create a Secret, or replace its data."""
         ...
 
     async def delete(self, kind: str, namespace: str, name: str) -> bool:
@@ -74,8 +64,5 @@ class Attempts:
             await self.store.delete(gone.kind, gone.namespace, gone.name)
         for obj in plan.creates:
             self.elector.ensure_leader()
-            if obj["kind"] == "Secret":
-                await self.store.write_secret(obj)
-            else:
-                await self.store.create(obj)
+            await self.store.create(obj)
         return updated

@@ -363,7 +363,6 @@ class Reconciler:
             ref=objects.run_ref(item), spec=item.get("spec") or {}, status=status,
             cancel_requested=bool(annotations.get(marks.CANCEL_ANNOTATION)),
             observed=snap is not None, priority_classes=classes,
-            new_token="" if status.token_sha256 else attempts.new_token(),
             rerun_of=reruns.read_source(annotations),
         )  # fmt: skip
         if snap is None:
@@ -382,7 +381,7 @@ class Reconciler:
             observed=True, attempt_object=seen.attempt_object, workload=workload,
             pods=seen.pods, nodes=snap.nodes, position=position,
             cluster_queue=snap.local_queues.get((base.ref.namespace, queue)), held=held,
-            priority_classes=classes, new_token=base.new_token, rerun_of=base.rerun_of,
+            priority_classes=classes, rerun_of=base.rerun_of,
         )  # fmt: skip
 
     # ------------------------------------------------------------------ decide, execute

@@ -134,10 +134,6 @@ class FakeStore:
                 meta["annotations"][key] = value
         return copy.deepcopy(self.runs[(namespace, name)])
 
-    async def write_secret(self, body: dict[str, Any]) -> None:
-        key = (body["metadata"]["namespace"], "Secret", body["metadata"]["name"])
-        self.objects[key] = copy.deepcopy(body)
-
     async def write_configmap(self, body: dict[str, Any]) -> None:
         key = (body["metadata"]["namespace"], "ConfigMap", body["metadata"]["name"])
         self.objects.setdefault(key, copy.deepcopy(body))["data"].update(body["data"])
@@ -196,13 +192,14 @@ def _raw_pod(phase: str, *, node: str = "n0", exit_code: int | None = None, atte
     }
 
 
-async def test_submission_creates_secret_configmap_and_a_suspended_job() -> None:
-    """Reconciling a new run creates its per-run objects and attempt 1, and says Queued."""
+async def test_submission_creates_its_configmap_and_a_suspended_job() -> None:
+    """Reconciling a new run creates its checkpoint ConfigMap (no token Secret: run pods get
+    projected tokens) and attempt 1, and says Queued."""
     store = FakeStore()
     store.add_run(SPEC)
     run = await _reconciler(store).reconcile_now("team", "demo")
     assert run is not None
-    assert {("Secret", "demo-token"), ("ConfigMap", "demo-checkpoint"), ("Job", "demo-a1")} == {
+    assert {("ConfigMap", "demo-checkpoint"), ("Job", "demo-a1")} == {
         (k, n) for (_, k, n) in store.objects
     }
     job = store.objects[("team", "Job", "demo-a1")]
