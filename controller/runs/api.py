@@ -88,8 +88,6 @@ SPEC_MEDIA_TYPES = ("application/yaml", "application/json")
 DRY_RUN_UID = "00000000-0000-0000-0000-000000000000"
 """The owner UID of objects checked by the API server's dry run before their TauRun exists:
 the API server wants one, and no object is stored with it."""
-PER_RUN_KINDS = frozenset({"ConfigMap"})
-"""The run's own objects, made once per run; the rest of a plan's creates are attempt 1's."""
 
 
 # ---------------------------------------------------------------------- submit
@@ -261,25 +259,40 @@ def _first_objects(
     return list(policy.decide_run(run, ctx.reconciler.settings, now).creates)
 
 
-def _attempt_objects(
-    ctx: context.RunsContext, spec: specs.TauSpec, ref: objects.RunRef
-) -> list[dict[str, Any]]:
-    """Attempt 1's objects (its Job or RayJob, and a pytorch run's Service)."""
-    return [o for o in _first_objects(ctx, spec, ref) if o["kind"] not in PER_RUN_KINDS]
-
-
 async def _server_check(ctx: context.RunsContext, spec: specs.TauSpec, ref: objects.RunRef) -> None:
-    """Have the API server (and Kueue's webhooks) check attempt 1's objects without storing
-    them, so a spec it would refuse is refused now, naming the field, instead of a run the
-    reconciler could never start (security review M1)."""
-    for obj in _attempt_objects(ctx, spec, ref):
+    """Have the API server (and Kueue's webhooks) check the run's first objects without
+    storing them, so a spec it would refuse is refused now, naming the field, instead of a
+    run the reconciler could never start (security review M1); and refuse a run whose names
+    somebody else's object already holds (review M4: 409 NameTaken naming it), before
+    anything is created."""
+    for obj in _first_objects(ctx, spec, ref):
         try:
-            await ctx.store.dry_run_create(obj)
+            free = await ctx.store.dry_run_create(obj)
         except kube_runs.NotFoundError as err:
             msg = f"namespace {ref.namespace!r} does not exist"
             raise errors.NotFound(msg, field="namespace") from err
         except kube_runs.RejectedError as err:
             raise _rejected(err) from err
+        if not free:
+            await _check_name_free(ctx, obj, spec.name)
+
+
+async def _check_name_free(ctx: context.RunsContext, obj: dict[str, Any], run: str) -> None:
+    """An object of `obj`'s name exists: fine when it is a TauRun `run`'s (that run exists,
+    and the TauRun's own create answers for it), NameTaken otherwise."""
+    kind, meta = str(obj["kind"]), obj["metadata"]
+    existing = await ctx.store.read_object(kind, meta["namespace"], meta["name"])
+    owners = ((existing or {}).get("metadata") or {}).get("ownerReferences") or []
+    if existing is None or any(
+        o.get("kind") == objects.TAURUN_KIND and o.get("name") == run and o.get("controller")
+        for o in owners
+    ):
+        return
+    msg = (
+        f"a {kind} {meta['namespace']}/{meta['name']} already exists and is not a run's;"
+        f" run {run!r} would need that name: delete it, or choose another run name"
+    )
+    raise errors.NameTaken(msg, field="name")
 
 
 def _rejected(err: kube_runs.RejectedError) -> errors.Invalid:

@@ -27,11 +27,13 @@ class ObjectStore(Protocol):
         ...
 
     async def create(self, obj: dict[str, Any]) -> bool:
-        """Create an object; False when it already exists."""
+        """Create an object; False when it already exists as the run's; errors.NameTaken
+        when one of that name is somebody else's."""
         ...
 
-    async def delete(self, kind: str, namespace: str, name: str) -> bool:
-        """Delete an object with its dependents; False when it is gone."""
+    async def delete(self, kind: str, namespace: str, name: str, *, owner_uid: str) -> bool:
+        """Delete an object with its dependents if it is the run `owner_uid`'s; False when
+        it is gone or not the run's."""
         ...
 
 
@@ -61,7 +63,7 @@ class Attempts:
             await self.keep_logs(ref, plan.keep_logs)
         for gone in plan.deletes:
             self.elector.ensure_leader()
-            await self.store.delete(gone.kind, gone.namespace, gone.name)
+            await self.store.delete(gone.kind, gone.namespace, gone.name, owner_uid=ref.uid)
         for obj in plan.creates:
             self.elector.ensure_leader()
             await self.store.create(obj)

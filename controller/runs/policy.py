@@ -126,6 +126,19 @@ def decide_run(run: RunInput, settings: RunSettings, now: dt.datetime) -> RunPla
     return _keeping_logs(_decide(run, settings, now), run.ref)
 
 
+def name_taken(status: records.RunStatus, message: str, now: dt.datetime) -> records.RunStatus:
+    """The run ended Failed, `NameTaken`: an object of a name it needs is somebody else's
+    (the executor found it; nothing of it was written)."""
+    if status.phase in lifecycle.TERMINAL_PHASES:
+        return status
+    ended = lifecycle.end(status, Phase.FAILED, "NameTaken", message, now=now)
+    last = ended.last_attempt
+    if last is not None and last.end_time is None:
+        last = last.model_copy(update={"end_time": now, "phase": Phase.FAILED})
+        ended = ended.model_copy(update={"attempts": (*ended.attempts[:-1], last)})
+    return ended
+
+
 def _keeping_logs(plan: RunPlan, ref: objects.RunRef) -> RunPlan:
     """The plan, with the attempts whose logs it must keep first (see `RunPlan.keep_logs`)."""
     attempts = {

@@ -407,7 +407,14 @@ class Reconciler:
     async def _execute(self, item: dict[str, Any], plan: policy.RunPlan) -> dict[str, Any]:
         """Carry a plan out: its writes in order, then the status; count what it decided."""
         namespace, name = snapshots.key(item)
-        item = await self.attempts.apply(objects.run_ref(item), plan) or item
+        try:
+            item = await self.attempts.apply(objects.run_ref(item), plan) or item
+        except errors.NameTaken as err:
+            # Somebody else's object holds a name this run needs (review M4): the run
+            # cannot go on without writing into it, so it ends, saying which.
+            log.warning("run name taken", run=f"{namespace}/{name}", problem=err.message)
+            status = policy.name_taken(plan.status, err.message, self._clock())
+            return await self.write_status(item, status)
         for attempt in plan.started:
             self.metrics.run_attempts.labels("started").inc()
             log.info("attempt started", run=f"{namespace}/{name}", attempt=attempt)
