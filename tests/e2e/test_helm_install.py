@@ -128,7 +128,10 @@ RBAC_TABLE = [
     ("controller", ("create", "pods", "-n", "default"), False),
     ("controller", ("patch", "pods", "-n", "default"), False),
     ("controller", ("create", "serviceaccounts/token", "-n", "kube-system"), False),
-    ("controller", ("create", "devicetaintrules.resource.k8s.io"), False),
+    # Device quarantine writes DeviceTaintRules (the admission policy narrows them to one
+    # gpu.nvidia.com device under taugrid-*, tests/e2e/test_admission_policy.py).
+    ("controller", ("create", "devicetaintrules.resource.k8s.io"), True),
+    ("controller", ("update", "devicetaintrules.resource.k8s.io"), False),
 ]  # fmt: skip
 """(component, `kubectl auth can-i` arguments, expected answer)."""
 

@@ -169,7 +169,8 @@ async def _sign_in(page: browser.Page, token: str) -> None:
 
 
 async def _shows_fleet_and_run(page: browser.Page, w: World) -> dict[str, Any]:
-    """Poll until both nodes are healthy with 8 healthy GPUs each and the run is running."""
+    """Poll until both nodes are healthy with 8 healthy GPUs each, the run is running and the
+    queue is listed (each panel refreshes on its own: one can lag the others)."""
     run = f"{w.namespace}/{RUN}"
 
     async def probe() -> dict[str, Any]:
@@ -182,6 +183,7 @@ async def _shows_fleet_and_run(page: browser.Page, w: World) -> dict[str, Any]:
             assert node["gpus"] == ["Healthy"] * 8, node
         assert run in seen["runs"], seen["runs"]
         assert seen["runs"][run]["phase"] == "Running", seen["runs"][run]
+        assert seen["queues"] == ["q"], seen["queues"]
         return seen
 
     return await support.eventually(probe, what="the page to show the fleet and the run")
