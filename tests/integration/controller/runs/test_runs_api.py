@@ -18,6 +18,7 @@ import pytest
 from kubernetes_asyncio import client
 
 from devcluster import cluster
+from shared import spec as specs
 from tests import controllerkit, runskit, support
 from tests.runskit import IMAGE, RESEARCHER_RULES, Env, job_spec, make_token
 
@@ -323,6 +324,41 @@ async def test_a_stale_attempt_cannot_report_after_a_resume(env: Env) -> None:
     latest = await env.get(f"/v1/runs/{env.namespace}/again/checkpoints/latest")
     assert latest == (200, {"attempt": 2, "step": 200, "path": "/c/200",
                             "time": latest[1]["time"]})  # fmt: skip
+
+
+async def test_a_name_somebody_elses_object_holds_is_refused_and_that_object_kept(
+    env: Env,
+) -> None:
+    """Review M4 on the real API server: a ConfigMap `<run>-checkpoint` made by someone else
+    makes the submission 409 NameTaken naming it, before anything is created; a TauRun made
+    with kubectl past the API (no pre-check) ends Failed NameTaken; the ConfigMap's data is
+    untouched either way."""
+    core = client.CoreV1Api(env.api)
+    theirs = {"metadata": {"name": "taken-checkpoint"}, "data": {"latest": "mine, not yours"}}
+    await core.create_namespaced_config_map(env.namespace, theirs)
+    status, body = await env.submit(job_spec("taken"))
+    runs = await client.CustomObjectsApi(env.api).list_namespaced_custom_object(
+        "taugrid.dev", "v1alpha1", env.namespace, "tauruns"
+    )
+    expected: tuple[int, str, str, bool, list[Any]] = (409, "NameTaken", "name", True, [])
+    actual = (status, body["error"]["code"], body["error"]["field"],
+              "taken-checkpoint" in body["error"]["message"], runs["items"])  # fmt: skip
+    assert expected == actual
+
+    manifest = {
+        "apiVersion": "taugrid.dev/v1alpha1", "kind": "TauRun",
+        "metadata": {"name": "taken", "namespace": env.namespace,
+                     "annotations": {"taugrid.dev/managed-by": f"test/{env.namespace}"}},
+        "spec": specs.spec_to_wire(specs.validate_spec(job_spec("taken")).spec),
+    }  # fmt: skip
+    await client.CustomObjectsApi(env.api).create_namespaced_custom_object(
+        "taugrid.dev", "v1alpha1", env.namespace, "tauruns", manifest
+    )
+    run = await env.wait_phase("taken", "Failed")
+    kept = await core.read_namespaced_config_map("taken-checkpoint", env.namespace)
+    expected_end = ("NameTaken", {"latest": "mine, not yours"}, None)
+    actual_end = (run["reason"], kept.data, kept.metadata.owner_references)
+    assert expected_end == actual_end
 
 
 async def test_a_namespace_this_install_does_not_run_work_in_is_refused(
