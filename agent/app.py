@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import dataclasses
 import datetime as dt
+import re
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -279,17 +280,30 @@ async def _diag(
         return err
 
 
+_GPU_INDEX = re.compile(r"[0-9]{1,4}", re.ASCII)
+_GPU_UUID = re.compile(r"(?:GPU|MIG)-[0-9A-Za-z-]{1,100}", re.ASCII)
+_FAULT_CODE = re.compile(r"[A-Za-z0-9_.:-]{1,64}", re.ASCII)
+
+
 async def handle_release(request: web.Request) -> web.Response:
     """`POST /v1/release?gpu=&code=&force=`: release latched faults by hand."""
     identity = await _authorize(request)
-    gpu_raw = request.query.get("gpu")
+    gpu_raw = request.query.get("gpu") or ""
     gpu: str | int | None = None
-    if gpu_raw:
-        gpu = int(gpu_raw) if gpu_raw.isdigit() else gpu_raw
+    if _GPU_INDEX.fullmatch(gpu_raw):
+        gpu = int(gpu_raw)
+    elif _GPU_UUID.fullmatch(gpu_raw):
+        gpu = gpu_raw
+    elif gpu_raw:
+        return _error(400, "InvalidParameter",
+                      "gpu must be a GPU index (0-9999) or a GPU/MIG UUID", "gpu")  # fmt: skip
+    code = request.query.get("code") or ""
+    if code and not _FAULT_CODE.fullmatch(code):
+        return _error(400, "InvalidParameter",
+                      "code must be a fault code (letters, digits, . _ : -; 64 at most)",
+                      "code")  # fmt: skip
     force = _flag(request, "force")
-    released = await request.app[MONITOR].release(
-        gpu=gpu, code=request.query.get("code") or None, force=force
-    )
+    released = await request.app[MONITOR].release(gpu=gpu, code=code or None, force=force)
     log.info("release_requested", user=identity.user, released=len(released), force=force)
     if not released:
         return _error(

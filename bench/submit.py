@@ -59,7 +59,7 @@ def _manifest(namespace: str, name: str) -> str:
     spec = specs.validate_spec(_spec(name)).spec
     ctx = rendering.AttemptContext(
         run=objects.RunRef(name=name, namespace=namespace, uid="0"), attempt=1,
-        token_secret=f"{name}-token", checkpoint_configmap=f"{name}-checkpoint",
+        checkpoint_configmap=f"{name}-checkpoint",
     )  # fmt: skip
     (job,) = rendering.render_attempt(spec, ctx, rendering.RenderSettings("http://127.0.0.1"))
     del job["metadata"]["ownerReferences"]

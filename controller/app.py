@@ -190,6 +190,8 @@ def _runtime(
                 ray_version=settings.ray_version, ca_pem=run_ca,
                 ray_operator_namespace=settings.ray_operator_namespace,
                 ray_token_auth=settings.ray_token_auth,
+                run_token_audience=settings.run_token_audience,
+                run_token_expiration_s=settings.run_token_expiration_s,
                 dra_grace_s=settings.run_device_grace_s,
             ),
             pass_interval_s=settings.run_pass_interval_s,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import binascii
 import dataclasses
 import hashlib
 import json
@@ -65,6 +66,11 @@ class Identity:
     def pod_uid(self) -> str | None:
         """The UID of the pod the token is bound to (pod-bound ServiceAccount tokens)."""
         return self.extra_value(POD_UID_EXTRA)
+
+    @property
+    def pod_name(self) -> str | None:
+        """The name of the pod the token is bound to (pod-bound ServiceAccount tokens)."""
+        return self.extra_value(POD_NAME_EXTRA)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,6 +157,25 @@ class _TTLCache:
             del self._data[k]
         while len(self._data) >= MAX_ENTRIES:
             self._data.pop(next(iter(self._data)))
+
+
+def token_audiences(token: str) -> tuple[str, ...]:
+    """The `aud` claim of a JWT, read without verifying it: it only chooses which audience
+    to ask TokenReview about, which then verifies the token for that audience alone. () for
+    anything that is not a JWT with an audience."""
+    parts = token.split(".")
+    if len(parts) != 3 or len(parts[1]) > 16_384:
+        return ()
+    try:
+        claims = json.loads(base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4)))
+    except (ValueError, UnicodeDecodeError, binascii.Error):
+        return ()
+    aud = claims.get("aud") if isinstance(claims, dict) else None
+    if isinstance(aud, str):
+        return (aud,)
+    if isinstance(aud, list) and all(isinstance(a, str) for a in aud):
+        return tuple(aud)
+    return ()
 
 
 def bearer_token(header: str | None) -> str:
@@ -252,15 +277,30 @@ def agent_username(namespace: str, service_account: str) -> str:
 
 # ---------------------------------------------------------------------- speaking for a caller
 RUN_CALLER = "system:taugrid:run-token"
-"""The username a follower gives a caller it recognised by a run's own token (a run pod);
-such a caller is never reviewed by the API server, only by the leader for that run. Under
-`system:`, which the API server's OIDC and ServiceAccount authenticators never hand out to
-anyone else."""
+"""The username the controller gives a run's pod once its `taugrid-run` token is reviewed and
+mapped to the run (`controller.runs.identity`); a follower forwards that, not the token.
+Under `system:`, which the API server's OIDC and ServiceAccount authenticators never hand out
+to anyone else, so no reviewed token can pass for it."""
 
 
-def run_caller(namespace: str, name: str) -> Identity:
-    """The caller behind run `namespace/name`'s run-scoped token."""
-    return Identity(RUN_CALLER, extra=((marks.RUN_CALLER_EXTRA, (f"{namespace}/{name}",)),))
+def run_caller(namespace: str, name: str, attempt: int) -> Identity:
+    """The caller behind a pod of attempt `attempt` of run `namespace/name` (its projected
+    `taugrid-run` token, mapped to the run through the pod it is bound to)."""
+    extra = {marks.RUN_CALLER_EXTRA: (f"{namespace}/{name}",),
+             marks.RUN_ATTEMPT_EXTRA: (str(attempt),)}  # fmt: skip
+    return Identity(RUN_CALLER, extra=tuple(sorted(extra.items())))
+
+
+def run_of(identity: Identity) -> tuple[str, str, int] | None:
+    """(namespace, run, attempt) of a `run_caller` identity; None for anyone else."""
+    if identity.username != RUN_CALLER:
+        return None
+    run = identity.extra_value(marks.RUN_CALLER_EXTRA) or ""
+    attempt = identity.extra_value(marks.RUN_ATTEMPT_EXTRA) or ""
+    namespace, _, name = run.partition("/")
+    if not (namespace and name and attempt.isdigit()):
+        return None
+    return namespace, name, int(attempt)
 
 
 class _CallerClaim(pydantic.BaseModel):

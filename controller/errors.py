@@ -89,6 +89,13 @@ class Conflict(ControllerError):  # noqa: N818
     default_code = "Conflict"
 
 
+class NameTaken(Conflict):
+    """An object of a name a run needs exists and is not that run's (security review M4:
+    the controller never writes into, nor deletes, somebody else's object)."""
+
+    default_code = "NameTaken"
+
+
 class TooManyRequests(ControllerError):  # noqa: N818
     """The caller is over a limit; it may retry later."""
 

@@ -78,7 +78,9 @@ LEADER_URL_ANNOTATION = "taugrid.dev/leader-url"
 """Where the leader says it listens: informational only (on-call reads it), never a place
 any replica or agent sends data to (DESIGN.md section 6)."""
 RUN_CALLER_EXTRA = "taugrid.dev/run"
-"""The extra of the identity a follower forwards for a run's own token: `<ns>/<run>`."""
+"""The extra of the identity a follower forwards for a run pod's token: `<ns>/<run>`."""
+RUN_ATTEMPT_EXTRA = "taugrid.dev/attempt"
+"""The extra of that identity naming the attempt of the pod the token is bound to."""
 LEADER_LABEL = "taugrid.dev/leader"
 """Set to "true" by the leader on its own pod, removed when it stops leading; the chart's
 leader-only Service selects it, and followers send leader-only work there."""

@@ -261,6 +261,13 @@ class ControllerSettings(pydantic_settings.BaseSettings):
     """SIGTERM-to-SIGKILL window of run pods: the time a workload has to write a checkpoint."""
     run_controller_url: str = ""
     """URL run pods use to reach the controller (`TAU_URL`); empty means the advertised URL."""
+    run_token_audience: str = "taugrid-run"  # noqa: S105  (an audience name, not a secret)
+    """Audience of the projected token each run pod gets (`TAU_TOKEN_FILE`); the controller
+    reviews a run pod's token for it alone and maps it to the run through the pod it is
+    bound to. Never the API server's own audience: the token is no Kubernetes credential."""
+    run_token_expiration_s: int = pydantic.Field(default=3600, ge=600, le=86_400)
+    """Lifetime the run pods' projected tokens ask for (the kubelet rotates them at 80%;
+    Kubernetes wants at least 600 s)."""
     run_ca_file: str = ""
     """PEM bundle run pods trust for `TAU_URL`: read once at startup, written into each run's
     checkpoint ConfigMap as `ca.crt` and named by `TAU_CA_FILE`. Empty means `tls_ca_file`
@@ -331,6 +338,20 @@ class ControllerSettings(pydantic_settings.BaseSettings):
         )
         if problem:
             msg = f"leader_url {self.leader_url!r}: {problem}"
+            raise ValueError(msg)
+        return self
+
+    @pydantic.model_validator(mode="after")
+    def _run_audience_is_its_own(self) -> ControllerSettings:
+        """A run pod's token must not double as an agent's or a replica's."""
+        if not self.run_token_audience.strip():
+            msg = "run_token_audience must not be empty"
+            raise ValueError(msg)
+        if self.run_token_audience in (self.token_audience, self.peer_audience):
+            msg = (
+                f"run_token_audience {self.run_token_audience!r} must differ from the agents'"
+                " (token_audience) and the replicas' (peer_audience)"
+            )
             raise ValueError(msg)
         return self
 

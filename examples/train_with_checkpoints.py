@@ -10,8 +10,9 @@ It stands in for your `train.py`: the "model" is a few numbers and a step takes
    `$TAU_RESUME_FROM` (fixed when the attempt was created). A start is not always a new
    attempt: Kueue may preempt a run and later readmit the same attempt with the same env.
 2. Save a checkpoint to `$TAU_CHECKPOINT_DIR` every `--save-every` steps, atomically
-   (write, fsync, rename), and only then report it (`POST …/checkpoints` with
-   `$TAU_TOKEN`, naming `$TAU_ATTEMPT`).
+   (write, fsync, rename), and only then report it (`POST …/checkpoints` with the pod's
+   own token from `$TAU_TOKEN_FILE`, read at each report as the kubelet rotates it,
+   naming `$TAU_ATTEMPT`).
 3. On SIGTERM (a drained node, a preemption, a cancel), finish the step, save, report and
    exit with 143 within the pod's grace period (60 s by default). Not 0: a pod of a Job
    that exits 0 counts as a success, and the run would end Succeeded half-trained.
@@ -75,7 +76,8 @@ class Controller:
 
     def __init__(self, env: dict[str, str], *, retries: int, backoff_s: float) -> None:
         self.url = env.get("TAU_URL", "").rstrip("/")
-        self.token = env.get("TAU_TOKEN", "")
+        self._token = env.get("TAU_TOKEN", "")
+        self.token_file = env.get("TAU_TOKEN_FILE", "")
         namespace = env.get("TAU_NAMESPACE") or "default"
         self.run = env.get("TAU_RUN", "")
         self.path = f"/v1/runs/{namespace}/{urllib.parse.quote(self.run, safe='')}/checkpoints"
@@ -87,7 +89,18 @@ class Controller:
     @property
     def enabled(self) -> bool:
         """Return whether the run can reach the controller at all (outside TauGrid: no)."""
-        return bool(self.url and self.token and self.run)
+        return bool(self.url and (self._token or self.token_file) and self.run)
+
+    @property
+    def token(self) -> str:
+        """TAU_TOKEN, else the pod's projected token, read at each call: the kubelet
+        rotates the file long before a long run ends."""
+        if self._token or not self.token_file:
+            return self._token
+        try:
+            return pathlib.Path(self.token_file).read_text(encoding="utf-8").strip()
+        except OSError:
+            return ""
 
     def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         if not self.url.startswith(("http://", "https://")):
@@ -267,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     rank = int(env.get("RANK") or env.get("NODE_RANK") or "0")
     controller = Controller(env, retries=args.retries, backoff_s=args.backoff_seconds)
     if not controller.enabled:
-        log("TAU_URL, TAU_TOKEN or TAU_RUN is not set: checkpoints are saved, not reported")
+        log("TAU_URL, TAU_TOKEN(_FILE) or TAU_RUN is not set: checkpoints are saved, not reported")
     signal.signal(signal.SIGTERM, Stop.on_signal)
 
     found = newest(env, controller)

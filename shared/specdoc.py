@@ -78,7 +78,8 @@ timeout: 12h
 ## What the run sees
 
 Every pod gets `TAU_RUN`, `TAU_NAMESPACE`, `TAU_ATTEMPT` (1 for the first attempt),
-`TAU_WORKERS`, `TAU_URL`, `TAU_TOKEN` (a token that only works for this run),
+`TAU_WORKERS`, `TAU_URL`, `TAU_TOKEN_FILE` (the pod's own token, which works only for this
+run and attempt),
 `TAU_CHECKPOINT_DIR` (when `checkpoint` is set), `TAU_CHECKPOINT_FILE` (a file holding the
 latest reported checkpoint, kept current even when Kueue readmits the pod),
 `TAU_RESUME_FROM` (the checkpoint a retried attempt starts from; empty otherwise) and

@@ -1,5 +1,6 @@
 """What the run API's tests share (and the e2e tier and benches reuse): a researcher's
-token and Role, a tau.yaml for a GPU job, and `Env`, one test's world around a controller."""
+token and Role, a run pod's token, a tau.yaml for a GPU job, and `Env`, one test's world
+around a controller."""
 
 from __future__ import annotations
 
@@ -43,6 +44,38 @@ async def make_token(
         name, namespace, {"spec": {"expirationSeconds": 3600}}
     )
     return str(tr.status.token)
+
+
+RUN_AUDIENCE = "taugrid-run"
+
+
+async def run_token(
+    api: client.ApiClient, namespace: str, run: str, *, attempt: int = 1,
+    audience: str = RUN_AUDIENCE,
+) -> str:  # fmt: skip
+    """The token a pod of attempt `attempt` of `run` has at TAU_TOKEN_FILE: a TokenRequest
+    for the namespace's default ServiceAccount, bound to that pod, of the run audience (what
+    the kubelet mounts from the rendered projected volume; KWOK's pods have no kubelet)."""
+    core = client.CoreV1Api(api)
+    selector = f"taugrid.dev/run={run},taugrid.dev/attempt={attempt}"
+
+    async def pod() -> tuple[str, str]:
+        pods = await core.list_namespaced_pod(namespace, label_selector=selector)
+        live = [p for p in pods.items if p.metadata.deletion_timestamp is None]
+        assert live, f"no pod of {run} attempt {attempt} yet"
+        return str(live[0].metadata.name), str(live[0].metadata.uid)
+
+    name, uid = await support.eventually(pod, what=f"a pod of {run} attempt {attempt}")
+    request = {"spec": {
+        "audiences": [audience], "expirationSeconds": 3600,
+        "boundObjectRef": {"kind": "Pod", "apiVersion": "v1", "name": name, "uid": uid},
+    }}  # fmt: skip
+
+    async def mint() -> str:
+        tr = await core.create_namespaced_service_account_token("default", namespace, request)
+        return str(tr.status.token)
+
+    return await support.eventually(support.not_found_is_not_yet(mint), what="the run token")
 
 
 @dataclasses.dataclass

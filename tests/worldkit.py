@@ -9,7 +9,6 @@ The hostile corpus (tests/integration/controller/test_hostile.py) and the OpenAP
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import dataclasses
 import io
@@ -22,7 +21,7 @@ import yarl
 from kubernetes_asyncio import client
 
 from devcluster import cluster
-from tests import controllerkit, kueue, support
+from tests import controllerkit, kueue, runskit, support
 from tests.runskit import RESEARCHER_RULES, job_spec, make_token
 
 STATUS_RULES = [
@@ -104,11 +103,8 @@ async def _namespace(api: client.ApiClient, name: str) -> None:
 
 
 async def _run_token(api: client.ApiClient, namespace: str, run: str) -> str:
-    async def read() -> str:
-        secret = await client.CoreV1Api(api).read_namespaced_secret(f"{run}-token", namespace)
-        return base64.b64decode(secret.data["token"]).decode()
-
-    return await support.eventually(support.not_found_is_not_yet(read), what="the run's token")
+    """The token of a pod of the run's first attempt (its TAU_TOKEN_FILE)."""
+    return await runskit.run_token(api, namespace, run)
 
 
 @contextlib.asynccontextmanager

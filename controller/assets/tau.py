@@ -21,12 +21,14 @@
     tau results RUN1 RUN2 | --experiment NAME     runs' final metrics side by side
     tau experiments                               your experiments and their runs
 
-Inside a run's pods TAU_URL, TAU_TOKEN (a run-scoped token), TAU_NAMESPACE, TAU_RUN and
-TAU_ATTEMPT are set, so `tau checkpoint` and `tau result` need only what they report.
+Inside a run's pods TAU_URL, TAU_TOKEN_FILE (the pod's own token, which works only for its
+run and attempt), TAU_NAMESPACE, TAU_RUN and TAU_ATTEMPT are set, so `tau checkpoint` and
+`tau result` need only what they report.
 
 Settings come from flags or the environment: --url / TAU_URL (the controller),
 --token / TAU_TOKEN (any token your Kubernetes API server accepts, e.g. from
-`kubectl create token`), -n / TAU_NAMESPACE (default: the spec's namespace, else default),
+`kubectl create token`), --token-file / TAU_TOKEN_FILE (read at each start; used when no
+token is given), -n / TAU_NAMESPACE (default: the spec's namespace, else default),
 --ca-file / TAU_CA_FILE (PEM bundle of the CA that issued the controller's certificate,
 trusted besides the system store; set in run pods when the controller has a CA).
 
@@ -831,6 +833,11 @@ def parser() -> argparse.ArgumentParser:
         "--token", default=os.environ.get("TAU_TOKEN", ""), help="bearer token (TAU_TOKEN)"
     )
     common.add_argument(
+        "--token-file",
+        default=os.environ.get("TAU_TOKEN_FILE", ""),
+        help="file holding the bearer token, when --token is not given (TAU_TOKEN_FILE)",
+    )
+    common.add_argument(
         "-n",
         "--namespace",
         default=os.environ.get("TAU_NAMESPACE") or None,
@@ -946,6 +953,19 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def token_of(args: argparse.Namespace) -> str:
+    """The token: --token / TAU_TOKEN, else the contents of --token-file / TAU_TOKEN_FILE
+    (a run pod's projected token, which the kubelet rotates: read at each start)."""
+    if args.token or not args.token_file:
+        return str(args.token)
+    try:
+        with pathlib.Path(args.token_file).open(encoding="utf-8") as f:
+            return f.read(64 * 1024).strip()
+    except OSError as err:
+        msg = f"cannot read the token file {args.token_file}: {err.strerror or err}"
+        raise TauError(msg, EXIT_USAGE) from err
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.verb == "run":
@@ -954,7 +974,7 @@ def main(argv: list[str] | None = None) -> int:
             args.command = [args.file, *args.command]
             args.file = None
     try:
-        client = Client(args.url, args.token, ca_file=args.ca_file)
+        client = Client(args.url, token_of(args), ca_file=args.ca_file)
         return int(args.func(client, args))
     except TauError as err:
         print(f"tau: {err}", file=sys.stderr)

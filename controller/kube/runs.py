@@ -12,10 +12,13 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+import structlog
 from kubernetes_asyncio import client
 
 from controller import errors
 from controller.kube import _api
+
+log = structlog.get_logger()
 
 TAURUN = ("taugrid.dev", "v1alpha1", "tauruns")
 TAURUNLOG = ("taugrid.dev", "v1alpha1", "taurunlogs")
@@ -112,23 +115,24 @@ class RunStore:
                 raise NotFoundError(namespace) from err
             raise refusal(err, "TauRun") from err
 
-    async def dry_run_create(self, obj: dict[str, Any]) -> None:
+    async def dry_run_create(self, obj: dict[str, Any]) -> bool:
         """Have the API server (and its admission webhooks: Kueue's) check an object we are
         about to create, without storing it; `refusal`'s kinds when it would refuse it. A
-        404 means its kind is not served (no KubeRay for a RayJob); a 409 that one of that
-        name exists, which is the TauRun's create to judge."""
+        404 means its kind is not served (no KubeRay for a RayJob); False (a 409) that one of
+        that name exists, for the caller to judge whose it is."""
         kind = str(obj["kind"])
         try:
             await self._create(obj, dry_run=True)
         except client.ApiException as err:
             if err.status == 409:
-                return
+                return False
             if err.status == 404:
                 if (_status(err).get("details") or {}).get("kind") == "namespaces":
                     raise NotFoundError(str(obj["metadata"]["namespace"])) from err
                 msg = f"this cluster cannot create a {kind}: {str(err.reason)[:200]}"
                 raise RejectedError(kind, msg, "kind") from err
             raise refusal(err, kind) from err
+        return True
 
     async def get_run(self, namespace: str, name: str) -> dict[str, Any] | None:
         """Return a TauRun, None when it does not exist."""
@@ -186,14 +190,20 @@ class RunStore:
 
     # ------------------------------------------------------------------ owned objects
     async def create(self, obj: dict[str, Any]) -> bool:
-        """Create a Job, Service, RayJob, NetworkPolicy, ResourceClaimTemplate, Secret or
-        ConfigMap; False when it already exists."""
+        """Create a Job, Service, RayJob, NetworkPolicy, ResourceClaimTemplate or ConfigMap;
+        False when it already exists as this run's. errors.NameTaken when an object of that
+        name exists and its controller is not the run `obj` is owned by (review M4): it is
+        never written into, and the run learns why."""
         try:
             await self._create(obj)
         except client.ApiException as err:
-            if err.status == 409:
-                return False
-            raise
+            if err.status != 409:
+                raise
+            meta = obj["metadata"]
+            existing = await self.read_object(obj["kind"], meta["namespace"], meta["name"])
+            if existing is not None:
+                _check_owner(existing, obj["kind"], _owner_uid(obj))
+            return False
         return True
 
     async def _create(self, obj: dict[str, Any], *, dry_run: bool = False) -> None:
@@ -206,8 +216,6 @@ class RunStore:
             resp = await self._batch.create_namespaced_job(ns, obj, **opts)
         elif kind == "Service":
             resp = await self._core.create_namespaced_service(ns, obj, **opts)
-        elif kind == "Secret":
-            resp = await self._core.create_namespaced_secret(ns, obj, **opts)
         elif kind == "ConfigMap":
             resp = await self._core.create_namespaced_config_map(ns, obj, **opts)
         elif kind == "RayJob":
@@ -225,56 +233,94 @@ class RunStore:
             raise ValueError(msg)
         await _api.read_json(resp)
 
-    async def write_configmap(self, body: dict[str, Any]) -> None:
-        """Merge a ConfigMap's `data` into the stored one, creating it from `body` if missing."""
-        meta = body["metadata"]
+    async def read_object(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """One of a run's objects by kind and name; None when there is none."""
         try:
-            resp = await self._core.patch_namespaced_config_map(
-                meta["name"], meta["namespace"], {"data": body.get("data") or {}},
-                _preload_content=False, _content_type="application/merge-patch+json",
-            )  # fmt: skip
-            await _api.read_json(resp)
+            if kind == "Job":
+                resp = await self._batch.read_namespaced_job(
+                    name, namespace, _preload_content=False
+                )
+            elif kind == "Service":
+                resp = await self._core.read_namespaced_service(
+                    name, namespace, _preload_content=False
+                )
+            elif kind == "ConfigMap":
+                resp = await self._core.read_namespaced_config_map(
+                    name, namespace, _preload_content=False
+                )
+            elif kind == "RayJob":
+                resp = await self._custom.get_namespaced_custom_object(
+                    *RAYJOB[:2], namespace, RAYJOB[2], name, _preload_content=False
+                )
+            elif kind == "ResourceClaimTemplate":
+                resp = await self._custom.get_namespaced_custom_object(
+                    *CLAIM_TEMPLATES[:2], namespace, CLAIM_TEMPLATES[2], name,
+                    _preload_content=False,
+                )  # fmt: skip
+            elif kind == "NetworkPolicy":
+                resp = await self._networking.read_namespaced_network_policy(
+                    name, namespace, _preload_content=False
+                )
+            else:
+                msg = f"cannot read a {kind}"
+                raise ValueError(msg)
+            return dict(await _api.read_json(resp))
         except client.ApiException as err:
-            if err.status != 404:
-                raise
-            await self.create(body)
+            if err.status == 404:
+                return None
+            raise
 
-    async def write_secret(self, body: dict[str, Any]) -> None:
-        """Create a Secret, or replace the data of an existing one (a run whose token was
-        made but never recorded: no pod can hold it yet). Secrets are never read."""
+    async def write_configmap(self, body: dict[str, Any]) -> None:
+        """Merge a ConfigMap's `data` into the stored one, creating it from `body` if missing;
+        errors.NameTaken when the stored one is not the run's (never merged into)."""
         meta = body["metadata"]
-        if await self.create(body):
+        existing = await self.read_object("ConfigMap", meta["namespace"], meta["name"])
+        if existing is None:
+            await self.create(body)
             return
-        resp = await self._core.patch_namespaced_secret(
-            meta["name"], meta["namespace"], {"stringData": body.get("stringData") or {}},
+        _check_owner(existing, "ConfigMap", _owner_uid(body))
+        # The UID precondition: the object checked is the object patched.
+        patch = {"metadata": {"uid": existing["metadata"]["uid"]}, "data": body.get("data") or {}}
+        resp = await self._core.patch_namespaced_config_map(
+            meta["name"], meta["namespace"], patch,
             _preload_content=False, _content_type="application/merge-patch+json",
         )  # fmt: skip
         await _api.read_json(resp)
 
-    async def delete(self, kind: str, namespace: str, name: str) -> bool:
+    async def delete(self, kind: str, namespace: str, name: str, *, owner_uid: str) -> bool:
         """Delete a Job, Service, RayJob, NetworkPolicy or ResourceClaimTemplate (dependents in
-        the background); False if gone."""
-        opts = {"propagation_policy": "Background"}
+        the background) if it is the run `owner_uid`'s; False if it is gone or not the run's
+        (an object of that name someone else made is left alone, review M4)."""
+        existing = await self.read_object(kind, namespace, name)
+        if existing is None:
+            return False
+        if _controller_uid(existing) != owner_uid:
+            log.warning("not deleting an object that is not the run's", kind=kind,
+                        object=f"{namespace}/{name}", owner_uid=owner_uid)  # fmt: skip
+            return False
+        # The UID precondition: the object checked is the object deleted.
+        body = {"propagationPolicy": "Background",
+                "preconditions": {"uid": existing["metadata"]["uid"]}}  # fmt: skip
         try:
             if kind == "Job":
-                await self._batch.delete_namespaced_job(name, namespace, **opts)
+                await self._batch.delete_namespaced_job(name, namespace, body=body)
             elif kind == "Service":
-                await self._core.delete_namespaced_service(name, namespace)
+                await self._core.delete_namespaced_service(name, namespace, body=body)
             elif kind == "RayJob":
                 await self._custom.delete_namespaced_custom_object(
-                    *RAYJOB[:2], namespace, RAYJOB[2], name, **opts
+                    *RAYJOB[:2], namespace, RAYJOB[2], name, body=body
                 )
             elif kind == "NetworkPolicy":
-                await self._networking.delete_namespaced_network_policy(name, namespace)
+                await self._networking.delete_namespaced_network_policy(name, namespace, body=body)
             elif kind == "ResourceClaimTemplate":
                 await self._custom.delete_namespaced_custom_object(
-                    *CLAIM_TEMPLATES[:2], namespace, CLAIM_TEMPLATES[2], name
+                    *CLAIM_TEMPLATES[:2], namespace, CLAIM_TEMPLATES[2], name, body=body
                 )
             else:
                 msg = f"cannot delete a {kind}"
                 raise ValueError(msg)
         except client.ApiException as err:
-            if err.status == 404:
+            if err.status in (404, 409):  # gone, or replaced since it was read
                 return False
             raise
         return True
@@ -371,6 +417,16 @@ class RunStore:
             resp = await self._custom.get_cluster_custom_object(
                 *KUEUE, "workloadpriorityclasses", name, _preload_content=False
             )
+            return dict(await _api.read_json(resp))
+        except client.ApiException as err:
+            if err.status == 404:
+                return None
+            raise
+
+    async def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """A pod, None when there is none (which run and attempt a run token is)."""
+        try:
+            resp = await self._core.read_namespaced_pod(name, namespace, _preload_content=False)
             return dict(await _api.read_json(resp))
         except client.ApiException as err:
             if err.status == 404:
@@ -504,3 +560,29 @@ class RunStore:
                 yield chunk
         finally:
             resp.release()
+
+
+def _controller_uid(obj: dict[str, Any]) -> str | None:
+    """The UID of an object's controller owner (None without one)."""
+    for ref in (obj.get("metadata") or {}).get("ownerReferences") or []:
+        if isinstance(ref, dict) and ref.get("controller"):
+            return str(ref.get("uid") or "")
+    return None
+
+
+def _owner_uid(obj: dict[str, Any]) -> str:
+    """The UID of the TauRun an object we are writing belongs to."""
+    return _controller_uid(obj) or ""
+
+
+def _check_owner(existing: dict[str, Any], kind: str, owner_uid: str) -> None:
+    """errors.NameTaken unless `existing` is controlled by the run `owner_uid`."""
+    if owner_uid and _controller_uid(existing) == owner_uid:
+        return
+    meta = existing.get("metadata") or {}
+    where = f"{meta.get('namespace')}/{meta.get('name')}"
+    msg = (
+        f"a {kind} {where} already exists and is not this run's; TauGrid never writes into"
+        " somebody else's object: delete it, or submit under another run name"
+    )
+    raise errors.NameTaken(msg, field="name")

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import hashlib
-import hmac
 from collections.abc import Sequence
 from typing import Any
 
@@ -89,9 +88,6 @@ SPEC_MEDIA_TYPES = ("application/yaml", "application/json")
 DRY_RUN_UID = "00000000-0000-0000-0000-000000000000"
 """The owner UID of objects checked by the API server's dry run before their TauRun exists:
 the API server wants one, and no object is stored with it."""
-DRY_RUN_TOKEN = objects.RUN_TOKEN_PREFIX + "<generated-when-the-run-is-created>"
-PER_RUN_KINDS = frozenset({"Secret", "ConfigMap"})
-"""The run's own objects, made once per run; the rest of a plan's creates are attempt 1's."""
 
 
 # ---------------------------------------------------------------------- submit
@@ -255,35 +251,48 @@ def _first_objects(
     ctx: context.RunsContext, spec: specs.TauSpec, ref: objects.RunRef
 ) -> list[dict[str, Any]]:
     """What the reconciler creates for a new run, from its own decision step
-    (`policy.decide_run`): the run's token Secret and checkpoint ConfigMap, then attempt 1's
-    objects. The token shown is a placeholder; a real one is made at creation."""
+    (`policy.decide_run`): the run's checkpoint ConfigMap, then attempt 1's objects."""
     run = policy.RunInput(
-        ref=ref, spec=specs.spec_to_wire(spec), status=records.RunStatus(), observed=False,
-        new_token=DRY_RUN_TOKEN,
-    )  # fmt: skip
+        ref=ref, spec=specs.spec_to_wire(spec), status=records.RunStatus(), observed=False
+    )
     now = dt.datetime.now(dt.UTC)
     return list(policy.decide_run(run, ctx.reconciler.settings, now).creates)
 
 
-def _attempt_objects(
-    ctx: context.RunsContext, spec: specs.TauSpec, ref: objects.RunRef
-) -> list[dict[str, Any]]:
-    """Attempt 1's objects (its Job or RayJob, and a pytorch run's Service)."""
-    return [o for o in _first_objects(ctx, spec, ref) if o["kind"] not in PER_RUN_KINDS]
-
-
 async def _server_check(ctx: context.RunsContext, spec: specs.TauSpec, ref: objects.RunRef) -> None:
-    """Have the API server (and Kueue's webhooks) check attempt 1's objects without storing
-    them, so a spec it would refuse is refused now, naming the field, instead of a run the
-    reconciler could never start (security review M1)."""
-    for obj in _attempt_objects(ctx, spec, ref):
+    """Have the API server (and Kueue's webhooks) check the run's first objects without
+    storing them, so a spec it would refuse is refused now, naming the field, instead of a
+    run the reconciler could never start (security review M1); and refuse a run whose names
+    somebody else's object already holds (review M4: 409 NameTaken naming it), before
+    anything is created."""
+    for obj in _first_objects(ctx, spec, ref):
         try:
-            await ctx.store.dry_run_create(obj)
+            free = await ctx.store.dry_run_create(obj)
         except kube_runs.NotFoundError as err:
             msg = f"namespace {ref.namespace!r} does not exist"
             raise errors.NotFound(msg, field="namespace") from err
         except kube_runs.RejectedError as err:
             raise _rejected(err) from err
+        if not free:
+            await _check_name_free(ctx, obj, spec.name)
+
+
+async def _check_name_free(ctx: context.RunsContext, obj: dict[str, Any], run: str) -> None:
+    """An object of `obj`'s name exists: fine when it is a TauRun `run`'s (that run exists,
+    and the TauRun's own create answers for it), NameTaken otherwise."""
+    kind, meta = str(obj["kind"]), obj["metadata"]
+    existing = await ctx.store.read_object(kind, meta["namespace"], meta["name"])
+    owners = ((existing or {}).get("metadata") or {}).get("ownerReferences") or []
+    if existing is None or any(
+        o.get("kind") == objects.TAURUN_KIND and o.get("name") == run and o.get("controller")
+        for o in owners
+    ):
+        return
+    msg = (
+        f"a {kind} {meta['namespace']}/{meta['name']} already exists and is not a run's;"
+        f" run {run!r} would need that name: delete it, or choose another run name"
+    )
+    raise errors.NameTaken(msg, field="name")
 
 
 def _rejected(err: kube_runs.RejectedError) -> errors.Invalid:
@@ -426,33 +435,44 @@ async def cancel_run(request: web.Request) -> web.StreamResponse:
 
 # ---------------------------------------------------------------------- checkpoints
 async def _run_caller(request: web.Request, verb: str, subresource: str = "") -> auth.Identity:
-    """Authenticate a checkpoint call: the run's own token (from its pods), or a Kubernetes
-    identity allowed `verb` on the TauRun (a person). Return who called.
+    """Authenticate a report: a pod of the run (its projected `taugrid-run` token), or a
+    Kubernetes identity allowed `verb` on the TauRun (a person). Return who called.
 
-    Run-scoped tokens carry a prefix, so one is never sent to TokenReview, and one run's
-    token used on another run is refused with 403 at once. A follower that checked a run's
-    token speaks for the run (`auth.run_caller`); the leader accepts that only from a
-    replica, and only for the same run.
+    A token for the run audience is reviewed for that audience alone and mapped to its run
+    and attempt through the pod it is bound to (`controller.runs.identity`); a pod of another
+    run is refused with 403. A follower does that mapping itself and speaks for the run pod
+    (`auth.run_caller`); the leader accepts that only from a replica, and only for the same
+    run.
     """
     namespace, name = context.run_path(request)
     token = auth.bearer_token(request.headers.get("Authorization"))
-    if token.startswith(objects.RUN_TOKEN_PREFIX):
-        expected = await context.context_of(request).run_token_digest(
-            namespace, name, before_read=serving.unseen_credential(request)
+    audience = serving.serving_of(request).settings.run_token_audience
+    if audience in auth.token_audiences(token):
+        who = await serving.identity(request, (audience,))
+        pod = await context.context_of(request).run_pods.resolve(
+            who, before_read=serving.unseen_credential(request)
         )
-        got = objects.token_digest(token)
-        if expected is None or not hmac.compare_digest(got.encode(), expected.encode()):
+        if (pod.namespace, pod.run) != (namespace, name):
             msg = (
-                f"this run-scoped token does not belong to run {namespace}/{name}: a run's"
-                " token works only for that run"
+                f"this token is pod {pod.namespace}/{pod.pod}'s, of run {pod.namespace}/"
+                f"{pod.run}: a run's token works only for that run"
             )
             raise errors.Forbidden(msg, field="Authorization")
-        return auth.run_caller(namespace, name)
+        return auth.run_caller(namespace, name, pod.attempt)
     identity = await serving.identity(request)
-    if serving.forwarded(request) and identity == auth.run_caller(namespace, name):
+    run = auth.run_of(identity)
+    if serving.forwarded(request) and run is not None and run[:2] == (namespace, name):
         return identity
     await context.allow(request, identity, verb, namespace, subresource=subresource)
     return identity
+
+
+def _check_attempt(caller: auth.Identity, attempt: int) -> None:
+    """A run pod reports only for its own attempt (the one its pod's labels name)."""
+    run = auth.run_of(caller)
+    if run is not None and run[2] != attempt:
+        msg = f"this token is a pod of attempt {run[2]}'s; it may not report for attempt {attempt}"
+        raise errors.Forbidden(msg, field="attempt")
 
 
 CHECKPOINT = {201: serving.Reply("The checkpoint, as kept.", schemas.CheckpointRecord)}
@@ -465,14 +485,15 @@ CHECKPOINT = {201: serving.Reply("The checkpoint, as kept.", schemas.CheckpointR
 async def post_checkpoint(request: web.Request) -> web.StreamResponse:
     """A run's pod reports a checkpoint it saved (`tau checkpoint --step N --path P`).
 
-    With the run's own token, or as a person allowed `update tauruns/status`. A report from
-    an attempt that is over (or not begun) is a 409.
+    With the token of a pod of the run (for its own attempt only), or as a person allowed
+    `update tauruns/status`. A report from an attempt that is over (or not begun) is a 409.
     """
     caller = await _run_caller(request, "update", "status")
     if (leader := await serving.unless_leader(request, caller)) is not None:
         return leader
     namespace, name = context.run_path(request)
     body = await serving.json_body(request, checkpoints.ReportBody)
+    _check_attempt(caller, body.attempt)
     report = checkpoints.Report(attempt=body.attempt, step=body.step, path=body.path)
     entry = await context.context_of(request).reconciler.record_checkpoint(namespace, name, report)
     log.debug("checkpoint reported", run=f"{namespace}/{name}", by=caller.username)
@@ -610,13 +631,15 @@ async def post_results(request: web.Request) -> web.StreamResponse:
     """A run's pod reports metrics, artifacts or a summary (`tau result`).
 
     202: written within `writtenWithinS`, in one status write with the rest of the burst.
-    With the run's own token, or as a person allowed `update tauruns/status`.
+    With the token of a pod of the run (for its own attempt only), or as a person allowed
+    `update tauruns/status`.
     """
     caller = await _run_caller(request, "update", "status")
     if (leader := await serving.unless_leader(request, caller)) is not None:
         return leader
     namespace, name = context.run_path(request)
     report = results.parse_report(await serving.json_document(request, results.ResultReport))
+    _check_attempt(caller, report.attempt)
     collector = context.context_of(request).reconciler.collector
     accepted = await collector.accept(namespace, name, report)
     log.debug("results reported", run=f"{namespace}/{name}", by=caller.username)

@@ -2,25 +2,19 @@
 
 It carries a `policy.RunPlan` out in order: the TauRun's annotations, then the logs of the
 attempts that end (kept before their pods can go), then the deletes (an attempt that ended,
-a finished run's objects after its TTL), then the creates (the per-run token Secret and
-checkpoint ConfigMap, each attempt's Job or RayJob and headless Service).
+a finished run's objects after its TTL), then the creates (the per-run checkpoint
+ConfigMap, each attempt's Job or RayJob and headless Service).
 Every write checks that the lease is still held; creates tolerate a 409 and deletes a 404, so
 a repeated plan is harmless (level-triggered).
 """
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
 from controller import leading
 from controller.runs import objects, policy
-
-
-def new_token() -> str:
-    """A fresh run-scoped token (`tau_` and 32 random bytes)."""
-    return objects.RUN_TOKEN_PREFIX + secrets.token_urlsafe(32)
 
 
 class ObjectStore(Protocol):
@@ -33,15 +27,13 @@ class ObjectStore(Protocol):
         ...
 
     async def create(self, obj: dict[str, Any]) -> bool:
-        """Create an object; False when it already exists."""
+        """Create an object; False when it already exists as the run's; errors.NameTaken
+        when one of that name is somebody else's."""
         ...
 
-    async def write_secret(self, body: dict[str, Any]) -> None:
-        """Create a Secret, or replace its data."""
-        ...
-
-    async def delete(self, kind: str, namespace: str, name: str) -> bool:
-        """Delete an object with its dependents; False when it is gone."""
+    async def delete(self, kind: str, namespace: str, name: str, *, owner_uid: str) -> bool:
+        """Delete an object with its dependents if it is the run `owner_uid`'s; False when
+        it is gone or not the run's."""
         ...
 
 
@@ -71,11 +63,8 @@ class Attempts:
             await self.keep_logs(ref, plan.keep_logs)
         for gone in plan.deletes:
             self.elector.ensure_leader()
-            await self.store.delete(gone.kind, gone.namespace, gone.name)
+            await self.store.delete(gone.kind, gone.namespace, gone.name, owner_uid=ref.uid)
         for obj in plan.creates:
             self.elector.ensure_leader()
-            if obj["kind"] == "Secret":
-                await self.store.write_secret(obj)
-            else:
-                await self.store.create(obj)
+            await self.store.create(obj)
         return updated

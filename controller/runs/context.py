@@ -8,23 +8,19 @@ where RBAC lets them and the controller's own, wider rights are never lent out.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
-import time
-from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
 
 from controller import auth, errors, serving
 from controller.kube import runs as kube_runs
+from controller.runs import identity as run_identity
 from controller.runs import keeping, lifecycle, reconciling, records, schemas
 from shared import spec as specs
 
 GROUP = "taugrid.dev"
 RESOURCE = "tauruns"
-RUN_TOKEN_TTL_S = 60.0
-MAX_CACHED_RUN_TOKENS = 10_000
 
 
 @dataclasses.dataclass
@@ -34,55 +30,11 @@ class RunsContext:
     store: kube_runs.RunStore
     reconciler: reconciling.Reconciler
     keeper: keeping.LogKeeper
-    run_tokens: dict[tuple[str, str], tuple[str, float]] = dataclasses.field(default_factory=dict)
-    """(namespace, run) -> (the digest of its run-scoped token, when read)."""
-    _reading: dict[tuple[str, str], asyncio.Future[str | None]] = dataclasses.field(
-        default_factory=dict, init=False, repr=False
-    )
-    """Reads in flight: concurrent reports of one run wait for one read, not one each."""
+    run_pods: run_identity.RunPods = dataclasses.field(init=False, repr=False)
+    """Which run and attempt a run pod's token is (`controller.runs.identity`)."""
 
-    async def run_token_digest(
-        self, namespace: str, name: str, *, before_read: Callable[[], None] | None = None
-    ) -> str | None:
-        """The SHA-256 of the run's token, from its status; cached for RUN_TOKEN_TTL_S (a
-        run without one yet is not cached: its first reconcile is about to record it).
-        `before_read` runs before the API server is asked (a rate limit per source); reports
-        that arrive while that read is in flight share it."""
-        now = time.monotonic()
-        key = (namespace, name)
-        cached = self.run_tokens.get(key)
-        if cached is not None and now - cached[1] < RUN_TOKEN_TTL_S:
-            return cached[0]
-        pending = self._reading.get(key)
-        if pending is not None:
-            return await asyncio.shield(pending)
-        if before_read is not None:
-            before_read()
-        fut: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
-        self._reading[key] = fut
-        try:
-            digest = await self._read_digest(namespace, name, now)
-        except BaseException as err:
-            fut.set_exception(err)
-            fut.exception()  # retrieved: the waiters re-raise it themselves
-            raise
-        finally:
-            self._reading.pop(key, None)
-        fut.set_result(digest)
-        return digest
-
-    async def _read_digest(self, namespace: str, name: str, now: float) -> str | None:
-        item = await self.store.get_run(namespace, name)
-        try:
-            digest = records.read((item or {}).get("status"), results=False).token_sha256
-        except ValueError:
-            digest = ""  # a damaged status holds no digest we can trust
-        if not digest:
-            return None
-        if len(self.run_tokens) >= MAX_CACHED_RUN_TOKENS:
-            self.run_tokens.clear()
-        self.run_tokens[(namespace, name)] = (digest, now)
-        return digest
+    def __post_init__(self) -> None:
+        self.run_pods = run_identity.RunPods(self.store.read_pod)
 
 
 RUNS = web.AppKey("runs", RunsContext)

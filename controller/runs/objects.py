@@ -1,32 +1,23 @@
-"""A run's own objects, besides its attempts: the token Secret and the checkpoint ConfigMap,
-their names, and the owner reference every object of a run carries (pure).
+"""A run's own objects, besides its attempts: the checkpoint ConfigMap, the names of a run's
+objects, and the owner reference every object of a run carries (pure).
+
+A run has no token object: its pods get projected ServiceAccount tokens of audience
+`taugrid-run` (rendering), which the controller reviews and maps to the run through the pod
+they are bound to (`controller.runs.identity`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 from collections.abc import Mapping
 from typing import Any
 
 from controller import marks
 from shared import spec as specs
 
-RUN_TOKEN_PREFIX = "tau_"  # noqa: S105  (a prefix that marks run-scoped tokens, not a secret)
-"""Run-scoped tokens start with this, so the API tells them from Kubernetes tokens at once."""
-
-
-def token_digest(token: str) -> str:
-    """The hex SHA-256 of a run-scoped token, as kept in the run's status (`tokenSHA256`)."""
-    return hashlib.sha256(token.encode()).hexdigest()
-
-
 TAURUN_API_VERSION = specs.API_VERSION
 
 TAURUN_KIND = "TauRun"
-
-TOKEN_SECRET_KEY = "token"  # noqa: S105 - the key's name, not a secret
-"""Key of the run-scoped token in the per-run Secret."""
 
 CHECKPOINT_CONFIGMAP_KEY = "latest"
 """Key (and file name) of the latest checkpoint in the per-run ConfigMap."""
@@ -63,11 +54,6 @@ def attempt_number(run_name: str, object_name: str) -> int | None:
     return int(number)
 
 
-def token_secret_name(run_name: str) -> str:
-    """Return the conventional name of a run's token Secret."""
-    return f"{run_name}-token"
-
-
 def checkpoint_configmap_name(run_name: str) -> str:
     """Return the conventional name of a run's checkpoint ConfigMap."""
     return f"{run_name}-checkpoint"
@@ -86,22 +72,6 @@ def owner_reference(run: RunRef) -> dict[str, Any]:
         "uid": run.uid,
         "controller": True,
         "blockOwnerDeletion": True,
-    }
-
-
-def render_token_secret(run: RunRef, name: str, token: str) -> dict[str, Any]:
-    """Return the per-run Secret holding the run-scoped token, owned by the TauRun."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": {
-            "name": name,
-            "namespace": run.namespace,
-            "labels": {marks.RUN_LABEL: run.name},
-            "ownerReferences": [owner_reference(run)],
-        },
-        "type": "Opaque",
-        "stringData": {TOKEN_SECRET_KEY: token},
     }
 
 

@@ -78,8 +78,6 @@ class RunInput:
     """Why our admission gate holds its Workload back, when it does."""
     priority_classes: frozenset[str] | None = None
     """The WorkloadPriorityClasses that exist; None when they could not be listed."""
-    new_token: str = ""
-    """A fresh run-scoped token, used only when the run has none yet."""
     rerun_of: records.RerunSource | None = None
     """The run this one reruns (its `taugrid.dev/rerun-of` annotation), for the evidence."""
 
@@ -128,6 +126,19 @@ def decide_run(run: RunInput, settings: RunSettings, now: dt.datetime) -> RunPla
     return _keeping_logs(_decide(run, settings, now), run.ref)
 
 
+def name_taken(status: records.RunStatus, message: str, now: dt.datetime) -> records.RunStatus:
+    """The run ended Failed, `NameTaken`: an object of a name it needs is somebody else's
+    (the executor found it; nothing of it was written)."""
+    if status.phase in lifecycle.TERMINAL_PHASES:
+        return status
+    ended = lifecycle.end(status, Phase.FAILED, "NameTaken", message, now=now)
+    last = ended.last_attempt
+    if last is not None and last.end_time is None:
+        last = last.model_copy(update={"end_time": now, "phase": Phase.FAILED})
+        ended = ended.model_copy(update={"attempts": (*ended.attempts[:-1], last)})
+    return ended
+
+
 def _keeping_logs(plan: RunPlan, ref: objects.RunRef) -> RunPlan:
     """The plan, with the attempts whose logs it must keep first (see `RunPlan.keep_logs`)."""
     attempts = {
@@ -164,7 +175,7 @@ def _decide(run: RunInput, settings: RunSettings, now: dt.datetime) -> RunPlan:
             st = st.model_copy(update={"attempts": (*st.attempts[:-1], last)})
         return RunPlan(st, deletes=_attempt_objects(spec, run.ref, st.current_attempt, settings))
     if st.current_attempt == 0:
-        st, first = _run_objects(run.ref, st, settings, run.new_token)
+        st, first = _run_objects(run.ref, st, settings)
         st, attempt = _start(spec, run.ref, st, 1, now=now, settings=settings)
         return RunPlan(st, creates=first + attempt, started=(1,))
     if not run.observed:
@@ -332,7 +343,7 @@ def decide_resume(
     st = lifecycle.reopened(run.status, by=by, now=now)
     latest = checkpoints.latest(st)
     start_from = checkpoint if checkpoint is not None else (latest.path if latest else "")
-    st, first = _run_objects(run.ref, st, settings, run.new_token)
+    st, first = _run_objects(run.ref, st, settings)
     nxt = st.current_attempt + 1
     st, created = _start(spec, run.ref, st, nxt, now=now, settings=settings, resume_from=start_from)
     message = (
@@ -352,21 +363,14 @@ def decide_resume(
 
 
 def _run_objects(
-    ref: objects.RunRef, st: records.RunStatus, settings: RunSettings, token: str
+    ref: objects.RunRef, st: records.RunStatus, settings: RunSettings
 ) -> tuple[records.RunStatus, tuple[dict[str, Any], ...]]:
-    """The run's token Secret (once: its digest is kept in the status, so the controller
-    checks a report without ever reading a Secret) and its checkpoint ConfigMap (with the CA
-    the pods trust for the controller, when it has one)."""
-    out: list[dict[str, Any]] = []
-    if not st.token_sha256:
-        out.append(objects.render_token_secret(ref, objects.token_secret_name(ref.name), token))
-        st = st.model_copy(update={"token_sha256": objects.token_digest(token)})
-    out.append(
-        objects.render_checkpoint_configmap(
-            ref, objects.checkpoint_configmap_name(ref.name), "", ca_pem=settings.render.ca_pem
-        )
+    """The run's checkpoint ConfigMap (with the CA the pods trust for the controller, when it
+    has one). The run needs no credential object: its pods get projected tokens."""
+    configmap = objects.render_checkpoint_configmap(
+        ref, objects.checkpoint_configmap_name(ref.name), "", ca_pem=settings.render.ca_pem
     )
-    return st, tuple(out)
+    return st, (configmap,)
 
 
 def _start(
@@ -418,7 +422,6 @@ def _render(
     failure = (previous.failure_class or str(previous.phase)) if previous else ""
     ctx = rendering.AttemptContext(
         run=ref, attempt=attempt,
-        token_secret=objects.token_secret_name(ref.name),
         checkpoint_configmap=objects.checkpoint_configmap_name(ref.name),
         resume_from=resume_from,
         failure_reason=failure if attempt > 1 else "",

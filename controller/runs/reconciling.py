@@ -363,7 +363,6 @@ class Reconciler:
             ref=objects.run_ref(item), spec=item.get("spec") or {}, status=status,
             cancel_requested=bool(annotations.get(marks.CANCEL_ANNOTATION)),
             observed=snap is not None, priority_classes=classes,
-            new_token="" if status.token_sha256 else attempts.new_token(),
             rerun_of=reruns.read_source(annotations),
         )  # fmt: skip
         if snap is None:
@@ -382,7 +381,7 @@ class Reconciler:
             observed=True, attempt_object=seen.attempt_object, workload=workload,
             pods=seen.pods, nodes=snap.nodes, position=position,
             cluster_queue=snap.local_queues.get((base.ref.namespace, queue)), held=held,
-            priority_classes=classes, new_token=base.new_token, rerun_of=base.rerun_of,
+            priority_classes=classes, rerun_of=base.rerun_of,
         )  # fmt: skip
 
     # ------------------------------------------------------------------ decide, execute
@@ -408,7 +407,14 @@ class Reconciler:
     async def _execute(self, item: dict[str, Any], plan: policy.RunPlan) -> dict[str, Any]:
         """Carry a plan out: its writes in order, then the status; count what it decided."""
         namespace, name = snapshots.key(item)
-        item = await self.attempts.apply(objects.run_ref(item), plan) or item
+        try:
+            item = await self.attempts.apply(objects.run_ref(item), plan) or item
+        except errors.NameTaken as err:
+            # Somebody else's object holds a name this run needs (review M4): the run
+            # cannot go on without writing into it, so it ends, saying which.
+            log.warning("run name taken", run=f"{namespace}/{name}", problem=err.message)
+            status = policy.name_taken(plan.status, err.message, self._clock())
+            return await self.write_status(item, status)
         for attempt in plan.started:
             self.metrics.run_attempts.labels("started").inc()
             log.info("attempt started", run=f"{namespace}/{name}", attempt=attempt)

@@ -229,8 +229,6 @@ class RunStatus(StatusModel):
     start_time: Time | None = None
     end_time: Time | None = None
     evidence: Evidence | None = None
-    token_sha256: str = pydantic.Field(default="", alias="tokenSHA256")
-    """SHA-256 of the run-scoped token (the token itself is in the run's Secret)."""
     objects_deleted: bool | None = None
     """True once a finished run's objects were deleted after the TTL."""
     attempt_budget_from: int = 0

@@ -28,8 +28,10 @@ Choices that hold for every kind (DESIGN.md sections 2, 3 and 7):
   Kueue readmits keeps its original env, so the file is how it finds the newest checkpoint.
   When the controller has a CA, the same ConfigMap carries it as `ca.crt` (`TAU_CA_FILE`),
   so a pod trusts the controller's certificate without a Secret of its own.
-- **The run-scoped token** comes from the per-run Secret through `secretKeyRef`, so it never
-  appears in the Job spec.
+- **The run's credential** is a projected ServiceAccount token of audience `taugrid-run`
+  (`RenderSettings.run_token_audience`) at `TAU_TOKEN_FILE`, bound to the pod: no Secret, no
+  token in any spec, nothing that outlives the pod. The controller maps it to the run and
+  attempt through the pod it is bound to (`controller.runs.identity`).
 - **Resources**: GPUs as limits (extended resources need requests == limits, and Kubernetes
   copies limits to requests); CPU as a request only (a CPU limit throttles training for no
   gain); memory as request and limit (a run cannot take its neighbours' memory).
@@ -74,7 +76,13 @@ GPU_VISIBILITY_ENV = "NVIDIA_VISIBLE_DEVICES"
 NO_GPUS = "void"
 """The container toolkit's value for "no GPU at all" (not even the driver's files)."""
 
+RUN_TOKEN_DIR = "/var/run/secrets/taugrid.dev/run"  # noqa: S105  (a path, not a secret)
+RUN_TOKEN_FILE = f"{RUN_TOKEN_DIR}/token"
+"""Where a run pod finds its projected `taugrid-run` token (`TAU_TOKEN_FILE`); tau.yaml may
+not mount anything over /var/run/secrets."""
+
 VOLUME_SHM = "dshm"
+VOLUME_RUN_TOKEN = "taugrid-run-token"  # noqa: S105  (a volume name, not a secret)
 VOLUME_CHECKPOINT_FILE = "taugrid-checkpoint"
 VOLUME_CHECKPOINT_CLAIM = "checkpoint"
 
@@ -86,8 +94,6 @@ class AttemptContext:
     run: objects.RunRef
     attempt: int
     """1 for the first attempt."""
-    token_secret: str
-    """Name of the per-run Secret holding the run-scoped token under `TOKEN_SECRET_KEY`."""
     checkpoint_configmap: str
     """Name of the per-run ConfigMap holding the latest checkpoint under `latest`."""
     resume_from: str = ""
@@ -126,6 +132,10 @@ class RenderSettings:
     dra: bool = False
     """Ask for GPUs through DRA claims (a ResourceClaimTemplate per attempt) instead of the
     `nvidia.com/gpu` extended resource."""
+    run_token_audience: str = "taugrid-run"  # noqa: S105  (an audience name, not a secret)
+    """Audience of the projected token every run pod gets (`TAU_TOKEN_FILE`)."""
+    run_token_expiration_s: int = 3600
+    """The lifetime that token asks for; the kubelet rotates it at 80%."""
     dra_grace_s: int = 60
     """`tolerationSeconds` for `taugrid.dev/gpu-evict` when the run sets no
     `checkpoint.grace`."""
@@ -243,12 +253,7 @@ def _tau_env(
         {"name": "TAU_ATTEMPT", "value": str(ctx.attempt)},
         {"name": "TAU_WORKERS", "value": str(spec.workers)},
         {"name": "TAU_URL", "value": settings.controller_url},
-        {
-            "name": "TAU_TOKEN",
-            "valueFrom": {
-                "secretKeyRef": {"name": ctx.token_secret, "key": objects.TOKEN_SECRET_KEY}
-            },
-        },
+        {"name": "TAU_TOKEN_FILE", "value": RUN_TOKEN_FILE},
     ]
     if spec.checkpoint is not None:
         env.append({"name": "TAU_CHECKPOINT_DIR", "value": spec.checkpoint.dir})
@@ -331,10 +336,11 @@ def _resources(spec: specs.TauSpec, *, gpus: int, claims: bool = False) -> dict[
 
 
 def _volumes_and_mounts(
-    spec: specs.TauSpec, ctx: AttemptContext, *, with_ca: bool
+    spec: specs.TauSpec, ctx: AttemptContext, settings: RenderSettings
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The spec's claims, the checkpoint claim, /dev/shm and the checkpoint file (and the
-    controller's CA beside it, `with_ca`)."""
+    """The spec's claims, the checkpoint claim, /dev/shm, the checkpoint file (and the
+    controller's CA beside it, when it has one) and the pod's `taugrid-run` token."""
+    with_ca = bool(settings.ca_pem)
     volumes: list[dict[str, Any]] = []
     mounts: list[dict[str, Any]] = []
     for index, volume in enumerate(spec.volumes):
@@ -380,6 +386,17 @@ def _volumes_and_mounts(
     mounts.append(
         {"name": VOLUME_CHECKPOINT_FILE, "mountPath": specs.CHECKPOINT_MOUNT_DIR, "readOnly": True}
     )
+    # The run's credential for our API (DESIGN.md section 10): bound to this pod, of an
+    # audience no Kubernetes API server accepts, rotated by the kubelet, dead with the pod.
+    token = {
+        "audience": settings.run_token_audience,
+        "expirationSeconds": settings.run_token_expiration_s,
+        "path": "token",
+    }
+    volumes.append(
+        {"name": VOLUME_RUN_TOKEN, "projected": {"sources": [{"serviceAccountToken": token}]}}
+    )
+    mounts.append({"name": VOLUME_RUN_TOKEN, "mountPath": RUN_TOKEN_DIR, "readOnly": True})
     return volumes, mounts
 
 
@@ -399,13 +416,14 @@ def _pod_spec(
     *,
     gpus: int = 0,
 ) -> dict[str, Any]:
-    volumes, mounts = _volumes_and_mounts(spec, ctx, with_ca=bool(settings.ca_pem))
+    volumes, mounts = _volumes_and_mounts(spec, ctx, settings)
     pod: dict[str, Any] = {
         "restartPolicy": "Never",
         "terminationGracePeriodSeconds": settings.termination_grace_period_s,
         "enableServiceLinks": False,
-        # A run needs no Kubernetes credential (its TAU_TOKEN reaches our API), and the
-        # chart's ValidatingAdmissionPolicy refuses a pod template that would mount one.
+        # A run needs no Kubernetes credential (its projected taugrid-run token reaches our
+        # API), and the chart's ValidatingAdmissionPolicy refuses a pod template that would
+        # mount one.
         "automountServiceAccountToken": False,
         "containers": [{**container, "volumeMounts": mounts}],
         "volumes": volumes,

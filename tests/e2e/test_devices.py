@@ -7,7 +7,6 @@ devices and completes."""
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import pathlib
 from collections.abc import AsyncIterator
@@ -20,7 +19,7 @@ from kubernetes_asyncio import client
 from controller import marks
 from devcluster import cluster
 from tests import controllerkit as kit
-from tests import dra, kueue, support
+from tests import dra, kueue, runskit, support
 from tests.e2e import test_resilience as base
 from tests.runskit import IMAGE, RESEARCHER_RULES, make_token
 
@@ -110,9 +109,7 @@ async def test_a_run_on_dra_resumes_on_healthy_devices_after_one_of_its_gpus_is_
     assert len(held) == 2, held
     pool, device = min(held)
     assert pool == first["spec"]["nodeName"]
-    secret = await client.CoreV1Api(world.api).read_namespaced_secret("dr-token",
-                                                                      world.namespace)  # fmt: skip
-    run_token = base64.b64decode(secret.data["token"]).decode()
+    run_token = await runskit.run_token(world.api, world.namespace, "dr")
     code, out = await world.tau("checkpoint", "--step", "100", "--path", "/ckpt/step-100",
                                 token=run_token, TAU_RUN="dr", TAU_ATTEMPT="1")  # fmt: skip
     assert code == 0, out

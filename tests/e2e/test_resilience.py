@@ -9,7 +9,6 @@ researcher token. KWOK keeps run pods running; the test finishes them as a kubel
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import dataclasses
 import datetime as dt
@@ -28,7 +27,7 @@ from controller import marks, timestamps
 from devcluster import cluster
 from shared import health, heartbeat
 from tests import controllerkit as kit
-from tests import kueue, support
+from tests import kueue, runskit, support
 from tests.runskit import IMAGE, RESEARCHER_RULES, make_token
 
 pytestmark = pytest.mark.cluster
@@ -173,9 +172,7 @@ async def test_a_node_failure_resumes_the_run_from_its_newest_checkpoint(world: 
 
     first = await support.eventually(lambda: attempt_running(1), timeout_s=120, what="attempt 1")
     used = sorted(p["spec"]["nodeName"] for p in first)
-    secret = await client.CoreV1Api(world.api).read_namespaced_secret("llm-token",
-                                                                      world.namespace)  # fmt: skip
-    run_token = base64.b64decode(secret.data["token"]).decode()
+    run_token = await runskit.run_token(world.api, world.namespace, "llm")
     for step in (100, 200):
         code, out = await world.tau(
             "checkpoint", "--step", str(step), "--path", f"/ckpt/step-{step}",
@@ -302,6 +299,7 @@ async def test_a_drained_degraded_node_gives_the_run_its_sigterm_checkpoint(
         return pods[0]
 
     pod = await support.eventually(running_pod, timeout_s=120, what="the run's pod running")
+    run_token = await runskit.run_token(world.api, world.namespace, "drain")  # as mounted
     world.agents[pod["spec"]["nodeName"]].fail(2, ECC_RISING)
 
     async def sigtermed() -> dict[str, Any]:
@@ -312,11 +310,9 @@ async def test_a_drained_degraded_node_gives_the_run_its_sigterm_checkpoint(
 
     evicted = await support.eventually(sigtermed, timeout_s=120, what="the drain's eviction")
     assert evicted["metadata"]["deletionGracePeriodSeconds"] == 45
-    secret = await client.CoreV1Api(world.api).read_namespaced_secret("drain-token",
-                                                                      world.namespace)  # fmt: skip
     code, out = await world.tau(
         "checkpoint", "--step", "300", "--path", "/ckpt/on-sigterm",
-        token=base64.b64decode(secret.data["token"]).decode(), TAU_RUN="drain", TAU_ATTEMPT="1",
+        token=run_token, TAU_RUN="drain", TAU_ATTEMPT="1",
     )  # fmt: skip
     assert code == 0, out
 

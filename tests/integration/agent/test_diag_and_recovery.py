@@ -193,6 +193,24 @@ async def test_diag_refuses_bad_parameters_naming_the_field(
     assert (await resp.json())["error"]["field"] == field
 
 
+@pytest.mark.parametrize(
+    ("query", "field"),
+    [
+        pytest.param("gpu=%C2%B2", "gpu", id="a superscript two is no GPU index (review L10)"),
+        pytest.param("gpu=" + "9" * 5000, "gpu", id="a 5000-digit index is refused"),
+        pytest.param("gpu=../../etc", "gpu", id="a path is no GPU"),
+        pytest.param("gpu=0&code=" + "x" * 65, "code", id="a code longer than 64 is refused"),
+        pytest.param("gpu=0&code=79%0A", "code", id="a newline-suffixed code is refused"),
+    ],
+)  # fmt: skip
+async def test_release_refuses_bad_parameters_naming_the_field(
+    client: test_utils.TestClient[Any, Any], query: str, field: str
+) -> None:
+    """Bad query parameters of a release give 400 with the parameter's name, never a 500."""
+    resp = await client.post(f"/v1/release?{query}", headers=ON_CALL)
+    assert (400, field) == (resp.status, (await resp.json())["error"]["field"])
+
+
 async def test_one_diagnostic_at_a_time_and_the_result_is_folded_into_gpus(
     client: test_utils.TestClient[Any, Any],
     dcgmi: pathlib.Path,

@@ -135,7 +135,7 @@ async def test_a_dry_run_renders_attempt_one_and_creates_nothing(w: worldkit.Wor
     expected = {
         "dryRun": True,
         "run": ("TauRun", "dry"),
-        "kinds": ["Secret", "ConfigMap", "Job"],
+        "kinds": ["ConfigMap", "Job"],
         "void": "void",
         "queue": "q",
     }

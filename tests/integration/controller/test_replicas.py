@@ -11,7 +11,6 @@ reviewed; the Lease's leader-url annotation is never a place anything is sent.
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import dataclasses
 import datetime as dt
@@ -163,13 +162,8 @@ async def test_a_follower_sends_the_leader_its_own_peer_token_never_the_callers(
 
 
 async def _run_token(api: client.ApiClient, namespace: str, run: str) -> str:
-    """The run-scoped token the leader wrote into the run's Secret (its pods' TAU_TOKEN)."""
-
-    async def read() -> str:
-        secret = await client.CoreV1Api(api).read_namespaced_secret(f"{run}-token", namespace)
-        return base64.b64decode(secret.data["token"]).decode()
-
-    return await support.eventually(support.not_found_is_not_yet(read), what=f"{run}'s token")
+    """The token of a pod of the run's first attempt (its TAU_TOKEN_FILE)."""
+    return await runskit.run_token(api, namespace, run)
 
 
 async def test_run_writes_sent_to_a_follower_are_done_by_the_leader_without_their_tokens(

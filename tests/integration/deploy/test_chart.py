@@ -296,8 +296,10 @@ CONTROLLER_RIGHTS = [
     Right("", "pods", "patch"),
     Right("batch", "jobs", "create"), Right("batch", "jobs", "delete"),
     Right("ray.io", "rayjobs", "create"), Right("ray.io", "rayjobs/status", "patch"),
-    Right("", "services", "create"), Right("", "secrets", "create"), Right("", "secrets", "patch"),
+    Right("", "services", "create"), Right("", "services", "get"),
     Right("", "configmaps", "create"), Right("", "configmaps", "patch"),
+    Right("", "configmaps", "get"), Right("", "pods", "get"),
+    Right("networking.k8s.io", "networkpolicies", "create"),
     Right("", "persistentvolumeclaims", "get"),
     Right("events.k8s.io", "events", "create"), Right("events.k8s.io", "events", "patch"),
     Right("coordination.k8s.io", "leases", "create"),
@@ -348,7 +350,9 @@ def test_the_controller_lacks_the_right(controller_rules: list[Any], right: Righ
 WRITES = [
     Right("batch", "jobs", "create"), Right("batch", "jobs", "delete"),
     Right("", "services", "create"), Right("", "configmaps", "create"),
-    Right("", "configmaps", "patch"), Right("", "secrets", "create"),
+    Right("", "configmaps", "patch"), Right("", "configmaps", "get"),
+    Right("", "services", "get"), Right("networking.k8s.io", "networkpolicies", "create"),
+    Right("networking.k8s.io", "networkpolicies", "get"),
     Right("taugrid.dev", "tauruns", "create"), Right("ray.io", "rayjobs", "create"),
     Right("", "pods/log", "get"), Right("", "persistentvolumeclaims", "get"),
     Right("taugrid.dev", "taurunlogs", "create"), Right("taugrid.dev", "taurunlogs", "update"),
@@ -391,12 +395,12 @@ def test_runs_never_live_in_the_kube_namespaces(namespaces: list[str], message: 
         render({"controller": {"runNamespaces": namespaces}})
 
 
-def test_without_run_token_secrets_the_controller_touches_no_secret() -> None:
-    """controller.runTokenSecrets=false (once run pods get projected tokens) drops the last
-    Secret right."""
-    rules = rules_of(render({"controller": {"runTokenSecrets": False}}), "taugrid-controller")[0]
-    expected = [False, False, False]
-    assert expected == [allows(rules, Right("", "secrets", v)) for v in ("create", "patch", "get")]
+def test_the_controller_touches_no_secret() -> None:
+    """Run pods get projected tokens, so no role of the controller grants any verb on Secrets."""
+    verbs = ("create", "patch", "update", "get", "list", "watch", "delete")
+    rules = rules_of(render(), "taugrid-controller")[0]
+    expected = [False] * len(verbs)
+    assert expected == [allows(rules, Right("", "secrets", v)) for v in verbs]
 
 
 def test_the_admission_policy_binds_the_controllers_service_account_and_denies() -> None:
@@ -440,10 +444,17 @@ CALL_RIGHTS: dict[tuple[str, str, str], tuple[Right, ...]] = {
     ("_core", "read_namespaced_pod_log", ""): (Right("", "pods/log", "get"),),
     ("_core", "create_namespaced_service", ""): (Right("", "services", "create"),),
     ("_core", "delete_namespaced_service", ""): (Right("", "services", "delete"),),
-    ("_core", "create_namespaced_secret", ""): (Right("", "secrets", "create"),),
     ("_core", "create_namespaced_config_map", ""): (Right("", "configmaps", "create"),),
     ("_core", "patch_namespaced_config_map", ""): (Right("", "configmaps", "patch"),),
-    ("_core", "patch_namespaced_secret", ""): (Right("", "secrets", "patch"),),
+    ("_core", "read_namespaced_pod", ""): (Right("", "pods", "get"),),
+    ("_core", "read_namespaced_service", ""): (Right("", "services", "get"),),
+    ("_core", "read_namespaced_config_map", ""): (Right("", "configmaps", "get"),),
+    ("_batch", "read_namespaced_job", ""): (Right("batch", "jobs", "get"),),
+    ("_networking", "read_namespaced_network_policy", ""): (
+        Right("networking.k8s.io", "networkpolicies", "get"),),
+    ("_custom", "get_namespaced_custom_object", "RAYJOB"): (Right(*RAYJOB, "get"),),
+    ("_custom", "get_namespaced_custom_object", "CLAIM_TEMPLATES"): (
+        Right(*DRA, "resourceclaimtemplates", "get"),),
     ("_core", "read_namespaced_persistent_volume_claim", ""): (
         Right("", "persistentvolumeclaims", "get"),),
     ("_events", "create_namespaced_event", ""): (Right("events.k8s.io", "events", "create"),),

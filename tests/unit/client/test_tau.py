@@ -49,6 +49,47 @@ def test_tau_exit_codes(argv: list[str], expected: int, capsys: pytest.CaptureFi
     assert capsys.readouterr().err.startswith("tau: ")
 
 
+@pytest.mark.parametrize(
+    ("argv", "env", "expected"),
+    [
+        pytest.param([], {"TAU_TOKEN_FILE": "{file}"}, "pod-token",
+                     id="a run pod's token file is read when no token is given"),
+        pytest.param([], {"TAU_TOKEN": "given", "TAU_TOKEN_FILE": "{file}"}, "given",
+                     id="TAU_TOKEN wins over the file"),
+        pytest.param(["--token-file", "{file}"], {}, "pod-token",
+                     id="--token-file names the file"),
+        pytest.param([], {}, "", id="neither: no token"),
+    ],
+)  # fmt: skip
+def test_the_token_comes_from_the_flag_the_env_or_the_file(
+    argv: list[str],
+    env: dict[str, str],
+    expected: str,
+    tmp_path: pathlib.Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A run pod's projected token is a file the kubelet rotates; tau reads it at start."""
+    file = tmp_path / "token"
+    file.write_text("pod-token\n")
+    for name in ("TAU_TOKEN", "TAU_TOKEN_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value.format(file=file))
+    tau = _tau_client()
+    args = tau.parser().parse_args(["list", *(a.format(file=file) for a in argv)])
+    assert expected == tau.token_of(args)
+
+
+def test_an_unreadable_token_file_is_a_usage_error(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Exit 2 naming the file, before any call."""
+    missing = tmp_path / "nope"
+    code = _tau_client().main(["list", "--url", "http://127.0.0.1:9", "--token-file", str(missing)])
+    expected = (2, True)
+    assert expected == (code, str(missing) in capsys.readouterr().err)
+
+
 def _self_signed(d: pathlib.Path) -> pathlib.Path:
     """A throwaway self-signed certificate (PEM) made with the openssl command."""
     subprocess.run(

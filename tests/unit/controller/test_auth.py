@@ -194,7 +194,7 @@ def test_the_agent_on_its_own_node_is_accepted() -> None:
         pytest.param(AGENT, id="an agent bound to its node"),
         pytest.param(auth.Identity("ada", "uid-1", ("team-a", "system:authenticated")),
                      id="a person with groups"),
-        pytest.param(auth.run_caller("team-a", "mnist"), id="a run's own token"),
+        pytest.param(auth.run_caller("team-a", "mnist", 3), id="a pod of a run's attempt"),
     ],
 )  # fmt: skip
 def test_a_reviewed_caller_survives_the_header_unchanged(identity: auth.Identity) -> None:

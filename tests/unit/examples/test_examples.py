@@ -45,6 +45,10 @@ class FakeController:
     """Answer this many POSTs with 503 first (a leader failover)."""
     reports: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     latest_asked: int = 0
+    token: str = TOKEN
+    rotate: pathlib.Path | None = None
+    """After the first report, write a new token into this file and accept only that one
+    (the kubelet rotating a pod's projected token)."""
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
     def snapshot(self) -> list[dict[str, Any]]:
@@ -70,7 +74,9 @@ def _handler(fake: FakeController) -> type[http.server.BaseHTTPRequestHandler]:
             self._send(status, {"error": {"code": code, "message": message, "field": ""}})
 
         def _authorised(self) -> bool:
-            if self.headers.get("Authorization") == f"Bearer {TOKEN}":
+            with fake.lock:
+                expected = fake.token
+            if self.headers.get("Authorization") == f"Bearer {expected}":
                 return True
             self._error(403, "Forbidden", "this token does not belong to the run")
             return False
@@ -105,6 +111,10 @@ def _handler(fake: FakeController) -> type[http.server.BaseHTTPRequestHandler]:
                     return
                 entry = {**body, "reportedAt": "2026-05-01T12:00:00Z"}
                 fake.reports.append(entry)
+                if fake.rotate is not None:
+                    fake.token = "rotated-" + TOKEN
+                    fake.rotate.write_text(fake.token + "\n")
+                    fake.rotate = None
             self._send(201, entry)
 
     return Handler
@@ -131,6 +141,10 @@ def _env(url: str, ckpt_dir: pathlib.Path, **extra: str) -> dict[str, str]:
     file.parent.mkdir(parents=True, exist_ok=True)
     if not file.exists():
         file.write_text("")
+    token = ckpt_dir.parent / "taugrid-run" / "token"
+    token.parent.mkdir(parents=True, exist_ok=True)
+    if not token.exists():
+        token.write_text(TOKEN + "\n")
     env = {
         "PATH": os.environ.get("PATH", ""),
         "TAU_RUN": RUN,
@@ -138,7 +152,7 @@ def _env(url: str, ckpt_dir: pathlib.Path, **extra: str) -> dict[str, str]:
         "TAU_ATTEMPT": "1",
         "TAU_WORKERS": "1",
         "TAU_URL": url,
-        "TAU_TOKEN": TOKEN,
+        "TAU_TOKEN_FILE": str(token),
         "TAU_CHECKPOINT_DIR": str(ckpt_dir),
         "TAU_CHECKPOINT_FILE": str(file),
         "TAU_RESUME_FROM": "",
@@ -309,6 +323,19 @@ def test_reports_ride_out_a_leader_failover(
     done = _train(_env(url, tmp_path / "ckpt"), "--steps", "2", "--save-every", "2")
     assert done.returncode == 0, done.stderr
     assert _steps(fake.snapshot()) == [2]
+
+
+def test_the_pods_token_file_is_read_again_at_each_report(
+    controller: tuple[str, FakeController], tmp_path: pathlib.Path
+) -> None:
+    """The kubelet rotates a pod's projected token: after the first report the file holds a
+    new one and only that is accepted; the second report carries it."""
+    url, fake = controller
+    env = _env(url, tmp_path / "ckpt")
+    fake.rotate = pathlib.Path(env["TAU_TOKEN_FILE"])
+    done = _train(env, "--steps", "4", "--save-every", "2")
+    assert done.returncode == 0, done.stderr
+    assert _steps(fake.snapshot()) == [2, 4]
 
 
 def test_a_refused_token_fails_loudly(

@@ -89,15 +89,15 @@ async def test_tau_result_inside_a_run_and_tau_results_outside(env: Env) -> None
 
 
 async def test_results_are_refused_from_strangers_stale_attempts_and_bad_bodies(env: Env) -> None:
-    """Another run's token is 403, a stale or unknown attempt 409, a bad body 422 naming the
-    field; a researcher without `get tauruns` cannot read them (403)."""
+    """Another run's token is 403, as is a report for an attempt other than the pod's; a bad
+    body 422 naming the field; a researcher without `get tauruns` cannot read them (403)."""
     for name in ("mine", "theirs"):
         assert (await env.submit(job_spec(name)))[0] == 201
     token = await run_token(env.api, env.namespace, "mine")
     status, body = await post(env, token, "theirs", {"attempt": 1, "summary": "x"})
     assert (status, body["error"]["code"]) == (403, "Forbidden"), body
     status, body = await post(env, token, "mine", {"attempt": 2, "summary": "x"})
-    assert (status, body["error"]["code"]) == (409, "UnknownAttempt"), body
+    assert (status, body["error"]["field"]) == (403, "attempt"), body  # not its pod's attempt
     status, body = await post(env, token, "mine", {"attempt": 1, "metrics": [
         {"name": "loss", "value": "NaN", "step": 1}]})  # fmt: skip
     assert (status, body["error"]["field"]) == (422, "metrics[0].value"), body

@@ -8,7 +8,6 @@ needs, and an in-process controller that tells KWOK to keep pods running (`run-f
 from __future__ import annotations
 
 import asyncio
-import base64
 import os
 import pathlib
 import sys
@@ -19,7 +18,8 @@ import pytest
 from kubernetes_asyncio import client
 
 from devcluster import cluster
-from tests import controllerkit, support
+from shared import spec as specs
+from tests import controllerkit, runskit, support
 from tests.runskit import IMAGE, RESEARCHER_RULES, Env, job_spec, make_token
 
 pytestmark = pytest.mark.cluster
@@ -184,14 +184,7 @@ async def test_cancel_frees_quota_for_the_run_behind(env: Env) -> None:
 TAU = pathlib.Path(__file__).parents[4] / "controller/assets/tau.py"
 
 
-async def run_token(api: client.ApiClient, namespace: str, run: str) -> str:
-    """The run-scoped token from the run's Secret (what its pods get as TAU_TOKEN)."""
-
-    async def read() -> str:
-        secret = await client.CoreV1Api(api).read_namespaced_secret(f"{run}-token", namespace)
-        return base64.b64decode(secret.data["token"]).decode()
-
-    return await support.eventually(support.not_found_is_not_yet(read), what=f"{run}'s token")
+run_token = runskit.run_token
 
 
 async def tau(env: Env, token: str, run: str, attempt: int, *argv: str) -> tuple[int, str]:
@@ -242,6 +235,57 @@ async def test_a_run_token_reports_checkpoints_for_its_own_run_only(env: Env) ->
     assert (status, body["error"]["field"]) == (422, "step"), body
 
 
+async def test_only_a_pods_own_run_token_reports_for_its_run(env: Env) -> None:
+    """The run audience alone is not enough: a token of it bound to no pod, or to a pod that
+    is not a run's, is refused (403 naming Authorization); the same pod's token for the API
+    server's audience is a Kubernetes identity like any other, which RBAC refuses here; the
+    pod's own run token is taken."""
+    assert (await env.submit(job_spec("own")))[0] == 201
+    core = client.CoreV1Api(env.api)
+    good = await run_token(env.api, env.namespace, "own")
+    pod = (await core.list_namespaced_pod(env.namespace, label_selector="taugrid.dev/run=own")
+           ).items[0]  # fmt: skip
+    bound = {"kind": "Pod", "apiVersion": "v1", "name": pod.metadata.name, "uid": pod.metadata.uid}
+
+    async def minted(audiences: list[str], bind: bool) -> str:
+        spec: dict[str, Any] = {"audiences": audiences, "expirationSeconds": 3600}
+        if bind:
+            spec["boundObjectRef"] = bound
+        tr = await core.create_namespaced_service_account_token(
+            "default", env.namespace, {"spec": spec}
+        )
+        return str(tr.status.token)
+
+    stray = await core.create_namespaced_pod(env.namespace, {
+        "metadata": {"name": "stray", "labels": {"app": "stray"}},
+        "spec": {"containers": [{"name": "c", "image": IMAGE}],
+                 "nodeSelector": {"taugrid.dev/nowhere": "true"}},
+    })  # fmt: skip
+    stray_token = await core.create_namespaced_service_account_token(
+        "default", env.namespace, {"spec": {"audiences": [runskit.RUN_AUDIENCE],
+        "boundObjectRef": {"kind": "Pod", "apiVersion": "v1", "name": "stray",
+                           "uid": stray.metadata.uid}}},
+    )  # fmt: skip
+    body = {"attempt": 1, "step": 10, "path": "/c/10"}
+    cases = {
+        "unbound": await minted([runskit.RUN_AUDIENCE], bind=False),
+        "stray pod": str(stray_token.status.token),
+        "API audience": await minted(["https://kubernetes.default.svc.cluster.local"], bind=True),
+        "own": good,
+    }
+    actual = {}
+    for case, token in cases.items():
+        status, answer = await report(env, token, "own", body)
+        actual[case] = (status, (answer.get("error") or {}).get("field"))
+    expected = {
+        "unbound": (403, "Authorization"),
+        "stray pod": (403, "Authorization"),
+        "API audience": (403, ""),
+        "own": (201, None),
+    }
+    assert expected == actual
+
+
 async def test_a_stale_attempt_cannot_report_after_a_resume(env: Env) -> None:
     """Cancel, then resume by hand from a named checkpoint: attempt 2 starts from it, and
     attempt 1's late report is refused (409) while attempt 2's is taken."""
@@ -267,13 +311,54 @@ async def test_a_stale_attempt_cannot_report_after_a_resume(env: Env) -> None:
                 job["spec"]["template"]["spec"]["containers"][0]["env"]}  # fmt: skip
     assert (env_vars["TAU_RESUME_FROM"], env_vars["TAU_ATTEMPT"]) == ("/c/50", "2")
 
+    # Attempt 1's pod reporting late: refused whichever comes first, the reconciler's fence
+    # (409 StaleAttempt, while the review and the pod's mapping are cached) or the token's
+    # death with its pod (401/403).
     status, body = await report(env, token, "again", {"attempt": 1, "step": 150, "path": "/late"})
-    assert (status, body["error"]["code"]) == (409, "StaleAttempt"), body
-    status, _ = await report(env, token, "again", {"attempt": 2, "step": 200, "path": "/c/200"})
+    assert status in (401, 403, 409), body
+    second = await run_token(env.api, env.namespace, "again", attempt=2)
+    status, body = await report(env, second, "again", {"attempt": 1, "step": 150, "path": "/x"})
+    assert (status, body["error"]["field"]) == (403, "attempt"), body
+    status, _ = await report(env, second, "again", {"attempt": 2, "step": 200, "path": "/c/200"})
     assert status == 201
     latest = await env.get(f"/v1/runs/{env.namespace}/again/checkpoints/latest")
     assert latest == (200, {"attempt": 2, "step": 200, "path": "/c/200",
                             "time": latest[1]["time"]})  # fmt: skip
+
+
+async def test_a_name_somebody_elses_object_holds_is_refused_and_that_object_kept(
+    env: Env,
+) -> None:
+    """Review M4 on the real API server: a ConfigMap `<run>-checkpoint` made by someone else
+    makes the submission 409 NameTaken naming it, before anything is created; a TauRun made
+    with kubectl past the API (no pre-check) ends Failed NameTaken; the ConfigMap's data is
+    untouched either way."""
+    core = client.CoreV1Api(env.api)
+    theirs = {"metadata": {"name": "taken-checkpoint"}, "data": {"latest": "mine, not yours"}}
+    await core.create_namespaced_config_map(env.namespace, theirs)
+    status, body = await env.submit(job_spec("taken"))
+    runs = await client.CustomObjectsApi(env.api).list_namespaced_custom_object(
+        "taugrid.dev", "v1alpha1", env.namespace, "tauruns"
+    )
+    expected: tuple[int, str, str, bool, list[Any]] = (409, "NameTaken", "name", True, [])
+    actual = (status, body["error"]["code"], body["error"]["field"],
+              "taken-checkpoint" in body["error"]["message"], runs["items"])  # fmt: skip
+    assert expected == actual
+
+    manifest = {
+        "apiVersion": "taugrid.dev/v1alpha1", "kind": "TauRun",
+        "metadata": {"name": "taken", "namespace": env.namespace,
+                     "annotations": {"taugrid.dev/managed-by": f"test/{env.namespace}"}},
+        "spec": specs.spec_to_wire(specs.validate_spec(job_spec("taken")).spec),
+    }  # fmt: skip
+    await client.CustomObjectsApi(env.api).create_namespaced_custom_object(
+        "taugrid.dev", "v1alpha1", env.namespace, "tauruns", manifest
+    )
+    run = await env.wait_phase("taken", "Failed")
+    kept = await core.read_namespaced_config_map("taken-checkpoint", env.namespace)
+    expected_end = ("NameTaken", {"latest": "mine, not yours"}, None)
+    actual_end = (run["reason"], kept.data, kept.metadata.owner_references)
+    assert expected_end == actual_end
 
 
 async def test_a_namespace_this_install_does_not_run_work_in_is_refused(

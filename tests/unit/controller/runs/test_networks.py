@@ -30,9 +30,7 @@ def _settings(operator_ns: str = OPERATOR_NS) -> rendering.RenderSettings:
 
 def _render(fixture: str, attempt: int, settings: rendering.RenderSettings) -> list[dict[str, Any]]:
     spec = specs.parse_spec((FIXTURES / fixture).read_bytes()).spec
-    ctx = rendering.AttemptContext(
-        run=RUN, attempt=attempt, token_secret="demo-token", checkpoint_configmap="demo-checkpoint"
-    )
+    ctx = rendering.AttemptContext(run=RUN, attempt=attempt, checkpoint_configmap="demo-checkpoint")
     return rendering.render_attempt(spec, ctx, settings)
 
 

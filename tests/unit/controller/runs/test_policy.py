@@ -34,7 +34,7 @@ SETTINGS = policy.RunSettings(
 )
 NOW = T0 + dt.timedelta(seconds=30)
 QUEUED_1: dict[str, Any] = {
-    "phase": "Queued", "reason": "Submitted", "currentAttempt": 1, "tokenSHA256": "d" * 64,
+    "phase": "Queued", "reason": "Submitted", "currentAttempt": 1,
     "startTime": ts(0),
     "attempts": [{"number": 1, "objectKind": "Job", "objectName": "demo-a1", "phase": "Queued",
                   "createdTime": ts(0), "resumeFrom": ""}],
@@ -59,7 +59,7 @@ def run(status: records.RunStatus | None = None, **fields: Any) -> policy.RunInp
         "ref": REF, "spec": specs.spec_to_wire(SPEC),
         "status": status if status is not None else status_with(),
         "attempt_object": a_job(suspended=True), "nodes": NODES, "cluster_queue": "cq",
-        "priority_classes": frozenset({marks.RESUME_PRIORITY_CLASS}), "new_token": "tau_new",
+        "priority_classes": frozenset({marks.RESUME_PRIORITY_CLASS}),
     }  # fmt: skip
     values.update(fields)
     return policy.RunInput(**values)
@@ -116,24 +116,20 @@ CASES = [
             run(status=records.RunStatus(), attempt_object=None),
             "Queued",
             "Submitted",
-            creates=(
-                ("Secret", "demo-token"),
-                ("ConfigMap", "demo-checkpoint"),
-                ("Job", "demo-a1"),
-            ),
+            creates=(("ConfigMap", "demo-checkpoint"), ("Job", "demo-a1")),
             started=(1,),
         ),
-        id="a new run gets its token, its checkpoint map and attempt 1, and is Queued",
+        id="a new run gets its checkpoint map and attempt 1 (no token Secret), and is Queued",
     ),
     pytest.param(
         Case(
-            run(status=records.RunStatus(tokenSHA256="d" * 64), attempt_object=None),
+            run(status=records.read({"tokenSHA256": "d" * 64}), attempt_object=None),
             "Queued",
             "Submitted",
             creates=(("ConfigMap", "demo-checkpoint"), ("Job", "demo-a1")),
             started=(1,),
         ),
-        id="a run that already has a token gets no second one",
+        id="a status an older controller wrote with a token digest makes no Secret either",
     ),
     pytest.param(
         Case(run(observed=False), "Queued", "Submitted"),

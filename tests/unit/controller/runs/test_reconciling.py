@@ -39,6 +39,11 @@ def _merge(target: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _owner(obj: dict[str, Any]) -> str | None:
+    refs = obj["metadata"].get("ownerReferences") or []
+    return next((str(r["uid"]) for r in refs if r.get("controller")), None)
+
+
 class FakeStore:
     """An in-memory API server holding what the reconciler reads and writes."""
 
@@ -95,11 +100,16 @@ class FakeStore:
     async def create(self, obj: dict[str, Any]) -> bool:
         key = (obj["metadata"]["namespace"], obj["kind"], obj["metadata"]["name"])
         if key in self.objects:
+            if _owner(self.objects[key]) != _owner(obj):  # as kube.runs.RunStore.create does
+                raise errors.NameTaken(f"{key} is not this run's", field="name")
             return False
         self.objects[key] = copy.deepcopy(obj)
         return True
 
-    async def delete(self, kind: str, namespace: str, name: str) -> bool:
+    async def delete(self, kind: str, namespace: str, name: str, *, owner_uid: str) -> bool:
+        found = self.objects.get((namespace, kind, name))
+        if found is None or _owner(found) != owner_uid:
+            return False
         return self.objects.pop((namespace, kind, name), None) is not None
 
     async def list_labelled(
@@ -133,10 +143,6 @@ class FakeStore:
             else:
                 meta["annotations"][key] = value
         return copy.deepcopy(self.runs[(namespace, name)])
-
-    async def write_secret(self, body: dict[str, Any]) -> None:
-        key = (body["metadata"]["namespace"], "Secret", body["metadata"]["name"])
-        self.objects[key] = copy.deepcopy(body)
 
     async def write_configmap(self, body: dict[str, Any]) -> None:
         key = (body["metadata"]["namespace"], "ConfigMap", body["metadata"]["name"])
@@ -196,19 +202,40 @@ def _raw_pod(phase: str, *, node: str = "n0", exit_code: int | None = None, atte
     }
 
 
-async def test_submission_creates_secret_configmap_and_a_suspended_job() -> None:
-    """Reconciling a new run creates its per-run objects and attempt 1, and says Queued."""
+async def test_submission_creates_its_configmap_and_a_suspended_job() -> None:
+    """Reconciling a new run creates its checkpoint ConfigMap (no token Secret: run pods get
+    projected tokens) and attempt 1, and says Queued."""
     store = FakeStore()
     store.add_run(SPEC)
     run = await _reconciler(store).reconcile_now("team", "demo")
     assert run is not None
-    assert {("Secret", "demo-token"), ("ConfigMap", "demo-checkpoint"), ("Job", "demo-a1")} == {
+    assert {("ConfigMap", "demo-checkpoint"), ("Job", "demo-a1")} == {
         (k, n) for (_, k, n) in store.objects
     }
     job = store.objects[("team", "Job", "demo-a1")]
     assert job["spec"]["suspend"] is True
     assert job["spec"]["template"]["metadata"]["annotations"] == {"kwok.taugrid.dev/run-for": "5s"}
     assert (run["status"]["phase"], run["status"]["currentAttempt"]) == ("Queued", 1)
+
+
+async def test_a_name_held_by_somebody_elses_object_ends_the_run_and_leaves_it_alone() -> None:
+    """A Job `demo-a1` made by someone else (review M4): the run ends Failed NameTaken naming
+    it, and the Job is neither written into nor, after the TTL, deleted."""
+    store = FakeStore()
+    store.add_run(SPEC)
+    theirs = {"kind": "Job", "metadata": {"name": "demo-a1", "namespace": "team",
+                                          "labels": {"app": "theirs"}}}  # fmt: skip
+    store.objects[("team", "Job", "demo-a1")] = copy.deepcopy(theirs)
+    run = await _reconciler(store).reconcile_now("team", "demo")
+    assert run is not None
+    later = _reconciler(store, now=T0 + dt.timedelta(seconds=600))  # past the 60 s TTL
+    await later.pass_once()
+    assert store.runs[("team", "demo")]["status"]["objectsDeleted"] is True
+    expected = ("Failed", "NameTaken", True, theirs)
+    actual = (run["status"]["phase"], run["status"]["reason"],
+              "is not this run's" in run["status"]["message"],
+              store.objects[("team", "Job", "demo-a1")])  # fmt: skip
+    assert expected == actual
 
 
 async def test_a_reconciler_leaves_runs_of_another_manager_alone() -> None:

@@ -31,7 +31,6 @@ def _ctx(attempt: int = 1, resume_from: str = "", reason: str = "") -> rendering
     return rendering.AttemptContext(
         run=RUN,
         attempt=attempt,
-        token_secret="demo-token",
         checkpoint_configmap="demo-checkpoint",
         resume_from=resume_from,
         failure_reason=reason,
@@ -248,7 +247,7 @@ def test_multi_worker_job(workers: int, expected: tuple[int, int]) -> None:
 
 
 def test_tau_env_of_a_first_attempt() -> None:
-    """The TAU_* env names the run, attempt and controller; the token comes from the Secret."""
+    """The TAU_* env names the run, attempt and controller, and the file of the pod's token."""
     job = _by_kind(_render(_fixture("job.yaml")), "Job")
     env = _env(job["spec"]["template"]["spec"]["containers"][0])
     expected = {
@@ -257,7 +256,7 @@ def test_tau_env_of_a_first_attempt() -> None:
         "TAU_ATTEMPT": "1",
         "TAU_WORKERS": "1",
         "TAU_URL": "http://taugrid.taugrid-system:8080",
-        "TAU_TOKEN": {"secretKeyRef": {"name": "demo-token", "key": "token"}},
+        "TAU_TOKEN_FILE": "/var/run/secrets/taugrid.dev/run/token",
         "TAU_CHECKPOINT_DIR": "/scratch/mnist",
         "TAU_CHECKPOINT_FILE": "/var/run/taugrid/checkpoint/latest",
         "TAU_RESUME_FROM": "",
@@ -548,22 +547,45 @@ def test_attempt_zero_is_refused() -> None:
         _render(_fixture("job.yaml"), _ctx(attempt=0))
 
 
-def test_token_secret_and_checkpoint_configmap() -> None:
-    """The per-run Secret and ConfigMap are owned by the TauRun and hold the documented keys."""
-    secret = objects.render_token_secret(RUN, objects.token_secret_name("demo"), "t0k")
+def test_the_checkpoint_configmap() -> None:
+    """The per-run ConfigMap is owned by the TauRun and holds the documented key."""
     config = objects.render_checkpoint_configmap(
         RUN, objects.checkpoint_configmap_name("demo"), "/ckpt/step-200"
     )
-    owner = objects.owner_reference(RUN)
-    expected = (
-        ("demo-token", [owner], {"token": "t0k"}),
-        ("demo-checkpoint", [owner], {"latest": "/ckpt/step-200"}),
-    )
-    actual = (
-        (secret["metadata"]["name"], secret["metadata"]["ownerReferences"], secret["stringData"]),
-        (config["metadata"]["name"], config["metadata"]["ownerReferences"], config["data"]),
-    )
+    expected = ("demo-checkpoint", [objects.owner_reference(RUN)], {"latest": "/ckpt/step-200"})
+    actual = (config["metadata"]["name"], config["metadata"]["ownerReferences"], config["data"])
     assert expected == actual
+
+
+@ALL_FIXTURES
+def test_every_run_pod_gets_its_own_run_token_and_no_kubernetes_credential(
+    fixture: str,
+) -> None:
+    """Each pod template mounts a projected token of audience taugrid-run at TAU_TOKEN_FILE
+    (read-only, an hour's lifetime), automounts no ServiceAccount token, and no container
+    carries a token in its env (DESIGN.md section 10: run identity)."""
+    for obj in _render(_fixture(fixture)):
+        for pod in _pod_specs(obj):
+            (volume,) = [v for v in pod["volumes"] if v["name"] == "taugrid-run-token"]
+            expected: tuple[Any, ...] = (
+                [{"serviceAccountToken": {"audience": "taugrid-run",
+                                          "expirationSeconds": 3600, "path": "token"}}],
+                False,
+                [{"name": "taugrid-run-token",
+                  "mountPath": "/var/run/secrets/taugrid.dev/run", "readOnly": True}],
+                "/var/run/secrets/taugrid.dev/run/token",
+                [],
+            )  # fmt: skip
+            container = pod["containers"][0]
+            actual = (
+                volume["projected"]["sources"],
+                pod["automountServiceAccountToken"],
+                [m for m in container["volumeMounts"] if m["name"] == "taugrid-run-token"],
+                _env(container)["TAU_TOKEN_FILE"],
+                [e for e in container["env"] if e["name"] == "TAU_TOKEN" or ("valueFrom" in e
+                 and "secretKeyRef" in e["valueFrom"])],
+            )  # fmt: skip
+            assert expected == actual
 
 
 def test_longest_names_fit_kubernetes_limits() -> None:
