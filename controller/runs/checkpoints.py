@@ -9,6 +9,11 @@ Fencing: a report names the attempt that wrote it (`TAU_ATTEMPT`). Once attempt 
 exists, attempt N is over, even while its pods still run out their SIGTERM grace: a report
 from it is refused, so a late writer can never replace the checkpoint the next attempt
 resumes from. A report from an attempt that does not exist yet is refused too.
+
+Confinement (DESIGN.md section 10): a reported path, and a checkpoint a resume names, must
+lie under the run's `checkpoint.dir` once normalised (`..` cannot climb out), so what the
+next attempt is told to load (`TAU_RESUME_FROM`) is always inside the run's own checkpoint
+storage. A run that declares no `checkpoint` has no checkpoint directory and takes none.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
+import posixpath
 from collections.abc import Sequence
 from typing import Annotated, Any, Protocol
 
@@ -90,7 +96,7 @@ class ReportBody(pydantic.BaseModel):
     step: Annotated[int, pydantic.Strict(), pydantic.Field(ge=0, le=MAX_STEP)]
     """The training step it holds."""
     path: CheckpointPath
-    """Where it is, inside the run's pods."""
+    """Where it is, inside the run's pods: under the run's `checkpoint.dir` (else a 422)."""
 
 
 def parse_report(body: object) -> Report:
@@ -129,6 +135,25 @@ def fence(report: FromAttempt, current_attempt: int) -> None:
             f" {current_attempt}"
         )
         raise FencedError("UnknownAttempt", msg)
+
+
+def confine(path: str, directory: str | None, *, field: str = "path") -> str:
+    """`path` normalised, when it lies under `directory` (the run's `checkpoint.dir`);
+    ReportError naming `field` otherwise (see the module docstring)."""
+    if not directory:
+        msg = (
+            "this run declares no checkpoint directory, so it takes no checkpoint: add"
+            " `checkpoint: {dir: /ckpt}` to its tau.yaml"
+        )
+        raise ReportError(field, msg)
+    root = posixpath.normpath(directory)
+    normal = posixpath.normpath(path)
+    if not posixpath.isabs(normal) or (
+        normal != root and not normal.startswith(root.rstrip("/") + "/")
+    ):
+        msg = f"{field} {path[:200]!r} is not under the run's checkpoint directory {root}"
+        raise ReportError(field, msg)
+    return normal
 
 
 def record(report: Report, now: dt.datetime) -> records.Checkpoint:

@@ -341,6 +341,9 @@ def decide_resume(
         msg = f"run {run.ref.name!r} cannot be resumed: its spec is not valid ({err})"
         raise errors.Conflict(msg, field="name", code="NotResumable") from err
     st = lifecycle.reopened(run.status, by=by, now=now)
+    if checkpoint is not None:  # what the next attempt loads lies in the run's own storage
+        directory = spec.checkpoint.dir if spec.checkpoint is not None else None
+        checkpoint = checkpoints.confine(checkpoint, directory, field="checkpoint")
     latest = checkpoints.latest(st)
     start_from = checkpoint if checkpoint is not None else (latest.path if latest else "")
     st, first = _run_objects(run.ref, st, settings)

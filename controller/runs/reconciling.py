@@ -225,6 +225,11 @@ class Reconciler:
             item = await self.managed_run(namespace, name)
             old = records.read(item.get("status"), results=False)
             checkpoints.fence(report, old.current_attempt)
+            directory = ((item.get("spec") or {}).get("checkpoint") or {}).get("dir")
+            path = checkpoints.confine(
+                report.path, directory if isinstance(directory, str) else None
+            )
+            report = dataclasses.replace(report, path=path)
             entry = checkpoints.record(report, self._clock())
             new = old.model_copy(
                 update={

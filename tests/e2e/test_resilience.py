@@ -289,7 +289,8 @@ async def test_a_drained_degraded_node_gives_the_run_its_sigterm_checkpoint(
     the configured grace (45 s here), the checkpoint it saves meanwhile is accepted (its
     attempt is still current), and the next attempt resumes from exactly that one."""
     job = {"name": "drain", "image": IMAGE, "command": ["python", "train.py"], "queue": "q",
-           "resources": {"gpus": 8, "cpu": "1", "memory": "1Gi"}}  # fmt: skip
+           "resources": {"gpus": 8, "cpu": "1", "memory": "1Gi"},
+           "checkpoint": {"dir": "/ckpt"}}  # fmt: skip
     status, _ = await world.call("POST", f"/v1/runs?namespace={world.namespace}", json=job)
     assert status == 201
 

@@ -212,7 +212,7 @@ async def test_a_run_token_reports_checkpoints_for_its_own_run_only(env: Env) ->
     """`tau checkpoint` inside a run is recorded in the status and in the mounted file;
     the same token is refused (403) for another run, and bad reports name their field."""
     for name in ("mine", "theirs"):
-        status, _ = await env.submit(job_spec(name))
+        status, _ = await env.submit(job_spec(name, checkpoint={"dir": "/c"}))
         assert status == 201
     token = await run_token(env.api, env.namespace, "mine")
 
@@ -240,7 +240,7 @@ async def test_only_a_pods_own_run_token_reports_for_its_run(env: Env) -> None:
     is not a run's, is refused (403 naming Authorization); the same pod's token for the API
     server's audience is a Kubernetes identity like any other, which RBAC refuses here; the
     pod's own run token is taken."""
-    assert (await env.submit(job_spec("own")))[0] == 201
+    assert (await env.submit(job_spec("own", checkpoint={"dir": "/c"})))[0] == 201
     core = client.CoreV1Api(env.api)
     good = await run_token(env.api, env.namespace, "own")
     pod = (await core.list_namespaced_pod(env.namespace, label_selector="taugrid.dev/run=own")
@@ -289,7 +289,7 @@ async def test_only_a_pods_own_run_token_reports_for_its_run(env: Env) -> None:
 async def test_a_stale_attempt_cannot_report_after_a_resume(env: Env) -> None:
     """Cancel, then resume by hand from a named checkpoint: attempt 2 starts from it, and
     attempt 1's late report is refused (409) while attempt 2's is taken."""
-    status, _ = await env.submit(job_spec("again"))
+    status, _ = await env.submit(job_spec("again", checkpoint={"dir": "/c"}))
     assert status == 201
     token = await run_token(env.api, env.namespace, "again")
     assert (await report(env, token, "again", {"attempt": 1, "step": 100, "path": "/c/100"}))[

@@ -425,7 +425,8 @@ def test_a_manual_resume_starts_the_next_attempt_from_the_named_checkpoint() -> 
         phase="Failed", endTime=ts(9), objectsDeleted=True,
         conditions=[cond("Queued"), cond("Failed", reason="AppError")],
     )  # fmt: skip
-    plan = policy.decide_resume(run(status=failed), SETTINGS, NOW, checkpoint="/ckpt/7", by="ada")
+    resumable = run(status=failed, spec=spec_with(checkpoint={"dir": "/ckpt"}))
+    plan = policy.decide_resume(resumable, SETTINGS, NOW, checkpoint="/ckpt/7", by="ada")
     st = plan.status
     expected = ("Queued", (2,), "/ckpt/7", 1, None, (("ConfigMap", "demo-checkpoint"),
                                                        ("Job", "demo-a2")))  # fmt: skip
@@ -434,6 +435,29 @@ def test_a_manual_resume_starts_the_next_attempt_from_the_named_checkpoint() -> 
         st.end_time, tuple((o["kind"], o["metadata"]["name"]) for o in plan.creates),
     )  # fmt: skip
     assert "resumed by ada from /ckpt/7" in st.message
+
+
+@pytest.mark.parametrize(
+    ("checkpoint", "directory"),
+    [
+        pytest.param("/etc/passwd", "/ckpt", id="a path outside the checkpoint dir"),
+        pytest.param("/ckpt/../etc/shadow", "/ckpt", id="a path climbing out with .."),
+        pytest.param("/ckptx/7", "/ckpt", id="a sibling directory sharing the prefix"),
+        pytest.param("ckpt/7", "/ckpt", id="a relative path"),
+        pytest.param("/ckpt/7", None, id="a run that declares no checkpoint directory"),
+    ],
+)  # fmt: skip
+def test_a_resume_may_name_only_a_checkpoint_in_the_runs_own_directory(
+    checkpoint: str, directory: str | None
+) -> None:
+    """DESIGN.md section 10: what the next attempt loads lies under `checkpoint.dir`; else a
+    422 naming `checkpoint`, and nothing is planned."""
+    failed = status_with(phase="Failed", endTime=ts(9), objectsDeleted=True)
+    wire = spec_with(checkpoint={"dir": directory}) if directory else spec_with()
+    with pytest.raises(errors.Invalid) as caught:
+        policy.decide_resume(run(status=failed, spec=wire), SETTINGS, NOW,
+                             checkpoint=checkpoint, by="ada")  # fmt: skip
+    assert caught.value.field == "checkpoint"
 
 
 def test_resuming_a_cancelled_run_clears_its_cancel() -> None:

@@ -238,6 +238,27 @@ async def test_a_name_held_by_somebody_elses_object_ends_the_run_and_leaves_it_a
     assert expected == actual
 
 
+async def test_a_checkpoint_outside_the_runs_directory_is_refused_and_not_kept() -> None:
+    """A report of `/etc/passwd` or one climbing out with `..` is a 422 naming `path`;
+    `/c/./x/../200` is kept as `/c/200`."""
+    store = FakeStore()
+    await _running_attempt_1(store)
+    rec = _reconciler(store)
+    refused = []
+    for path in ("/etc/passwd", "/c/../etc/passwd", "/cx/1"):
+        with pytest.raises(errors.Invalid) as caught:
+            await rec.record_checkpoint("team", "demo", checkpoints.Report(1, 1, path))
+        refused.append(caught.value.field)
+    kept = await rec.record_checkpoint("team", "demo", checkpoints.Report(1, 200, "/c/./x/../200"))
+    expected = (["path"] * 3, "/c/200", ["/c/200"])
+    actual = (
+        refused,
+        kept["path"],
+        [c["path"] for c in store.runs[("team", "demo")]["status"]["checkpoints"]],
+    )
+    assert expected == actual
+
+
 async def test_a_reconciler_leaves_runs_of_another_manager_alone() -> None:
     """Runs stamped with another manager's name are not touched (a canary or a test)."""
     store = FakeStore()
@@ -260,11 +281,15 @@ def _retrying(when: str, max_attempts: int = 3) -> specs.TauSpec:
     return specs.parse_spec(
         b"name: demo\nimage: reg/train@sha256:" + b"a" * 64 + b"\ncommand: [python, t.py]\n"
         b"resources: {gpus: 8}\nqueue: q\nretry: {when: [" + when.encode()
-        + b"], maxAttempts: " + str(max_attempts).encode() + b"}\n"
+        + b"], maxAttempts: " + str(max_attempts).encode() + b"}\ncheckpoint: {dir: /c}\n"
     ).spec  # fmt: skip
 
 
-async def _running_attempt_1(store: FakeStore, spec: specs.TauSpec = SPEC) -> None:
+CKPT_SPEC = specs.validate_spec({**specs.spec_to_wire(SPEC), "checkpoint": {"dir": "/c"}}).spec
+"""SPEC with a checkpoint directory: reports must lie under it (DESIGN.md section 10)."""
+
+
+async def _running_attempt_1(store: FakeStore, spec: specs.TauSpec = CKPT_SPEC) -> None:
     store.add_run(spec)
     await _reconciler(store).reconcile_now("team", "demo")
     store.admit()
@@ -294,7 +319,7 @@ async def test_the_checkpoint_configmap_carries_the_controllers_ca_through_repor
     Job's TAU_CA_FILE names); a checkpoint's patch keeps it, and a map deleted meanwhile is
     re-created with it."""
     store = FakeStore()
-    store.add_run(SPEC)
+    store.add_run(CKPT_SPEC)
     rec = _reconciler(store, ca_pem=CA_PEM)
     await rec.reconcile_now("team", "demo")
     key = ("team", "ConfigMap", "demo-checkpoint")
