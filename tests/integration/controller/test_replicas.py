@@ -182,8 +182,8 @@ async def test_run_writes_sent_to_a_follower_are_done_by_the_leader_without_thei
         answers = []
         for name in ("mine", "theirs"):
             async with pair.http.post(
-                runs, params={"namespace": namespace}, json=runskit.job_spec(name, checkpoint={"dir": "/c"}),
-                headers=_bearer(researcher),
+                runs, params={"namespace": namespace},
+                json=runskit.job_spec(name, checkpoint={"dir": "/c"}), headers=_bearer(researcher),
             ) as resp:  # fmt: skip
                 answers.append(resp.status)
         token = await _run_token(k8s, namespace, "mine")
