@@ -102,7 +102,7 @@ async def post_heartbeat(request: web.Request) -> web.StreamResponse:
         raw = await serving.read_body(request, st.settings.max_body_bytes)
         try:
             # The fast path: pydantic-core parses and validates the JSON in one step.
-            hb = heartbeat.Heartbeat.model_validate_json(raw)
+            hb = heartbeat.validate_json(raw)
         except (pydantic.ValidationError, ValueError):
             hb = _explain_bad_heartbeat(raw)
         auth.check_heartbeat_sender(identity, agent, hb.node_name)
@@ -159,7 +159,7 @@ def _explain_bad_heartbeat(raw: bytes) -> heartbeat.Heartbeat:
         )
         raise errors.Invalid(msg, field="schemaVersion", code="UnsupportedSchema")
     try:
-        return heartbeat.Heartbeat.model_validate(data)
+        return heartbeat.validate_json(raw)  # strict: a dict's strings are not datetimes
     except pydantic.ValidationError as err:
         raise errors.validation_error(err) from err
 
