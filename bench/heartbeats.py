@@ -9,14 +9,27 @@ handler that only does `json.loads` of the same body), drives both with the same
 generator, and prints throughput, p50/p99 latency, their ratio, and the controller's RSS with
 its node watch holding every node.
 
-Run: `.venv/bin/python -m bench.heartbeats --nodes 1000 5000 --seconds 15`
+Two loads, each run against both servers one after the other:
+
+- closed loop (wrk, 64 connections): each connection sends its next request when the last
+  is answered, so it measures throughput; its latency is mostly its own queue (Little's law);
+- open loop (vegeta, `--rate` requests per second, whatever the answers take): the latency
+  a fleet of that size sees at that offered rate (1,000/s is 10,000 nodes at a 10 s interval).
+  vegeta is built from the Go proxy into a cache outside the checkout:
+  `GOBIN=~/.cache/taugrid/tools GOFLAGS=-mod=mod go install github.com/tsenart/vegeta/v12@v12.13.0`
+  (or point `--vegeta` at one).
+
+Run: `.venv/bin/python -m bench.heartbeats --nodes 1000 5000 --seconds 15 --rate 1000`
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
+import dataclasses
 import datetime as dt
+import json
 import os
 import pathlib
 import secrets
@@ -25,6 +38,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from http import HTTPStatus
+from typing import IO
 
 import aiohttp
 
@@ -161,6 +176,58 @@ def _drive_wrk(
     return rate, p50, p99, errors
 
 
+def _drive_vegeta(
+    vegeta: str, url: str, requests: list[tuple[str, bytes]], seconds: float, rate: int
+) -> Result:
+    """Drive at a constant offered rate with vegeta (open loop): requests start on schedule
+    whether or not earlier ones were answered, so the latency is what a fleet sees."""
+    with tempfile.TemporaryDirectory() as tmp:
+        targets = pathlib.Path(tmp) / "targets.jsonl"
+        with targets.open("w") as out:
+            for token, body in requests:
+                target = {
+                    "method": "POST", "url": f"{url}/v1/heartbeats",
+                    "header": {"Authorization": [f"Bearer {token}"],
+                               "Content-Type": ["application/json"]},
+                    "body": base64.b64encode(body).decode(),
+                }  # fmt: skip
+                out.write(json.dumps(target) + "\n")
+        attack = subprocess.run(
+            [vegeta, "attack", "-format=json", f"-targets={targets}", f"-rate={rate}/1s",
+             f"-duration={int(seconds)}s", "-timeout=10s"],
+            capture_output=True, check=True,
+        )  # fmt: skip
+        report = subprocess.run(
+            [vegeta, "report", "-type=json"], input=attack.stdout, capture_output=True, check=True
+        )
+    data = json.loads(report.stdout)
+    ok = data["status_codes"].get("202", 0)
+    if ok < data["requests"]:
+        print(f"  {url}: answers {data['status_codes']}; errors {(data['errors'] or [])[:3]}")
+        encoded = subprocess.run([vegeta, "encode", "--to", "json"], input=attack.stdout,
+                                 capture_output=True, check=True).stdout  # fmt: skip
+        for line in encoded.splitlines():
+            answer = json.loads(line)
+            if answer["code"] != HTTPStatus.ACCEPTED:
+                body = base64.b64decode(answer.get("body") or "")[:300]
+                print(f"  first refusal: {answer['code']} {answer.get('error')!r} {body!r}")
+                break
+    return (
+        data["throughput"],
+        data["latencies"]["50th"] / 1e6,
+        data["latencies"]["99th"] / 1e6,
+        data["requests"] - ok,
+    )
+
+
+def _vegeta(given: str) -> str | None:
+    for candidate in (given, shutil.which("vegeta"),
+                      str(pathlib.Path.home() / ".cache/taugrid/tools/vegeta")):  # fmt: skip
+        if candidate and pathlib.Path(candidate).is_file():
+            return candidate
+    return None
+
+
 async def _warm(url: str, requests: list[tuple[str, bytes]], concurrency: int) -> None:
     """Send every request once: each node's token is reviewed before timing starts."""
     queue = list(reversed(requests))
@@ -203,10 +270,57 @@ async def _wait(url: str) -> None:
     raise RuntimeError(msg)
 
 
-async def run(sizes: list[int], seconds: float, concurrency: int, generator: str) -> None:
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """What every server gets: the same fleet, bodies and loads."""
+
+    tokens: dict[str, str]
+    requests: list[tuple[str, bytes]]
+    seconds: float
+    concurrency: int
+    generator: str
+    rate: int
+    vegeta: str | None
+
+
+async def _measure(plan: _Plan, port: int, load: str, name: str) -> Result:
+    """One load against one server."""
+    url = f"http://127.0.0.1:{port}"
+    if name != "baseline":
+        # the cached reviews last 60 s (authCacheTtlS) and every node posts from one address
+        # here: review them all again first
+        await _warm(url, _bodies(plan.tokens, 1, 1), plan.concurrency)
+    if load.startswith("open") and plan.vegeta:
+        return await asyncio.to_thread(
+            _drive_vegeta, plan.vegeta, url, plan.requests, plan.seconds, plan.rate
+        )
+    if plan.generator == "wrk":
+        return await asyncio.to_thread(
+            _drive_wrk, url, plan.requests, plan.seconds, plan.concurrency
+        )
+    return await _drive(url, plan.requests, plan.seconds, plan.concurrency)
+
+
+def _start_before(
+    checkout: pathlib.Path, env: dict[str, str], port: int, log: IO[str]
+) -> subprocess.Popen[bytes]:
+    """The controller of another checkout (its own `.venv`), on the same port and fleet, under
+    a lease of its own (the one just stopped may still hold the first)."""
+    lease = env.get("TAUGRID_CONTROLLER_LEASE_NAME", "taugrid-controller")
+    env = {**env, "TAUGRID_CONTROLLER_LEASE_NAME": f"{lease}-before"}
+    env["PYTHONPATH"] = str(checkout)
+    python = str(checkout / ".venv/bin/python")
+    return subprocess.Popen([python, "-m", "controller"], env=env, cwd=checkout, stdout=log,
+                            stderr=subprocess.STDOUT)  # fmt: skip
+
+
+async def run(
+    sizes: list[int], seconds: float, concurrency: int, generator: str, *, rate: int,
+    vegeta: str | None, before: pathlib.Path | None,
+) -> None:  # fmt: skip
     dev, api = await fleetkit.dev_api()
-    header = ("nodes", "server", "hb/s", "p50 ms", "p99 ms", "errors", "RSS MB")
-    print("{:>6} {:<11} {:>8} {:>8} {:>8} {:>7} {:>7}".format(*header))
+    header = ("nodes", "load", "server", "hb/s", "p50 ms", "p99 ms", "errors", "RSS MB")
+    print("{:>6} {:<12} {:<11} {:>8} {:>8} {:>8} {:>7} {:>7}".format(*header))
     try:
         for n in sizes:
             ns = f"bench-hb-{n}-{secrets.token_hex(2)}"
@@ -215,12 +329,17 @@ async def run(sizes: list[int], seconds: float, concurrency: int, generator: str
             env = stack.controller_env(dev, port=port, namespace=ns, identity=f"bench-{n}",
                                        node_selector=f"taugrid.dev/bench={ns}")  # fmt: skip
             env["TAUGRID_CONTROLLER_LOG_LEVEL"] = "WARNING"
+            # Every stand-in agent posts from 127.0.0.1 here, where a fleet's agents each have
+            # their own pod IP: the per-address budget of reviews of unseen tokens (5/s) would
+            # answer most of the fleet 429 each time its 60 s cached reviews run out.
+            env["TAUGRID_CONTROLLER_REVIEW_RATE_PER_SOURCE"] = str(max(1000, n))
+            env["TAUGRID_CONTROLLER_REVIEW_BURST_PER_SOURCE"] = str(max(1000, n))
             with tempfile.TemporaryDirectory() as tmp:
                 ctl_log = pathlib.Path(tmp) / "controller.log"
-                with ctl_log.open("w") as log:
-                    ctl = subprocess.Popen([sys.executable, "-m", "controller"], env=env,
-                                           stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
-                    base = subprocess.Popen([sys.executable, "-c", BASELINE, str(base_port)])
+                log = ctl_log.open("w")
+                ctl = subprocess.Popen([sys.executable, "-m", "controller"], env=env,
+                                       stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+                base = subprocess.Popen([sys.executable, "-c", BASELINE, str(base_port)])
                 try:
                     await _wait(f"http://127.0.0.1:{port}")
                     await _wait(f"http://127.0.0.1:{base_port}")
@@ -228,28 +347,50 @@ async def run(sizes: list[int], seconds: float, concurrency: int, generator: str
                     # warm-up: one heartbeat per node fills the token cache (one TokenReview each)
                     await _warm(f"http://127.0.0.1:{port}", _bodies(tokens, 1, 1), concurrency)
                     requests = _bodies(tokens, max(1, 40_000 // n), 10)
-                    results: dict[str, Result] = {}
-                    for name, url in (("baseline", f"http://127.0.0.1:{base_port}"),
-                                      ("controller", f"http://127.0.0.1:{port}")):  # fmt: skip
-                        if generator == "wrk":
-                            results[name] = await asyncio.to_thread(
-                                _drive_wrk, url, requests, seconds, concurrency
-                            )
-                        else:
-                            results[name] = await _drive(url, requests, seconds, concurrency)
-                    rss = _rss_mb(ctl.pid)
-                    for name, (rate, p50, p99, errs) in results.items():
-                        shown_rss = f"{rss:7.0f}" if name == "controller" else f"{'':>7}"
-                        row = f"{n:>6} {name:<11} {rate:8.0f} {p50:8.2f} {p99:8.2f} {errs:>7}"
-                        print(f"{row} {shown_rss}")
-                    ratio = results["controller"][0] / results["baseline"][0]
-                    print(
-                        f"{n:>6} ratio       {ratio:8.2f}   (controller throughput / bare handler)"
-                    )
+                    closed = f"closed {generator}"
+                    loads: list[str] = [closed]
+                    if rate and vegeta:
+                        loads.append(f"open {rate}/s")
+                    results: dict[tuple[str, str], Result] = {}
+
+                    plan = _Plan(tokens, requests, seconds, concurrency, generator, rate,
+                                 vegeta)  # fmt: skip
+                    for load in loads:
+                        for name, at in (("baseline", base_port), ("controller", port)):
+                            results[load, name] = await _measure(plan, at, load, name)
+                    rss = {"controller": _rss_mb(ctl.pid)}
+                    if before:
+                        # the same fleet, the same loads, the controller of another checkout
+                        ctl.terminate()
+                        ctl.wait(timeout=15)
+                        ctl = _start_before(before, env, port, log)
+                        await _wait(f"http://127.0.0.1:{port}")
+                        await asyncio.sleep(3)
+                        for load in loads:
+                            results[load, "before"] = await _measure(plan, port, load, "before")
+                        rss["before"] = _rss_mb(ctl.pid)
+                    servers = ["baseline", "controller", *(["before"] if before else [])]
+                    for load in loads:
+                        for name in servers:
+                            hbs, p50, p99, errs = results[load, name]
+                            shown = f"{rss[name]:7.0f}" if name in rss else f"{'':>7}"
+                            row = f"{n:>6} {load:<12} {name:<11} {hbs:8.0f} {p50:8.2f} {p99:8.2f}"
+                            print(f"{row} {errs:>7} {shown}")
+                        b = results[load, "baseline"]
+                        for name in servers[1:]:
+                            c = results[load, name]
+                            if load == closed:
+                                print(f"{n:>6} {load:<12} {name + '/bare':<11} {c[0] / b[0]:8.2f}"
+                                      "   (throughput over the bare handler's)")  # fmt: skip
+                            else:
+                                lat = f"{c[1] / b[1]:8.2f} {c[2] / b[2]:8.2f}"
+                                print(f"{n:>6} {load:<12} {name + '/bare':<11} {'':>8} {lat}"
+                                      "   (latency over the bare handler's)")  # fmt: skip
                 finally:
                     for p in (ctl, base):
                         p.terminate()
                         p.wait(timeout=15)
+                    log.close()
             await fleetkit.delete_fleet(api, dev, ns)
     finally:
         await api.close()
@@ -264,10 +405,26 @@ def main() -> None:
         "--generator", choices=["wrk", "aiohttp"], default="wrk" if shutil.which("wrk") else
         "aiohttp", help="load generator: wrk (C; Debian's wrk) or Python aiohttp workers",
     )  # fmt: skip
+    parser.add_argument(
+        "--rate",
+        type=int,
+        default=1000,
+        help="open loop: offered heartbeats per second (vegeta); 0 skips it",
+    )
+    parser.add_argument("--vegeta", default="", help="the vegeta binary (default: PATH, then"
+                        " ~/.cache/taugrid/tools/vegeta)")  # fmt: skip
+    parser.add_argument("--before", type=pathlib.Path, default=None,
+                        help="also measure the controller of this checkout (e.g. main), after"
+                        " this one, on the same fleet and loads")  # fmt: skip
     args = parser.parse_args()
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    print(f"load generator: {args.generator}")
-    asyncio.run(run(args.nodes, args.seconds, args.concurrency, args.generator))
+    vegeta = _vegeta(args.vegeta)
+    print(
+        f"closed loop: {args.generator}, {args.concurrency} connections; open loop: "
+        + (f"vegeta {vegeta} at {args.rate}/s" if vegeta and args.rate else "skipped")
+    )
+    asyncio.run(run(args.nodes, args.seconds, args.concurrency, args.generator,
+                    rate=args.rate, vegeta=vegeta, before=args.before))  # fmt: skip
 
 
 if __name__ == "__main__":

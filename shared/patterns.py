@@ -9,7 +9,8 @@ is therefore written as a body without anchors, compiled here and matched with
 The same body is published in the JSON Schema and OpenAPI documents anchored the way
 ECMA-262 (the dialect those documents specify) reads it: `^(?:body)$`, where `$` is the end of
 the input. pydantic-core's own patterns run in Rust's regex engine, where the whole-input
-anchors are `\\A` and `\\z`: `rust()` writes those.
+anchors are `\\A` and `\\z`: `rust()` writes those. msgspec's `Meta(pattern=...)` runs
+`re.search`, so its form carries Python's whole-input anchors `\\A` and `\\Z`: `search()`.
 
 Pure: no I/O.
 """
@@ -37,6 +38,14 @@ def schema(pattern: re.Pattern[str] | str) -> str:
 def rust(body: str) -> str:
     """The pydantic-core (Rust regex) form of a full-match pattern: `\\A(?:body)\\z`."""
     return rf"\A(?:{body})\z"
+
+
+def search(body: str) -> str:
+    """The form of a full-match pattern for a `re.search` user (msgspec): `\\A(?:body)\\Z`.
+
+    Python's `\\Z` is the end of the input (never before a trailing newline, unlike `$`)."""
+    compile_full(body)
+    return rf"\A(?:{body})\Z"
 
 
 def full(pattern: re.Pattern[str], text: str) -> bool:

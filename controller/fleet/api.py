@@ -1,11 +1,13 @@
 """The fleet's HTTP API: heartbeats from agents, and the on-call calls (DESIGN.md section 4).
 
-`POST /v1/heartbeats` is the hot path: it authenticates (cached), parses and validates the
-JSON in one pydantic-core step, ingests, and wakes the quarantine loop only when a verdict,
-the faults or the boot changed. The on-call calls read and act on the leader's fleet state:
-each is authorised here as the Kubernetes verb on nodes it stands for (`get` to read,
-`patch` to act), and a follower then sends it to the leader for the caller it reviewed,
-under its own peer token (`serving.unless_leader`).
+`POST /v1/heartbeats` is the hot path: it authenticates (cached), decodes and validates the
+JSON in one msgspec step (`shared.fastheartbeat`, the strict schema of `shared.heartbeat`;
+a refused body is read again by the pydantic model only to say what is wrong), ingests,
+and wakes the quarantine loop only when a verdict, the faults or the boot changed. The
+on-call calls read and act on the leader's fleet state: each is authorised here as the
+Kubernetes verb on nodes it stands for (`get` to read, `patch` to act), and a follower then
+sends it to the leader for the caller it reviewed, under its own peer token
+(`serving.unless_leader`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import datetime as dt
 import time
 from typing import Any
 
+import msgspec
 import pydantic
 import structlog
 from aiohttp import web
@@ -24,7 +27,7 @@ from controller import auth, errors, serving, timestamps
 from controller.fleet import actions, devices, nodes, quarantining, schemas, state
 from controller.kube import nodes as kube_nodes
 from controller.settings import ControllerSettings
-from shared import heartbeat
+from shared import fastheartbeat, heartbeat
 
 log = structlog.get_logger()
 
@@ -100,10 +103,11 @@ async def post_heartbeat(request: web.Request) -> web.StreamResponse:
         agent = auth.agent_username(st.settings.namespace, st.settings.agent_service_account)
         auth.check_heartbeat_identity(identity, agent)  # nobody else's body is ever parsed
         raw = await serving.read_body(request, st.settings.max_body_bytes)
+        hb: fastheartbeat.Report
         try:
-            # The fast path: pydantic-core parses and validates the JSON in one step.
-            hb = heartbeat.Heartbeat.model_validate_json(raw)
-        except (pydantic.ValidationError, ValueError):
+            # The fast path: msgspec decodes and validates the JSON in one step.
+            hb = fastheartbeat.decode(raw)
+        except msgspec.DecodeError:  # ValidationError is one
             hb = _explain_bad_heartbeat(raw)
         auth.check_heartbeat_sender(identity, agent, hb.node_name)
         s = st.settings
@@ -117,12 +121,11 @@ async def post_heartbeat(request: web.Request) -> web.StreamResponse:
             # The leader gets the report as parsed here, for the agent reviewed here, under
             # this replica's own peer token: the agent's token stays with this replica.
             st.metrics.heartbeats.labels("forwarded").inc()
-            report = hb.model_dump_json(by_alias=True, exclude_none=True).encode()
-            return await serving.forward(request, identity, report)
+            return await serving.forward(request, identity, fastheartbeat.wire(hb))
         ctx = _ctx(request)
         url = await _agent_url(ctx, st, identity)
-        if hb.agent_url != url:  # the chart's agents send the same URL: no copy (13 µs) then
-            hb = hb.model_copy(update={"agent_url": url})
+        if hb.agent_url != url:  # the chart's agents send the same URL: no copy then
+            hb = fastheartbeat.with_agent_url(hb, url)
         before = _verdict_key(ctx.fleet.get(hb.node_name))
         if ctx.fleet.ingest(hb, _now()) and _verdict_key(ctx.fleet.get(hb.node_name)) != before:
             # Only a change of verdict, faults or boot wakes the quarantine loop at once; a
@@ -150,7 +153,10 @@ async def _agent_url(ctx: FleetContext, st: serving.ServingState, who: auth.Iden
 
 
 def _explain_bad_heartbeat(raw: bytes) -> heartbeat.Heartbeat:
-    """Re-read a body the fast path refused, to say exactly what is wrong with it (4xx)."""
+    """Re-read a body the fast path refused, to say exactly what is wrong with it (4xx): the
+    limits of `shared.jsonsafe` first (integer length, depth, NaN, duplicate keys), then the
+    strict model, which names the field. The model is the authority: a body it accepted would
+    be taken (the differential test in tests/unit/shared/test_fastheartbeat.py says none is)."""
     data = errors.read_json(raw)
     if isinstance(data, dict) and data.get("schemaVersion") not in (None, heartbeat.SCHEMA_VERSION):
         msg = (
@@ -159,7 +165,7 @@ def _explain_bad_heartbeat(raw: bytes) -> heartbeat.Heartbeat:
         )
         raise errors.Invalid(msg, field="schemaVersion", code="UnsupportedSchema")
     try:
-        return heartbeat.Heartbeat.model_validate(data)
+        return heartbeat.validate_json(raw)
     except pydantic.ValidationError as err:
         raise errors.validation_error(err) from err
 
@@ -210,7 +216,7 @@ def _node_json(ctx: FleetContext, name: str, *, detail: bool) -> dict[str, Any]:
     if detail:
         out["devices"] = [_fenced_json(f, q) for f in _fenced(q, name)]
         gpus = rec.heartbeat.gpus if rec else []
-        out["gpus"] = [g.model_dump(mode="json", by_alias=True) for g in gpus]
+        out["gpus"] = [fastheartbeat.gpu_json(g) for g in gpus]
         out["history"] = [e.to_json() for e in view.history] if view else []
         out["problems"] = list(view.problems) if view else []
         condition = view.condition if view else None

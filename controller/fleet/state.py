@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from typing import NamedTuple
 
 from controller import timestamps
-from shared import health, heartbeat
+from shared import fastheartbeat, health
 
 DEFAULT_STALE_MULTIPLIER = 3.0
 """staleAfter = this × the agent's own `intervalS` (DESIGN.md section 6)."""
@@ -82,7 +82,7 @@ class NodeState(enum.StrEnum):
 
 
 def heartbeat_problem(
-    hb: heartbeat.Heartbeat,
+    hb: fastheartbeat.Report,
     now: dt.datetime,
     *,
     min_interval_s: float,
@@ -125,7 +125,8 @@ BAD_STATES = frozenset(
 class NodeRecord:
     """The controller's memory of one node: its last report and the streaks derived from it."""
 
-    heartbeat: heartbeat.Heartbeat
+    heartbeat: fastheartbeat.Report
+    """As the hot path decoded it (a `fastheartbeat.Heartbeat`), or a model the tests built."""
     received_at: dt.datetime
     verdict: health.Verdict
     """The worst GPU verdict in the last report (Healthy for a node reporting no GPUs)."""
@@ -223,7 +224,7 @@ class FleetState:
         """Drop a node that left the cluster, so its memory does not outlive it."""
         self._records.pop(node, None)
 
-    def ingest(self, hb: heartbeat.Heartbeat, now: dt.datetime) -> bool:
+    def ingest(self, hb: fastheartbeat.Report, now: dt.datetime) -> bool:
         """Record one heartbeat received at `now`; return False when it was a replay.
 
         A report is a replay when it comes from the same boot with a sequence number and a send
@@ -282,7 +283,7 @@ class FleetState:
         record = self._records.get(node)
         return None if record is None else record.gpu_since.get(gpu_uuid)
 
-    def stale_after(self, hb: heartbeat.Heartbeat) -> dt.timedelta:
+    def stale_after(self, hb: fastheartbeat.Report) -> dt.timedelta:
         """Return how long a node may stay silent: the multiplier × its agent's interval."""
         return dt.timedelta(seconds=self.stale_multiplier * hb.interval_s)
 
@@ -365,7 +366,7 @@ _ASEV = health.ACTION_SEVERITY
 
 
 def _summarise(
-    hb: heartbeat.Heartbeat,
+    hb: fastheartbeat.Report,
 ) -> tuple[health.Verdict, health.Action, tuple[Fault, ...]]:
     """Reduce a report to the node's worst verdict and action and its faults, worst first."""
     verdict = _HEALTHY
@@ -412,7 +413,7 @@ def _summarise(
 
 def _track_gpus(
     streaks: dict[str, tuple[bool, dt.datetime]],
-    hb: heartbeat.Heartbeat,
+    hb: fastheartbeat.Report,
     faults: tuple[Fault, ...],
     now: dt.datetime,
     *,

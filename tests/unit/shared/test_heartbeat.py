@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from typing import Any
 
 import pydantic
 import pytest
 
-from shared import heartbeat
+from shared import health, heartbeat
 
 GPU = {"index": 0, "uuid": "GPU-1", "verdict": "Healthy"}
 
@@ -61,3 +62,42 @@ def test_agent_url_is_accepted_but_carries_no_weight_on_the_wire() -> None:
     hb = heartbeat.Heartbeat.model_validate_json(_body(agentUrl="https://attacker.example/"))
     expected = "https://attacker.example/"
     assert expected == hb.agent_url
+
+
+@pytest.mark.parametrize(
+    ("body", "loc"),
+    [
+        pytest.param(_body(sequence="1"), ("sequence",), id="a number written as a string"),
+        pytest.param(_body(dcgmAvailable=1), ("dcgmAvailable",), id="a 1 for a bool"),
+        pytest.param(_body(schemaVersion=True), ("schemaVersion",),
+                     id="true for the schema version"),
+        pytest.param(_body(sequence=1.0), ("sequence",), id="a float for an int"),
+        pytest.param(_raw(_body(intervalS="__RAW__"), "intervalS", "NaN"), ("intervalS",),
+                     id="a NaN token"),
+        pytest.param(_body(sentAt="2026-01-01T00:00:00"), ("sentAt",),
+                     id="a time without an offset"),
+        pytest.param(_body(sentAt="1767225600"), ("sentAt",), id="a time as seconds"),
+        pytest.param(_body(gpus=[{**GPU, "verdict": "healthy"}]), ("gpus", 0, "verdict"),
+                     id="a verdict in the wrong case"),
+    ],
+)  # fmt: skip
+def test_the_model_is_strict(body: str, loc: tuple[object, ...]) -> None:
+    """No coercion: what msgspec refuses, the model refuses too, at the same field."""
+    with pytest.raises(pydantic.ValidationError) as caught:
+        heartbeat.validate_json(body)
+    assert loc == caught.value.errors()[0]["loc"]
+
+
+def test_python_field_names_are_not_wire_names() -> None:
+    """The wire takes the camelCase aliases only: `node_name` is an unknown field there."""
+    body = _body().replace('"nodeName"', '"node_name"')
+    with pytest.raises(pydantic.ValidationError) as caught:
+        heartbeat.validate_json(body)
+    assert {("nodeName",), ("node_name",)} == {e["loc"] for e in caught.value.errors()}
+
+
+def test_a_time_without_a_zone_cannot_be_built() -> None:
+    """The model refuses a naive datetime in Python too, so it never reaches the wire."""
+    with pytest.raises(pydantic.ValidationError):
+        heartbeat.Reason(code="X", verdict=health.Verdict.FAILED, action=health.Action.NONE,
+                         since=dt.datetime(2026, 1, 1))  # noqa: DTZ001  # fmt: skip

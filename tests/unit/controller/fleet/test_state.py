@@ -8,7 +8,7 @@ import datetime as dt
 import pytest
 
 from controller.fleet import state as fleet
-from shared import health
+from shared import fastheartbeat, health, heartbeat
 from tests.unit.controller.fleet import fakes
 from tests.unit.controller.fleet.fakes import at
 
@@ -296,9 +296,38 @@ def test_a_silence_restarts_every_gpu_streak() -> None:
 )  # fmt: skip
 def test_heartbeat_bounds(interval_s: float, sent_at: dt.datetime, expected: str | None) -> None:
     """The interval must lie in the controller's range, sentAt within the skew window of
-    the receive time (DESIGN.md section 10: every field of a heartbeat is bounded)."""
-    hb = fakes.hb("n1", interval_s=interval_s, sent_at=sent_at)
+    the receive time (DESIGN.md section 10: every field of a heartbeat is bounded). The
+    time is set without validation: the wire schema already refuses a time without a zone,
+    and the controller's own check must hold even so."""
+    hb = fakes.hb("n1", interval_s=interval_s).model_copy(update={"sent_at": sent_at})
     problem = fleet.heartbeat_problem(
         hb, at(100), min_interval_s=1.0, max_interval_s=300.0, max_skew_s=300.0
     )
     assert expected == (problem[0] if problem else None)
+
+
+@pytest.mark.parametrize(
+    "faults",
+    [
+        pytest.param(None, id="a healthy node"),
+        pytest.param({3: [fakes.xid79()]}, id="a node with a latched Xid"),
+        pytest.param({0: [fakes.ecc_rising()], 5: [fakes.row_remap_failure()]},
+                     id="a node with two faulty GPUs"),
+    ],
+)  # fmt: skip
+def test_a_decoded_report_is_judged_as_its_model_is(
+    faults: dict[int, list[heartbeat.Reason]] | None,
+) -> None:
+    """The hot path ingests msgspec's struct (fastheartbeat), the tests build models: the
+    fleet state judges the same report the same way in either form, streaks included."""
+    model = fakes.hb("n1", seq=1, sent_at=at(0), faults=faults)
+    decoded = fastheartbeat.decode(fastheartbeat.wire(model))
+    expected, actual = fleet.FleetState(leader_since=at(0)), fleet.FleetState(leader_since=at(0))
+    expected.ingest(model, at(1))
+    actual.ingest(decoded, at(1))
+    judged = [s.assess("n1", at(2), default_interval_s=10.0) for s in (expected, actual)]
+    assert judged[0] == judged[1]
+    uuids = [fakes.gpu_uuid("n1", i) for i in range(8)]
+    assert [expected.gpu_streak("n1", u) for u in uuids] == [
+        actual.gpu_streak("n1", u) for u in uuids
+    ]
