@@ -219,6 +219,15 @@ async def test_a_real_run_is_sigtermed_on_quarantine_checkpoints_and_resumes(
             assert first["attempts"][0]["nodes"] == [node.NODE_NAME], first["attempts"]
             assert any("attempt 1: fresh start" in line for line in streamed), streamed[:5]
 
+            # The dev fleet is shared with the tests before this one: a chart upgrade's
+            # rollout leaves its agents' heartbeats unanswered for a while (a follower pod
+            # cannot reach the leader-only Service here: no cluster DNS on the real node),
+            # which may have opened the breaker. Close it as on-call would, then fault.
+            oncall = dev_cluster.kubectl(bin_dir, "-n", stack.NAMESPACE, "create", "token",
+                                         stack.ONCALL_SA, "--duration=1h").strip()  # fmt: skip
+            reset = f"{url}/v1/fleet/breaker/reset"
+            async with http.post(reset, headers={"Authorization": f"Bearer {oncall}"}) as resp:
+                assert resp.status == 200, await resp.text()
             t = Timeline()
             stack.inject(dev_cluster, node.NODE_NAME, GPU, "ecc_uncorrected", "2")
 

@@ -8,7 +8,6 @@ the mouse. What it shows is read back from the DOM's data attributes and text.
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import dataclasses
 import os
@@ -334,14 +333,8 @@ async def test_a_token_that_may_not_read_nodes_still_sees_its_runs(
 
 
 async def _report(w: World, run: str, body: dict[str, Any]) -> None:
-    """Report results as the run's pod does, with its run-scoped token."""
-
-    async def read() -> str:
-        secret = await client.CoreV1Api(w.api).read_namespaced_secret(f"{run}-token",
-                                                                         w.namespace)  # fmt: skip
-        return base64.b64decode(secret.data["token"]).decode()
-
-    token = await support.eventually(support.not_found_is_not_yet(read), what=f"{run}'s token")
+    """Report results as the run's pod does, with its own projected token."""
+    token = await runs_kit.run_token(w.api, w.namespace, run)
 
     async def accepted() -> None:  # a 503 (the lease changing hands) is retried, as pods do
         async with w.http.post(f"{w.url}/v1/runs/{w.namespace}/{run}/results", json=body,
