@@ -8,7 +8,7 @@ import datetime as dt
 import pytest
 
 from controller.fleet import state as fleet
-from shared import health
+from shared import health, heartbeat
 from tests.unit.controller.fleet import fakes
 from tests.unit.controller.fleet.fakes import at
 
@@ -302,3 +302,34 @@ def test_heartbeat_bounds(interval_s: float, sent_at: dt.datetime, expected: str
         hb, at(100), min_interval_s=1.0, max_interval_s=300.0, max_skew_s=300.0
     )
     assert expected == (problem[0] if problem else None)
+
+
+@pytest.mark.parametrize(
+    ("second", "received_s", "changed"),
+    [
+        pytest.param(fakes.hb("n1", seq=2, sent_at=at(10)), 10, False,
+                     id="a steady report is no change"),
+        pytest.param(fakes.hb("n1", seq=2, sent_at=at(10), faults={0: [fakes.xid79()]}), 10,
+                     True, id="a new fault is a change"),
+        pytest.param(fakes.hb("n1", seq=2, sent_at=at(10), boot="boot-2"), 10, True,
+                     id="a new boot ID is a change"),
+        pytest.param(fakes.hb("n1", seq=2, sent_at=at(10), gpus=4), 10, True,
+                     id="a different GPU count is a change"),
+        pytest.param(fakes.hb("n1", seq=2, sent_at=at(10), interval_s=5.0), 10, True,
+                     id="a different interval is a change"),
+        pytest.param(fakes.hb("n1", seq=2, sent_at=at(40)), 40, True,
+                     id="a report after a silence is a change"),
+        pytest.param(fakes.hb("n1", seq=1, sent_at=at(0)), 10, False,
+                     id="a replay is no change"),
+    ],
+)  # fmt: skip
+def test_the_fleet_names_the_nodes_whose_health_may_read_differently(
+    second: heartbeat.Heartbeat, received_s: float, changed: bool
+) -> None:
+    """`take_changed` names a node after its first report and after a report that changes
+    what the policy reads; a steady report only moves staleness later (no change)."""
+    state = fleet.FleetState(leader_since=at(-100))
+    state.ingest(fakes.hb("n1", seq=1, sent_at=at(0)), at(0))
+    assert {"n1"} == state.take_changed()
+    state.ingest(second, at(received_s))
+    assert ({"n1"} if changed else set()) == state.take_changed()
