@@ -166,6 +166,7 @@ def _runtime(
             fleet, cache=cache, settings=policy.settings_from(settings), elector=elector,
             writer=kube_nodes.NodeWriter(control, settings.namespace, component=elector.identity),
             metrics=m, pass_interval_s=settings.pass_interval_s, lease_name=settings.lease_name,
+            full_pass_interval_s=settings.full_pass_interval_s,
             save_state=lease_store.save_state, device_cache=device_cache,
             device_writer=kube_devices.DeviceWriter(api),
             device_settings=devicepolicy.settings_from(settings),
