@@ -147,8 +147,9 @@ def _runtime(
                 for node, (fresh, found) in report.items()
             }  # fmt: skip
 
+        admission_store = kube_admission.AdmissionStore(api, component=elector.identity)
         gate = admitting.Gate(
-            kube_admission.AdmissionStore(api, component=elector.identity), elector, m,
+            admission_store, elector, m,
             check=settings.admission_check, retry_after_s=settings.admission_retry_after_s,
             pass_interval_s=settings.admission_pass_interval_s, devices=dra_devices,
             dra_resource=settings.dra_quota_resource,
@@ -231,6 +232,7 @@ def _runtime(
             asyncio.create_task(elector.run(), name="elector"),
             asyncio.create_task(quarantiner.run(), name="quarantine"),
             asyncio.create_task(gate.run(), name="admission"),
+            asyncio.create_task(admission_store.run_caches(), name="admission-caches"),
             asyncio.create_task(reconciler.run(), name="runs"),
             asyncio.create_task(keeper.run(), name="logs"),
         ]

@@ -19,7 +19,7 @@ import structlog
 from kubernetes_asyncio import client
 
 from controller import marks
-from controller.kube import _api
+from controller.kube import _api, watching
 
 log = structlog.get_logger()
 
@@ -145,7 +145,7 @@ class NodeCache:
             )
             if resp.status != 200:
                 await _api.read_json(resp)  # raises: relist
-            async with contextlib.aclosing(_lines(resp)) as lines:
+            async with contextlib.aclosing(watching.lines(resp)) as lines:
                 async for line in lines:
                     event = json.loads(line)
                     obj = event.get("object") or {}
@@ -161,18 +161,6 @@ class NodeCache:
                     else:
                         self.nodes[name] = trim_node(obj)
                     self._changed(name)
-
-
-async def _lines(resp: Any) -> Any:
-    try:
-        while True:
-            raw = await resp.content.readline()
-            if not raw:
-                return
-            if raw.strip():
-                yield raw
-    finally:
-        resp.release()
 
 
 def _rv(node: dict[str, Any]) -> int:
