@@ -147,8 +147,9 @@ def _runtime(
                 for node, (fresh, found) in report.items()
             }  # fmt: skip
 
+        admission_store = kube_admission.AdmissionStore(api, component=elector.identity)
         gate = admitting.Gate(
-            kube_admission.AdmissionStore(api, component=elector.identity), elector, m,
+            admission_store, elector, m,
             check=settings.admission_check, retry_after_s=settings.admission_retry_after_s,
             pass_interval_s=settings.admission_pass_interval_s, devices=dra_devices,
             dra_resource=settings.dra_quota_resource,
@@ -166,6 +167,7 @@ def _runtime(
             fleet, cache=cache, settings=policy.settings_from(settings), elector=elector,
             writer=kube_nodes.NodeWriter(control, settings.namespace, component=elector.identity),
             metrics=m, pass_interval_s=settings.pass_interval_s, lease_name=settings.lease_name,
+            full_pass_interval_s=settings.full_pass_interval_s,
             save_state=lease_store.save_state, device_cache=device_cache,
             device_writer=kube_devices.DeviceWriter(api),
             device_settings=devicepolicy.settings_from(settings),
@@ -232,6 +234,7 @@ def _runtime(
             asyncio.create_task(elector.run(), name="elector"),
             asyncio.create_task(quarantiner.run(), name="quarantine"),
             asyncio.create_task(gate.run(), name="admission"),
+            asyncio.create_task(admission_store.run_caches(), name="admission-caches"),
             asyncio.create_task(reconciler.run(), name="runs"),
             asyncio.create_task(keeper.run(), name="logs"),
         ]

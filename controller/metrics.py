@@ -25,6 +25,7 @@ class ControllerMetrics:
     fault_to_quarantine: prom.Histogram
     evictions: prom.Counter
     pass_seconds: prom.Histogram
+    pass_nodes: prom.Histogram
     auth_cache: prom.Counter
     runs: prom.Gauge
     run_queue_seconds: prom.Histogram
@@ -104,7 +105,15 @@ def make_metrics() -> ControllerMetrics:
         ),
         pass_seconds=prom.Histogram(
             "taugrid_quarantine_pass_seconds",
-            "Duration of one level-triggered quarantine pass.",
+            "Duration of one quarantine pass (of what changed, or a full one).",
+            registry=r,
+        ),
+        pass_nodes=prom.Histogram(
+            "taugrid_quarantine_pass_nodes",
+            "Nodes one quarantine pass judged: `changed` (inputs changed, deadline came, or"
+            " something left to do) or `full` (every node, on the slow timer).",
+            ["kind"],
+            buckets=(0, 1, 4, 16, 64, 256, 1024, 4096, 16384, 65536),
             registry=r,
         ),
         auth_cache=prom.Counter(

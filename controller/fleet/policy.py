@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable
 
 import pydantic
 from pydantic import alias_generators
@@ -124,14 +124,13 @@ def decide(
     `device_scope` those whose faults device quarantine fences GPU by GPU
     (`controller.fleet.devicepolicy`): their condition is kept, but they are neither
     quarantined nor counted by the node breaker.
+
+    This is the full, level-triggered pass: every node is judged. `controller.fleet.passes`
+    judges only the nodes whose inputs changed or whose deadline came, from the same
+    per-node steps (`counts`, `node_pass`, `judge_breaker`, `rank`), and decides the same.
     """
     views = sorted(
-        (
-            v
-            for v in node_views
-            if v.managed and (v.is_gpu_node or v.name in fleet_state or v.name in device_nodes)
-        ),
-        key=lambda v: v.name,
+        (v for v in node_views if counts(v, fleet_state, device_nodes)), key=lambda v: v.name
     )
     healths = {
         v.name: fleet_state.assess(v.name, now, default_interval_s=settings.default_interval_s)
@@ -140,52 +139,117 @@ def decide(
     deadlines: list[dt.datetime] = []
     decided: list[actions.Action] = []
 
-    breaker = _judge_breaker(
-        views, healths, settings, breaker, now=now, decided=decided, deadlines=deadlines,
-        device_scope=device_scope,
+    turned = {n: turned_at(h, in_device_scope=n in device_scope) for n, h in healths.items()}
+
+    def turned_after(after: dt.datetime) -> list[str]:
+        return sorted(n for n, at in turned.items() if at is not None and at > after)
+
+    breaker = judge_breaker(
+        breaker, settings, now=now, total=len(views), turned_after=turned_after,
+        all_contained=all(
+            _contained(v, healths[v.name]) for v in views if v.name not in device_scope
+        ),
+        decided=decided, deadlines=deadlines,
     )  # fmt: skip
 
-    quarantined = sum(
-        1
-        for v in views
-        if v.quarantine is not None and v.quarantine.mode is nodes.QuarantineMode.AUTOMATIC
-    )
+    quarantined = sum(1 for v in views if auto_quarantined(v))
     limit = settings.limit_for(len(views))
-    candidates: list[tuple[tuple[int, dt.datetime, str], actions.Quarantine]] = []
+    candidates: list[Candidate] = []
 
     for view in views:
-        h = healths[view.name]
-        if h.stale_at is not None and h.stale_at > now:
-            deadlines.append(h.stale_at)
-        wanted = _desired_condition(h, view)
-        if wanted is not None and not wanted.same_as(view.condition):
-            decided.append(actions.SetCondition(view.name, wanted))
-        if view.quarantine is not None:
-            decided.extend(
-                _keep_quarantine(
-                    view,
-                    view.quarantine,
-                    h,
-                    settings,
-                    breaker=breaker,
-                    now=now,
-                    deadlines=deadlines,
-                )
-            )
-            continue
-        if view.name in device_scope:
-            continue  # fenced device by device; its other GPUs keep working
-        candidate = _candidate(view, h, settings, now=now, decided=decided, deadlines=deadlines)
-        if candidate is None:
-            continue
-        if breaker.open:
-            decided.append(actions.Skipped(view.name, candidate, actions.SkipReason.BREAKER_OPEN))
-            continue
-        onset = h.bad_since or now
-        candidates.append(((_QUARANTINE_PRIORITY[h.state], onset, view.name), candidate))
+        found, candidate, due = node_pass(
+            view, healths[view.name], settings, breaker, now,
+            in_device_scope=view.name in device_scope,
+        )  # fmt: skip
+        decided.extend(found)
+        deadlines.extend(due)
+        if candidate is not None:
+            candidates.append(candidate)
 
+    rank(candidates, budget=max(0, limit - quarantined), decided=decided)
+    future = [d for d in deadlines if d > now]
+    return actions.Decision(
+        actions=tuple(finish(decided, settings)),
+        breaker=breaker,
+        next_deadline=min(future) if future else None,
+        health=healths,
+        quarantined=quarantined,
+        max_quarantined=limit,
+    )
+
+
+Candidate = tuple[tuple[int, dt.datetime, str], actions.Quarantine]
+"""A node that should be quarantined, with its place in line (worst state, earliest onset)."""
+
+
+def counts(
+    view: nodes.NodeView, fleet_state: state.FleetState, device_nodes: frozenset[str]
+) -> bool:
+    """Whether a node is judged at all (and counts in the fleet-wide limits): managed, and a
+    GPU node, a DRA node or one that reports to us."""
+    return view.managed and (
+        view.is_gpu_node or view.name in fleet_state or view.name in device_nodes
+    )
+
+
+def auto_quarantined(view: nodes.NodeView) -> bool:
+    """Whether the node is in a quarantine the controller made (what maxQuarantined counts)."""
+    return view.quarantine is not None and view.quarantine.mode is nodes.QuarantineMode.AUTOMATIC
+
+
+def contained(view: nodes.NodeView, h: state.NodeHealth, *, in_device_scope: bool) -> bool:
+    """Whether the node lets an open node breaker close (device-scope nodes always do)."""
+    return in_device_scope or _contained(view, h)
+
+
+def turned_at(h: state.NodeHealth, *, in_device_scope: bool) -> dt.datetime | None:
+    """When the node turned bad or silent, as the node breaker counts it; None if it does not
+    count (healthy, warming up, or fenced GPU by GPU)."""
+    if in_device_scope or h.state not in state.BAD_STATES:
+        return None
+    return h.bad_since
+
+
+def node_pass(
+    view: nodes.NodeView,
+    h: state.NodeHealth,
+    settings: Settings,
+    breaker: actions.BreakerState,
+    now: dt.datetime,
+    *,
+    in_device_scope: bool,
+) -> tuple[list[actions.Action], Candidate | None, list[dt.datetime]]:
+    """One node's part of a pass: its actions (before dry run), its quarantine if it should
+    get one (ranked fleet-wide by `rank`), and every time at or after `now` when its
+    decision may change without new input."""
+    deadlines: list[dt.datetime] = []
+    decided: list[actions.Action] = []
+    if h.stale_at is not None and h.stale_at >= now:
+        deadlines.append(h.stale_at)
+    wanted = _desired_condition(h, view)
+    if wanted is not None and not wanted.same_as(view.condition):
+        decided.append(actions.SetCondition(view.name, wanted))
+    if view.quarantine is not None:
+        kept = _keep_quarantine(
+            view, view.quarantine, h, settings, breaker=breaker, now=now, deadlines=deadlines
+        )
+        decided.extend(kept)
+        return decided, None, deadlines
+    if in_device_scope:
+        return decided, None, deadlines  # fenced device by device; its other GPUs keep working
+    candidate = _candidate(view, h, settings, now=now, decided=decided, deadlines=deadlines)
+    if candidate is None:
+        return decided, None, deadlines
+    if breaker.open:
+        decided.append(actions.Skipped(view.name, candidate, actions.SkipReason.BREAKER_OPEN))
+        return decided, None, deadlines
+    onset = h.bad_since or now
+    return decided, ((_QUARANTINE_PRIORITY[h.state], onset, view.name), candidate), deadlines
+
+
+def rank(candidates: list[Candidate], *, budget: int, decided: list[actions.Action]) -> None:
+    """Quarantine the first `budget` candidates in line; hold back the rest."""
     candidates.sort(key=lambda item: item[0])
-    budget = max(0, limit - quarantined)
     for index, (_, candidate) in enumerate(candidates):
         if index < budget:
             decided.append(candidate)
@@ -194,17 +258,10 @@ def decide(
                 actions.Skipped(candidate.node, candidate, actions.SkipReason.MAX_QUARANTINED)
             )
 
-    if settings.dry_run:
-        decided = [_dry(action) for action in decided]
-    future = [d for d in deadlines if d > now]
-    return actions.Decision(
-        actions=tuple(decided),
-        breaker=breaker,
-        next_deadline=min(future) if future else None,
-        health=healths,
-        quarantined=quarantined,
-        max_quarantined=limit,
-    )
+
+def finish(decided: list[actions.Action], settings: Settings) -> list[actions.Action]:
+    """The pass's actions as carried out: under dry run, every node action held back."""
+    return [_dry(action) for action in decided] if settings.dry_run else decided
 
 
 def reset_breaker(
@@ -281,20 +338,22 @@ def manual_release(
     )
 
 
-def _judge_breaker(
-    views: list[nodes.NodeView],
-    healths: Mapping[str, state.NodeHealth],
-    settings: Settings,
+def judge_breaker(
     breaker: actions.BreakerState,
+    settings: Settings,
     *,
     now: dt.datetime,
+    total: int,
+    turned_after: Callable[[dt.datetime], list[str]],
+    all_contained: bool,
     decided: list[actions.Action],
     deadlines: list[dt.datetime],
-    device_scope: frozenset[str] = frozenset(),
 ) -> actions.BreakerState:
-    """The node breaker; nodes in device scope count in the device breaker instead."""
+    """The node breaker, from fleet-wide figures: `total` nodes judged, `turned_after(t)` the
+    names (sorted) of those that turned bad or silent after `t`, and whether every one is
+    contained. Nodes in device scope count in the device breaker instead."""
     if breaker.open:
-        if not all(_contained(v, healths[v.name]) for v in views if v.name not in device_scope):
+        if not all_contained:
             return breaker.model_copy(update={"fleet_healthy_since": None})
         healthy_since = breaker.fleet_healthy_since or now
         closes_at = healthy_since + dt.timedelta(seconds=settings.breaker_healthy_close_s)
@@ -311,19 +370,12 @@ def _judge_breaker(
     counted_after = now - window
     if breaker.reset_at is not None and breaker.reset_at > counted_after:
         counted_after = breaker.reset_at
-    turned = sorted(
-        name
-        for name, h in healths.items()
-        if h.state in state.BAD_STATES
-        and h.bad_since is not None
-        and h.bad_since > counted_after
-        and name not in device_scope
-    )
-    share = 100 * len(turned) / len(views) if views else 0.0
+    turned = turned_after(counted_after)
+    share = 100 * len(turned) / total if total else 0.0
     if share > settings.breaker_percent and len(turned) >= settings.breaker_min_nodes:
         shown = ", ".join(turned[:10]) + (", …" if len(turned) > 10 else "")
         message = (
-            f"{len(turned)} of {len(views)} GPU nodes ({share:.0f}%) turned bad or stale within "
+            f"{len(turned)} of {total} GPU nodes ({share:.0f}%) turned bad or stale within "
             f"{settings.breaker_window_s:g}s (limit {settings.breaker_percent:g}%): {shown}"
         )
         decided.append(actions.OpenBreaker(message=message, nodes=tuple(turned)))

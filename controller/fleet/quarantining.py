@@ -1,10 +1,14 @@
-"""The quarantine loop: level-triggered passes of the pure policy, carried out on Nodes.
+"""The quarantine loop: passes of the pure policy, carried out on Nodes.
 
-Each pass reads every heartbeat (the fleet state) and every node (the cache), asks
-`policy.decide` what should be true, and writes only the difference (`conditions.patch_for`
-returns None when a node is already as wanted). A heartbeat that changes a verdict or a node
-event wakes the loop at once; otherwise it wakes at the policy's next deadline, at most every
-`pass_interval_s`. Only the leader acts, and every write checks that the lease is still held.
+Each pass judges the nodes whose inputs changed (a heartbeat that changed something, a
+Node changed in the cache, device quarantine's scope), whose deadline came, or that had
+something left to do, and decides what the full level-triggered pass would decide for the
+whole fleet (`controller.fleet.passes`); it writes only the difference
+(`conditions.patch_for` returns None when a node is already as wanted). Every
+`full_pass_interval_s`, and after the node cache relists, a pass judges every node again.
+A heartbeat that changes a verdict or a node event wakes the loop at once; otherwise it
+wakes at the policy's next deadline, at most every `pass_interval_s`. Only the leader acts,
+and every write checks that the lease is still held.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from controller.fleet import (
     devices,
     history,
     nodes,
+    passes,
     policy,
     state,
 )
@@ -53,6 +58,7 @@ class Quarantiner:
         elector: leading.Elector,
         metrics: metrics_mod.ControllerMetrics,
         pass_interval_s: float = 1.0,
+        full_pass_interval_s: float = 30.0,
         lease_name: str = "taugrid-controller",
         save_state: Callable[[dict[str, str]], Awaitable[None]] | None = None,
         clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
@@ -67,6 +73,7 @@ class Quarantiner:
         self.elector = elector
         self.metrics = metrics
         self.pass_interval_s = pass_interval_s
+        self.full_pass_interval_s = full_pass_interval_s
         self.lease_name = lease_name
         self._save_state = save_state
         self._saved: dict[str, str] | None = None
@@ -83,8 +90,14 @@ class Quarantiner:
                                     list[devices.TaintRule]] | None = None  # fmt: skip
         """The inventory and rules parsed at the device cache's versions (a pass reuses them:
         parsing a fleet's slices is most of a pass's cost)."""
-        self._parsed_nodes: dict[str, tuple[str, nodes.NodeView]] = {}
-        """Each node's view at its resourceVersion."""
+        self._views: dict[str, nodes.NodeView] = {}
+        """Each cached node's view, parsed again only when the cache says it changed."""
+        self._in_quarantine: set[str] = set()
+        """The cached nodes carrying a quarantine of ours (the gauge)."""
+        self._node_changes = cache.subscribe()
+        self.ledger = passes.Ledger()
+        self._full_at: dt.datetime | None = None
+        """When the last pass that judged every node ran."""
         """A device action's history entry and Event, written after its rules without
         holding up the next pass (the rules are what fence the GPU)."""
         self.wake = asyncio.Event()
@@ -220,41 +233,59 @@ class Quarantiner:
         deadline = await self.run_pass()
         return None if deadline is None else (deadline - self.clock()).total_seconds()
 
-    def views(self) -> list[nodes.NodeView]:
-        """Parse every cached node (malformed annotations are reported, never raised); a
-        node unchanged since the last pass (same resourceVersion) is not parsed again."""
-        out = []
-        known = self._parsed_nodes
-        for name, raw in self.cache.nodes.items():
-            rv = str(raw.get("metadata", {}).get("resourceVersion") or "")
+    def views(self, changed: set[str], *, everything: bool) -> dict[str, nodes.NodeView]:
+        """Every cached node's view, by name: the `changed` ones parsed again (all of them,
+        `everything`); malformed annotations are reported, never raised."""
+        known = self._views
+        names = set(self.cache.nodes) | set(known) if everything else changed
+        for name in names:
+            raw = self.cache.nodes.get(name)
+            if raw is None:
+                known.pop(name, None)
+                self._in_quarantine.discard(name)
+                continue
             seen = known.get(name)
-            if seen is not None and rv and seen[0] == rv:
-                out.append(seen[1])
+            rv = str(raw.get("metadata", {}).get("resourceVersion") or "")
+            if seen is not None and rv and seen.resource_version == rv:
                 continue
             view = nodes.parse(raw)
             if view.problems:
                 log.warning("malformed node annotations", node=view.name, problems=view.problems)
-            known[name] = (rv, view)
-            out.append(view)
-        for gone in [n for n in known if n not in self.cache.nodes]:
-            del known[gone]
-        return out
+            known[name] = view
+            if view.quarantine is not None:
+                self._in_quarantine.add(name)
+            else:
+                self._in_quarantine.discard(name)
+        return known
 
     async def run_pass(self) -> dt.datetime | None:
         """One level-triggered pass; return when the next one is due."""
         async with self._lock:
             started = time.perf_counter()
             now = self.clock()
-            views = self.views()
+            relisted, touched = self._node_changes.take()
+            full = (
+                relisted
+                or self._full_at is None
+                or ((now - self._full_at).total_seconds() >= self.full_pass_interval_s)
+            )
+            by_name = self.views(touched, everything=full)
+            views = list(by_name.values())
             device = self.decide_devices(views, now)
             if device is not None:
                 self.device_breaker = device.breaker
                 self.last_devices = device
-            decision = policy.decide(
-                self.fleet, views, self.settings, self.breaker, now,
+            decision = passes.decide_changed(
+                self.fleet, by_name, self.settings, self.breaker, now, ledger=self.ledger,
+                changed=self.fleet.take_changed() | touched, everything=full,
                 device_scope=device.scope if device else frozenset(),
                 device_nodes=device.dra_nodes if device else frozenset(),
             )  # fmt: skip
+            if full:
+                self._full_at = now
+            self.metrics.pass_nodes.labels("full" if full else "changed").observe(
+                len(self.ledger.judged)
+            )
             self.breaker = decision.breaker
             self.last = decision
             by_node: dict[str, list[actions.Action | DeviceStep]] = collections.defaultdict(list)
@@ -275,7 +306,7 @@ class Quarantiner:
                             await self.apply(action, now, decision)
 
             await asyncio.gather(*(run_node(n, a) for n, a in by_node.items()))
-            self._export(decision, views)
+            self._export(decision)
             self._export_devices(device)
             await self._persist()
             self.metrics.pass_seconds.observe(time.perf_counter() - started)
@@ -318,12 +349,11 @@ class Quarantiner:
         await self._save_state(durable)
         self._saved = durable
 
-    def _export(self, decision: actions.Decision, views: list[nodes.NodeView]) -> None:
-        counts = collections.Counter(h.state.value for h in decision.health.values())
+    def _export(self, decision: actions.Decision) -> None:
+        counts = self.ledger.states  # kept per judged node: no walk over the fleet
         for kind in state.NodeState:
-            self.metrics.node_verdicts.labels(kind.value).set(counts.get(kind.value, 0))
-        # The views parsed for this pass: no second parse of every node.
-        self.metrics.quarantined_nodes.set(sum(1 for v in views if v.quarantine is not None))
+            self.metrics.node_verdicts.labels(kind.value).set(counts.get(kind, 0))
+        self.metrics.quarantined_nodes.set(len(self._in_quarantine))
         self.metrics.breaker_open.set(1 if decision.breaker.open else 0)
         self.metrics.dry_run.set(1 if self.settings.dry_run else 0)
 

@@ -186,7 +186,7 @@ class FleetState:
     and `leader_since` (set when the lease is acquired) holds staleness back for one staleAfter.
     """
 
-    __slots__ = ("_records", "leader_since", "stale_multiplier")
+    __slots__ = ("_changed", "_records", "leader_since", "stale_multiplier")
 
     def __init__(
         self,
@@ -199,6 +199,7 @@ class FleetState:
             raise ValueError(msg)
         _require_aware("leader_since", leader_since)
         self._records: dict[str, NodeRecord] = {}
+        self._changed: set[str] = set()
         self.leader_since = leader_since
         self.stale_multiplier = stale_multiplier
 
@@ -222,7 +223,17 @@ class FleetState:
 
     def forget(self, node: str) -> None:
         """Drop a node that left the cluster, so its memory does not outlive it."""
-        self._records.pop(node, None)
+        if self._records.pop(node, None) is not None:
+            self._changed.add(node)
+
+    def take_changed(self) -> set[str]:
+        """The nodes whose health may read differently since the last call, other than by
+        time passing: a first report, a change of verdict, action, faults, boot ID, GPU count
+        or interval, a report after a silence, a node forgotten. A steady report is not a
+        change: it only moves the node's staleness deadline later, which a pass scheduled at
+        the earlier deadline finds out then (`controller.fleet.passes`)."""
+        changed, self._changed = self._changed, set()
+        return changed
 
     def ingest(self, hb: fastheartbeat.Report, now: dt.datetime) -> bool:
         """Record one heartbeat received at `now`; return False when it was a replay.
@@ -254,11 +265,23 @@ class FleetState:
             )
             _track_gpus(record.gpu_since, hb, faults, now, restart=True)
             self._records[hb.node_name] = record
+            self._changed.add(hb.node_name)
             return True
         # A healthy report after a silence starts a new healthy streak: the silence was not one.
         was_stale = now - old.received_at > self.stale_after(old.heartbeat)
         if faults or old.faults or was_stale or len(old.gpu_since) != len(hb.gpus):
             _track_gpus(old.gpu_since, hb, faults, now, restart=was_stale)
+        previous = old.heartbeat
+        if (
+            was_stale
+            or verdict is not old.verdict
+            or action is not old.action
+            or faults != old.faults
+            or previous.boot_id != hb.boot_id
+            or previous.interval_s != hb.interval_s
+            or len(previous.gpus) != len(hb.gpus)
+        ):
+            self._changed.add(hb.node_name)
         if old.heartbeat.boot_id != hb.boot_id:
             old.previous_boot_id = old.heartbeat.boot_id
             old.boot_changed_at = now

@@ -1,5 +1,9 @@
 """The admission gate's adapter: Kueue objects, nodes and pods as raw JSON, and its writes.
 
+Nodes and pods come from watch-fed caches (`watching.Watched`, started by `run_caches`)
+once they are synced, so a pass lists neither; until then, and in tests without the caches
+running, they are listed.
+
 Reads use `_preload_content=False` and return plain dicts, which `controller.admission.views`
 parses; kubernetes_asyncio checks the HTTP status only when it preloads the content, so every
 raw response goes through `read_json`, which raises on an error status.
@@ -7,6 +11,7 @@ raw response goes through `read_json`, which raises on an error status.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from typing import Any
 
@@ -14,7 +19,7 @@ import structlog
 from kubernetes_asyncio import client
 
 from controller import marks
-from controller.kube import _api
+from controller.kube import _api, watching
 
 log = structlog.get_logger()
 
@@ -22,6 +27,49 @@ KUEUE = ("kueue.x-k8s.io", "v1beta2")
 APPLY = "application/apply-patch+yaml"
 RAYJOB = ("ray.io", "v1", "rayjobs")
 RESOURCE = ("resource.k8s.io", "v1")
+
+
+def trim_node(raw: dict[str, Any]) -> dict[str, Any]:
+    """Keep what `admission.views.parse_node` reads: labels, taints, the cordon, allocatable,
+    and the Ready and GPUHealthy conditions."""
+    meta = raw.get("metadata") or {}
+    spec = raw.get("spec") or {}
+    status = raw.get("status") or {}
+    kept = {"Ready", marks.NODE_CONDITION}
+    return {
+        "metadata": {"name": meta.get("name", ""), "labels": meta.get("labels") or {}},
+        "spec": {"unschedulable": spec.get("unschedulable") is True,
+                 "taints": spec.get("taints") or []},
+        "status": {
+            "allocatable": status.get("allocatable") or {},
+            "conditions": [c for c in status.get("conditions") or [] if c.get("type") in kept],
+        },
+    }  # fmt: skip
+
+
+def trim_pod(raw: dict[str, Any]) -> dict[str, Any]:
+    """Keep what `admission.views.parse_pod` reads: identity, labels, the node, the phase and
+    each container's resources (init containers and the overhead too)."""
+    meta = raw.get("metadata") or {}
+    spec = raw.get("spec") or {}
+
+    def resources(containers: Any) -> list[dict[str, Any]]:
+        return [{"resources": c.get("resources") or {}} for c in containers or []]
+
+    out_spec: dict[str, Any] = {
+        "nodeName": spec.get("nodeName") or "",
+        "containers": resources(spec.get("containers")),
+    }
+    if spec.get("initContainers"):
+        out_spec["initContainers"] = resources(spec.get("initContainers"))
+    if spec.get("overhead"):
+        out_spec["overhead"] = spec["overhead"]
+    return {
+        "metadata": {"namespace": meta.get("namespace", ""), "name": meta.get("name", ""),
+                     "labels": meta.get("labels") or {}},
+        "spec": out_spec,
+        "status": {"phase": (raw.get("status") or {}).get("phase") or "Pending"},
+    }  # fmt: skip
 
 
 class AdmissionStore:
@@ -35,6 +83,12 @@ class AdmissionStore:
             api, controller=marks.ADMISSION_EVENT_CONTROLLER, instance=component
         )
         self.component = component
+        self.nodes = watching.Watched(self._core.list_node, trim_node, kind="nodes")
+        self.pods = watching.Watched(self._core.list_pod_for_all_namespaces, trim_pod, kind="pods")
+
+    async def run_caches(self) -> None:
+        """Keep the node and pod caches current until cancelled."""
+        await asyncio.gather(self.nodes.run(), self.pods.run())
 
     # ------------------------------------------------------------------ reads
     async def get_admission_check(self, name: str) -> dict[str, Any] | None:
@@ -55,12 +109,17 @@ class AdmissionStore:
         return list((await _api.read_json(resp)).get("items") or [])
 
     async def list_nodes(self) -> list[dict[str, Any]]:
-        """List every node."""
+        """Every node: from the cache once it is synced, else listed."""
+        if self.nodes.synced.is_set():
+            return self.nodes.values()
         resp = await self._core.list_node(_preload_content=False)
         return list((await _api.read_json(resp)).get("items") or [])
 
     async def list_pods(self) -> list[dict[str, Any]]:
-        """List every pod (the gate counts the bound ones per node and fences on run pods)."""
+        """Every pod (the gate counts the bound ones per node and fences on run pods): from
+        the cache once it is synced, else listed."""
+        if self.pods.synced.is_set():
+            return self.pods.values()
         resp = await self._core.list_pod_for_all_namespaces(_preload_content=False)
         return list((await _api.read_json(resp)).get("items") or [])
 

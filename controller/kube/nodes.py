@@ -19,7 +19,7 @@ import structlog
 from kubernetes_asyncio import client
 
 from controller import marks
-from controller.kube import _api
+from controller.kube import _api, watching
 
 log = structlog.get_logger()
 
@@ -62,8 +62,24 @@ def trim_node(node: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+class NodeChanges:
+    """The names of the Nodes added, changed or deleted since their consumer last took them;
+    `everything` after a (re)list, when the whole cache may have changed."""
+
+    def __init__(self) -> None:
+        self.names: set[str] = set()
+        self.everything = True
+
+    def take(self) -> tuple[bool, set[str]]:
+        """Return (everything, names) and start afresh."""
+        everything, names = self.everything, self.names
+        self.everything, self.names = False, set()
+        return everything, names
+
+
 class NodeCache:
-    """List and watch Nodes; call `on_change` after any change."""
+    """List and watch Nodes; call `on_change` after any change, and tell each subscriber
+    (`subscribe`) which nodes changed, so a pass reads only those."""
 
     def __init__(
         self, api: client.ApiClient, on_change: Callable[[], None], label_selector: str = ""
@@ -73,6 +89,18 @@ class NodeCache:
         self._on_change = on_change
         self.nodes: dict[str, dict[str, Any]] = {}
         self.synced = asyncio.Event()
+        self._subscribers: list[NodeChanges] = []
+
+    def subscribe(self) -> NodeChanges:
+        """A new record of changes, starting with everything."""
+        changes = NodeChanges()
+        self._subscribers.append(changes)
+        return changes
+
+    def _changed(self, name: str) -> None:
+        for changes in self._subscribers:
+            changes.names.add(name)
+        self._on_change()
 
     def put(self, node: dict[str, Any]) -> None:
         """Store a node returned by a write, so the next pass sees our own change at once."""
@@ -81,7 +109,7 @@ class NodeCache:
         old = self.nodes.get(name)
         if old is None or _rv(old) <= _rv(trimmed):
             self.nodes[name] = trimmed
-            self._on_change()
+            self._changed(name)
 
     async def run(self) -> None:
         """Keep the cache current until cancelled; relist after watch errors."""
@@ -99,6 +127,8 @@ class NodeCache:
         resp = await self._core.list_node(_preload_content=False, **self._selector)
         data = await _api.read_json(resp)
         self.nodes = {n["metadata"]["name"]: trim_node(n) for n in data.get("items") or []}
+        for changes in self._subscribers:
+            changes.everything = True
         self.synced.set()
         self._on_change()
         return str(data["metadata"]["resourceVersion"])
@@ -115,7 +145,7 @@ class NodeCache:
             )
             if resp.status != 200:
                 await _api.read_json(resp)  # raises: relist
-            async with contextlib.aclosing(_lines(resp)) as lines:
+            async with contextlib.aclosing(watching.lines(resp)) as lines:
                 async for line in lines:
                     event = json.loads(line)
                     obj = event.get("object") or {}
@@ -130,19 +160,7 @@ class NodeCache:
                         self.nodes.pop(name, None)
                     else:
                         self.nodes[name] = trim_node(obj)
-                    self._on_change()
-
-
-async def _lines(resp: Any) -> Any:
-    try:
-        while True:
-            raw = await resp.content.readline()
-            if not raw:
-                return
-            if raw.strip():
-                yield raw
-    finally:
-        resp.release()
+                    self._changed(name)
 
 
 def _rv(node: dict[str, Any]) -> int:

@@ -331,3 +331,34 @@ def test_a_decoded_report_is_judged_as_its_model_is(
     assert [expected.gpu_streak("n1", u) for u in uuids] == [
         actual.gpu_streak("n1", u) for u in uuids
     ]
+
+
+@pytest.mark.parametrize(
+    ("second", "received_s", "changed"),
+    [
+        pytest.param(fakes.hb("n1", seq=2, sent_at=at(10)), 10, False,
+                     id="a steady report is no change"),
+        pytest.param(fakes.hb("n1", seq=2, sent_at=at(10), faults={0: [fakes.xid79()]}), 10,
+                     True, id="a new fault is a change"),
+        pytest.param(fakes.hb("n1", seq=2, sent_at=at(10), boot="boot-2"), 10, True,
+                     id="a new boot ID is a change"),
+        pytest.param(fakes.hb("n1", seq=2, sent_at=at(10), gpus=4), 10, True,
+                     id="a different GPU count is a change"),
+        pytest.param(fakes.hb("n1", seq=2, sent_at=at(10), interval_s=5.0), 10, True,
+                     id="a different interval is a change"),
+        pytest.param(fakes.hb("n1", seq=2, sent_at=at(40)), 40, True,
+                     id="a report after a silence is a change"),
+        pytest.param(fakes.hb("n1", seq=1, sent_at=at(0)), 10, False,
+                     id="a replay is no change"),
+    ],
+)  # fmt: skip
+def test_the_fleet_names_the_nodes_whose_health_may_read_differently(
+    second: heartbeat.Heartbeat, received_s: float, changed: bool
+) -> None:
+    """`take_changed` names a node after its first report and after a report that changes
+    what the policy reads; a steady report only moves staleness later (no change)."""
+    state = fleet.FleetState(leader_since=at(-100))
+    state.ingest(fakes.hb("n1", seq=1, sent_at=at(0)), at(0))
+    assert {"n1"} == state.take_changed()
+    state.ingest(second, at(received_s))
+    assert ({"n1"} if changed else set()) == state.take_changed()

@@ -1,0 +1,233 @@
+"""Quarantine passes that cost what changed: the node policy applied to the nodes whose
+inputs changed or whose deadline came, deciding exactly what the full pass would.
+
+`policy.decide` judges every node on every pass. Most nodes of a big fleet are healthy and
+were already judged: their decision cannot change until one of their inputs does (a
+heartbeat that changes something, `FleetState.take_changed`; a Node that changed in the
+cache; device quarantine taking a node in or out of its scope) or until a time their last
+judgement named comes (staleness, the silence that quarantines, the eviction deadline, the
+healthy streak that releases). `decide_changed` judges exactly those, plus every node that
+had something to do on the last pass (an action not yet seen on its Node, a quarantine held
+back), since only those can be touched by the fleet-wide terms: the breaker holds back
+candidates and evictions, and maxQuarantined ranks candidates.
+
+The fleet-wide terms stay exact: the `Ledger` keeps, for every judged node, the few facts
+they are made of (quarantined by us, contained, when it turned bad), updated whenever the
+node is judged, and the counts over them. A change of what every node is judged against
+(the settings, the leader's warm-up start) judges every node again; so does the caller's
+`everything` (the safety-net pass on a slow timer, level-triggered like before).
+
+What the incremental pass returns for a node it did not judge is what it learnt last time:
+the `health` of such a node carries its last receipt time, and its staleness deadline may
+be an earlier one than the latest heartbeat set (the node is judged then, found fresh, and
+scheduled again), so `next_deadline` is never later than the full pass's and may be earlier.
+"""
+
+from __future__ import annotations
+
+import bisect
+import collections
+import dataclasses
+import datetime as dt
+import heapq
+from collections.abc import Iterable, Mapping
+
+from controller.fleet import actions, nodes, policy, state
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Facts:
+    """What the fleet-wide terms need of one judged node."""
+
+    state: state.NodeState
+    quarantined: bool
+    """In any quarantine of ours (what the quarantined-nodes gauge shows)."""
+    auto_quarantined: bool
+    """In an automatic quarantine (what maxQuarantined counts)."""
+    contained: bool
+    """Gives an open breaker no reason to stay open."""
+    turned_at: dt.datetime | None
+    """When it turned bad or silent, as the breaker's window counts it."""
+
+
+class Ledger:
+    """The memory of `decide_changed` between passes: the facts of every judged node, the
+    counts over them, who is due when, and who had something to do.
+
+    Mutable for the same reason as `FleetState`: copying it per pass would cost the fleet.
+    """
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget everything: the next pass judges every node."""
+        self.facts: dict[str, Facts] = {}
+        self.health: dict[str, state.NodeHealth] = {}
+        """Each judged node's health when it was last judged."""
+        self.pending: set[str] = set()
+        """Nodes the next pass judges whatever happens: those that had actions (carried out,
+        or held back) on the last pass, and those with a deadline at that pass's instant."""
+        self.states: collections.Counter[state.NodeState] = collections.Counter()
+        self.quarantined = 0
+        self.auto_quarantined = 0
+        self.uncontained = 0
+        self.basis: tuple[object, ...] | None = None
+        """What every node was judged against: the settings and the warm-up's start."""
+        self.device_scope: frozenset[str] = frozenset()
+        self.device_nodes: frozenset[str] = frozenset()
+        self.judged: list[str] = []
+        """The nodes the last pass judged (sorted), counted nodes only."""
+        self._due: dict[str, dt.datetime] = {}
+        self._heap: list[tuple[dt.datetime, str]] = []
+        self._turned: list[tuple[dt.datetime, str]] = []
+        """(turned_at, node) of every node that turned bad, sorted."""
+
+    def __len__(self) -> int:
+        return len(self.facts)
+
+    def put(self, name: str, facts: Facts, health: state.NodeHealth) -> None:
+        """Record one node's facts from its judgement now."""
+        self.drop(name)
+        self.facts[name] = facts
+        self.health[name] = health
+        self.states[facts.state] += 1
+        self.quarantined += facts.quarantined
+        self.auto_quarantined += facts.auto_quarantined
+        self.uncontained += not facts.contained
+        if facts.turned_at is not None:
+            bisect.insort(self._turned, (facts.turned_at, name))
+
+    def drop(self, name: str) -> None:
+        """Forget one node (gone from the cache, or no longer judged)."""
+        old = self.facts.pop(name, None)
+        self.health.pop(name, None)
+        self._due.pop(name, None)
+        if old is None:
+            return
+        self.states[old.state] -= 1
+        self.quarantined -= old.quarantined
+        self.auto_quarantined -= old.auto_quarantined
+        self.uncontained -= not old.contained
+        if old.turned_at is not None:
+            index = bisect.bisect_left(self._turned, (old.turned_at, name))
+            del self._turned[index]
+
+    def turned_after(self, after: dt.datetime) -> list[str]:
+        """The nodes (sorted by name) that turned bad or silent after `after`."""
+        start = bisect.bisect_right(self._turned, after, key=lambda item: item[0])
+        return sorted(name for _, name in self._turned[start:])
+
+    def schedule(self, name: str, when: dt.datetime | None) -> None:
+        """Judge the node again at `when` (None: only when its inputs change)."""
+        if when is None:
+            self._due.pop(name, None)
+            return
+        self._due[name] = when
+        heapq.heappush(self._heap, (when, name))
+
+    def take_due(self, now: dt.datetime) -> set[str]:
+        """The nodes whose deadline is at or before `now` (each is unscheduled)."""
+        due: set[str] = set()
+        heap = self._heap
+        while heap and heap[0][0] <= now:
+            when, name = heapq.heappop(heap)
+            if self._due.get(name) == when:
+                del self._due[name]
+                due.add(name)
+        return due
+
+    def next_due(self) -> dt.datetime | None:
+        """The earliest deadline scheduled (entries superseded since are skipped); after a
+        pass, every one is later than its `now`."""
+        heap = self._heap
+        while heap and self._due.get(heap[0][1]) != heap[0][0]:
+            heapq.heappop(heap)
+        return heap[0][0] if heap else None
+
+
+def facts_of(view: nodes.NodeView, h: state.NodeHealth, *, in_device_scope: bool) -> Facts:
+    """The fleet-wide facts of one node judged now."""
+    return Facts(
+        state=h.state,
+        quarantined=view.quarantine is not None,
+        auto_quarantined=policy.auto_quarantined(view),
+        contained=policy.contained(view, h, in_device_scope=in_device_scope),
+        turned_at=policy.turned_at(h, in_device_scope=in_device_scope),
+    )
+
+
+def decide_changed(
+    fleet_state: state.FleetState,
+    views: Mapping[str, nodes.NodeView],
+    settings: policy.Settings,
+    breaker: actions.BreakerState,
+    now: dt.datetime,
+    *,
+    ledger: Ledger,
+    changed: Iterable[str],
+    device_scope: frozenset[str] = frozenset(),
+    device_nodes: frozenset[str] = frozenset(),
+    everything: bool = False,
+) -> actions.Decision:
+    """Judge the nodes in `changed`, those due by `now` and those with something to do
+    (`views`: every node of the cache, by name), and return what `policy.decide` returns for
+    the whole fleet; `ledger` is updated. `everything`: judge every node again."""
+    basis = (settings, fleet_state.leader_since, fleet_state.stale_multiplier)
+    if everything or ledger.basis != basis:
+        ledger.reset()
+        ledger.basis = basis
+        names: set[str] = set(views)
+    else:
+        names = set(changed)
+        names |= ledger.pending
+        names |= ledger.take_due(now)
+        names |= ledger.device_scope ^ device_scope
+        names |= ledger.device_nodes ^ device_nodes
+    ledger.device_scope, ledger.device_nodes = device_scope, device_nodes
+    judged: list[tuple[nodes.NodeView, state.NodeHealth]] = []
+    for name in sorted(names):
+        view = views.get(name)
+        if view is None or not policy.counts(view, fleet_state, device_nodes):
+            ledger.drop(name)
+            continue
+        h = fleet_state.assess(name, now, default_interval_s=settings.default_interval_s)
+        ledger.put(name, facts_of(view, h, in_device_scope=name in device_scope), h)
+        judged.append((view, h))
+
+    deadlines: list[dt.datetime] = []
+    decided: list[actions.Action] = []
+    breaker = policy.judge_breaker(
+        breaker, settings, now=now, total=len(ledger), turned_after=ledger.turned_after,
+        all_contained=ledger.uncontained == 0, decided=decided, deadlines=deadlines,
+    )  # fmt: skip
+    limit = settings.limit_for(len(ledger))
+    quarantined = ledger.auto_quarantined
+    candidates: list[policy.Candidate] = []
+    pending: set[str] = set()
+    for view, h in judged:
+        found, candidate, due = policy.node_pass(
+            view, h, settings, breaker, now, in_device_scope=view.name in device_scope
+        )
+        decided.extend(found)
+        if candidate is not None:
+            candidates.append(candidate)
+        later = [d for d in due if d > now]
+        if found or candidate is not None or len(later) < len(due):
+            pending.add(view.name)  # a deadline at `now` itself falls due at the next pass
+        ledger.schedule(view.name, min(later) if later else None)
+    ledger.pending = pending
+    ledger.judged = [view.name for view, _ in judged]
+    policy.rank(candidates, budget=max(0, limit - quarantined), decided=decided)
+    future = [d for d in deadlines if d > now]
+    scheduled = ledger.next_due()
+    if scheduled is not None and scheduled > now:
+        future.append(scheduled)
+    return actions.Decision(
+        actions=tuple(policy.finish(decided, settings)),
+        breaker=breaker,
+        next_deadline=min(future) if future else None,
+        health=ledger.health,
+        quarantined=quarantined,
+        max_quarantined=limit,
+    )
