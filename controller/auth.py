@@ -19,7 +19,7 @@ import hashlib
 import json
 import time
 from collections.abc import Awaitable, Callable, Hashable
-from typing import Annotated, Protocol, TypeVar, cast
+from typing import Annotated, Any, Protocol, TypeVar, cast
 
 import pydantic
 
@@ -97,21 +97,28 @@ class Reviewer(Protocol):
         ...
 
 
+def _unverified_claims(token: str) -> dict[str, Any]:
+    """A JWT's payload, read without verifying it ({} for anything that is not a JWT): only
+    to bound caching and to choose which audience TokenReview is asked about."""
+    parts = token.split(".")
+    if len(parts) != 3 or len(parts[1]) > 16_384:
+        return {}
+    try:
+        claims = json.loads(base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4)))
+    except (ValueError, UnicodeDecodeError, binascii.Error):
+        return {}
+    return claims if isinstance(claims, dict) else {}
+
+
 def token_expiry(token: str) -> float | None:
     """Read `exp` from a JWT's payload without verifying it (only to bound caching)."""
-    parts = token.split(".")
-    if len(parts) != 3:
-        return None
-    try:
-        payload = json.loads(base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4)))
-    except (ValueError, UnicodeDecodeError):
-        return None
-    exp = payload.get("exp") if isinstance(payload, dict) else None
+    exp = _unverified_claims(token).get("exp")
     return float(exp) if isinstance(exp, int | float) else None
 
 
-class _TTLCache:
-    """A small expiring map with single-flight loading."""
+class TTLCache:
+    """A small expiring map with single-flight loading: concurrent `get`s of one key share
+    one `load`; a `load` that raises is not kept."""
 
     def __init__(self, clock: Callable[[], float]) -> None:
         self._clock = clock
@@ -163,14 +170,7 @@ def token_audiences(token: str) -> tuple[str, ...]:
     """The `aud` claim of a JWT, read without verifying it: it only chooses which audience
     to ask TokenReview about, which then verifies the token for that audience alone. () for
     anything that is not a JWT with an audience."""
-    parts = token.split(".")
-    if len(parts) != 3 or len(parts[1]) > 16_384:
-        return ()
-    try:
-        claims = json.loads(base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4)))
-    except (ValueError, UnicodeDecodeError, binascii.Error):
-        return ()
-    aud = claims.get("aud") if isinstance(claims, dict) else None
+    aud = _unverified_claims(token).get("aud")
     if isinstance(aud, str):
         return (aud,)
     if isinstance(aud, list) and all(isinstance(a, str) for a in aud):
@@ -207,8 +207,8 @@ class Authenticator:
         self._bound_token_ttl_s = bound_token_ttl_s
         self._access_ttl_s = access_ttl_s
         self._clock = clock
-        self.tokens = _TTLCache(clock)
-        self.access = _TTLCache(clock)
+        self.tokens = TTLCache(clock)
+        self.access = TTLCache(clock)
 
     async def authenticate(
         self,

@@ -102,11 +102,6 @@ async def _namespace(api: client.ApiClient, name: str) -> None:
     await support.eventually(support.not_found_is_not_yet(default_sa), what=f"default SA in {name}")
 
 
-async def _run_token(api: client.ApiClient, namespace: str, run: str) -> str:
-    """The token of a pod of the run's first attempt (its TAU_TOKEN_FILE)."""
-    return await runskit.run_token(api, namespace, run)
-
-
 @contextlib.asynccontextmanager
 async def world(
     api: client.ApiClient,
@@ -154,7 +149,7 @@ async def world(
             controller=ctl, http=http, api=api, ns_a=ns_a, ns_b=ns_b,
             researcher_a=researcher_a, researcher_b=researcher_b, stranger=stranger,
             oncall=oncall, agent=agent, node=names[0], run=run,
-            run_token=await _run_token(api, ns_a, run),
+            run_token=await runskit.run_token(api, ns_a, run),
         )  # fmt: skip
     finally:
         await http.close()

@@ -1,4 +1,5 @@
-"""What every Kubernetes adapter needs: reading a raw response, and recording an Event.
+"""What every Kubernetes adapter needs: reading a raw response (or None for one that is not
+there), and recording an Event.
 
 The adapters read with `_preload_content=False` and get plain dicts back (cheaper than the
 generated models, and what the pure core reads); kubernetes_asyncio checks the status only
@@ -10,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import secrets
+from collections.abc import Awaitable
 from typing import Any
 
 import structlog
@@ -35,6 +37,16 @@ async def read_json(resp: Any) -> Any:
         reason = data.decode(errors="replace")[:MAX_REASON_CHARS]
         raise client.ApiException(status=resp.status, reason=reason)
     return json.loads(data)
+
+
+async def json_or_none(call: Awaitable[Any]) -> dict[str, Any] | None:
+    """Await a raw call and read it (`read_json`); None on a 404: the object is not there."""
+    try:
+        return dict(await read_json(await call))
+    except client.ApiException as err:
+        if err.status == 404:
+            return None
+        raise
 
 
 class EventRecorder:

@@ -136,15 +136,11 @@ class RunStore:
 
     async def get_run(self, namespace: str, name: str) -> dict[str, Any] | None:
         """Return a TauRun, None when it does not exist."""
-        try:
-            resp = await self._custom.get_namespaced_custom_object(
+        return await _api.json_or_none(
+            self._custom.get_namespaced_custom_object(
                 *TAURUN[:2], namespace, TAURUN[2], name, _preload_content=False
             )
-            return dict(await _api.read_json(resp))
-        except client.ApiException as err:
-            if err.status == 404:
-                return None
-            raise
+        )
 
     async def list_runs(self, namespace: str | None = None) -> list[dict[str, Any]]:
         """List TauRuns in one namespace or in all."""
@@ -161,32 +157,24 @@ class RunStore:
     ) -> dict[str, Any] | None:
         """Replace the run's status through the status subresource (merge patch); None if
         the run is gone."""
-        try:
-            resp = await self._custom.patch_namespaced_custom_object_status(
+        return await _api.json_or_none(
+            self._custom.patch_namespaced_custom_object_status(
                 *TAURUN[:2], namespace, TAURUN[2], name, {"status": status},
                 _content_type="application/merge-patch+json", _preload_content=False,
-            )  # fmt: skip
-            return dict(await _api.read_json(resp))
-        except client.ApiException as err:
-            if err.status == 404:
-                return None
-            raise
+            )
+        )  # fmt: skip
 
     async def annotate_run(
         self, namespace: str, name: str, annotations: dict[str, str | None]
     ) -> dict[str, Any] | None:
         """Merge annotations into a TauRun (None removes one); None if it is gone."""
-        try:
-            resp = await self._custom.patch_namespaced_custom_object(
+        return await _api.json_or_none(
+            self._custom.patch_namespaced_custom_object(
                 *TAURUN[:2], namespace, TAURUN[2], name,
                 {"metadata": {"annotations": annotations}},
                 _content_type="application/merge-patch+json", _preload_content=False,
-            )  # fmt: skip
-            return dict(await _api.read_json(resp))
-        except client.ApiException as err:
-            if err.status == 404:
-                return None
-            raise
+            )
+        )  # fmt: skip
 
     # ------------------------------------------------------------------ owned objects
     async def create(self, obj: dict[str, Any]) -> bool:
@@ -235,40 +223,27 @@ class RunStore:
 
     async def read_object(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         """One of a run's objects by kind and name; None when there is none."""
-        try:
-            if kind == "Job":
-                resp = await self._batch.read_namespaced_job(
-                    name, namespace, _preload_content=False
-                )
-            elif kind == "Service":
-                resp = await self._core.read_namespaced_service(
-                    name, namespace, _preload_content=False
-                )
-            elif kind == "ConfigMap":
-                resp = await self._core.read_namespaced_config_map(
-                    name, namespace, _preload_content=False
-                )
-            elif kind == "RayJob":
-                resp = await self._custom.get_namespaced_custom_object(
-                    *RAYJOB[:2], namespace, RAYJOB[2], name, _preload_content=False
-                )
-            elif kind == "ResourceClaimTemplate":
-                resp = await self._custom.get_namespaced_custom_object(
-                    *CLAIM_TEMPLATES[:2], namespace, CLAIM_TEMPLATES[2], name,
-                    _preload_content=False,
-                )  # fmt: skip
-            elif kind == "NetworkPolicy":
-                resp = await self._networking.read_namespaced_network_policy(
-                    name, namespace, _preload_content=False
-                )
-            else:
-                msg = f"cannot read a {kind}"
-                raise ValueError(msg)
-            return dict(await _api.read_json(resp))
-        except client.ApiException as err:
-            if err.status == 404:
-                return None
-            raise
+        raw = {"_preload_content": False}
+        if kind == "Job":
+            call = self._batch.read_namespaced_job(name, namespace, **raw)
+        elif kind == "Service":
+            call = self._core.read_namespaced_service(name, namespace, **raw)
+        elif kind == "ConfigMap":
+            call = self._core.read_namespaced_config_map(name, namespace, **raw)
+        elif kind == "RayJob":
+            call = self._custom.get_namespaced_custom_object(
+                *RAYJOB[:2], namespace, RAYJOB[2], name, **raw
+            )
+        elif kind == "ResourceClaimTemplate":
+            call = self._custom.get_namespaced_custom_object(
+                *CLAIM_TEMPLATES[:2], namespace, CLAIM_TEMPLATES[2], name, **raw
+            )
+        elif kind == "NetworkPolicy":
+            call = self._networking.read_namespaced_network_policy(name, namespace, **raw)
+        else:
+            msg = f"cannot read a {kind}"
+            raise ValueError(msg)
+        return await _api.json_or_none(call)
 
     async def write_configmap(self, body: dict[str, Any]) -> None:
         """Merge a ConfigMap's `data` into the stored one, creating it from `body` if missing;
@@ -401,49 +376,33 @@ class RunStore:
 
     async def get_cluster_queue(self, name: str) -> dict[str, Any] | None:
         """A Kueue ClusterQueue, None when there is none."""
-        try:
-            resp = await self._custom.get_cluster_custom_object(
+        return await _api.json_or_none(
+            self._custom.get_cluster_custom_object(
                 *KUEUE, "clusterqueues", name, _preload_content=False
             )
-            return dict(await _api.read_json(resp))
-        except client.ApiException as err:
-            if err.status == 404:
-                return None
-            raise
+        )
 
     async def get_priority_class(self, name: str) -> dict[str, Any] | None:
         """A Kueue WorkloadPriorityClass, None when there is none."""
-        try:
-            resp = await self._custom.get_cluster_custom_object(
+        return await _api.json_or_none(
+            self._custom.get_cluster_custom_object(
                 *KUEUE, "workloadpriorityclasses", name, _preload_content=False
             )
-            return dict(await _api.read_json(resp))
-        except client.ApiException as err:
-            if err.status == 404:
-                return None
-            raise
+        )
 
     async def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         """A pod, None when there is none (which run and attempt a run token is)."""
-        try:
-            resp = await self._core.read_namespaced_pod(name, namespace, _preload_content=False)
-            return dict(await _api.read_json(resp))
-        except client.ApiException as err:
-            if err.status == 404:
-                return None
-            raise
+        return await _api.json_or_none(
+            self._core.read_namespaced_pod(name, namespace, _preload_content=False)
+        )
 
     async def get_claim(self, namespace: str, name: str) -> dict[str, Any] | None:
         """A PersistentVolumeClaim, None when there is none."""
-        try:
-            resp = await self._core.read_namespaced_persistent_volume_claim(
+        return await _api.json_or_none(
+            self._core.read_namespaced_persistent_volume_claim(
                 name, namespace, _preload_content=False
             )
-            return dict(await _api.read_json(resp))
-        except client.ApiException as err:
-            if err.status == 404:
-                return None
-            raise
+        )
 
     async def pending_workloads(
         self, namespace: str, local_queue: str
@@ -495,15 +454,11 @@ class RunStore:
 
     async def get_run_log(self, namespace: str, name: str) -> dict[str, Any] | None:
         """A TauRunLog, None when there is none."""
-        try:
-            resp = await self._custom.get_namespaced_custom_object(
+        return await _api.json_or_none(
+            self._custom.get_namespaced_custom_object(
                 *TAURUNLOG[:2], namespace, TAURUNLOG[2], name, _preload_content=False
             )
-            return dict(await _api.read_json(resp))
-        except client.ApiException as err:
-            if err.status == 404:
-                return None
-            raise
+        )
 
     async def list_run_logs(self, namespace: str, selector: str) -> list[dict[str, Any]]:
         """The TauRunLogs of a namespace with a label selector."""
@@ -562,12 +517,18 @@ class RunStore:
             resp.release()
 
 
-def _controller_uid(obj: dict[str, Any]) -> str | None:
-    """The UID of an object's controller owner (None without one)."""
+def controller_of(obj: dict[str, Any]) -> dict[str, Any] | None:
+    """An object's controller ownerReference (None without one)."""
     for ref in (obj.get("metadata") or {}).get("ownerReferences") or []:
         if isinstance(ref, dict) and ref.get("controller"):
-            return str(ref.get("uid") or "")
+            return ref
     return None
+
+
+def _controller_uid(obj: dict[str, Any]) -> str | None:
+    """The UID of an object's controller owner (None without one)."""
+    ref = controller_of(obj)
+    return None if ref is None else str(ref.get("uid") or "")
 
 
 def _owner_uid(obj: dict[str, Any]) -> str:

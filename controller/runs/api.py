@@ -282,10 +282,9 @@ async def _check_name_free(ctx: context.RunsContext, obj: dict[str, Any], run: s
     and the TauRun's own create answers for it), NameTaken otherwise."""
     kind, meta = str(obj["kind"]), obj["metadata"]
     existing = await ctx.store.read_object(kind, meta["namespace"], meta["name"])
-    owners = ((existing or {}).get("metadata") or {}).get("ownerReferences") or []
-    if existing is None or any(
-        o.get("kind") == objects.TAURUN_KIND and o.get("name") == run and o.get("controller")
-        for o in owners
+    owner = kube_runs.controller_of(existing) if existing is not None else None
+    if existing is None or (
+        owner is not None and owner.get("kind") == objects.TAURUN_KIND and owner.get("name") == run
     ):
         return
     msg = (

@@ -16,7 +16,6 @@ another's runs gets its own namespace).
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -28,7 +27,6 @@ SERVICE_ACCOUNT_PREFIX = "system:serviceaccount:"
 POD_TTL_S = 60.0
 """How long a pod's run and attempt are reused; a pod's labels do not change, and a new pod
 has a new UID."""
-MAX_CACHED_PODS = 20_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,13 +83,12 @@ ReadPod = Callable[[str, str], Awaitable[dict[str, Any] | None]]
 
 
 class RunPods:
-    """`run_pod` with a cache per pod UID, and one read per pod however many reports wait."""
+    """`run_pod` with a cache per pod UID (`auth.TTLCache`: one read per pod however many
+    reports wait; a refusal is not kept)."""
 
     def __init__(self, read_pod: ReadPod, *, clock: Callable[[], float] = time.monotonic) -> None:
         self._read_pod = read_pod
-        self._clock = clock
-        self._known: dict[str, tuple[RunPod, float]] = {}
-        self._reading: dict[str, asyncio.Future[RunPod]] = {}
+        self._known = auth.TTLCache(clock)
 
     async def resolve(
         self, identity: auth.Identity, *, before_read: Callable[[], None] | None = None
@@ -102,27 +99,10 @@ class RunPods:
         name, uid = identity.pod_name, identity.pod_uid
         if not name or not uid:
             return run_pod(identity, None)  # says why
-        now = self._clock()
-        known = self._known.get(uid)
-        if known is not None and now - known[1] < POD_TTL_S:
-            return known[0]
-        pending = self._reading.get(uid)
-        if pending is not None:
-            return await asyncio.shield(pending)
-        if before_read is not None:
-            before_read()
-        fut: asyncio.Future[RunPod] = asyncio.get_running_loop().create_future()
-        self._reading[uid] = fut
-        try:
-            found = run_pod(identity, await self._read_pod(namespace, name))
-        except BaseException as err:
-            fut.set_exception(err)
-            fut.exception()  # retrieved: the waiters re-raise it themselves
-            raise
-        finally:
-            self._reading.pop(uid, None)
-        fut.set_result(found)
-        if len(self._known) >= MAX_CACHED_PODS:
-            self._known.clear()
-        self._known[uid] = (found, now)
-        return found
+
+        async def read() -> RunPod:
+            if before_read is not None:
+                before_read()
+            return run_pod(identity, await self._read_pod(namespace, name))
+
+        return await self._known.get(uid, read, lambda _: POD_TTL_S)

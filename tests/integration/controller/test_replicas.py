@@ -161,11 +161,6 @@ async def test_a_follower_sends_the_leader_its_own_peer_token_never_the_callers(
     assert follower_token.encode() in sent
 
 
-async def _run_token(api: client.ApiClient, namespace: str, run: str) -> str:
-    """The token of a pod of the run's first attempt (its TAU_TOKEN_FILE)."""
-    return await runskit.run_token(api, namespace, run)
-
-
 async def test_run_writes_sent_to_a_follower_are_done_by_the_leader_without_their_tokens(
     k8s: client.ApiClient, namespace: str, pair: Pair
 ) -> None:
@@ -186,7 +181,7 @@ async def test_run_writes_sent_to_a_follower_are_done_by_the_leader_without_thei
                 json=runskit.job_spec(name, checkpoint={"dir": "/c"}), headers=_bearer(researcher),
             ) as resp:  # fmt: skip
                 answers.append(resp.status)
-        token = await _run_token(k8s, namespace, "mine")
+        token = await runskit.run_token(k8s, namespace, "mine")
         report = {"attempt": 1, "step": 100, "path": "/c/100"}
         for run in ("mine", "theirs"):
             async with pair.http.post(

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from controller.runs import context as runs_context
-from tests import support
-from tests.integration.controller.runs.test_runs_api import run_token, tau
+from tests import runskit, support
+from tests.integration.controller.runs.test_runs_api import tau
 from tests.runskit import Env, job_spec, make_token
 
 pytestmark = pytest.mark.cluster
@@ -35,7 +35,7 @@ async def test_a_burst_of_reports_lands_on_the_taurun_in_few_writes(env: Env) ->
     """Fifty reports sent at once are all kept (one point each), in far fewer status writes
     than reports; the TauRun's own status holds them."""
     assert (await env.submit(job_spec("burst")))[0] == 201
-    token = await run_token(env.api, env.namespace, "burst")
+    token = await runskit.run_token(env.api, env.namespace, "burst")
     collector = env.controller.app[runs_context.RUNS].reconciler.collector
     before = collector.writes
     answers = await asyncio.gather(*(
@@ -63,7 +63,7 @@ async def test_tau_result_inside_a_run_and_tau_results_outside(env: Env) -> None
     """`tau result` (metrics at a step, an artifact with size and digest, a summary) from a
     run's environment; `tau results RUN` shows them and `--metric` the series."""
     assert (await env.submit(job_spec("ft")))[0] == 201
-    token = await run_token(env.api, env.namespace, "ft")
+    token = await runskit.run_token(env.api, env.namespace, "ft")
     for argv in (
         ["result", "--metric", "loss=0.5", "--metric", "acc=0.7", "--step", "100"],
         ["result", "--metric", "loss=0.25", "--step", "200"],
@@ -93,7 +93,7 @@ async def test_results_are_refused_from_strangers_stale_attempts_and_bad_bodies(
     body 422 naming the field; a researcher without `get tauruns` cannot read them (403)."""
     for name in ("mine", "theirs"):
         assert (await env.submit(job_spec(name)))[0] == 201
-    token = await run_token(env.api, env.namespace, "mine")
+    token = await runskit.run_token(env.api, env.namespace, "mine")
     status, body = await post(env, token, "theirs", {"attempt": 1, "summary": "x"})
     assert (status, body["error"]["code"]) == (403, "Forbidden"), body
     status, body = await post(env, token, "mine", {"attempt": 2, "summary": "x"})
@@ -115,7 +115,7 @@ async def test_an_experiments_runs_compare_side_by_side(env: Env) -> None:
     for name, final in (("lr-a", 0.4), ("lr-b", 0.3)):
         spec = job_spec(name, experiment={"project": "llm", "name": "lr-sweep", "tags": ["s"]})
         assert (await env.submit(spec))[0] == 201
-        token = await run_token(env.api, env.namespace, name)
+        token = await runskit.run_token(env.api, env.namespace, name)
         for step, value in ((10, 1.0), (20, final)):
             status, _ = await post(env, token, name, {"attempt": 1, "metrics": [
                 {"name": "loss", "value": value, "step": step}]})  # fmt: skip

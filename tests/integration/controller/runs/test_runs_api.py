@@ -184,9 +184,6 @@ async def test_cancel_frees_quota_for_the_run_behind(env: Env) -> None:
 TAU = pathlib.Path(__file__).parents[4] / "controller/assets/tau.py"
 
 
-run_token = runskit.run_token
-
-
 async def tau(env: Env, token: str, run: str, attempt: int, *argv: str) -> tuple[int, str]:
     """Run the `tau` client the way a run's pod does: everything from TAU_* variables."""
     proc = await asyncio.create_subprocess_exec(
@@ -214,7 +211,7 @@ async def test_a_run_token_reports_checkpoints_for_its_own_run_only(env: Env) ->
     for name in ("mine", "theirs"):
         status, _ = await env.submit(job_spec(name, checkpoint={"dir": "/c"}))
         assert status == 201
-    token = await run_token(env.api, env.namespace, "mine")
+    token = await runskit.run_token(env.api, env.namespace, "mine")
 
     code, out = await tau(env, token, "mine", 1, "checkpoint", "--step", "100", "--path", "/c/100")
     assert code == 0, out
@@ -242,7 +239,7 @@ async def test_only_a_pods_own_run_token_reports_for_its_run(env: Env) -> None:
     pod's own run token is taken."""
     assert (await env.submit(job_spec("own", checkpoint={"dir": "/c"})))[0] == 201
     core = client.CoreV1Api(env.api)
-    good = await run_token(env.api, env.namespace, "own")
+    good = await runskit.run_token(env.api, env.namespace, "own")
     pod = (await core.list_namespaced_pod(env.namespace, label_selector="taugrid.dev/run=own")
            ).items[0]  # fmt: skip
     bound = {"kind": "Pod", "apiVersion": "v1", "name": pod.metadata.name, "uid": pod.metadata.uid}
@@ -291,7 +288,7 @@ async def test_a_stale_attempt_cannot_report_after_a_resume(env: Env) -> None:
     attempt 1's late report is refused (409) while attempt 2's is taken."""
     status, _ = await env.submit(job_spec("again", checkpoint={"dir": "/c"}))
     assert status == 201
-    token = await run_token(env.api, env.namespace, "again")
+    token = await runskit.run_token(env.api, env.namespace, "again")
     assert (await report(env, token, "again", {"attempt": 1, "step": 100, "path": "/c/100"}))[
         0
     ] == 201
@@ -316,7 +313,7 @@ async def test_a_stale_attempt_cannot_report_after_a_resume(env: Env) -> None:
     # death with its pod (401/403).
     status, body = await report(env, token, "again", {"attempt": 1, "step": 150, "path": "/late"})
     assert status in (401, 403, 409), body
-    second = await run_token(env.api, env.namespace, "again", attempt=2)
+    second = await runskit.run_token(env.api, env.namespace, "again", attempt=2)
     status, body = await report(env, second, "again", {"attempt": 1, "step": 150, "path": "/x"})
     assert (status, body["error"]["field"]) == (403, "attempt"), body
     status, _ = await report(env, second, "again", {"attempt": 2, "step": 200, "path": "/c/200"})
