@@ -152,7 +152,8 @@ class Monitor:
             self._start_future = asyncio.ensure_future(asyncio.to_thread(self._probe.start))
         future = self._start_future
         try:
-            await asyncio.wait_for(asyncio.shield(future), self._settings.probe_timeout_s)
+            async with asyncio.timeout(self._settings.probe_timeout_s):
+                await asyncio.shield(future)
         except TimeoutError:
             # A wedged driver can hang nvmlInit; serve and report instead of never starting.
             detail = (
@@ -250,7 +251,8 @@ class Monitor:
             except Exception:
                 log.exception("probe_pass_failed")
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), interval)
+                async with asyncio.timeout(interval):
+                    await self._wake.wait()
             self._wake.clear()
 
     @property
@@ -546,7 +548,8 @@ class Monitor:
             log.info("nvml_answers_again")
         future = asyncio.ensure_future(asyncio.to_thread(self._probe_pass, now, counters_due))
         try:
-            return await asyncio.wait_for(asyncio.shield(future), self._settings.probe_timeout_s)
+            async with asyncio.timeout(self._settings.probe_timeout_s):
+                return await asyncio.shield(future)
         except TimeoutError:
             self._hung_pass = future
             detail = (

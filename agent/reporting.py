@@ -171,7 +171,8 @@ class Reporter:
     async def _wait_or_poke(self, delay_s: float) -> None:
         """Wait `delay_s`, or less when a verdict changes."""
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._poke.wait(), delay_s)
+            async with asyncio.timeout(delay_s):
+                await self._poke.wait()
 
     async def send_once(self) -> bool:
         """Send one heartbeat to the controller URL; return whether it landed."""

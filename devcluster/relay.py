@@ -85,7 +85,8 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
 async def _handle(rule: Rule, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     try:
         host, port = resolve(rule)
-        up_reader, up_writer = await asyncio.wait_for(asyncio.open_connection(host, port), 10)
+        async with asyncio.timeout(10):
+            up_reader, up_writer = await asyncio.open_connection(host, port)
     except (RelayError, OSError, TimeoutError) as err:
         print(f"relay {rule.listen_host}:{rule.listen_port}: {err}", file=sys.stderr, flush=True)
         writer.close()

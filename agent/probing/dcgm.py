@@ -425,7 +425,8 @@ class Dcgm:
             stderr=asyncio.subprocess.PIPE,
         )
         try:
-            out, err = await asyncio.wait_for(proc.communicate(), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                out, err = await proc.communicate()
         except TimeoutError as exc:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()

@@ -426,6 +426,29 @@ async def test_a_verdict_change_is_sent_at_once_not_at_the_next_interval(
     assert controller.beats[1]["sequence"] > controller.beats[0]["sequence"]
 
 
+async def test_stop_ends_the_loop_when_a_verdict_change_arrives_in_the_same_tick(
+    controllers: Callable[[], Awaitable[Controller]],
+    make_rig: Callable[..., Awaitable[Rig]],
+) -> None:
+    """A poke and stop()'s cancel meeting in one loop iteration still stop the loop.
+
+    CPython 3.11's `asyncio.wait_for` returns the inner result when both land together
+    (python/cpython#86296): the cancel was lost and stop() waited forever, as the agent's
+    shutdown once did in CI (its probe loop, on the same pattern).
+    """
+    controller = await controllers()
+    rig = await make_rig(controller.url, loop=True, heartbeat_interval_s=3600.0)
+    await until(lambda: len(controller.beats) == 1, "the first heartbeat")
+    await asyncio.sleep(0.05)  # the loop is back in its hour-long pause
+    rig.monitor.publish(view(FAILED))  # sets the poke, and in the same tick:
+    try:
+        async with asyncio.timeout(DEADLINE_S):
+            await rig.reporter.stop()
+    except TimeoutError:
+        pytest.fail("stop() did not return: the loop swallowed its cancel")
+    assert len(controller.beats) == 1
+
+
 # ------------------------------------------------------------------ controller away
 
 
