@@ -28,7 +28,7 @@ import aiohttp
 import structlog
 from aiohttp import web
 
-from controller import auth, leading, metrics, openapi, pages, serving
+from controller import auth, budget, leading, metrics, openapi, pages, serving
 from controller.admission import admitting
 from controller.admission import views as admission_views
 from controller.fleet import api as fleet_api
@@ -36,7 +36,7 @@ from controller.fleet import devicepolicy, policy, quarantining, state
 from controller.kube import admission as kube_admission
 from controller.kube import client as kube_client
 from controller.kube import devices as kube_devices
-from controller.kube import leases, reviews
+from controller.kube import leases, ratelimit, reviews
 from controller.kube import nodes as kube_nodes
 from controller.kube import pods as kube_pods
 from controller.kube import runs as kube_runs
@@ -83,6 +83,23 @@ def read_run_ca(settings: ControllerSettings) -> str:
     return pem
 
 
+def write_rates(settings: ControllerSettings) -> budget.Rates:
+    """The API write budget the settings give (chart `controller.apiWrites`)."""
+    return budget.Rates(
+        rate_per_s=settings.api_writes_per_s,
+        burst=settings.api_write_burst,
+        aging_s=settings.api_write_aging_s,
+        eviction_per_s=settings.api_evictions_per_s,
+        eviction_burst=settings.api_eviction_burst,
+        max_wait_s=max(60.0, 6 * settings.api_timeout_s),
+    )
+
+
+def _seen(m: metrics.ControllerMetrics, cls: budget.WriteClass, waited_s: float) -> None:
+    m.api_writes.labels(cls.label).inc()
+    m.api_write_wait.labels(cls.label).observe(waited_s)
+
+
 def _runtime(
     settings: ControllerSettings, reviewer: auth.Reviewer | None
 ) -> Callable[[web.Application], AsyncIterator[None]]:
@@ -93,16 +110,19 @@ def _runtime(
         # one that nothing a caller does can fill; the loops and the reviews on another;
         # researchers' reads and writes on a third; log streams, which hold a connection
         # while they last, on a fourth as large as the stream cap.
+        # One API write budget for all four: what protects the API server is the replica's
+        # total, served lease first (controller.budget).
+        m = metrics.make_metrics()
+        limiter = ratelimit.Limiter(write_rates(settings), observe=functools.partial(_seen, m))
+        m.api_writes_waiting.set_function(lambda: limiter.waiting)
         timeout_s = settings.api_timeout_s
-        control = await kube_client.make_client(settings.kubeconfig, pool=16, timeout_s=timeout_s)
-        api = await kube_client.make_client(settings.kubeconfig, pool=64, timeout_s=timeout_s)
-        callers = await kube_client.make_client(settings.kubeconfig, pool=32, timeout_s=timeout_s)
-        streams = await kube_client.make_client(
-            settings.kubeconfig, pool=settings.log_streams_max, timeout_s=timeout_s
+        make = functools.partial(
+            kube_client.make_client, settings.kubeconfig, timeout_s=timeout_s, limiter=limiter
         )
+        control, api, callers = await make(pool=16), await make(pool=64), await make(pool=32)
+        streams = await make(pool=settings.log_streams_max)
         clients = (control, api, callers, streams)
         http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=peer_ssl))
-        m = metrics.make_metrics()
         authn = auth.Authenticator(
             reviewer or reviews.KubeReviewer(api),
             token_ttl_s=settings.token_cache_max_s,

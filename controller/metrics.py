@@ -40,6 +40,9 @@ class ControllerMetrics:
     gpus_kept: prom.Gauge
     device_breaker_open: prom.Gauge
     fault_to_device_rule: prom.Histogram
+    api_writes: prom.Counter
+    api_write_wait: prom.Histogram
+    api_writes_waiting: prom.Gauge
 
 
 def make_metrics() -> ControllerMetrics:
@@ -194,6 +197,24 @@ def make_metrics() -> ControllerMetrics:
             "taugrid_fault_to_device_rule_seconds",
             "Time from the first report of a GPU's fault to its DeviceTaintRules existing.",
             buckets=FAULT_TO_QUARANTINE_BUCKETS,
+            registry=r,
+        ),
+        api_writes=prom.Counter(
+            "taugrid_api_writes",
+            "Writes sent to the API server, by class (lease, review, node, run, event, eviction).",
+            ["class"],
+            registry=r,
+        ),
+        api_write_wait=prom.Histogram(
+            "taugrid_api_write_wait_seconds",
+            "Time a write waited for the API write budget, by class.",
+            ["class"],
+            buckets=(0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60),
+            registry=r,
+        ),
+        api_writes_waiting=prom.Gauge(
+            "taugrid_api_writes_waiting",
+            "Writes waiting for the API write budget now.",
             registry=r,
         ),
     )

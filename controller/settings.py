@@ -142,6 +142,19 @@ class ControllerSettings(pydantic_settings.BaseSettings):
     timeout plus 30 s of silence; a followed log: this long to connect), so no caller and no
     loop waits forever on a pooled connection or a stuck API server. Lease calls are bounded
     by `renew_deadline_s` as well."""
+    api_writes_per_s: float = pydantic.Field(default=100.0, gt=0)
+    """The API write budget of this replica, refilled per second (client-side, like
+    client-go's QPS): every POST, PUT, PATCH and DELETE we send spends one token, and writes
+    that find none wait, served lease first, then reviews, node and device writes, runs,
+    Events, evictions (`controller.budget`)."""
+    api_write_burst: int = pydantic.Field(default=300, ge=1)
+    """Writes this replica may send at once before the rate applies (client-go's burst)."""
+    api_write_aging_s: float = pydantic.Field(default=2.0, gt=0)
+    """A write waiting this long is promoted one class, so a long storm starves nothing."""
+    api_evictions_per_s: float = pydantic.Field(default=20.0, gt=0)
+    """Evictions per second at most, within the budget: a big drain is paced."""
+    api_eviction_burst: int = pydantic.Field(default=40, ge=1)
+    """Evictions at once before their pace applies."""
     log_streams_per_identity: int = pydantic.Field(default=4, ge=1)
     """Concurrent `logs` calls one identity may hold open on a replica; more are 429. Four
     lets a researcher follow a multi-worker run's workers side by side."""

@@ -7,18 +7,21 @@ is `aiohttp.ClientTimeout()`, no timeout at all, not even for waiting on a poole
 bytes (bookmarks keep a healthy watch talking); a followed log, which may be quiet for hours,
 gets a bound only on connecting (including the wait for a pooled connection). The
 controller uses several clients, each with its own pool, so that one kind of traffic can
-never take another's connections (app.py).
+never take another's connections (app.py). They share one `ratelimit.Limiter`: every write
+we send waits for the replica's API write budget, served by priority (lease first).
 """
 
 from __future__ import annotations
 
 import pathlib
+import urllib.parse
 from collections.abc import Iterable
 from typing import Any
 
 import aiohttp
 from kubernetes_asyncio import client, config
 
+from controller.kube import ratelimit
 from shared import kubetoken
 
 WATCH_MARGIN_S = 30.0
@@ -42,13 +45,21 @@ def timeout_for(query: Iterable[tuple[str, Any]] | None, default_s: float) -> ai
 
 
 class TimedApiClient(client.ApiClient):  # type: ignore[misc]  # an untyped base
-    """An ApiClient whose requests all have a timeout (`timeout_for`) unless given one."""
+    """An ApiClient whose requests all have a timeout (`timeout_for`) unless given one, and
+    whose writes wait for `limiter`'s budget when there is one."""
 
-    def __init__(self, configuration: client.Configuration, *, timeout_s: float) -> None:
+    def __init__(
+        self,
+        configuration: client.Configuration,
+        *,
+        timeout_s: float,
+        limiter: ratelimit.Limiter | None = None,
+    ) -> None:
         super().__init__(configuration=configuration)
         self.timeout_s = timeout_s
+        self.limiter = limiter
 
-    def request(  # noqa: PLR0917  (kubernetes_asyncio's own signature)
+    async def request(  # noqa: PLR0917  (kubernetes_asyncio's own signature)
         self,
         method: str,
         url: str,
@@ -62,14 +73,23 @@ class TimedApiClient(client.ApiClient):  # type: ignore[misc]  # an untyped base
         """Send one request with its timeout (kubernetes_asyncio calls this for every call)."""
         if _request_timeout is None:
             _request_timeout = timeout_for(query_params, self.timeout_s)
-        return super().request(method, url, query_params, headers, post_params, body,
-                               _preload_content, _request_timeout)  # fmt: skip
+        if self.limiter is not None:
+            cls = ratelimit.classify(method, urllib.parse.urlsplit(url).path)
+            if cls is not None:
+                await self.limiter.acquire(cls)
+        return await super().request(method, url, query_params, headers, post_params, body,
+                                     _preload_content, _request_timeout)  # fmt: skip
 
 
 async def make_client(
-    kubeconfig: str = "", *, pool: int = 64, timeout_s: float = 10.0
+    kubeconfig: str = "",
+    *,
+    pool: int = 64,
+    timeout_s: float = 10.0,
+    limiter: ratelimit.Limiter | None = None,
 ) -> client.ApiClient:
-    """Return an ApiClient with a pool of `pool` connections and `timeout_s` on every call."""
+    """Return an ApiClient with a pool of `pool` connections and `timeout_s` on every call,
+    its writes spending `limiter`'s budget."""
     cfg = client.Configuration()
     if kubeconfig:
         await config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
@@ -79,4 +99,4 @@ async def make_client(
     else:
         config.load_incluster_config(client_configuration=cfg)
     cfg.connection_pool_maxsize = pool
-    return TimedApiClient(cfg, timeout_s=timeout_s)
+    return TimedApiClient(cfg, timeout_s=timeout_s, limiter=limiter)

@@ -1,0 +1,94 @@
+"""Which class a request to the API server is, and the asyncio limiter the clients await."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from controller import budget
+from controller.budget import WriteClass
+from controller.kube import ratelimit
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "expected"),
+    [
+        pytest.param("PUT", "/apis/coordination.k8s.io/v1/namespaces/taugrid/leases/taugrid",
+                     WriteClass.LEASE, id="renewing the lease is a lease write"),
+        pytest.param("POST", "/apis/authentication.k8s.io/v1/tokenreviews",
+                     WriteClass.REVIEW, id="a TokenReview is a review"),
+        pytest.param("POST", "/apis/authorization.k8s.io/v1/subjectaccessreviews",
+                     WriteClass.REVIEW, id="an access review is a review"),
+        pytest.param("PATCH", "/api/v1/nodes/gpu-node-0", WriteClass.NODE,
+                     id="a taint or a cordon is a node write"),
+        pytest.param("PATCH", "/api/v1/nodes/gpu-node-0/status", WriteClass.NODE,
+                     id="a node condition is a node write"),
+        pytest.param("POST", "/apis/resource.k8s.io/v1alpha3/devicetaintrules",
+                     WriteClass.NODE, id="a DeviceTaintRule is a node write"),
+        pytest.param("POST", "/api/v1/namespaces/team-a/pods/train-0/eviction",
+                     WriteClass.EVICTION, id="an eviction is an eviction"),
+        pytest.param("POST", "/api/v1/namespaces/default/events", WriteClass.EVENT,
+                     id="an Event is an event"),
+        pytest.param("POST", "/apis/batch/v1/namespaces/team-a/jobs", WriteClass.RUN,
+                     id="a Job is a run write"),
+        pytest.param("DELETE", "/api/v1/namespaces/team-a/pods/train-0", WriteClass.RUN,
+                     id="deleting a pod is a run write"),
+        pytest.param("POST", "/api/v1/nodes/gpu-node-0/proxy/x", WriteClass.RUN,
+                     id="a path only starting like a node's is not a node write"),
+        pytest.param("GET", "/api/v1/nodes", None, id="a read is not limited"),
+        pytest.param("get", "/api/v1/nodes/gpu-node-0", None, id="in any case"),
+    ],
+)  # fmt: skip
+def test_requests_are_classed_by_method_and_whole_path(
+    method: str, path: str, expected: WriteClass | None
+) -> None:
+    """Writes by what they touch; reads are not limited."""
+    assert expected == ratelimit.classify(method, path)
+
+
+async def test_the_lease_write_goes_before_evictions_that_were_waiting() -> None:
+    """Twenty evictions wait for a 200/s budget; a lease renewal arriving after them is the
+    first to go, and every waiter is told how long it waited."""
+    seen: list[tuple[WriteClass, float]] = []
+    limiter = ratelimit.Limiter(
+        budget.Rates(rate_per_s=200, burst=1, eviction_per_s=1000, eviction_burst=100),
+        observe=lambda cls, waited: seen.append((cls, waited)),
+    )
+    await limiter.acquire(WriteClass.RUN)  # spends the burst
+    order: list[str] = []
+
+    async def write(name: str, cls: WriteClass) -> None:
+        await limiter.acquire(cls)
+        order.append(name)
+
+    evictions = [asyncio.create_task(write(f"evict-{i}", WriteClass.EVICTION)) for i in range(20)]
+    await asyncio.sleep(0)
+    lease = asyncio.create_task(write("lease", WriteClass.LEASE))
+    await asyncio.gather(lease, *evictions)
+    assert order[0] == "lease"
+    assert [f"evict-{i}" for i in range(20)] == order[1:]
+    assert len(seen) == 22
+    assert limiter.waiting == 0
+
+
+async def test_a_caller_that_gives_up_leaves_the_queue() -> None:
+    """A write cancelled while it waits is withdrawn: nothing waits afterwards."""
+    limiter = ratelimit.Limiter(budget.Rates(rate_per_s=0.001, burst=1))
+    await limiter.acquire(WriteClass.RUN)
+    stuck = asyncio.create_task(limiter.acquire(WriteClass.RUN))
+    await asyncio.sleep(0)
+    assert limiter.waiting == 1
+    stuck.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await stuck
+    assert limiter.waiting == 0
+
+
+async def test_a_write_that_waits_past_the_bound_fails_like_a_timed_out_call() -> None:
+    """No write waits for ever: past `max_wait_s` it raises TimeoutError naming the budget."""
+    limiter = ratelimit.Limiter(budget.Rates(rate_per_s=0.001, burst=1, max_wait_s=0.05))
+    await limiter.acquire(WriteClass.RUN)
+    with pytest.raises(TimeoutError, match="API write budget"):
+        await limiter.acquire(WriteClass.EVENT)
+    assert limiter.waiting == 0
