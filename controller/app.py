@@ -278,6 +278,8 @@ def _runtime(
             for t in tasks:
                 with contextlib.suppress(asyncio.CancelledError):
                     await t
+            for recorder in (quarantiner.writer.events, admission_store.events):
+                await recorder.flush(2.0)  # Events still queued, before their client closes
             await http.close()
             for c in clients:
                 await c.close()

@@ -8,12 +8,14 @@ when it preloads the content, so every raw call must go through `read_json`.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import json
 import secrets
 from collections.abc import Awaitable
 from typing import Any
 
+import aiohttp
 import structlog
 from kubernetes_asyncio import client
 
@@ -25,6 +27,8 @@ MAX_REASON_CHARS = 4000
 """How much of an error body an ApiException carries."""
 MAX_NOTE_CHARS = 1024
 """The API server refuses an Event note above 1 KiB."""
+MAX_PENDING_EVENTS = 5000
+"""Events queued at once per recorder; beyond it they are dropped (and logged)."""
 
 
 async def read_json(resp: Any) -> Any:
@@ -50,18 +54,28 @@ async def json_or_none(call: Awaitable[Any]) -> dict[str, Any] | None:
 
 
 class EventRecorder:
-    """Record `events.k8s.io/v1` Events as one reporting controller (best effort: an Event
-    never blocks the action it records, so a refusal is logged, not raised)."""
+    """Record `events.k8s.io/v1` Events as one reporting controller, in the background: an
+    Event never blocks the action it records (under the API write budget Events wait behind
+    node writes, and a node's next action must not wait behind its own Event), and a refusal
+    or a timeout is logged, not raised. At most `MAX_PENDING_EVENTS` wait; more are dropped
+    and counted, as client-go's event broadcaster drops when its queue is full."""
 
     def __init__(self, api: client.ApiClient, *, controller: str, instance: str) -> None:
         self._events = client.EventsV1Api(api)
         self.controller = controller
         self.instance = instance[:128]
+        self._pending: set[asyncio.Task[None]] = set()
+        self.dropped = 0
 
     async def emit(
         self, namespace: str, regarding: dict[str, Any], reason: str, note: str, *, warning: bool
     ) -> None:
-        """Record an Event on `regarding` in `namespace`."""
+        """Queue an Event on `regarding` in `namespace`; return at once."""
+        if len(self._pending) >= MAX_PENDING_EVENTS:
+            self.dropped += 1
+            log.warning("event dropped: too many pending", regarding=regarding.get("name"),
+                        reason=reason, dropped=self.dropped)  # fmt: skip
+            return
         body = {
             "apiVersion": "events.k8s.io/v1",
             "kind": "Event",
@@ -78,9 +92,28 @@ class EventRecorder:
             "type": "Warning" if warning else "Normal",
             "regarding": regarding,
         }
+        task = asyncio.create_task(self._send(namespace, body), name=f"event-{reason}")
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    async def _send(self, namespace: str, body: dict[str, Any]) -> None:
         try:
             await self._events.create_namespaced_event(namespace, body)
-        except client.ApiException as err:
+        except (client.ApiException, aiohttp.ClientError, TimeoutError) as err:
             log.warning(
-                "event not recorded", regarding=regarding["name"], reason=reason, status=err.status
+                "event not recorded",
+                regarding=body["regarding"].get("name"),
+                reason=body["reason"],
+                error=getattr(err, "status", None) or type(err).__name__,
             )
+
+    async def flush(self, timeout_s: float) -> None:
+        """Wait up to `timeout_s` for the queued Events (shutdown), then give up on the rest."""
+        pending = set(self._pending)
+        if not pending:
+            return
+        _, late = await asyncio.wait(pending, timeout=timeout_s)
+        for task in late:
+            task.cancel()
+        if late:
+            await asyncio.wait(late)

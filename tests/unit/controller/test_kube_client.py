@@ -12,8 +12,8 @@ import pytest_asyncio
 import yaml
 from kubernetes_asyncio import client
 
+from controller.kube import _api, leases
 from controller.kube import client as kube_client
-from controller.kube import leases
 
 
 @pytest.mark.parametrize(
@@ -84,3 +84,23 @@ async def test_a_call_to_an_api_server_that_never_answers_times_out(
         await api.close()
     expected = ["timed out", "timed out"]
     assert expected == outcomes
+
+
+async def test_an_event_never_holds_up_the_action_it_records(
+    silent_server: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Against an API server that never answers, `emit` returns at once; past the bound of
+    queued Events more are dropped and counted; a flush gives up on the rest in its time."""
+    monkeypatch.setattr(_api, "MAX_PENDING_EVENTS", 2)
+    api = await kube_client.make_client(str(silent_server), timeout_s=30)
+    try:
+        recorder = _api.EventRecorder(api, controller="c", instance="i")
+        regarding = {"apiVersion": "v1", "kind": "Node", "name": "gpu-node-0"}
+        async with asyncio.timeout(5):  # generous: an emit that waited would take 30 s
+            for _ in range(3):
+                await recorder.emit("default", regarding, "Quarantine", "note", warning=True)
+        assert recorder.dropped == 1
+        await recorder.flush(0.05)
+        assert recorder.dropped == 1
+    finally:
+        await api.close()
