@@ -58,11 +58,16 @@ async def _storm(
         await core.patch_node(name, body)
         node_done.append(time.perf_counter() - started)
 
+    events = client.EventsV1Api(api)
+
     async def event(name: str) -> None:
-        await core.create_namespaced_event(ns, {
-            "metadata": {"generateName": "bench-"},
-            "involvedObject": {"kind": "Node", "name": name, "apiVersion": "v1"},
-            "reason": "Bench", "message": round_id, "type": "Normal",
+        # A cluster-scoped object's Events live in `default`, as the controller's do.
+        await events.create_namespaced_event("default", {
+            "metadata": {"name": f"{name}.{secrets.token_hex(8)}", "namespace": "default"},
+            "eventTime": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+            "reportingController": "taugrid.dev/bench", "reportingInstance": "bench",
+            "action": "Bench", "reason": "Bench", "note": round_id, "type": "Normal",
+            "regarding": {"apiVersion": "v1", "kind": "Node", "name": name},
         })  # fmt: skip
 
     async def run_write(name: str, n: int) -> None:
@@ -110,14 +115,17 @@ async def _mode(
     try:
         stop = asyncio.Event()
         renewer = asyncio.create_task(_renewals(api, ns, stop))
-        await asyncio.sleep(1.0)  # a few quiet renewals first
-        nodes_done, drained = await _storm(api, ns, nodes, secrets.token_hex(3))
-        stop.set()
-        lat = await renewer
+        try:
+            await asyncio.sleep(1.0)  # a few quiet renewals first
+            nodes_done, drained = await _storm(api, ns, nodes, secrets.token_hex(3))
+        finally:
+            stop.set()
+            lat = await renewer
     finally:
         await api.close()
     storm = lat[5:] or lat
     return {
+        "lease_renewals_n": float(len(storm)),
         "lease_p50_ms": 1000 * statistics.median(storm),
         "lease_p99_ms": 1000 * _pct(storm, 0.99),
         "lease_max_ms": 1000 * max(storm),

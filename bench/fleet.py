@@ -1,0 +1,258 @@
+"""A whole fleet on one leader: 10,000 nodes reporting, faults while it reports, and bursts.
+
+Needs the dev cluster. `fleetkit.make_fleet` makes N GPU Node objects with an agent pod bound
+to each and that pod's token. KWOK does not manage these nodes: no node lease and no status
+updates at all (the limit of "leases off or slow"), so the API server's cost is what the
+controller makes it do. One controller process leads (the chart's settings; the write budget
+the chart ships unless `--rate/--burst` raise it), and an open-loop generator posts one
+heartbeat per node per `--interval` (the chart's agent interval is 5 s), each node at its own
+phase, at most 64 in flight (a send that finds none free waits and is counted late).
+
+Measured while the fleet reports, side by side in one run:
+- the offered and the achieved heartbeat rate, refusals, late sends;
+- the leader's CPU (utime + stime from /proc, as a share of one core and per heartbeat) and
+  RSS (VmRSS, and per node);
+- the quarantine pass cost (`taugrid_quarantine_pass_seconds`, mean, and per judged node);
+- fault → taint and cordon visible on a watch, one node at a time (`--trials`), p50/p99;
+- a burst: `--burst` nodes fail at once; when the last is quarantined, p50/p99.
+
+Run: `.venv/bin/python -m bench.fleet --nodes 10000 [--interval 5] [--trials 100]
+      [--burst 1000] [--rate 100 --write-burst 300] [--settle 30]`
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import re
+import secrets
+import subprocess
+import sys
+import time
+from typing import Any
+
+import aiohttp
+
+from bench import fleetkit
+from bench import quarantine as qbench
+from tests import controllerkit as kit
+
+MAX_IN_FLIGHT = 64
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process so far."""
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()  # noqa: PTH123, SIM115
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def _rss_mb(pid: int) -> float:
+    """Resident set size of a process, MB."""
+    for line in open(f"/proc/{pid}/status").read().splitlines():  # noqa: PTH123, SIM115
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _metric(text: str, name: str) -> float:
+    """A family's sample in the controller's /metrics, summed over its labels."""
+    pattern = rf"^{re.escape(name)}(?:\{{[^}}]*\}})? (\S+)$"
+    return sum(float(v) for v in re.findall(pattern, text, re.MULTILINE))
+
+
+class Generator:
+    """One heartbeat per agent per interval, each at its own phase, open loop."""
+
+    def __init__(self, agents: dict[str, kit.Agent], url: str, interval_s: float) -> None:
+        self.agents = agents
+        self.url = url
+        self.interval_s = interval_s
+        self.sent = 0
+        self.refused = 0
+        self.late = 0
+        self._slots = asyncio.Semaphore(MAX_IN_FLIGHT)
+        self._templates: dict[str, str] = {}
+
+    def _body(self, agent: kit.Agent) -> bytes:
+        # The report is rebuilt only when the agent's GPUs change (a fault); the sequence
+        # and send time are filled into a cached body, as cheap as a real agent's.
+        key = agent.node
+        gpus = repr([g.verdict for g in agent.gpus])
+        cached = self._templates.get(key)
+        if cached is None or not cached.startswith(gpus):
+            doc = agent.report(self.interval_s).model_dump_json(by_alias=True)
+            doc = re.sub(r'"sequence":\d+', '"sequence":@SEQ@', doc)
+            doc = re.sub(r'"sentAt":"[^"]+"', '"sentAt":"@SENT@"', doc)
+            cached = gpus + "\0" + doc
+            self._templates[key] = cached
+        agent.sequence += 1
+        sent = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + "Z"
+        body = cached.split("\0", 1)[1]
+        return body.replace("@SEQ@", str(agent.sequence)).replace("@SENT@", sent).encode()
+
+    async def _post(self, http: aiohttp.ClientSession, agent: kit.Agent) -> None:
+        try:
+            async with http.post(
+                f"{self.url}/v1/heartbeats", data=self._body(agent),
+                headers={"Authorization": f"Bearer {agent.token}",
+                         "Content-Type": "application/json"},
+            ) as resp:  # fmt: skip
+                await resp.read()
+                if resp.status >= 300:
+                    self.refused += 1
+                else:
+                    self.sent += 1
+        except aiohttp.ClientError:
+            self.refused += 1
+        finally:
+            self._slots.release()
+
+    async def run(self, http: aiohttp.ClientSession) -> None:
+        names = list(self.agents)
+        step = self.interval_s / len(names)
+        start = time.perf_counter()
+        tasks: set[asyncio.Task[None]] = set()
+        k = 0
+        while True:
+            for n, name in enumerate(names):
+                due = start + (k * len(names) + n) * step
+                delay = due - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                if self._slots.locked():
+                    self.late += 1
+                await self._slots.acquire()
+                t = asyncio.create_task(self._post(http, self.agents[name]))
+                tasks.add(t)
+                t.add_done_callback(tasks.discard)
+            k += 1
+
+
+async def _wait_seen(seen: dict[str, float], names: list[str], deadline_s: float) -> None:
+    deadline = time.perf_counter() + deadline_s
+    while any(n not in seen for n in names) and time.perf_counter() < deadline:
+        await asyncio.sleep(0.005)
+
+
+async def run(args: argparse.Namespace) -> None:
+    dev, api = await fleetkit.dev_api()
+    ns = f"bench-fleet-{secrets.token_hex(2)}"
+    t0 = time.perf_counter()
+    tokens = await fleetkit.make_fleet(api, dev, ns, args.nodes, prefix=f"f{secrets.token_hex(2)}")
+    made_s = time.perf_counter() - t0
+    agents = {n: kit.Agent(n, t) for n, t in tokens.items()}
+    port = kit.free_port()
+    env = qbench._env(dev, port, ns)
+    env.update({
+        "TAUGRID_CONTROLLER_API_WRITES_PER_S": str(args.rate),
+        "TAUGRID_CONTROLLER_API_WRITE_BURST": str(args.write_burst),
+        "TAUGRID_CONTROLLER_HEARTBEAT_MIN_INTERVAL_S": "0.5",
+    })  # fmt: skip
+    ctl = subprocess.Popen([sys.executable, "-m", "controller"], env=env,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    seen: dict[str, float] = {}
+    stop = asyncio.Event()
+    out: dict[str, Any] = {"nodes": args.nodes, "fleet_made_s": made_s}
+    try:
+        conn = aiohttp.TCPConnector(limit=MAX_IN_FLIGHT + 8)
+        async with aiohttp.ClientSession(connector=conn) as http:
+            for _ in range(600):
+                with contextlib.suppress(aiohttp.ClientError):
+                    async with http.get(f"{url}/readyz") as r:
+                        if (await r.json()).get("leader"):
+                            break
+                await asyncio.sleep(0.1)
+            gen = Generator(agents, url, args.interval)
+            loop = asyncio.create_task(gen.run(http))
+            watcher = asyncio.create_task(qbench._watch_taints(api, ns, seen, stop))
+            await asyncio.sleep(args.interval + args.settle)  # every node reported, warm
+            cpu0, sent0, w0 = _cpu_s(ctl.pid), gen.sent, time.perf_counter()
+            async with http.get(f"{url}/metrics") as r:
+                m0 = await r.text()
+            await asyncio.sleep(args.window)
+            cpu1, sent1, w1 = _cpu_s(ctl.pid), gen.sent, time.perf_counter()
+            async with http.get(f"{url}/metrics") as r:
+                m1 = await r.text()
+            beats = sent1 - sent0
+            passes = _metric(m1, "taugrid_quarantine_pass_seconds_count") - _metric(
+                m0, "taugrid_quarantine_pass_seconds_count"
+            )
+            pass_s = _metric(m1, "taugrid_quarantine_pass_seconds_sum") - _metric(
+                m0, "taugrid_quarantine_pass_seconds_sum"
+            )
+            judged = _metric(m1, "taugrid_quarantine_pass_nodes_sum") - _metric(
+                m0, "taugrid_quarantine_pass_nodes_sum"
+            )
+            out.update({
+                "offered_per_s": args.nodes / args.interval,
+                "achieved_per_s": beats / (w1 - w0),
+                "refused": gen.refused, "late": gen.late,
+                "leader_cpu_share": (cpu1 - cpu0) / (w1 - w0),
+                "leader_cpu_us_per_heartbeat": 1e6 * (cpu1 - cpu0) / max(beats, 1),
+                "leader_rss_mb": _rss_mb(ctl.pid),
+                "leader_rss_kb_per_node": 1024 * _rss_mb(ctl.pid) / args.nodes,
+                "passes_per_s": passes / (w1 - w0),
+                "pass_mean_ms": 1000 * pass_s / max(passes, 1),
+                "pass_us_per_judged_node": 1e6 * pass_s / max(judged, 1),
+            })  # fmt: skip
+            names = list(agents)
+            trials = names[: args.trials]
+            lat: list[float] = []
+            for v in trials:
+                agents[v].fail(0)
+                t = time.perf_counter()
+                await agents[v].send(http, url, args.interval)
+                await _wait_seen(seen, [v], 30)
+                if v in seen:
+                    lat.append(seen[v] - t)
+            out["fault_p50_ms"] = fleetkit.pct(lat, 50)
+            out["fault_p99_ms"] = fleetkit.pct(lat, 99)
+            out["fault_missed"] = len(trials) - len(lat)
+            victims = names[args.trials : args.trials + args.burst]
+            if victims:
+                for v in victims:
+                    agents[v].fail(0)
+                t = time.perf_counter()
+                await asyncio.gather(*(agents[v].send(http, url, args.interval) for v in victims))
+                await _wait_seen(seen, victims, 120)
+                got = sorted(seen[v] - t for v in victims if v in seen)
+                out["burst"] = len(victims)
+                out["burst_all_s"] = max(got) if len(got) == len(victims) else float("inf")
+                out["burst_p50_ms"] = fleetkit.pct(got, 50)
+                out["burst_p99_ms"] = fleetkit.pct(got, 99)
+                out["burst_missed"] = len(victims) - len(got)
+            stop.set()
+            for task in (loop, watcher):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+    finally:
+        ctl.terminate()
+        ctl.wait(timeout=30)
+        await fleetkit.delete_fleet(api, dev, ns)
+        await api.close()
+    print(f"fleet of {args.nodes} nodes at a {args.interval:g} s interval; API write budget "
+          f"{args.rate:g}/s burst {args.write_burst}; limits raised for the storm")  # fmt: skip
+    for k, v in out.items():
+        print(f"  {k:32} {v:.3f}" if isinstance(v, float) else f"  {k:32} {v}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--nodes", type=int, default=10_000)
+    parser.add_argument("--interval", type=float, default=5.0)
+    parser.add_argument("--settle", type=float, default=20.0)
+    parser.add_argument("--window", type=float, default=30.0)
+    parser.add_argument("--trials", type=int, default=100)
+    parser.add_argument("--burst", type=int, default=1000)
+    parser.add_argument("--rate", type=float, default=100.0)
+    parser.add_argument("--write-burst", type=int, default=300)
+    asyncio.run(run(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    main()
