@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import pathlib
 from collections.abc import AsyncIterator
 
@@ -14,6 +15,7 @@ from kubernetes_asyncio import client
 
 from controller.kube import _api, leases
 from controller.kube import client as kube_client
+from controller.kube import nodes as kube_nodes
 
 
 @pytest.mark.parametrize(
@@ -104,3 +106,24 @@ async def test_an_event_never_holds_up_the_action_it_records(
         assert recorder.dropped == 1
     finally:
         await api.close()
+
+
+async def test_a_heartbeat_never_waits_for_another_ones_agent_pod_list(
+    silent_server: pathlib.Path,
+) -> None:
+    """While one caller's LIST of the agent pods hangs, another unknown pod is answered None
+    at once, not after the LIST (which here never answers)."""
+    api = await kube_client.make_client(str(silent_server), timeout_s=30)
+    try:
+        pods = kube_nodes.AgentPods(api, "taugrid")
+        first = asyncio.create_task(pods.ip_of("uid-a"))
+        await asyncio.sleep(0.05)  # the first caller is in its LIST
+        async with asyncio.timeout(5):  # generous: waiting for the LIST would take 30 s
+            second = await pods.ip_of("uid-b")
+        first.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await first
+    finally:
+        await api.close()
+    expected = (None, 1)
+    assert expected == (second, pods.lists)
