@@ -17,6 +17,7 @@ import binascii
 import dataclasses
 import hashlib
 import json
+import random
 import time
 from collections.abc import Awaitable, Callable, Hashable
 from typing import Annotated, Any, Protocol, TypeVar, cast
@@ -116,12 +117,29 @@ def token_expiry(token: str) -> float | None:
     return float(exp) if isinstance(exp, int | float) else None
 
 
+CACHE_JITTER = 0.2
+"""Review answers are kept 80–100 % of their TTL, at random, so re-reviews spread out."""
+
+
 class TTLCache:
     """A small expiring map with single-flight loading: concurrent `get`s of one key share
-    one `load`; a `load` that raises is not kept."""
+    one `load`; a `load` that raises is not kept.
 
-    def __init__(self, clock: Callable[[], float]) -> None:
+    `jitter` shortens each entry's TTL by a random share of up to that fraction (never
+    lengthens it): a fleet whose agents were all reviewed within seconds (a new leader)
+    would otherwise be reviewed again all at once, every TTL, a storm the API write budget
+    then queues heartbeats behind."""
+
+    def __init__(
+        self,
+        clock: Callable[[], float],
+        *,
+        jitter: float = 0.0,
+        rnd: Callable[[], float] = random.random,
+    ) -> None:
         self._clock = clock
+        self._jitter = jitter
+        self._rnd = rnd
         self._data: dict[Hashable, tuple[float, object]] = {}
         self._inflight: dict[Hashable, asyncio.Future[object]] = {}
         self.hits = 0
@@ -156,7 +174,7 @@ class TTLCache:
         fut.set_result(value)
         if len(self._data) >= MAX_ENTRIES:
             self._evict(now)
-        self._data[key] = (now + ttl(value), value)
+        self._data[key] = (now + ttl(value) * (1.0 - self._jitter * self._rnd()), value)
         return value
 
     def _evict(self, now: float) -> None:
@@ -207,8 +225,8 @@ class Authenticator:
         self._bound_token_ttl_s = bound_token_ttl_s
         self._access_ttl_s = access_ttl_s
         self._clock = clock
-        self.tokens = TTLCache(clock)
-        self.access = TTLCache(clock)
+        self.tokens = TTLCache(clock, jitter=CACHE_JITTER)
+        self.access = TTLCache(clock, jitter=CACHE_JITTER)
 
     async def authenticate(
         self,

@@ -267,3 +267,33 @@ async def test_the_guard_before_a_review_runs_only_when_the_api_server_would_be_
         await a.authenticate(f"Bearer {unknown}", before_review=refuse)
     expected = (["asked"], 1)
     assert expected == (guarded, reviewer.token_reviews)
+
+
+@pytest.mark.parametrize(
+    ("draw", "expected"),
+    [
+        pytest.param(0.0, [False, False, True], id="drawn 0, an entry lives its whole TTL"),
+        pytest.param(1.0, [False, True, True], id="drawn 1, it lives 80 % of it and no more"),
+    ],
+)
+async def test_cached_answers_expire_spread_out_never_later(
+    draw: float, expected: list[bool]
+) -> None:
+    """With jitter 0.2 a 100 s entry expires between 80 s and 100 s: a fleet reviewed at
+    once is not reviewed again at once; no entry outlives its TTL. Asked again 79 s, 90 s
+    and 100.5 s after its load, is it loaded again?"""
+    reloaded = []
+    for after in (79.0, 90.0, 100.5):
+        clock = Clock()
+        cache = auth.TTLCache(clock, jitter=0.2, rnd=lambda: draw)
+        loads: list[float] = []
+
+        async def load(loads: list[float] = loads, clock: Clock = clock) -> str:
+            loads.append(clock.t)
+            return "identity"
+
+        await cache.get("token", load, lambda _v: 100.0)
+        clock.t += after
+        await cache.get("token", load, lambda _v: 100.0)
+        reloaded.append(len(loads) == 2)
+    assert expected == reloaded
