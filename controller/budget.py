@@ -52,7 +52,7 @@ class Rates:
 
     rate_per_s: float = 100.0
     """Writes per second, refilled."""
-    burst: int = 400
+    burst: int = 300
     """Writes at once."""
     aging_s: float = 2.0
     """Waiting this long promotes a write one class."""
