@@ -40,6 +40,9 @@ class ControllerMetrics:
     gpus_kept: prom.Gauge
     device_breaker_open: prom.Gauge
     fault_to_device_rule: prom.Histogram
+    relayed: prom.Counter
+    relay_batch: prom.Histogram
+    peer_entries: prom.Counter
 
 
 def make_metrics() -> ControllerMetrics:
@@ -194,6 +197,26 @@ def make_metrics() -> ControllerMetrics:
             "taugrid_fault_to_device_rule_seconds",
             "Time from the first report of a GPU's fault to its DeviceTaintRules existing.",
             buckets=FAULT_TO_QUARANTINE_BUCKETS,
+            registry=r,
+        ),
+        relayed=prom.Counter(
+            "taugrid_heartbeats_relayed",
+            "Heartbeat entries a follower sent the leader, by how: `full` (a change, a"
+            " refresh, or what the leader needed) or `liveness` (a steady report's summary).",
+            ["kind"],
+            registry=r,
+        ),
+        relay_batch=prom.Histogram(
+            "taugrid_heartbeat_relay_batch_entries",
+            "Entries in one batch a follower sent the leader (POST /v1/peer/heartbeats).",
+            buckets=(1, 2, 4, 16, 64, 256, 1024, 4096),
+            registry=r,
+        ),
+        peer_entries=prom.Counter(
+            "taugrid_peer_heartbeat_entries",
+            "Entries of followers' batches the leader took, by kind (full, liveness) and"
+            " outcome (Accepted, Replay, Need, Outdated, Refused).",
+            ["kind", "outcome"],
             registry=r,
         ),
     )
