@@ -78,27 +78,35 @@ class Relayer:
         return kind
 
     async def run(self) -> None:
-        """Flush every interval, or at once when woken; forever (cancelled with the app)."""
+        """Flush every interval, or at once when woken: then only the changes (and what the
+        leader needs), so a change never waits for the fleet's liveness; forever (cancelled
+        with the app)."""
         interval = self._st.settings.peer_batch_interval_s
+        flushed_at = self._clock()
         while True:
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(interval):
+                async with asyncio.timeout(max(0.0, flushed_at + interval - self._clock())):
                     await self._wake.wait()
             self._wake.clear()
             if self._st.elector.is_leader():
                 self._answer_unavailable(self.core.reset(), "this replica leads now; retry")
+                flushed_at = self._clock()
                 continue
+            everything = self._clock() >= flushed_at + interval
+            if everything:
+                flushed_at = self._clock()
             try:
-                await self.flush()
+                await self.flush(urgent=not everything)
             except asyncio.CancelledError:
                 raise
             except Exception:  # a bug must not end the loop; the entries stay queued
                 log.exception("heartbeat relay flush failed")
 
-    async def flush(self) -> None:
-        """Send everything queued, in batches, until nothing is (or the leader is not
-        reached: what is left stays queued for the next interval)."""
-        while batch := self.core.take(self._clock()):
+    async def flush(self, *, urgent: bool = False) -> None:
+        """Send everything queued (`urgent`: only changes and what the leader needs), in
+        batches, until nothing is (or the leader is not reached: what is left stays queued
+        for the next interval). What the leader needs goes at once, in the same flush."""
+        while batch := self.core.take(self._clock(), urgent=urgent):
             now = self._clock()
             bodies = [_encode(e, now) for e in batch]
             start = 0

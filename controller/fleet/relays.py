@@ -119,6 +119,8 @@ class Relay:
     def __init__(self, limits: Limits) -> None:
         self.limits = limits
         self._queues: dict[str, list[Entry]] = {}
+        self._urgent: set[str] = set()
+        """Nodes with a full entry queued (a change, or what the leader needs)."""
         self._nodes: dict[str, _Node] = {}
         self._tickets = itertools.count(1)
         self._failing_since: float | None = None
@@ -153,6 +155,7 @@ class Relay:
         if ticket is not None:
             tail.full = True
             tail.tickets.append(ticket)
+            self._urgent.add(node)
         if len(queue) > self.limits.max_queued_per_node:
             self._collapse(queue)
         return kind, ticket
@@ -164,12 +167,17 @@ class Relay:
         newest.tickets = [t for e in queue for t in e.tickets]
         queue[:] = [newest]
 
-    def take(self, now: float) -> list[Entry]:
+    def take(self, now: float, *, urgent: bool = False) -> list[Entry]:
         """The next batch to send, in each node's order; empty when nothing is queued. An
-        entry due a refresh goes in full."""
+        entry due a refresh goes in full. `urgent`: only the nodes with a change or a
+        needed report queued (with what is queued before it), so a change does not wait
+        for the rest of the fleet's liveness to be encoded and applied."""
         limits = self.limits
         batch: list[Entry] = []
-        for node in list(self._queues):
+        for node in list(self._urgent if urgent else self._queues):
+            self._urgent.discard(node)
+            if node not in self._queues:
+                continue
             queue = self._queues[node]
             while queue and len(batch) < limits.max_entries:
                 entry = queue.pop(0)
@@ -182,6 +190,8 @@ class Relay:
                 batch.append(entry)
             if not queue:
                 del self._queues[node]
+            elif any(e.full for e in queue):
+                self._urgent.add(node)
             if len(batch) >= limits.max_entries:
                 break
         if now - self._swept_at >= limits.refresh_s:
@@ -243,10 +253,16 @@ class Relay:
         self.problem = problem
         return tickets
 
+    def urgent(self) -> bool:
+        """Whether a change or a needed report waits (flush at once)."""
+        return bool(self._urgent)
+
     def _requeue(self, entries: Sequence[Entry]) -> None:
         for entry in reversed(entries):
             queue = self._queues.setdefault(entry.node, [])
             queue.insert(0, entry)
+            if entry.full:
+                self._urgent.add(entry.node)
             if len(queue) > self.limits.max_queued_per_node:
                 self._collapse(queue)
 
@@ -260,6 +276,7 @@ class Relay:
         tickets waiting, which are answered 503 so their agents retry."""
         tickets = [t for q in self._queues.values() for e in q for t in e.tickets]
         self._queues.clear()
+        self._urgent.clear()
         self._nodes.clear()
         self._failing_since = None
         self.problem = ""

@@ -409,17 +409,17 @@ class RelayedWorld:
         relay = self.followers[event.route]
         kind, _ = relay.offer(hb, pod, fleet.change_key(hb, pod), event.t)
         if kind is relays.Kind.CHANGE:
-            self.flush(relay, event.t)
+            self.flush(relay, event.t, urgent=True)
 
-    def flush(self, relay: relays.Relay, now: float) -> None:
+    def flush(self, relay: relays.Relay, now: float, *, urgent: bool = False) -> None:
         """What the flusher and the peer endpoint do, with the wire's millisecond rounding;
         during the outage every flush fails and its entries stay queued."""
         if self.outage is not None and self.outage[0] <= now < self.outage[1]:
-            relay.failed(relay.take(now), now, "the leader is unreachable")
+            relay.failed(relay.take(now, urgent=urgent), now, "the leader is unreachable")
             return
         if self.outage is not None and now >= self.outage[1]:
             self.healed = True
-        while batch := relay.take(now):
+        while batch := relay.take(now, urgent=urgent):
             needed: set[str] = set()
             answers = []
             for e in batch:  # as the endpoint does: a node's entries in order
@@ -623,3 +623,19 @@ def test_a_held_back_report_of_the_previous_boot_does_not_undo_a_reboot() -> Non
     actual = (outcome, record.heartbeat.boot_id, record.previous_boot_id)
     expected = (fleet.Relayed.OUTDATED, "boot-2", "boot-1")
     assert expected == actual
+
+
+def test_an_urgent_take_sends_the_changes_and_leaves_the_fleets_liveness_for_the_interval() -> None:
+    """A change is flushed with only its own node's pending entries before it, so it does
+    not wait for the rest of the fleet's liveness; the interval's take sends the rest."""
+    relay = relays.Relay(LIMITS)
+    for node in ("n1", "n2", "n3"):
+        _offer(relay, _beat(node, seq=1), 0.0)
+    _deliver(relay, 0.0)
+    for node in ("n1", "n2", "n3"):
+        _offer(relay, _beat(node, seq=2), 1.0)
+    _offer(relay, _beat("n2", seq=3, fault=True), 1.1)
+    urgent = [(e.node, e.report.sequence, e.full) for e in relay.take(1.1, urgent=True)]
+    rest = sorted((e.node, e.report.sequence, e.full) for e in relay.take(2.0))
+    expected = ([("n2", 2, False), ("n2", 3, True)], [("n1", 2, False), ("n3", 2, False)])
+    assert expected == (urgent, rest)
