@@ -235,7 +235,7 @@ async def run(nodes: int, rate: float, seconds: float, trials: int, forward: boo
                         net_base = net_base or net
                         print(f"{mode:<8} {count:>8} {ok:>7} {bad:>6} {cpu:>12.2f} "
                               f"{per:>13.1f} {per / base:>12.2f} {net:>13.1f} "
-                              f"{net / net_base:>8.2f}")  # fmt: skip
+                              f"{net / net_base if net_base else float('nan'):>8.2f}")  # fmt: skip
                         if count == 2 and relay and trials:
                             await _fault_latency(replicas, tokens, trials, rate)
                     finally:

@@ -52,7 +52,7 @@ def make_metrics() -> ControllerMetrics:
         registry=r,
         heartbeats=prom.Counter(
             "taugrid_heartbeats",
-            "Heartbeats received, by outcome (accepted, forwarded, rejected).",
+            "Heartbeats received, by outcome (accepted, relayed, forwarded, rejected).",
             ["outcome"],
             registry=r,
         ),
