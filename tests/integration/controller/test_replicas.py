@@ -464,3 +464,40 @@ async def test_the_peer_endpoint_takes_replicas_only_and_refuses_bad_entries_one
     actual = (answers, status, taken["outcomes"], refused, taken["need"],
               pair.node in leader.fleet.fleet)  # fmt: skip
     assert expected == actual
+
+
+async def test_steady_beats_are_answered_503_once_the_leader_is_unreachable_for_a_while(
+    k8s: client.ApiClient, namespace: str, pair: Pair
+) -> None:
+    """Cut the follower off from the leader (the leader Service's stand-in has no backend):
+    its steady beats are still answered 202 as liveness at first, then 503
+    LeaderUnreachable once its flushes have failed for `peer_unreachable_after_s`, and 202
+    again once the leader is reachable (what was held back reaches the leader)."""
+    leader, follower = await pair.roles()
+    agent = kit.Agent(pair.node, await kit.agent_token(k8s, namespace, pair.node))
+    first = await _beat(pair.http, follower.url, agent)
+    backends = await pair.proxy.cut()
+    try:
+        cut = await _beat(pair.http, follower.url, agent)
+
+        async def refused() -> None:
+            expected = (503, None)
+            assert expected == await _beat(pair.http, follower.url, agent)
+
+        await support.eventually(refused, what="steady beats answered 503", interval_s=0.5)
+    finally:
+        pair.proxy.backends.update(backends)
+
+    async def back() -> None:
+        expected = (202, "liveness")
+        assert expected == await _beat(pair.http, follower.url, agent)
+
+    await support.eventually(back, what="steady beats answered 202 again", interval_s=0.5)
+
+    async def caught_up() -> None:
+        got = leader.fleet.fleet.get(pair.node)
+        assert agent.sequence - 1 <= (got.heartbeat.sequence if got else -1)
+
+    await support.eventually(caught_up, what="the leader to take what was held back")
+    expected = ((202, "change"), (202, "liveness"))
+    assert expected == (first, cut)
