@@ -258,7 +258,8 @@ async def post_peer_heartbeats(request: web.Request) -> web.StreamResponse:
     now = _now()
     outcomes: list[str] = []
     need: list[str] = []
-    """Nodes with an entry needed in full (a handful: a list is cheaper than a set here)."""
+    needed: set[str] = set()
+    """The nodes with an entry needed in full (after a failover: most of the batch)."""
     refused: list[dict[str, Any]] = []
     poke = False
     for index, entry_raw in enumerate(batch.entries):
@@ -272,7 +273,7 @@ async def post_peer_heartbeats(request: web.Request) -> web.StreamResponse:
                 raise _decode_problem(err, where) from err
             node = entry.node
             kind = "liveness" if entry.report is None else "full"
-            if node in need:
+            if node in needed:
                 # A node's entries apply in order: after one the leader needs in full, the
                 # rest come again after it.
                 outcome = state.Relayed.NEED
@@ -286,7 +287,8 @@ async def post_peer_heartbeats(request: web.Request) -> web.StreamResponse:
             refused.append({"index": index, "node": node, "status": serving.status_of(err),
                             "code": err.code, "message": err.message,
                             "field": field.rstrip(".")})  # fmt: skip
-        if outcome is state.Relayed.NEED and node not in need:
+        if outcome is state.Relayed.NEED and node not in needed:
+            needed.add(node)
             need.append(node)
         outcomes.append(outcome.value)
         st.metrics.peer_entries.labels(kind, outcome.value).inc()
