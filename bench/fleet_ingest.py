@@ -14,10 +14,10 @@ import sys
 import time
 
 from controller import marks
-from controller.fleet import actions, nodes, policy
+from controller.fleet import actions, nodes, policy, relays
 from controller.fleet import state as fleet
 from controller.settings import ControllerSettings
-from shared import health, heartbeat
+from shared import fastheartbeat, health, heartbeat
 
 T0 = dt.datetime(2025, 3, 1, tzinfo=dt.UTC)
 ROUNDS = 4
@@ -67,6 +67,50 @@ def _heartbeats(count: int, round_: int, rng: random.Random) -> list[heartbeat.H
     return out
 
 
+def _deliver(relay: relays.Relay, now: float) -> None:
+    while batch := relay.take(now):
+        relay.settle(batch, [relays.Answer(fleet.Relayed.ACCEPTED)] * len(batch), now)
+
+
+def _relay_costs(rounds: list[list[heartbeat.Heartbeat]], count: int) -> None:
+    """The leader's cost of a relayed liveness entry beside a full ingest of the same report,
+    and the follower's of deciding it (change key and queueing), side by side."""
+    structs = [[fastheartbeat.decode(fastheartbeat.wire(hb)) for hb in beats] for beats in rounds]
+    keys = [fleet.change_key(hb, "pod") for hb in structs[0]]
+    full = fleet.FleetState(leader_since=T0 - dt.timedelta(hours=1))
+    live = fleet.FleetState(leader_since=T0 - dt.timedelta(hours=1))
+    for hb, key in zip(structs[0], keys, strict=True):
+        full.ingest(hb, T0, pod_uid="pod")
+        live.ingest(hb, T0, pod_uid="pod", key=key)
+    costs: dict[str, list[float]] = {"full": [], "liveness": [], "follower": []}
+    relay = relays.Relay(relays.Limits())
+    for hb, key in zip(structs[0], keys, strict=True):
+        relay.offer(hb, "pod", key, 0.0)
+    _deliver(relay, 0.0)
+    for r, beats in enumerate(structs[1:], start=1):
+        now = T0 + dt.timedelta(seconds=10 * r)
+        start = time.perf_counter()
+        for hb in beats:
+            full.ingest(hb, now, pod_uid="pod")
+        costs["full"].append((time.perf_counter() - start) / count)
+        start = time.perf_counter()
+        for hb, key in zip(beats, keys, strict=True):
+            live.ingest_liveness(hb.node_name, key=key, boot_id=hb.boot_id, sequence=hb.sequence,
+                                 sent_at=hb.sent_at, first_at=now, last_at=now)  # fmt: skip
+        costs["liveness"].append((time.perf_counter() - start) / count)
+        start = time.perf_counter()
+        for hb in beats:
+            relay.offer(hb, "pod", fleet.change_key(hb, "pod"), 10.0 * r)
+        costs["follower"].append((time.perf_counter() - start) / count)
+        _deliver(relay, 10.0 * r)
+    f, lv, fo = (statistics.median(costs[k]) * 1e6 for k in ("full", "liveness", "follower"))
+    print(
+        f"leader, full report ingested: {f:.1f} µs; liveness entry applied: {lv:.1f} µs"
+        f" ({lv / f:.2f}× a full ingest, parse not counted); follower, change key + queue:"
+        f" {fo:.1f} µs/heartbeat"
+    )
+
+
 def main() -> None:
     """Time ingest per heartbeat and decide per pass, and print per-op costs."""
     count = int(sys.argv[1]) if len(sys.argv) > 1 else 5000
@@ -95,6 +139,8 @@ def main() -> None:
         f"ingest: {ingest * 1e6:.1f} µs/heartbeat median over {ROUNDS} rounds "
         f"({1 / ingest:,.0f}/s on one core)"
     )
+
+    _relay_costs(rounds, count)
 
     views = [
         nodes.parse(

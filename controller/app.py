@@ -68,6 +68,7 @@ def make_app(
     openapi.add_route(app, settings)
     runs_api.add_routes(app)
     app.cleanup_ctx.append(_runtime(settings, reviewer))
+    app.cleanup_ctx.append(fleet_api.relay_context)  # after the runtime, whose state it uses
     return app
 
 

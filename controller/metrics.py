@@ -43,6 +43,9 @@ class ControllerMetrics:
     api_writes: prom.Counter
     api_write_wait: prom.Histogram
     api_writes_waiting: prom.Gauge
+    relayed: prom.Counter
+    relay_batch: prom.Histogram
+    peer_entries: prom.Counter
 
 
 def make_metrics() -> ControllerMetrics:
@@ -52,7 +55,7 @@ def make_metrics() -> ControllerMetrics:
         registry=r,
         heartbeats=prom.Counter(
             "taugrid_heartbeats",
-            "Heartbeats received, by outcome (accepted, forwarded, rejected).",
+            "Heartbeats received, by outcome (accepted, relayed, forwarded, rejected).",
             ["outcome"],
             registry=r,
         ),
@@ -215,6 +218,26 @@ def make_metrics() -> ControllerMetrics:
         api_writes_waiting=prom.Gauge(
             "taugrid_api_writes_waiting",
             "Writes waiting for the API write budget now.",
+            registry=r,
+        ),
+        relayed=prom.Counter(
+            "taugrid_heartbeats_relayed",
+            "Heartbeat entries a follower sent the leader, by how: `full` (a change, a"
+            " refresh, or what the leader needed) or `liveness` (a steady report's summary).",
+            ["kind"],
+            registry=r,
+        ),
+        relay_batch=prom.Histogram(
+            "taugrid_heartbeat_relay_batch_entries",
+            "Entries in one batch a follower sent the leader (POST /v1/peer/heartbeats).",
+            buckets=(1, 2, 4, 16, 64, 256, 1024, 4096),
+            registry=r,
+        ),
+        peer_entries=prom.Counter(
+            "taugrid_peer_heartbeat_entries",
+            "Entries of followers' batches the leader took, by kind (full, liveness) and"
+            " outcome (Accepted, Replay, Need, Outdated, Refused).",
+            ["kind", "outcome"],
             registry=r,
         ),
     )

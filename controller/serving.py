@@ -426,6 +426,23 @@ FORWARDED_BY = web.RequestKey("forwarded_by", auth.Identity)
 """On the leader: the peer (a follower) that forwarded this request, once verified."""
 
 
+async def peer(request: web.Request) -> auth.Identity:
+    """The replica calling, once its peer token proves it is one: valid for
+    `peer_audience` (else 401) and the replicas' ServiceAccount's (else 403 PeerRefused).
+    Nothing of the request but its `Authorization` header is read before."""
+    st = serving_of(request)
+    settings = st.settings
+    who = await st.authn.authenticate(
+        request.headers.get("Authorization"), (settings.peer_audience,),
+        before_review=unseen_credential(request),
+    )  # fmt: skip
+    expected = auth.agent_username(settings.namespace, settings.controller_service_account)
+    if who.username != expected:
+        msg = f"{who.username} is not a controller replica ({expected})"
+        raise errors.Forbidden(msg, code="PeerRefused", field="Authorization")
+    return who
+
+
 async def _speaking_for(request: web.Request, st: ServingState) -> auth.Identity:
     """The caller a follower speaks for, once its peer token proves it is a replica.
 
@@ -433,20 +450,15 @@ async def _speaking_for(request: web.Request, st: ServingState) -> auth.Identity
     ServiceAccount; anything else is 403 PeerRefused, whatever the caller header says, so no
     one but a replica can make the leader act for somebody else.
     """
-    settings = st.settings
     try:
-        peer = await st.authn.authenticate(
-            request.headers.get("Authorization"), (settings.peer_audience,),
-            before_review=unseen_credential(request),
-        )  # fmt: skip
+        who = await peer(request)
     except errors.Unauthenticated as err:
         msg = f"a request speaking for a caller needs a replica's peer token: {err.message}"
         raise errors.Forbidden(msg, code="PeerRefused", field="Authorization") from err
-    expected = auth.agent_username(settings.namespace, settings.controller_service_account)
-    if peer.username != expected:
-        msg = f"{peer.username} is not a controller replica ({expected}); it speaks for nobody"
-        raise errors.Forbidden(msg, code="PeerRefused", field="Authorization")
-    request[FORWARDED_BY] = peer
+    except errors.Forbidden as err:
+        msg = f"{err.message}; it speaks for nobody"
+        raise errors.Forbidden(msg, code="PeerRefused", field="Authorization") from err
+    request[FORWARDED_BY] = who
     return auth.decode_caller(request.headers[CALLER_HEADER])
 
 
@@ -473,14 +485,40 @@ async def forward(
 
     The caller's credential never leaves this replica: the leader gets the peer token and
     the reviewed identity (`X-TauGrid-Caller`), and authorises the call again itself. The
-    leader is reached only at `leader_url` (the leader-only Service), verified by the
-    chart's CA alone, with redirects refused; a request that was itself forwarded is never
-    forwarded again.
+    leader is reached as `to_leader` reaches it; a request that was itself forwarded is
+    never forwarded again.
     """
     st = serving_of(request)
-    settings = st.settings
     if forwarded(request):
         raise errors.Unavailable("this replica no longer leads; retry", code="NotLeader")
+    if body is None and request.can_read_body:
+        body = await read_body(request, st.settings.max_body_bytes)
+    headers = {CALLER_HEADER: auth.encode_caller(caller)}
+    for name in ("Content-Type", "Idempotency-Key"):
+        if name in request.headers:
+            headers[name] = request.headers[name]
+    status, content_type, payload = await to_leader(
+        st, request.method, request.path_qs, body, headers
+    )
+    return web.Response(body=payload, status=status, content_type=content_type)
+
+
+async def to_leader(
+    st: ServingState,
+    method: str,
+    path_qs: str,
+    body: bytes | None,
+    headers: Mapping[str, str],
+) -> tuple[int, str, bytes]:
+    """Make one call to the leader under this replica's peer token; its status, content
+    type and body, or Unavailable (503) when it cannot be made.
+
+    The leader is reached only at `leader_url` (the leader-only Service), verified by the
+    chart's CA alone, with redirects refused, within `forward_timeout_s`; an answer that
+    its replica does not lead is tried once more (the Service may have picked a replica
+    that just lost), and a refusal of the peer token is logged and answered 503.
+    """
+    settings = st.settings
     if not settings.leader_url:
         msg = "this replica is not the leader and knows no leader address; retry"
         raise errors.Unavailable(msg, code="NotLeader")
@@ -488,25 +526,20 @@ async def forward(
     if not token:
         msg = "this replica has no peer token to reach the leader with; retry"
         raise errors.Unavailable(msg, code="NoPeerToken")
-    if body is None and request.can_read_body:
-        body = await read_body(request, settings.max_body_bytes)
-    headers = {"Authorization": f"Bearer {token}", CALLER_HEADER: auth.encode_caller(caller)}
-    for name in ("Content-Type", "Idempotency-Key"):
-        if name in request.headers:
-            headers[name] = request.headers[name]
+    sent = {**headers, "Authorization": f"Bearer {token}"}
     request_id = structlog.contextvars.get_contextvars().get("request_id")
     if request_id:  # one id in both replicas' logs
-        headers["X-Request-Id"] = str(request_id)
-    url = settings.leader_url.rstrip("/") + request.path_qs
+        sent["X-Request-Id"] = str(request_id)
+    url = settings.leader_url.rstrip("/") + path_qs
     problem = ""
     for _ in range(2):  # once more: the Service may have picked a replica that just lost
         try:
             async with st.http.request(
-                request.method, url, data=body, headers=headers, allow_redirects=False,
+                method, url, data=body, headers=sent, allow_redirects=False,
                 timeout=aiohttp.ClientTimeout(total=settings.forward_timeout_s),
             ) as resp:  # fmt: skip
                 payload = await resp.read()
-                code = _error_code(payload) if resp.status >= 400 else ""
+                code = error_code(payload) if resp.status >= 400 else ""
                 if resp.status == 503 and code == "NotLeader":
                     problem = "the replica behind the leader address does not lead"
                     continue
@@ -514,15 +547,26 @@ async def forward(
                     log.error("leader refused our peer token", body=payload[:300])
                     msg = "the leader refused this replica's peer token; retry later"
                     raise errors.Unavailable(msg, code="PeerRefused")
-                return web.Response(body=payload, status=resp.status,
-                                    content_type=resp.content_type)  # fmt: skip
+                return resp.status, resp.content_type, payload
         except (aiohttp.ClientError, TimeoutError) as err:
             problem = f"{type(err).__name__}: {err}"
     msg = f"could not reach the leader: {problem}"
     raise errors.Unavailable(msg, code="LeaderUnreachable")
 
 
-def _error_code(payload: bytes) -> str:
+def error_of(status: int, code: str, message: str, field: str = "") -> errors.ControllerError:
+    """The error of the kind `STATUS` maps to `status` (the leader's answer to a relayed
+    report, raised again here for its agent); Unavailable for a status no kind has."""
+    for kind, mapped in STATUS.items():
+        if mapped == status and kind.default_code == code:
+            return kind(message, code=code, field=field)
+    for kind, mapped in STATUS.items():
+        if mapped == status:
+            return kind(message, code=code, field=field)
+    return errors.Unavailable(message, code=code or "LeaderError", field=field)
+
+
+def error_code(payload: bytes) -> str:
     """The `error.code` of an error body, '' when it has none."""
     try:
         doc = json.loads(payload)

@@ -71,6 +71,28 @@ class ControllerSettings(pydantic_settings.BaseSettings):
     forward_timeout_s: float = pydantic.Field(default=10.0, gt=0)
     """How long a follower waits for the leader's answer before it answers 503."""
 
+    # Heartbeat relay (a follower sends the leader changes at once and liveness in batches).
+    heartbeat_relay: bool = True
+    """On a follower, relay heartbeats (a change in full at once, the agent waiting for the
+    leader's answer; a steady report as liveness in the next batch) instead of forwarding
+    each one. Off only to compare the two (bench/fleet_ingest.py)."""
+    peer_batch_interval_s: float = pydantic.Field(default=1.0, gt=0, le=60)
+    """How often a follower sends the leader its pending liveness entries (a change goes at
+    once, with whatever is pending). Must stay well below a staleAfter (3 × the agents'
+    interval): the leader sees a steady node's receipt at most this late."""
+    peer_batch_max_entries: int = pydantic.Field(default=500, ge=1, le=10_000)
+    """Entries in one batch; more are split into several requests. A batch holding only
+    liveness entries is ~150 bytes each; full 8-GPU reports ~2 KiB."""
+    peer_full_refresh_s: float = pydantic.Field(default=60.0, gt=0)
+    """A follower sends each node's full report at least this often, so the leader's GPU
+    readings (the on-call API shows them) are never older than this."""
+    peer_unreachable_after_s: float = pydantic.Field(default=5.0, gt=0)
+    """When a follower's flushes have failed this long, its agents' steady heartbeats are
+    answered 503 LeaderUnreachable (as a forward would be) instead of 202, so they see it."""
+    peer_max_body_bytes: int = pydantic.Field(default=8 * 1024 * 1024, ge=64 * 1024)
+    """Largest `POST /v1/peer/heartbeats` body the leader reads; a follower splits batches
+    below it. At least `max_body_bytes` plus 64 KiB, so one report of the largest size fits."""
+
     kubeconfig: str = ""
     """Kubeconfig path; empty means the in-cluster ServiceAccount."""
     namespace: str = "taugrid-system"
@@ -346,6 +368,17 @@ class ControllerSettings(pydantic_settings.BaseSettings):
     """A log read gives up after this long. The final capture runs before a failed attempt's
     objects are deleted and its next attempt created, so a kubelet that stops answering (a
     lost node) delays a resume by at most this; its periodic capture is what is kept then."""
+
+    @pydantic.model_validator(mode="after")
+    def _peer_body_holds_a_report(self) -> ControllerSettings:
+        """A relayed batch must have room for the largest heartbeat the controller takes."""
+        if self.peer_max_body_bytes < self.max_body_bytes + 64 * 1024:
+            msg = (
+                f"peer_max_body_bytes ({self.peer_max_body_bytes}) must be at least"
+                f" max_body_bytes ({self.max_body_bytes}) + 65536"
+            )
+            raise ValueError(msg)
+        return self
 
     @pydantic.model_validator(mode="after")
     def _check_leader_url(self) -> ControllerSettings:

@@ -137,6 +137,18 @@ class ServiceProxy:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
 
+    async def cut(self) -> dict[str, tuple[str, int]]:
+        """Cut every client off: no backend for new connections, and the relayed ones closed
+        (a client's kept-alive connection would still reach the leader otherwise). Returns
+        the backends, for `backends.update` to restore."""
+        backends, self.backends = self.backends, {}
+        for t in list(self._tasks):
+            t.cancel()
+        for t in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        return backends
+
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
         upstream = None

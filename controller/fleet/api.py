@@ -12,10 +12,14 @@ sends it to the leader for the caller it reviewed, under its own peer token
 
 from __future__ import annotations
 
+import asyncio
 import collections
+import contextlib
 import dataclasses
 import datetime as dt
+import re
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import msgspec
@@ -24,7 +28,7 @@ import structlog
 from aiohttp import web
 
 from controller import auth, errors, serving, timestamps
-from controller.fleet import actions, devices, nodes, quarantining, schemas, state
+from controller.fleet import actions, devices, nodes, quarantining, relaying, relays, schemas, state
 from controller.kube import nodes as kube_nodes
 from controller.settings import ControllerSettings
 from shared import fastheartbeat, heartbeat
@@ -41,6 +45,8 @@ class FleetContext:
     cache: kube_nodes.NodeCache
     agents: kube_nodes.AgentPods
     """The pods agent tokens are bound to: where `agentUrl` comes from."""
+    relayer: relaying.Relayer | None = None
+    """A follower's relay of heartbeats to the leader (`relay_context`); None: forward each."""
 
 
 FLEET = web.AppKey("fleet", FleetContext)
@@ -49,6 +55,7 @@ FLEET = web.AppKey("fleet", FleetContext)
 def add_routes(app: web.Application) -> None:
     """Register the fleet routes."""
     app.router.add_post("/v1/heartbeats", post_heartbeat)
+    app.router.add_post(relaying.PATH, post_peer_heartbeats)
     app.router.add_get("/v1/nodes", list_nodes)
     app.router.add_get("/v1/nodes/{name}", get_node)
     app.router.add_post("/v1/nodes/{name}/quarantine", post_quarantine)
@@ -120,14 +127,22 @@ async def post_heartbeat(request: web.Request) -> web.StreamResponse:
         if not st.elector.is_leader():
             # The leader gets the report as parsed here, for the agent reviewed here, under
             # this replica's own peer token: the agent's token stays with this replica.
-            st.metrics.heartbeats.labels("forwarded").inc()
-            return await serving.forward(request, identity, fastheartbeat.wire(hb))
+            relayer = request.app[FLEET].relayer if FLEET in request.app else None
+            if relayer is None:
+                st.metrics.heartbeats.labels("forwarded").inc()
+                return await serving.forward(request, identity, fastheartbeat.wire(hb))
+            kind = await relayer.submit(hb, identity)
+            st.metrics.heartbeats.labels("relayed").inc()
+            body = {"accepted": True, "node": hb.node_name, "sequence": hb.sequence,
+                    "relayed": kind.value}  # fmt: skip
+            return web.json_response(body, status=202)
         ctx = _ctx(request)
         url = await _agent_url(ctx, st, identity)
         if hb.agent_url != url:  # the chart's agents send the same URL: no copy then
             hb = fastheartbeat.with_agent_url(hb, url)
         before = _verdict_key(ctx.fleet.get(hb.node_name))
-        if ctx.fleet.ingest(hb, _now()) and _verdict_key(ctx.fleet.get(hb.node_name)) != before:
+        ingested = ctx.fleet.ingest(hb, _now(), pod_uid=identity.pod_uid or "")
+        if ingested and _verdict_key(ctx.fleet.get(hb.node_name)) != before:
             # Only a change of verdict, faults or boot wakes the quarantine loop at once; a
             # steady report does not, so a big fleet's heartbeats do not cost a pass each.
             ctx.quarantiner.poke()
@@ -174,6 +189,170 @@ def _verdict_key(record: state.NodeRecord | None) -> object:
     if record is None:
         return None
     return (record.verdict, record.action, record.faults, record.heartbeat.boot_id)
+
+
+# ---------------------------------------------------------------------- relayed heartbeats
+async def relay_context(app: web.Application) -> AsyncIterator[None]:
+    """Run this replica's heartbeat relay (used while it follows) for the app's lifetime;
+    after the runtime's context, whose serving state and fleet it uses."""
+    st = app[serving.SERVING]
+    if not st.settings.heartbeat_relay:
+        yield
+        return
+    relayer = relaying.Relayer(st)
+    app[FLEET].relayer = relayer
+    task = asyncio.create_task(relayer.run(), name="heartbeat-relay")
+    try:
+        yield
+    finally:
+        app[FLEET].relayer = None
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+_MSGSPEC_PATH = re.compile(r" - at `\$(?P<path>[^`]*)`\Z")
+
+
+def _decode_problem(err: msgspec.MsgspecError, where: str) -> errors.ControllerError:
+    """A msgspec refusal as a 4xx naming the field (`entries[3].report.gpus[0].uuid`)."""
+    text = str(err)
+    found = _MSGSPEC_PATH.search(text)
+    path = found.group("path") if found else ""
+    field = f"{where}{path}".lstrip(".")
+    message = text[: found.start()] if found else text
+    if isinstance(err, msgspec.ValidationError):
+        return errors.Invalid(f"{field or 'body'}: {message}", field=field or "body")
+    return errors.Malformed(f"{where or 'the body'} is not JSON: {message}", field=where or "body")
+
+
+@serving.operation(
+    "postPeerHeartbeats", tag=TAG, body=serving.Body(schemas.PeerBatch),
+    replies={200: serving.Reply("What the leader made of each entry.", schemas.PeerAnswer)},
+)  # fmt: skip
+async def post_peer_heartbeats(request: web.Request) -> web.StreamResponse:
+    """Take a follower's batch of heartbeats (controller replicas only; the leader only).
+
+    The peer token must be a controller replica's (audience `peer_audience`, the replicas'
+    ServiceAccount); anyone else is refused before the body is read. A full report is
+    checked as a direct heartbeat is, for the agent the follower reviewed; a liveness entry
+    is applied to the record of its key, or its node is named in `need`. One bad entry is
+    refused alone (`refused`), never the batch.
+    """
+    st = serving.serving_of(request)
+    await serving.peer(request)
+    if not st.elector.is_leader():
+        raise errors.Unavailable("this replica does not lead; retry", code="NotLeader")
+    ctx = _ctx(request)
+    raw = await serving.read_body(request, st.settings.peer_max_body_bytes)
+    try:
+        batch = relays.BATCH_DECODER.decode(raw)
+    except msgspec.MsgspecError as err:
+        raise _decode_problem(err, "") from err
+    if len(batch.entries) > st.settings.peer_batch_max_entries:
+        msg = (
+            f"a batch of {len(batch.entries)} entries exceeds the limit of"
+            f" {st.settings.peer_batch_max_entries} (peer_batch_max_entries)"
+        )
+        raise errors.Invalid(msg, field="entries")
+    now = _now()
+    outcomes: list[str] = []
+    need: list[str] = []
+    needed: set[str] = set()
+    """The nodes with an entry needed in full (after a failover: most of the batch)."""
+    refused: list[dict[str, Any]] = []
+    poke = False
+    for index, entry_raw in enumerate(batch.entries):
+        where = f"entries[{index}]"
+        kind = "liveness"
+        node = ""
+        try:
+            try:
+                entry = relays.ENTRY_DECODER.decode(entry_raw)
+            except msgspec.MsgspecError as err:
+                raise _decode_problem(err, where) from err
+            node = entry.node
+            kind = "liveness" if entry.report is None else "full"
+            if node in needed:
+                # A node's entries apply in order: after one the leader needs in full, the
+                # rest come again after it.
+                outcome = state.Relayed.NEED
+            else:
+                before = _verdict_key(ctx.fleet.get(entry.node))
+                outcome = await _relayed(ctx, st, entry, now)
+                poke = poke or _verdict_key(ctx.fleet.get(entry.node)) != before
+        except errors.ControllerError as err:
+            outcome = state.Relayed.REFUSED
+            field = err.field if err.field.startswith(where) else f"{where}.{err.field}"
+            refused.append({"index": index, "node": node, "status": serving.status_of(err),
+                            "code": err.code, "message": err.message,
+                            "field": field.rstrip(".")})  # fmt: skip
+        if outcome is state.Relayed.NEED and node not in needed:
+            needed.add(node)
+            need.append(node)
+        outcomes.append(outcome.value)
+        st.metrics.peer_entries.labels(kind, outcome.value).inc()
+    if poke:
+        ctx.quarantiner.poke()
+    body = {"outcomes": outcomes, "need": need, "refused": refused}
+    return web.json_response(body)
+
+
+async def _relayed(
+    ctx: FleetContext, st: serving.ServingState, entry: relays.WireEntry, now: dt.datetime
+) -> state.Relayed:
+    """Apply one entry of a follower's batch: as a direct heartbeat received when the
+    follower received it (within the skew window of now), or as liveness."""
+    s = st.settings
+    bound_ms = int(s.heartbeat_max_skew_s * 1000)
+    last_ago = min(entry.received_ago_ms, bound_ms)
+    first_ago = max(min(entry.first_ago_ms, bound_ms), last_ago)
+    last_at = now - dt.timedelta(milliseconds=last_ago)
+    first_at = now - dt.timedelta(milliseconds=first_ago)
+    if entry.report is None:
+        if entry.caller is not None:
+            raise errors.Invalid("a liveness entry carries no caller", field="caller")
+        skew = abs(entry.sent_at.timestamp() - last_at.timestamp())
+        if skew > s.heartbeat_max_skew_s:
+            msg = f"sentAt is {skew:.0f} s from its receipt; at most {s.heartbeat_max_skew_s:g}"
+            raise errors.Invalid(msg, field="sentAt")
+        return ctx.fleet.ingest_liveness(
+            entry.node, key=entry.key, boot_id=entry.boot_id, sequence=entry.sequence,
+            sent_at=entry.sent_at, first_at=first_at, last_at=last_at,
+        )  # fmt: skip
+    try:
+        hb: fastheartbeat.Report = fastheartbeat.check(entry.report)
+    except msgspec.ValidationError as err:
+        raise errors.Invalid(f"report: {err}", field="report.gpus") from err
+    for name, value, carried in (("nodeName", hb.node_name, entry.node),
+                                 ("bootId", hb.boot_id, entry.boot_id),
+                                 ("sequence", hb.sequence, entry.sequence)):  # fmt: skip
+        if value != carried:
+            msg = f"the report's {name} is not the entry's ({str(value)[:64]!r})"
+            raise errors.Invalid(msg, field=f"report.{name}")
+    if entry.caller is None:
+        raise errors.Invalid("a full report carries the agent's caller", field="caller")
+    try:
+        caller = auth.decode_caller(entry.caller)
+    except errors.Malformed as err:
+        raise errors.Invalid(err.message, field="caller") from err
+    agent = auth.agent_username(s.namespace, s.agent_service_account)
+    try:
+        auth.check_heartbeat_sender(caller, agent, hb.node_name)
+    except errors.Forbidden as err:
+        raise errors.Forbidden(err.message, field="caller") from err
+    problem = state.heartbeat_problem(
+        hb, last_at, min_interval_s=s.heartbeat_min_interval_s,
+        max_interval_s=s.heartbeat_max_interval_s, max_skew_s=s.heartbeat_max_skew_s,
+    )  # fmt: skip
+    if problem is not None:
+        raise errors.Invalid(problem[1], field=f"report.{problem[0]}")
+    url = await _agent_url(ctx, st, caller)
+    if hb.agent_url != url:
+        hb = fastheartbeat.with_agent_url(hb, url)
+    pod_uid = caller.pod_uid or ""
+    key = state.change_key(hb, pod_uid)
+    return ctx.fleet.ingest_relayed(hb, first_at, last_at, pod_uid=pod_uid, key=key)
 
 
 # ---------------------------------------------------------------------- on-call

@@ -7,14 +7,14 @@ every answer (the OpenAPI fuzzer checks the answers against them).
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 import pydantic
 from pydantic import alias_generators
 
-from controller.fleet import actions
+from controller.fleet import actions, relays
 from controller.fleet import state as fleet_state
-from shared import heartbeat
+from shared import heartbeat, patterns
 from shared import spec as specs
 
 
@@ -66,6 +66,36 @@ class ModeRequest(Wire):
     """True: decide and record, change no node."""
 
 
+class PeerEntry(Wire):
+    """One node's entry in a follower's batch (`controller.fleet.relays.WireEntry`, which
+    decodes it, is the authority; this model publishes its schema)."""
+
+    node: heartbeat.K8sName
+    key: Annotated[
+        str,
+        pydantic.StringConstraints(pattern=patterns.rust(relays.KEY_PATTERN)),
+        pydantic.Field(json_schema_extra={"pattern": patterns.schema(relays.KEY_PATTERN)}),
+    ]
+    """The report's change key (`state.change_key`)."""
+    boot_id: Annotated[str, pydantic.StringConstraints(min_length=1, max_length=64)]
+    sequence: Annotated[int, pydantic.Field(ge=0, le=heartbeat.MAX_SEQUENCE)]
+    sent_at: heartbeat.Timestamp
+    received_ago_ms: Annotated[int, pydantic.Field(ge=0, le=2**31 - 1)]
+    """How long before the batch was sent the last report it stands for reached the follower."""
+    first_ago_ms: Annotated[int, pydantic.Field(ge=0, le=2**31 - 1)]
+    """The same for the first report it coalesced."""
+    report: heartbeat.Heartbeat | None = None
+    """The full report (a change, a refresh, or what the leader needed); absent: liveness."""
+    caller: Annotated[str, pydantic.StringConstraints(min_length=1, max_length=6000)] | None = None
+    """The agent the follower reviewed, encoded as in `X-TauGrid-Caller`; with `report`."""
+
+
+class PeerBatch(Wire):
+    """Body of `POST /v1/peer/heartbeats`."""
+
+    entries: Annotated[list[PeerEntry], pydantic.Field(max_length=10_000)]
+
+
 # ---------------------------------------------------------------- answers
 class HeartbeatAccepted(Wire):
     """A heartbeat taken in (a replay of one already taken is accepted too)."""
@@ -73,6 +103,29 @@ class HeartbeatAccepted(Wire):
     accepted: bool
     node: str
     sequence: int
+    relayed: Literal["change", "liveness"] | None = None
+    """On a follower: how it relayed the report (`change`: the leader took it before this
+    answer; `liveness`: it goes in the next batch)."""
+
+
+class PeerRefusal(Wire):
+    """Why the leader refused one entry of a batch."""
+
+    index: int
+    node: str
+    status: int
+    code: str
+    message: str
+    field: str
+
+
+class PeerAnswer(Wire):
+    """What the leader made of a follower's batch, entry by entry."""
+
+    outcomes: list[fleet_state.Relayed]
+    need: list[str]
+    """Nodes whose full report the leader needs (the follower sends it at once)."""
+    refused: list[PeerRefusal]
 
 
 class QuarantineView(Wire):

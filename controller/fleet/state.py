@@ -15,8 +15,11 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import enum
+import hashlib
 from collections.abc import Iterator
 from typing import NamedTuple
+
+import msgspec
 
 from controller import timestamps
 from shared import fastheartbeat, health
@@ -115,6 +118,43 @@ def heartbeat_problem(
     return None
 
 
+def change_key(hb: fastheartbeat.Report, pod_uid: str) -> str:
+    """A short digest of everything in a report the leader's decisions depend on, but the
+    sequence, `sentAt` and the GPU readings: boot, interval, driver, DCGM, each GPU's
+    identity, verdict, action and findings, and the agent pod the report came from (so a new
+    agent pod's `agentUrl` reaches the leader). Two reports with one key make the leader
+    decide the same; a follower relays a report whose key it already delivered as a compact
+    liveness entry (`controller.fleet.relays`), and the leader checks the key against its
+    record of the node before it applies one. Same value for either form of a report."""
+    gpus = [
+        (g.index, g.uuid, g.name, g.pci_bus_id, g.verdict.value, g.action.value, [
+            (r.code, r.verdict.value, r.action.value, r.message, r.xid, r.latched,
+             r.clears_when, None if r.since is None else r.since.isoformat())
+            for r in g.reasons
+        ])
+        for g in hb.gpus
+    ]  # fmt: skip
+    parts = (hb.boot_id, float(hb.interval_s), hb.driver_version, hb.dcgm_available, pod_uid)
+    digest = hashlib.blake2b(msgspec.msgpack.encode((parts, gpus)), digest_size=8)
+    return digest.hexdigest()
+
+
+class Relayed(enum.StrEnum):
+    """What the leader made of one entry of a follower's batch (`POST /v1/peer/heartbeats`)."""
+
+    ACCEPTED = "Accepted"
+    REPLAY = "Replay"
+    """Not newer than what the leader holds (same boot, sequence and `sentAt` no later)."""
+    NEED = "Need"
+    """A liveness entry the leader cannot apply (no record, or its record has another key):
+    the follower sends the full report at once."""
+    OUTDATED = "Outdated"
+    """A liveness entry older than the leader's record, which has another key (a newer
+    report came through another replica): nothing to apply."""
+    REFUSED = "Refused"
+    """A full report refused as a direct heartbeat would be (the error says why)."""
+
+
 BAD_STATES = frozenset(
     {NodeState.DEGRADED, NodeState.FAILED, NodeState.UNKNOWN, NodeState.STALE, NodeState.MISSING}
 )
@@ -143,6 +183,11 @@ class NodeRecord:
     gpu_since: dict[str, tuple[bool, dt.datetime]] = dataclasses.field(default_factory=dict)
     """Per GPU UUID: whether its last report was healthy, and the receipt time of the first
     report of that streak (a device fenced by itself is released on its own streak)."""
+    pod_uid: str = ""
+    """The agent pod the last report's token was bound to ('' when not known)."""
+    key: str | None = None
+    """`change_key` of the last report and `pod_uid`; None until first asked for (a direct
+    heartbeat does not pay for it; a relayed liveness entry is matched against it)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -235,7 +280,14 @@ class FleetState:
         changed, self._changed = self._changed, set()
         return changed
 
-    def ingest(self, hb: fastheartbeat.Report, now: dt.datetime) -> bool:
+    def ingest(
+        self,
+        hb: fastheartbeat.Report,
+        now: dt.datetime,
+        *,
+        pod_uid: str = "",
+        key: str | None = None,
+    ) -> bool:
         """Record one heartbeat received at `now`; return False when it was a replay.
 
         A report is a replay when it comes from the same boot with a sequence number and a send
@@ -262,6 +314,8 @@ class FleetState:
                 faults=faults,
                 bad_since=None if healthy else now,
                 healthy_since=now if healthy else None,
+                pod_uid=pod_uid,
+                key=key,
             )
             _track_gpus(record.gpu_since, hb, faults, now, restart=True)
             self._records[hb.node_name] = record
@@ -298,7 +352,84 @@ class FleetState:
         old.verdict = verdict
         old.action = action
         old.faults = faults
+        old.pod_uid = pod_uid
+        old.key = key
         return True
+
+    def ingest_relayed(
+        self,
+        hb: fastheartbeat.Report,
+        first_at: dt.datetime,
+        last_at: dt.datetime,
+        *,
+        pod_uid: str,
+        key: str | None = None,
+    ) -> Relayed:
+        """Record a report a follower relayed: first received there at `first_at`, and, when
+        it coalesced later reports of the same key into it, last at `last_at`.
+
+        Ingesting at `first_at` and then moving the receipt to `last_at` is what ingesting
+        every coalesced report would have done, because the follower coalesces only reports
+        less than half a staleAfter apart (`controller.fleet.relays`): none of them would have
+        found the node stale, and a report of the same key changes nothing else.
+
+        Reports of one node can reach the leader out of the order they reached the
+        replicas (one waited in a follower's batch while a newer one came another way). A
+        relayed report of another key than the record's that reached its follower before
+        the record's report did is `OUTDATED`: it is not applied (a direct heartbeat would
+        have been superseded by the record's), whatever its boot. A receipt earlier than the
+        record's counts as the record's own, so `received_at` never goes back.
+        """
+        node = hb.node_name
+        old = self._records.get(node)
+        if key is None:
+            key = change_key(hb, pod_uid)
+        if old is not None and last_at < old.received_at and self.record_key(node) != key:
+            return Relayed.OUTDATED
+        at = first_at if old is None else max(first_at, old.received_at)
+        if not self.ingest(hb, at, pod_uid=pod_uid, key=key):
+            return Relayed.REPLAY
+        record = self._records[node]
+        record.received_at = max(record.received_at, last_at)
+        return Relayed.ACCEPTED
+
+    def record_key(self, node: str) -> str | None:
+        """The `change_key` of the node's record (computed once, then kept); None without one."""
+        record = self._records.get(node)
+        if record is None:
+            return None
+        if record.key is None:
+            record.key = change_key(record.heartbeat, record.pod_uid)
+        return record.key
+
+    def ingest_liveness(
+        self,
+        node: str,
+        *,
+        key: str,
+        boot_id: str,
+        sequence: int,
+        sent_at: dt.datetime,
+        first_at: dt.datetime,
+        last_at: dt.datetime,
+    ) -> Relayed:
+        """Apply a follower's liveness entry: a report of `node` whose key is `key`, relayed
+        without its body.
+
+        When the record holds a report of that key, that report is ingested again with only
+        its sequence and `sentAt` replaced, so every decision is the one the full report
+        would have made (its readings are the record's: a follower sends a full report at
+        least every `peer_full_refresh_s`). Otherwise the leader needs the full report
+        (`NEED`), unless the entry reached its follower before the record's report reached
+        the leader (`OUTDATED`, as in `ingest_relayed`).
+        """
+        record = self._records.get(node)
+        if record is None:
+            return Relayed.NEED
+        if self.record_key(node) != key or record.heartbeat.boot_id != boot_id:
+            return Relayed.OUTDATED if last_at < record.received_at else Relayed.NEED
+        hb = _with_beat(record.heartbeat, sequence, sent_at)
+        return self.ingest_relayed(hb, first_at, last_at, pod_uid=record.pod_uid, key=key)
 
     def gpu_streak(self, node: str, gpu_uuid: str) -> tuple[bool, dt.datetime] | None:
         """Whether the GPU's last report was healthy and since when (receipt time of the
@@ -432,6 +563,18 @@ def _summarise(
     if len(faults) > 1:
         faults.sort(key=lambda f: (-_VSEV[f.verdict], -_ASEV[f.action], f.gpu_index, f.code))
     return verdict, action, tuple(faults)
+
+
+def _with_beat(
+    hb: fastheartbeat.Report, sequence: int, sent_at: dt.datetime
+) -> fastheartbeat.Report:
+    """The same report with another sequence number and send time."""
+    if isinstance(hb, fastheartbeat.Heartbeat):
+        stamp = (
+            sent_at if isinstance(sent_at, fastheartbeat.Stamp) else fastheartbeat.stamp(sent_at)
+        )
+        return msgspec.structs.replace(hb, sequence=sequence, sent_at=stamp)
+    return hb.model_copy(update={"sequence": sequence, "sent_at": sent_at})
 
 
 def _track_gpus(

@@ -14,6 +14,8 @@ import asyncio
 import contextlib
 import dataclasses
 import datetime as dt
+import io
+import json
 import pathlib
 from collections.abc import AsyncIterator
 from typing import Any
@@ -323,3 +325,179 @@ async def test_a_lease_that_names_another_leader_url_receives_nothing(
         catcher.close()
     expected: tuple[list[Any], list[bytes]] = ([(503, ["error"]), 503] * 2, [])
     assert expected == (answers, caught)
+
+
+# ---------------------------------------------------------------------- relayed heartbeats
+async def _beat(
+    http: aiohttp.ClientSession, url: str, agent: kit.Agent, interval_s: float = 1.0
+) -> tuple[int, str | None]:
+    """One heartbeat; its status and how the replica relayed it (None: not relayed)."""
+    body = agent.report(interval_s).model_dump_json(by_alias=True)
+    async with http.post(
+        f"{url}/v1/heartbeats", data=body,
+        headers={**_bearer(agent.token), "Content-Type": "application/json"},
+    ) as resp:  # fmt: skip
+        answer = await resp.json()
+        return resp.status, answer.get("relayed")
+
+
+def _peer_entries(replica: kit.RunningController, kind: str) -> float:
+    """Entries of followers' batches this replica took, of `kind` (full, liveness)."""
+    registry = replica.serving.metrics.registry
+    return sum(
+        sample.value
+        for family in registry.collect()
+        if family.name == "taugrid_peer_heartbeat_entries"
+        for sample in family.samples
+        if sample.name.endswith("_total") and sample.labels["kind"] == kind
+    )
+
+
+async def test_a_follower_relays_changes_at_once_and_steady_beats_in_batches(
+    k8s: client.ApiClient, namespace: str, pair: Pair
+) -> None:
+    """Heartbeats sent to the follower reach the leader: the first one and a fault at once
+    (the leader holds them when the agent's 202 comes back), twenty steady ones as
+    liveness, which the leader applies within a batch interval; the follower sent the
+    leader a handful of requests for those 22 reports, and none held the agent's token."""
+    leader, follower = await pair.roles()
+    agent = kit.Agent(pair.node, await kit.agent_token(k8s, namespace, pair.node))
+    first = await _beat(pair.http, follower.url, agent)
+    took_first = leader.fleet.fleet.get(pair.node)
+    steady = [await _beat(pair.http, follower.url, agent) for _ in range(20)]
+    agent.fail(3)
+    fault = await _beat(pair.http, follower.url, agent)
+    record = leader.fleet.fleet.get(pair.node)
+    verdict_at_once = None if record is None else record.verdict.value
+    agent.heal()
+    await _beat(pair.http, follower.url, agent)  # a change too: the GPU recovered
+    for _ in range(5):
+        await _beat(pair.http, follower.url, agent)
+    relayer = follower.fleet.relayer
+    assert relayer is not None
+
+    async def caught_up() -> None:
+        got = leader.fleet.fleet.get(pair.node)
+        assert (agent.sequence, "Healthy") == (
+            got.heartbeat.sequence if got else None,
+            got.verdict.value if got else None,
+        )
+
+    await support.eventually(caught_up, what="the leader to apply the last liveness entry")
+    expected = (
+        (202, "change"), True, [(202, "liveness")] * 20, (202, "change"), "Failed", 3.0, True
+    )  # fmt: skip
+    actual = (
+        first, took_first is not None, steady, fault, verdict_at_once,
+        _peer_entries(leader, "full"), _peer_entries(leader, "liveness") >= 1,
+    )  # fmt: skip
+    assert expected == actual
+    assert relayer.batches <= 8, f"{relayer.batches} requests for {agent.sequence} heartbeats"
+    assert agent.token.encode() not in bytes(pair.proxy.relayed)
+
+
+def _agent_caller(namespace: str, node: str) -> str:
+    """The caller a follower writes for an agent bound to a pod on `node`."""
+    extra = ((auth.NODE_NAME_EXTRA, (node,)), (auth.POD_UID_EXTRA, ("uid-1",)))
+    return auth.encode_caller(
+        auth.Identity(f"system:serviceaccount:{namespace}:{kit.AGENT_SA}", extra=extra)
+    )
+
+
+def _entry(node: str, **fields: Any) -> dict[str, Any]:
+    now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return {"node": node, "key": "0" * 16, "bootId": "boot-1", "sequence": 1, "sentAt": now,
+            "receivedAgoMs": 5, "firstAgoMs": 5, **fields}  # fmt: skip
+
+
+async def test_the_peer_endpoint_takes_replicas_only_and_refuses_bad_entries_one_by_one(
+    k8s: client.ApiClient, namespace: str, pair: Pair
+) -> None:
+    """`POST /v1/peer/heartbeats` refuses anyone but a replica before reading the body (no
+    token 401, an agent's token 401, another ServiceAccount's peer token 403), a follower
+    answers 503 NotLeader, and the leader refuses a body too large (413), not JSON (400)
+    or too many entries (422 naming `entries`). In a batch, a full report for a node its
+    carried agent is not bound to (403), a malformed key (422) and a report naming another
+    node than its entry (422) are refused alone, each naming its field, while a good full
+    report is taken and a liveness entry of an unknown node is needed."""
+    leader, follower = await pair.roles()
+    agent = kit.Agent(pair.node, await kit.agent_token(k8s, namespace, pair.node))
+    stranger = await _peer_audience_token(k8s, namespace, "default")
+    peer = pair.peer_tokens[pair.replicas.index(follower)]
+    url = f"{leader.url}/v1/peer/heartbeats"
+    answers = []
+    for token, target in ((None, url), (agent.token, url), (stranger, url),
+                          (peer, f"{follower.url}/v1/peer/heartbeats")):  # fmt: skip
+        headers = _bearer(token) if token else {}
+        async with pair.http.post(target, json={"entries": []}, headers=headers) as resp:
+            answers.append((resp.status, (await resp.json())["error"]["code"]))
+    limit = leader.settings.peer_max_body_bytes
+    too_many: list[dict[str, Any]] = [{}] * (leader.settings.peer_batch_max_entries + 1)
+    bodies = [b"x" * (limit + 1), b"{not json", b'{"entries": {}}',
+              json.dumps({"entries": too_many}).encode()]  # fmt: skip
+    for body in bodies:
+        async with pair.http.post(url, data=io.BytesIO(body), headers=_bearer(peer)) as resp:
+            error = (await resp.json())["error"]
+            answers.append((resp.status, error["field"]))
+    report = agent.report().model_dump(mode="json", by_alias=True, exclude_none=True)
+    other = {**report, "nodeName": "not-this-node"}
+    caller = _agent_caller(namespace, pair.node)
+    batch = {"entries": [
+        _entry(pair.node, sequence=report["sequence"], report=report, caller=caller),
+        _entry("elsewhere", sequence=report["sequence"], report={**report, "nodeName": "elsewhere"},
+               caller=caller),
+        _entry(pair.node, key="Z" * 16),
+        _entry(pair.node, sequence=report["sequence"], report=other, caller=caller),
+        _entry("never-seen"),
+    ]}  # fmt: skip
+    async with pair.http.post(url, json=batch, headers=_bearer(peer)) as resp:
+        status, taken = resp.status, await resp.json()
+    refused = [(r["index"], r["status"], r["field"]) for r in taken["refused"]]
+    expected = (
+        [(401, "Unauthenticated"), (401, "Unauthenticated"), (403, "PeerRefused"),
+         (503, "NotLeader"), (413, ""), (400, "body"), (422, "entries"), (422, "entries")],
+        200, ["Accepted", "Refused", "Refused", "Refused", "Need"],
+        [(1, 403, "entries[1].caller"), (2, 422, "entries[2].key"),
+         (3, 422, "entries[3].report.nodeName")],
+        ["never-seen"], pair.node in leader.fleet.fleet,
+    )  # fmt: skip
+    actual = (answers, status, taken["outcomes"], refused, taken["need"],
+              pair.node in leader.fleet.fleet)  # fmt: skip
+    assert expected == actual
+
+
+async def test_steady_beats_are_answered_503_once_the_leader_is_unreachable_for_a_while(
+    k8s: client.ApiClient, namespace: str, pair: Pair
+) -> None:
+    """Cut the follower off from the leader (the leader Service's stand-in has no backend):
+    its steady beats are still answered 202 as liveness at first, then 503
+    LeaderUnreachable once its flushes have failed for `peer_unreachable_after_s`, and 202
+    again once the leader is reachable (what was held back reaches the leader)."""
+    leader, follower = await pair.roles()
+    agent = kit.Agent(pair.node, await kit.agent_token(k8s, namespace, pair.node))
+    first = await _beat(pair.http, follower.url, agent)
+    backends = await pair.proxy.cut()
+    try:
+        cut = await _beat(pair.http, follower.url, agent)
+
+        async def refused() -> None:
+            expected = (503, None)
+            assert expected == await _beat(pair.http, follower.url, agent)
+
+        await support.eventually(refused, what="steady beats answered 503", interval_s=0.5)
+    finally:
+        pair.proxy.backends.update(backends)
+
+    async def back() -> None:
+        expected = (202, "liveness")
+        assert expected == await _beat(pair.http, follower.url, agent)
+
+    await support.eventually(back, what="steady beats answered 202 again", interval_s=0.5)
+
+    async def caught_up() -> None:
+        got = leader.fleet.fleet.get(pair.node)
+        assert agent.sequence - 1 <= (got.heartbeat.sequence if got else -1)
+
+    await support.eventually(caught_up, what="the leader to take what was held back")
+    expected = ((202, "change"), (202, "liveness"))
+    assert expected == (first, cut)

@@ -639,6 +639,22 @@ def test_followers_reach_the_leader_through_the_leader_only_service_with_a_peer_
     assert expected == actual
 
 
+def test_the_heartbeat_relay_values_become_the_controllers_settings() -> None:
+    """controller.heartbeatRelay reaches the controller as the settings it reads (a large
+    byte count renders as an integer, which the setting parses)."""
+    relay = {"enabled": False, "batchIntervalS": 0.5, "batchMaxEntries": 2000,
+             "fullRefreshS": 30, "unreachableAfterS": 3, "maxBodyBytes": 16777216}  # fmt: skip
+    env = env_of(one(render({"controller": {"heartbeatRelay": relay}}), "Deployment"))
+    prefix = "TAUGRID_CONTROLLER_"
+    names = ("heartbeat_relay", "peer_batch_interval_s", "peer_batch_max_entries",
+             "peer_full_refresh_s", "peer_unreachable_after_s", "peer_max_body_bytes")  # fmt: skip
+    settings = controller_settings.ControllerSettings.model_validate(
+        {name: env[prefix + name.upper()] for name in names}
+    )
+    expected = (False, 0.5, 2000, 30.0, 3.0, 16777216)
+    assert expected == tuple(getattr(settings, name) for name in names)
+
+
 def test_the_lease_rights_name_the_configured_lease() -> None:
     """controller.leaseName moves both the setting and the Role's resourceNames."""
     docs = render({"controller": {"leaseName": "my-lease"}})

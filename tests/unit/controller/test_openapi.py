@@ -123,6 +123,7 @@ def test_bodies_and_parameters_say_what_is_validated(doc: dict[str, Any]) -> Non
         "bodies": {
             ("POST", "/v1/runs"): "#/components/schemas/TauSpec",
             ("POST", "/v1/heartbeats"): "#/components/schemas/Heartbeat",
+            ("POST", "/v1/peer/heartbeats"): "#/components/schemas/PeerBatch",
             ("POST", "/v1/runs/{namespace}/{name}/checkpoints"): "#/components/schemas/ReportBody",
             ("POST", "/v1/runs/{namespace}/{name}/resume"): "#/components/schemas/ResumeRequest",
             ("POST", "/v1/runs/{namespace}/{name}/rerun"): "#/components/schemas/RerunRequest",

@@ -58,3 +58,29 @@ def test_the_leader_is_verified_by_the_charts_ca_alone(tmp_path: pathlib.Path) -
     context = serving.peer_ssl_context(ControllerSettings(tls_ca_file=str(certs / "ca.crt")))
     expected = (1, True, ssl.CERT_REQUIRED)
     assert expected == (len(context.get_ca_certs()), context.check_hostname, context.verify_mode)
+
+
+@pytest.mark.parametrize(
+    ("values", "refused"),
+    [
+        pytest.param({}, False, id="the defaults leave room for the largest heartbeat"),
+        pytest.param({"peer_max_body_bytes": (1 << 20) + 65536}, False,
+                     id="exactly one largest heartbeat and its envelope is enough"),
+        pytest.param({"peer_max_body_bytes": 1 << 20}, True,
+                     id="a batch limit no larger than a heartbeat is refused"),
+        pytest.param({"max_body_bytes": 16 << 20}, True,
+                     id="a heartbeat limit above the batch limit is refused"),
+    ],
+)  # fmt: skip
+def test_a_relayed_batch_always_has_room_for_one_heartbeat(
+    values: dict[str, object], refused: bool
+) -> None:
+    """`peer_max_body_bytes` must hold the largest heartbeat the controller takes, or a
+    follower could never relay it."""
+    try:
+        ControllerSettings(**values)  # type: ignore[arg-type]
+        message = ""
+    except pydantic.ValidationError as err:
+        message = str(err)
+    expected = (refused, refused)
+    assert expected == (bool(message), "peer_max_body_bytes" in message)
