@@ -195,6 +195,35 @@ async def admin_token(api: client.ApiClient, namespace: str, name: str = "oncall
     return str(tr.status.token)
 
 
+@contextlib.asynccontextmanager
+async def own_fleet(
+    k8s: client.ApiClient,
+    dev: cluster.Cluster,
+    bin_dir: pathlib.Path,
+    namespace: str,
+    count: int,
+    *,
+    tag: str,
+) -> AsyncIterator[list[str]]:
+    """`count` fake GPU nodes that only this test's controller manages (labelled for its
+    namespace, named `<tag>-<namespace>-N`); deleted, with the test's RBAC, at the end."""
+    names = await asyncio.to_thread(
+        dev.ensure_nodes,
+        bin_dir,
+        count,
+        prefix=f"{tag}-{namespace}"[:50].rstrip("-") + "-",
+        labels={"taugrid.dev/test-fleet": namespace},
+    )
+    try:
+        yield names
+    finally:
+        core = client.CoreV1Api(k8s)
+        for n in names:
+            with contextlib.suppress(client.ApiException):
+                await core.delete_node(n)
+        await delete_test_rbac(k8s, namespace)
+
+
 async def delete_test_rbac(api: client.ApiClient, namespace: str) -> None:
     """Remove cluster-scoped RBAC made by `admin_token`."""
     rbac = client.RbacAuthorizationV1Api(api)

@@ -37,21 +37,8 @@ async def fleet(
     k8s: client.ApiClient, dev_cluster: cluster.Cluster, bin_dir: pathlib.Path, namespace: str
 ) -> AsyncIterator[list[str]]:
     """Three fake GPU nodes that only this test's controller manages."""
-    names = await asyncio.to_thread(
-        dev_cluster.ensure_nodes,
-        bin_dir,
-        3,
-        prefix=f"o-{namespace}"[:50].rstrip("-") + "-",
-        labels={"taugrid.dev/test-fleet": namespace},
-    )
-    try:
+    async with kit.own_fleet(k8s, dev_cluster, bin_dir, namespace, 3, tag="o") as names:
         yield names
-    finally:
-        core = client.CoreV1Api(k8s)
-        for n in names:
-            with contextlib.suppress(client.ApiException):
-                await core.delete_node(n)
-        await kit.delete_test_rbac(k8s, namespace)
 
 
 async def _condition(api: client.ApiClient, node: str) -> dict[str, Any]:

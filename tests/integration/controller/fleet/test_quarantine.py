@@ -4,7 +4,6 @@ evictions out, with the safety limits and the authentication rules of DESIGN.md 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import io
 import pathlib
 from collections.abc import AsyncIterator
@@ -29,22 +28,8 @@ async def fleet(
     k8s: client.ApiClient, dev_cluster: cluster.Cluster, bin_dir: pathlib.Path, namespace: str
 ) -> AsyncIterator[list[str]]:
     """Three fake GPU nodes that only this test's controller manages."""
-    prefix = f"f-{namespace}"[:50].rstrip("-") + "-"
-    names = await asyncio.to_thread(
-        dev_cluster.ensure_nodes,
-        bin_dir,
-        3,
-        prefix=prefix,
-        labels={"taugrid.dev/test-fleet": namespace},
-    )
-    try:
+    async with kit.own_fleet(k8s, dev_cluster, bin_dir, namespace, 3, tag="f") as names:
         yield names
-    finally:
-        core = client.CoreV1Api(k8s)
-        for n in names:
-            with contextlib.suppress(client.ApiException):
-                await core.delete_node(n)
-        await kit.delete_test_rbac(k8s, namespace)
 
 
 @pytest_asyncio.fixture

@@ -3,8 +3,6 @@ nothing, and the lease keeps being renewed first."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import pathlib
 import re
 from collections.abc import AsyncIterator
@@ -27,21 +25,8 @@ async def fleet(
     k8s: client.ApiClient, dev_cluster: cluster.Cluster, bin_dir: pathlib.Path, namespace: str
 ) -> AsyncIterator[list[str]]:
     """Six fake GPU nodes that only this test's controller manages."""
-    names = await asyncio.to_thread(
-        dev_cluster.ensure_nodes,
-        bin_dir,
-        6,
-        prefix=f"wb-{namespace}"[:50].rstrip("-") + "-",
-        labels={"taugrid.dev/test-fleet": namespace},
-    )
-    try:
+    async with kit.own_fleet(k8s, dev_cluster, bin_dir, namespace, 6, tag="wb") as names:
         yield names
-    finally:
-        core = client.CoreV1Api(k8s)
-        for n in names:
-            with contextlib.suppress(client.ApiException):
-                await core.delete_node(n)
-        await kit.delete_test_rbac(k8s, namespace)
 
 
 def _sample(text: str, family: str, cls: str) -> float:
