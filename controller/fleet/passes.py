@@ -31,6 +31,7 @@ import dataclasses
 import datetime as dt
 import heapq
 from collections.abc import Iterable, Mapping
+from typing import TypeVar
 
 from controller.fleet import actions, nodes, policy, state
 
@@ -231,3 +232,36 @@ def decide_changed(
         quarantined=quarantined,
         max_quarantined=limit,
     )
+
+
+_T = TypeVar("_T")
+
+MAX_ROUTINE_NODES = 64
+"""Nodes whose only write is a healthy GPUHealthy condition acted on in one pass."""
+
+
+def routine(todo: Iterable[object]) -> bool:
+    """Whether a node's actions only mark it healthy (nothing to fence, nothing bad to say):
+    the first pass over a fresh fleet has this for every node."""
+    todo = list(todo)
+    return bool(todo) and all(
+        isinstance(a, actions.SetCondition) and a.condition.status is nodes.ConditionStatus.TRUE
+        for a in todo
+    )
+
+
+def urgent_first(
+    by_node: Mapping[str, list[_T]], *, max_routine: int = MAX_ROUTINE_NODES
+) -> tuple[list[tuple[str, list[_T]]], int]:
+    """The nodes a pass acts on, in order, and how many it leaves for the next pass.
+
+    Every node with something other than a healthy condition to write goes, first; then at
+    most `max_routine` nodes that have only that. Without the cap the first pass over 10,000
+    nodes writes 10,000 conditions (and as many Events) before it returns, and a fault that
+    arrives meanwhile waits for the whole wave (a 58 s mean on the 10,000-node bench). A node
+    left out still has something to do, so the next pass judges it again (`Ledger.pending`)
+    and decides the same: only when it is written changes.
+    """
+    urgent = [(n, todo) for n, todo in by_node.items() if not routine(todo)]
+    routine_nodes = [(n, todo) for n, todo in by_node.items() if routine(todo)]
+    return urgent + routine_nodes[:max_routine], max(0, len(routine_nodes) - max_routine)

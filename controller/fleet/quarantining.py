@@ -305,7 +305,13 @@ class Quarantiner:
                         else:
                             await self.apply(action, now, decision)
 
-            await asyncio.gather(*(run_node(n, a) for n, a in by_node.items()))
+            todo, deferred = passes.urgent_first(by_node)
+            await asyncio.gather(*(run_node(n, a) for n, a in todo))
+            if deferred:
+                # Healthy conditions past this pass's share: the next pass (at once) writes
+                # more, and a fault meanwhile goes first.
+                log.info("healthy conditions left for the next pass", nodes=deferred)
+                self.poke()
             self._export(decision)
             self._export_devices(device)
             await self._persist()

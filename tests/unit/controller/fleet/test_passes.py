@@ -271,3 +271,43 @@ def test_a_pass_judges_only_the_nodes_whose_inputs_changed_or_whose_deadline_cam
         ledger=harness.ledger, changed=harness.world.fleet.take_changed(),
     )  # fmt: skip
     assert judged == set(harness.ledger.judged)
+
+
+def _healthy(node: str) -> actions.SetCondition:
+    return actions.SetCondition(
+        node, nodes.Condition(nodes.ConditionStatus.TRUE, "GPUsHealthy", "")
+    )
+
+
+def _bad(node: str) -> actions.SetCondition:
+    return actions.SetCondition(node, nodes.Condition(nodes.ConditionStatus.FALSE, "Xid79", "m"))
+
+
+@pytest.mark.parametrize(
+    ("by_node", "cap", "expected"),
+    [
+        pytest.param(
+            {"h1": [_healthy("h1")], "f1": [_bad("f1")], "h2": [_healthy("h2")],
+             "h3": [_healthy("h3")]},
+            2, (["f1", "h1", "h2"], 1),
+            id="a fault goes first and at most the cap of healthy conditions follow",
+        ),
+        pytest.param(
+            {"u1": [_healthy("u1"), actions.EvictGpuPods("u1", at(0), "Xid79", first=True)],
+             "h1": [_healthy("h1")]},
+            0, (["u1"], 1),
+            id="a node with more than a healthy condition to write is never left out",
+        ),
+        pytest.param(
+            {"h1": [_healthy("h1")]}, 64, (["h1"], 0),
+            id="under the cap everything goes this pass",
+        ),
+    ],
+)  # fmt: skip
+def test_a_pass_acts_on_faults_first_and_leaves_surplus_healthy_conditions_for_the_next(
+    by_node: dict[str, list[actions.Action]], cap: int, expected: tuple[list[str], int]
+) -> None:
+    """The first pass over a fresh fleet writes a healthy condition on every node; a pass
+    takes the urgent nodes first and at most `cap` of those, the rest the next pass."""
+    todo, deferred = passes.urgent_first(by_node, max_routine=cap)
+    assert expected == ([n for n, _ in todo], deferred)
