@@ -129,6 +129,7 @@ def _runtime(
             token_ttl_s=settings.token_cache_max_s,
             bound_token_ttl_s=settings.bound_token_cache_max_s,
             access_ttl_s=settings.auth_cache_ttl_s,
+            max_reviews=settings.reviews_in_flight_max,
         )
         fleet = state.FleetState(leader_since=_now(), stale_multiplier=settings.stale_multiplier)
         url = settings.advertise_url or serving.default_url(settings)

@@ -218,9 +218,13 @@ class Authenticator:
         token_ttl_s: float = 300.0,
         bound_token_ttl_s: float = 60.0,
         access_ttl_s: float = 60.0,
+        max_reviews: int = 64,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._reviewer = reviewer
+        self.max_reviews = max_reviews
+        """TokenReviews in flight at once; a token that needs one past it is answered 503."""
+        self.reviewing = 0
         self._token_ttl_s = token_ttl_s
         self._bound_token_ttl_s = bound_token_ttl_s
         self._access_ttl_s = access_ttl_s
@@ -262,7 +266,17 @@ class Authenticator:
         async def review() -> Identity | None:
             if before_review is not None:
                 before_review()
-            return await self._reviewer.review_token(token, audiences)
+            if self.reviewing >= self.max_reviews:
+                # Shed rather than queue: reviews that pile up past what the API server
+                # answers in time fail, are not cached, and are asked again by the same
+                # callers, a loop that only grows (123,230 reviews for 10,000 tokens once).
+                msg = "too many token reviews in flight on this replica; retry shortly"
+                raise errors.Unavailable(msg, code="ReviewBusy")
+            self.reviewing += 1
+            try:
+                return await self._reviewer.review_token(token, audiences)
+            finally:
+                self.reviewing -= 1
 
         identity = await self.tokens.get(key, review, ttl)
         if identity is None:

@@ -193,6 +193,10 @@ class ControllerSettings(pydantic_settings.BaseSettings):
     unauthenticated caller can make the API server do. Tokens already reviewed cost nothing."""
     review_burst_per_source: int = pydantic.Field(default=20, ge=1)
     """How many such reviews a source address may cause at once before the rate applies."""
+    reviews_in_flight_max: int = pydantic.Field(default=64, ge=1)
+    """TokenReviews this replica has in flight at once; a caller whose token needs one past
+    it is answered 503 `ReviewBusy` at once and retries, rather than queueing reviews the API
+    server cannot answer in time (they would fail, go uncached and be asked again)."""
     max_body_bytes: int = pydantic.Field(default=1 << 20, gt=0)
     """Request bodies above this are refused with 413 (DESIGN.md section 4: 1 MiB)."""
     handler_timeout_s: float = pydantic.Field(default=30.0, gt=0)

@@ -297,3 +297,22 @@ async def test_cached_answers_expire_spread_out_never_later(
         await cache.get("token", load, lambda _v: 100.0)
         reloaded.append(len(loads) == 2)
     assert expected == reloaded
+
+
+async def test_reviews_past_the_cap_are_shed_not_queued() -> None:
+    """With two reviews in flight and a cap of two, a third token is answered 503
+    `ReviewBusy` at once (nothing asked); once those answer it is reviewed and cached."""
+    tokens = {f"t{i}": auth.Identity(f"user-{i}") for i in range(3)}
+    reviewer = CountingReviewer(tokens, set())
+    reviewer.gate = asyncio.Event()
+    a = auth.Authenticator(reviewer, max_reviews=2, clock=Clock())
+    held = [asyncio.create_task(a.authenticate(f"Bearer t{i}")) for i in range(2)]
+    await asyncio.sleep(0)
+    with pytest.raises(errors.Unavailable) as refused:
+        await a.authenticate("Bearer t2")
+    asked_while_busy = reviewer.token_reviews
+    reviewer.gate.set()
+    await asyncio.gather(*held)
+    third = await a.authenticate("Bearer t2")
+    expected = ("ReviewBusy", 2, "user-2", 0)
+    assert expected == (refused.value.code, asked_while_busy, third.username, a.reviewing)
