@@ -47,6 +47,8 @@ class World:
     oncall: str
     agent: str
     """A projected token (audience `taugrid`) bound to a pod on `node`."""
+    peer: str
+    """A replica's peer token: the controller ServiceAccount's, audience `taugrid-peer`."""
     node: str
     run: str
     """A run of researcher A in namespace A, really created."""
@@ -102,6 +104,29 @@ async def _namespace(api: client.ApiClient, name: str) -> None:
     await support.eventually(support.not_found_is_not_yet(default_sa), what=f"default SA in {name}")
 
 
+async def _peer_token(api: client.ApiClient, namespace: str, node: str) -> str:
+    """A token of the replicas' ServiceAccount (`taugrid-controller`) for the peer audience,
+    bound to a replica pod of its own on `node` (KWOK runs it), as a replica's projected
+    volume holds it."""
+    core = client.CoreV1Api(api)
+    sa = "taugrid-controller"
+    await core.create_namespaced_service_account(namespace, {"metadata": {"name": sa}})
+    pod = await core.create_namespaced_pod(namespace, {
+        "metadata": {"name": "replica"},
+        "spec": {"nodeName": node, "serviceAccountName": sa,
+                 "tolerations": [{"operator": "Exists"}],
+                 "containers": [{"name": "controller",
+                                 "image": "taugrid/controller@sha256:" + "4" * 64}]},
+    })  # fmt: skip
+    spec = {
+        "audiences": ["taugrid-peer"], "expirationSeconds": 3600,
+        "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": "replica",
+                           "uid": pod.metadata.uid},
+    }  # fmt: skip
+    tr = await core.create_namespaced_service_account_token(sa, namespace, {"spec": spec})
+    return str(tr.status.token)
+
+
 @contextlib.asynccontextmanager
 async def world(
     api: client.ApiClient,
@@ -130,6 +155,7 @@ async def world(
             labels={"taugrid.dev/test-fleet": ns_a},
         )  # fmt: skip
         agent = await controllerkit.agent_token(api, ns_a, names[0])
+        peer = await _peer_token(api, ns_a, names[0])
         values: dict[str, Any] = {
             "run_pass_interval_s": 0.5,
             "run_manager": f"test/{ns_a}",
@@ -148,7 +174,7 @@ async def world(
         yield World(
             controller=ctl, http=http, api=api, ns_a=ns_a, ns_b=ns_b,
             researcher_a=researcher_a, researcher_b=researcher_b, stranger=stranger,
-            oncall=oncall, agent=agent, node=names[0], run=run,
+            oncall=oncall, agent=agent, peer=peer, node=names[0], run=run,
             run_token=await runskit.run_token(api, ns_a, run),
         )  # fmt: skip
     finally:

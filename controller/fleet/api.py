@@ -236,7 +236,8 @@ async def post_peer_heartbeats(request: web.Request) -> web.StreamResponse:
     The peer token must be a controller replica's (audience `peer_audience`, the replicas'
     ServiceAccount); anyone else is refused before the body is read. A full report is
     checked as a direct heartbeat is, for the agent the follower reviewed; a liveness entry
-    is applied to the record of its key, or its node is named in `need`. One bad entry is
+    is applied to the record of its key, or its node is named in `need`. An entry the schema
+    refuses refuses the batch (422 naming it); a well-formed entry that is not acceptable is
     refused alone (`refused`), never the batch.
     """
     st = serving.serving_of(request)
@@ -255,6 +256,22 @@ async def post_peer_heartbeats(request: web.Request) -> web.StreamResponse:
             f" {st.settings.peer_batch_max_entries} (peer_batch_max_entries)"
         )
         raise errors.Invalid(msg, field="entries")
+    # An entry that is not one (the schema) refuses the batch, 422 naming it: no replica of
+    # this version sends one. What is refused alone is an entry that is well formed but not
+    # acceptable (its agent, its times), as a direct heartbeat would be.
+    entries: list[relays.WireEntry] = []
+    for index, entry_raw in enumerate(batch.entries):
+        try:
+            entry = relays.ENTRY_DECODER.decode(entry_raw)
+        except msgspec.MsgspecError as err:
+            raise _decode_problem(err, f"entries[{index}]") from err
+        if entry.report is not None:
+            try:
+                fastheartbeat.check(entry.report)
+            except msgspec.ValidationError as err:
+                where = f"entries[{index}].report"
+                raise errors.Invalid(f"{where}: {err}", field=f"{where}.gpus") from err
+        entries.append(entry)
     now = _now()
     outcomes: list[str] = []
     need: list[str] = []
@@ -262,15 +279,11 @@ async def post_peer_heartbeats(request: web.Request) -> web.StreamResponse:
     """The nodes with an entry needed in full (after a failover: most of the batch)."""
     refused: list[dict[str, Any]] = []
     poke = False
-    for index, entry_raw in enumerate(batch.entries):
+    for index, entry in enumerate(entries):
         where = f"entries[{index}]"
         kind = "liveness"
         node = ""
         try:
-            try:
-                entry = relays.ENTRY_DECODER.decode(entry_raw)
-            except msgspec.MsgspecError as err:
-                raise _decode_problem(err, where) from err
             node = entry.node
             kind = "liveness" if entry.report is None else "full"
             if node in needed:
@@ -320,10 +333,7 @@ async def _relayed(
             entry.node, key=entry.key, boot_id=entry.boot_id, sequence=entry.sequence,
             sent_at=entry.sent_at, first_at=first_at, last_at=last_at,
         )  # fmt: skip
-    try:
-        hb: fastheartbeat.Report = fastheartbeat.check(entry.report)
-    except msgspec.ValidationError as err:
-        raise errors.Invalid(f"report: {err}", field="report.gpus") from err
+    hb: fastheartbeat.Report = entry.report  # checked with the batch
     for name, value, carried in (("nodeName", hb.node_name, entry.node),
                                  ("bootId", hb.boot_id, entry.boot_id),
                                  ("sequence", hb.sequence, entry.sequence)):  # fmt: skip

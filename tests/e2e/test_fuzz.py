@@ -73,6 +73,7 @@ CREDENTIALS = {
         "setFleetMode",
     ),
     "agent": ("postHeartbeat",),
+    "peer": ("postPeerHeartbeats",),
 }  # fmt: skip
 """Which credential each authenticated operation is fuzzed with."""
 
