@@ -266,11 +266,16 @@ async def post_peer_heartbeats(request: web.Request) -> web.StreamResponse:
         except msgspec.MsgspecError as err:
             raise _decode_problem(err, f"entries[{index}]") from err
         if entry.report is not None:
+            where = f"entries[{index}].report"
             try:
                 fastheartbeat.check(entry.report)
             except msgspec.ValidationError as err:
-                where = f"entries[{index}].report"
                 raise errors.Invalid(f"{where}: {err}", field=f"{where}.gpus") from err
+            # The interval range is the published schema's too (the Heartbeat component).
+            low, high = st.settings.heartbeat_min_interval_s, st.settings.heartbeat_max_interval_s
+            if not low <= entry.report.interval_s <= high:
+                msg = f"{where}.intervalS: must lie within [{low:g}, {high:g}] s"
+                raise errors.Invalid(msg, field=f"{where}.intervalS")
         entries.append(entry)
     now = _now()
     outcomes: list[str] = []
