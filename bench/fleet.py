@@ -57,12 +57,6 @@ def _rss_mb(pid: int) -> float:
     return float("nan")
 
 
-def _metric(text: str, name: str) -> float:
-    """A family's sample in the controller's /metrics, summed over its labels."""
-    pattern = rf"^{re.escape(name)}(?:\{{[^}}]*\}})? (\S+)$"
-    return sum(float(v) for v in re.findall(pattern, text, re.MULTILINE))
-
-
 class Generator:
     """One heartbeat per agent per interval, each at its own phase, open loop."""
 
@@ -178,13 +172,13 @@ async def run(args: argparse.Namespace) -> None:
             async with http.get(f"{url}/metrics") as r:
                 m1 = await r.text()
             beats = sent1 - sent0
-            passes = _metric(m1, "taugrid_quarantine_pass_seconds_count") - _metric(
+            passes = fleetkit.metric(m1, "taugrid_quarantine_pass_seconds_count") - fleetkit.metric(
                 m0, "taugrid_quarantine_pass_seconds_count"
             )
-            pass_s = _metric(m1, "taugrid_quarantine_pass_seconds_sum") - _metric(
+            pass_s = fleetkit.metric(m1, "taugrid_quarantine_pass_seconds_sum") - fleetkit.metric(
                 m0, "taugrid_quarantine_pass_seconds_sum"
             )
-            judged = _metric(m1, "taugrid_quarantine_pass_nodes_sum") - _metric(
+            judged = fleetkit.metric(m1, "taugrid_quarantine_pass_nodes_sum") - fleetkit.metric(
                 m0, "taugrid_quarantine_pass_nodes_sum"
             )
             out.update({

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import pathlib
+import re
 import statistics
 import sys
 from typing import Any
@@ -84,3 +85,11 @@ def pct(values: list[float], q: int) -> float:
     if len(values) < 2:
         return float("nan")
     return statistics.quantiles(values, n=100, method="inclusive")[q - 1] * 1000
+
+
+def metric(text: str, name: str, labels: str = "") -> float:
+    """A family's samples in a controller's /metrics text, summed over their labels (only the
+    sample whose label set is exactly `{labels}` when given); 0 when absent."""
+    where = re.escape("{" + labels + "}") if labels else r"(?:\{[^}]*\})?"
+    pattern = rf"^{re.escape(name)}{where} (\S+)$"
+    return sum(float(v) for v in re.findall(pattern, text, re.MULTILINE))

@@ -82,16 +82,11 @@ async def _watch_taints(
 async def _settled(http: aiohttp.ClientSession, url: str, total: int) -> None:
     """Wait until every node's heartbeat was taken and no write waits for the budget (the
     fleet's first TokenReviews, 1,500 at 100/s, must not be the storm's queue)."""
-    import re
-
     for _ in range(300):
         async with http.get(f"{url}/metrics") as r:
             text = await r.text()
-        taken = re.search(
-            r'^taugrid_heartbeats_total\{outcome="accepted"\} (\S+)$', text, re.MULTILINE
-        )
-        waiting = re.search(r"^taugrid_api_writes_waiting (\S+)$", text, re.MULTILINE)
-        if taken and float(taken.group(1)) >= total and waiting and float(waiting.group(1)) == 0:
+        taken = fleetkit.metric(text, "taugrid_heartbeats_total", 'outcome="accepted"')
+        if taken >= total and fleetkit.metric(text, "taugrid_api_writes_waiting") == 0:
             await asyncio.sleep(2)
             return
         await asyncio.sleep(0.1)
@@ -100,11 +95,9 @@ async def _settled(http: aiohttp.ClientSession, url: str, total: int) -> None:
 def _say_costs(metrics: str) -> None:
     """Where the controller's time went: passes, the fault-to-action time it measured, and
     the writes that waited for the API write budget."""
-    import re
 
-    def total(name: str) -> float:
-        pattern = rf"^{re.escape(name)}(?:\{{[^}}]*\}})? (\S+)$"
-        return sum(float(v) for v in re.findall(pattern, metrics, re.MULTILINE))
+    def total(name: str, labels: str = "") -> float:
+        return fleetkit.metric(metrics, name, labels)
 
     passes = total("taugrid_quarantine_pass_seconds_count")
     pass_ms = 1000 * total("taugrid_quarantine_pass_seconds_sum") / max(passes, 1)
@@ -113,10 +106,9 @@ def _say_costs(metrics: str) -> None:
     print(f"  controller: {passes:.0f} passes, mean {pass_ms:.0f} ms; fault->action mean "
           f"{action_ms:.0f} ms; budget waits {total('taugrid_api_write_wait_seconds_sum'):.1f} s"
           f" over {total('taugrid_api_writes_total'):.0f} writes")  # fmt: skip
-    for cls, n in re.findall(
-        r'^taugrid_api_writes_total\{class="(\w+)"\} (\S+)$', metrics, re.MULTILINE
-    ):
-        print(f"    {cls}: {float(n):.0f} writes")
+    for cls in ("lease", "review", "node", "run", "event", "eviction"):
+        if n := total("taugrid_api_writes_total", f'class="{cls}"'):
+            print(f"    {cls}: {n:.0f} writes")
 
 
 async def _trial_run(
