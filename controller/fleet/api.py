@@ -272,10 +272,12 @@ async def post_peer_heartbeats(request: web.Request) -> web.StreamResponse:
             except msgspec.ValidationError as err:
                 raise errors.Invalid(f"{where}: {err}", field=f"{where}.gpus") from err
             # The interval range is the published schema's too (the Heartbeat component).
-            low, high = st.settings.heartbeat_min_interval_s, st.settings.heartbeat_max_interval_s
-            if not low <= entry.report.interval_s <= high:
-                msg = f"{where}.intervalS: must lie within [{low:g}, {high:g}] s"
-                raise errors.Invalid(msg, field=f"{where}.intervalS")
+            problem = state.interval_problem(
+                entry.report, min_interval_s=st.settings.heartbeat_min_interval_s,
+                max_interval_s=st.settings.heartbeat_max_interval_s,
+            )  # fmt: skip
+            if problem is not None:
+                raise errors.Invalid(f"{where}: {problem}", field=f"{where}.intervalS")
         entries.append(entry)
     now = _now()
     outcomes: list[str] = []

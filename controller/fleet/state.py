@@ -84,6 +84,19 @@ class NodeState(enum.StrEnum):
     """No heartbeat yet, and the leader is still inside its warm-up: no judgement."""
 
 
+def interval_problem(
+    hb: fastheartbeat.Report, *, min_interval_s: float, max_interval_s: float
+) -> str | None:
+    """Why a heartbeat's `intervalS` lies outside the range this controller accepts (the
+    published schema's range too); None when it does not."""
+    if min_interval_s <= hb.interval_s <= max_interval_s:
+        return None
+    return (
+        f"intervalS {hb.interval_s:g} is outside {min_interval_s:g}..{max_interval_s:g} s,"
+        " the range this controller accepts (agent.heartbeatIntervalS in the chart)"
+    )
+
+
 def heartbeat_problem(
     hb: fastheartbeat.Report,
     now: dt.datetime,
@@ -99,12 +112,9 @@ def heartbeat_problem(
     the receive time `now`, since replays are told apart by it. The sequence's bound (int64)
     is the wire schema's.
     """
-    if not min_interval_s <= hb.interval_s <= max_interval_s:
-        msg = (
-            f"intervalS {hb.interval_s:g} is outside {min_interval_s:g}..{max_interval_s:g} s,"
-            " the range this controller accepts (agent.heartbeatIntervalS in the chart)"
-        )
-        return "intervalS", msg
+    problem = interval_problem(hb, min_interval_s=min_interval_s, max_interval_s=max_interval_s)
+    if problem is not None:
+        return "intervalS", problem
     if hb.sent_at.tzinfo is None:
         return "sentAt", "sentAt must carry a time zone (RFC 3339, e.g. 2026-01-01T00:00:00Z)"
     skew = (hb.sent_at - now).total_seconds()
