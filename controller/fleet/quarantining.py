@@ -306,7 +306,8 @@ class Quarantiner:
                             await self.apply(action, now, decision)
 
             todo, deferred = passes.urgent_first(by_node)
-            await asyncio.gather(*(run_node(n, a) for n, a in todo))
+            for wave in passes.fencing_first(todo):
+                await asyncio.gather(*(run_node(n, a) for n, a in wave))
             if deferred:
                 # Healthy conditions past this pass's share: the next pass (at once) writes
                 # more, and a fault meanwhile goes first.
