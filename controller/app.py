@@ -131,6 +131,10 @@ def _runtime(
             access_ttl_s=settings.auth_cache_ttl_s,
             max_reviews=settings.reviews_in_flight_max,
         )
+        # The install namespace's pods, watched: agent IPs, and deletions that retire the
+        # tokens bound to them (so those are not re-reviewed every bound_token_cache_max_s).
+        agents = kube_nodes.AgentPods(api, settings.namespace, on_gone=authn.forget_pod)
+        authn.pod_alive = agents.alive
         fleet = state.FleetState(leader_since=_now(), stale_multiplier=settings.stale_multiplier)
         url = settings.advertise_url or serving.default_url(settings)
         lease_store = leases.KubeLeaseStore(
@@ -243,7 +247,6 @@ def _runtime(
             st.peer_token = kubetoken.FileToken(pathlib.Path(settings.peer_token_file))
         st.readiness.append(cache.synced.is_set)
         app[serving.SERVING] = st
-        agents = kube_nodes.AgentPods(api, settings.namespace)
         app[fleet_api.FLEET] = fleet_api.FleetContext(fleet, quarantiner, cache, agents)
         app[runs_context.RUNS] = runs_context.RunsContext(
             kube_runs.RunStore(callers, streams=streams), reconciler, keeper
@@ -252,6 +255,7 @@ def _runtime(
         labels = [asyncio.create_task(mark.run(), name="leader-label") for mark in marks_]
         tasks = [
             asyncio.create_task(cache.run(), name="node-cache"),
+            asyncio.create_task(agents.run(), name="install-namespace-pods"),
             asyncio.create_task(device_cache.run(), name="device-cache"),
             asyncio.create_task(elector.run(), name="elector"),
             asyncio.create_task(quarantiner.run(), name="quarantine"),

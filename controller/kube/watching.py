@@ -42,15 +42,23 @@ class Watched:
         *,
         kind: str,
         on_change: Callable[[], None] = lambda: None,
+        on_delete: Callable[[dict[str, Any]], None] = lambda _obj: None,
+        key: Callable[[dict[str, Any]], str] = key_of,
         retry_s: float = 1.0,
     ) -> None:
         self._list_call = list_call
         self._trim = trim
         self.kind = kind
         self._on_change = on_change
+        self._on_delete = on_delete
+        """Called with the trimmed object when it is gone: a DELETED event, or a relist
+        without it (deleted while the watch was down)."""
+        self._key = key
         self._retry_s = retry_s
         self.items: dict[str, dict[str, Any]] = {}
         self.synced = asyncio.Event()
+        self.lists = 0
+        """LISTs made: one at start, one after each watch failure."""
 
     def values(self) -> list[dict[str, Any]]:
         """Every object, as a list (a copy: safe to keep across awaits)."""
@@ -68,8 +76,11 @@ class Watched:
                 await asyncio.sleep(self._retry_s)
 
     async def _list(self) -> str:
+        self.lists += 1
         data = await _api.read_json(await self._list_call(_preload_content=False))
-        self.items = {key_of(o): self._trim(o) for o in data.get("items") or []}
+        old, self.items = self.items, {self._key(o): self._trim(o) for o in data.get("items") or []}
+        for gone in old.keys() - self.items.keys():
+            self._on_delete(old[gone])
         self.synced.set()
         self._on_change()
         return str(data["metadata"]["resourceVersion"])
@@ -93,9 +104,10 @@ class Watched:
                     if kind == "BOOKMARK":
                         continue
                     if kind == "DELETED":
-                        self.items.pop(key_of(obj), None)
+                        if (gone := self.items.pop(self._key(obj), None)) is not None:
+                            self._on_delete(gone)
                     else:
-                        self.items[key_of(obj)] = self._trim(obj)
+                        self.items[self._key(obj)] = self._trim(obj)
                     self._on_change()
 
 
