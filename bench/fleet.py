@@ -227,7 +227,10 @@ async def _measure(
     out["fault_missed"] = len(trials) - len(lat)
     victims = names[args.trials : args.trials + args.burst]
     if victims:
-        await qbench._settled(http, url, 0)  # the trials' writes are done
+        await qbench._settled(http, url, 0)  # the trials' writes are done, and the budget's
+        await asyncio.sleep(args.write_burst / args.rate)  # bucket full again, as in a fleet
+        async with http.get(f"{url}/metrics") as r:  # that has been reporting for a while
+            m0 = await r.text()
         for v in victims:
             agents[v].fail(0)
         t = time.perf_counter()
@@ -239,6 +242,12 @@ async def _measure(
         out["burst_p50_ms"] = fleetkit.pct(got, 50)
         out["burst_p99_ms"] = fleetkit.pct(got, 99)
         out["burst_missed"] = len(victims) - len(got)
+        async with http.get(f"{url}/metrics") as r:
+            m1 = await r.text()
+        waited = delta("taugrid_api_write_wait_seconds_sum", 'class="node"')
+        out["burst_node_writes_budget_wait_mean_ms"] = (
+            1000 * waited / max(delta("taugrid_api_write_wait_seconds_count", 'class="node"'), 1)
+        )
     out["refused"] = gen.refused - refused
     out["late"] = gen.late - late
     async with http.get(f"{url}/metrics") as r:
