@@ -47,6 +47,10 @@ server here took 200 node patches at 87/s 16 at a time and 147/s 64 at a time
 (`bench/nodepatch.py`); the lease has a pool of its own, so these never delay a renewal."""
 
 
+MAX_BEHIND_NODES = 32
+"""Nodes whose writes after the fences (`_finish`) go on at once, beside the next fences."""
+
+
 class Quarantiner:
     """Owns the breaker state and the pass loop."""
 
@@ -105,6 +109,13 @@ class Quarantiner:
         self.wake = asyncio.Event()
         self._skips_logged: set[tuple[str, str]] = set()
         self._lock = asyncio.Lock()
+        self._fence_slots = asyncio.Semaphore(MAX_PARALLEL_NODES)
+        self._rest_slots = asyncio.Semaphore(MAX_BEHIND_NODES)
+        self._behind: set[asyncio.Task[None]] = set()
+        """Passes' writes after their fences, still going (`_finish`)."""
+        self._busy: dict[str, asyncio.Task[None]] = {}
+        """Nodes with such writes, and the task writing: a pass leaves them alone (a node's
+        writes stay in order; each is computed from what the one before returned)."""
         self.on_quarantine: list[Callable[[str], None]] = []
         """Called with the node's name after it is put in (or escalated within) quarantine:
         the run reconciler ends the attempts on a node whose GPU failed at once."""
@@ -159,7 +170,7 @@ class Quarantiner:
                 failures=lambda loop: self.metrics.pass_failures.labels(loop).inc(),
             )  # fmt: skip
         finally:
-            for task in list(self._records):
+            for task in [*self._records, *self._behind]:
                 task.cancel()
 
     def _ready(self) -> bool:
@@ -296,20 +307,19 @@ class Quarantiner:
                 by_node[node].append(action)
             for step in device.actions if device else ():
                 by_node[getattr(step, "node", "")].append(step)
-            sem = asyncio.Semaphore(MAX_PARALLEL_NODES)
-
-            async def run_node(node: str, todo: list[actions.Action | DeviceStep]) -> None:
-                async with sem:
-                    for action in todo:
-                        if isinstance(action, actions.FenceDevice | actions.UnfenceDevice
-                                      | actions.SkippedDevice):  # fmt: skip
-                            await self.apply_device(action, now)
-                        else:
-                            await self.apply(action, now, decision)
-
+            for busy in self._busy.keys() & by_node.keys():
+                del by_node[busy]  # its last pass's writes are still going; judged again after
             todo, deferred = passes.urgent_first(by_node)
-            for wave in passes.fencing_first(todo):
-                await asyncio.gather(*(run_node(n, a) for n, a in wave))
+            fence, rest = passes.fencing_first(todo)
+            await self._run_wave(fence, now, decision, self._fence_slots)
+            if rest:
+                # The rest (conditions, updates, evictions) goes on while the next pass
+                # fences: a fault arriving now does not wait for this pass's conditions.
+                task = asyncio.create_task(self._finish(rest, now, decision))
+                for node, _ in rest:
+                    self._busy[node] = task
+                self._behind.add(task)
+                task.add_done_callback(self._finished)
             if deferred:
                 # Healthy conditions past this pass's share: the next pass (at once) writes
                 # more, and a fault meanwhile goes first.
@@ -321,6 +331,51 @@ class Quarantiner:
             self.metrics.pass_seconds.observe(time.perf_counter() - started)
             due = [d for d in (decision.next_deadline, device and device.next_deadline) if d]
             return min(due) if due else None
+
+    async def _run_wave(
+        self,
+        wave: list[tuple[str, list[actions.Action | DeviceStep]]],
+        now: dt.datetime,
+        decision: actions.Decision,
+        slots: asyncio.Semaphore,
+    ) -> None:
+        async def run_node(todo: list[actions.Action | DeviceStep]) -> None:
+            async with slots:
+                for action in todo:
+                    if isinstance(action, actions.FenceDevice | actions.UnfenceDevice
+                                  | actions.SkippedDevice):  # fmt: skip
+                        await self.apply_device(action, now)
+                    else:
+                        await self.apply(action, now, decision)
+
+        await asyncio.gather(*(run_node(todo) for _, todo in wave))
+
+    async def _finish(
+        self,
+        rest: list[tuple[str, list[actions.Action | DeviceStep]]],
+        now: dt.datetime,
+        decision: actions.Decision,
+    ) -> None:
+        """A pass's writes after its fences, in the background; a failure costs those
+        writes (the next pass decides them again), never the loop."""
+        try:
+            await self._run_wave(rest, now, decision, self._rest_slots)
+        except leading.NotLeaderError:
+            log.warning("pass_lost_lease", loop="quarantine")
+        except Exception:
+            log.exception("pass_failed", loop="quarantine")
+            self.metrics.pass_failures.labels("quarantine").inc()
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self._behind.discard(task)
+        for node in [n for n, t in self._busy.items() if t is task]:
+            del self._busy[node]
+        self.poke()  # its nodes are judged again, on what the writes left
+
+    async def settle(self) -> None:
+        """Wait until the writes passes left in the background are done."""
+        while self._behind:
+            await asyncio.gather(*self._behind, return_exceptions=True)
 
     def durable_state(self) -> dict[str, str]:
         """What must survive a failover: the breaker and the runtime dry-run switch."""
