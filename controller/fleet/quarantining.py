@@ -116,6 +116,8 @@ class Quarantiner:
         self._busy: dict[str, asyncio.Task[None]] = {}
         """Nodes with such writes, and the task writing: a pass leaves them alone (a node's
         writes stay in order; each is computed from what the one before returned)."""
+        self._waiting: set[str] = set()
+        """Busy nodes a pass had something for: a pass is due when their writes end."""
         self.on_quarantine: list[Callable[[str], None]] = []
         """Called with the node's name after it is put in (or escalated within) quarantine:
         the run reconciler ends the attempts on a node whose GPU failed at once."""
@@ -308,7 +310,8 @@ class Quarantiner:
             for step in device.actions if device else ():
                 by_node[getattr(step, "node", "")].append(step)
             for busy in self._busy.keys() & by_node.keys():
-                del by_node[busy]  # its last pass's writes are still going; judged again after
+                del by_node[busy]  # its last pass's writes are still going: judged again
+                self._waiting.add(busy)  # when they are through
             todo, deferred = passes.urgent_first(by_node)
             fence, rest = passes.fencing_first(todo)
             await self._run_wave(fence, now, decision, self._fence_slots)
@@ -317,7 +320,8 @@ class Quarantiner:
                 # fences: a fault arriving now does not wait for this pass's conditions.
                 task = asyncio.create_task(self._finish(rest, now, decision))
                 for node, _ in rest:
-                    self._busy[node] = task
+                    if node:  # "": the breaker's Events, which never hold anything up
+                        self._busy[node] = task
                 self._behind.add(task)
                 task.add_done_callback(self._finished)
             if deferred:
@@ -368,9 +372,14 @@ class Quarantiner:
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         self._behind.discard(task)
-        for node in [n for n, t in self._busy.items() if t is task]:
+        done = [n for n, t in self._busy.items() if t is task]
+        for node in done:
             del self._busy[node]
-        self.poke()  # its nodes are judged again, on what the writes left
+        if self._waiting.intersection(done):
+            # A pass left these alone meanwhile: judge them again now. (Only then: a pass
+            # after every eviction round would retry a PodDisruptionBudget's 429 at once.)
+            self._waiting.difference_update(done)
+            self.poke()
 
     async def settle(self) -> None:
         """Wait until the writes passes left in the background are done."""

@@ -102,3 +102,24 @@ async def _two_faults(
         [("a", "fence"), ("b", "fence"), ("b", "condition"), ("a", "condition")],
     )
     assert expected == (before_release, writer.log)
+
+
+async def test_only_writes_a_pass_had_to_leave_alone_ask_for_another_pass() -> None:
+    """When a node's background writes end, a pass is asked for only if a pass skipped the
+    node meanwhile: asking after every round would retry, say, an eviction a
+    PodDisruptionBudget refused in a tight loop."""
+    async with client.ApiClient() as api:
+        q, writer, fleet = _quarantiner(api)
+        _fail(fleet, "a", at(0))
+        await q.run_pass()
+        q.wake.clear()
+        await q.settle()
+        alone = q.wake.is_set()
+        writer.held.add("b")
+        _fail(fleet, "b", at(0))
+        await q.run_pass()
+        await q.run_pass()  # b is busy: left alone
+        q.wake.clear()
+        writer.release.set()
+        await q.settle()
+        assert (alone, q.wake.is_set()) == (False, True)
