@@ -109,11 +109,11 @@ def _runtime(
         run_ca = read_run_ca(settings)
         # Five clients, five pools (review H2): the lease and the leader label on one of their
         # own, so no storm of our own writes delays a renewal; the node cache and the node
-        # writes on one that nothing a caller does can fill, as large as the passes' writes
-        # in flight (fences, and the writes after them) plus the watch; the loops and the
-        # reviews on another; researchers' reads and writes on a fourth; log streams, which
-        # hold a connection while they last, on a fifth as large as the stream cap.
-        # One API write budget for all five: what protects the API server is the replica's
+        # writes on one that nothing a caller does can fill, as large as a pass's writes in
+        # flight (quarantining.MAX_PARALLEL_NODES); the loops and the reviews on another;
+        # researchers' reads and writes on a fourth; log streams, which hold a connection
+        # while they last, on a fifth as large as the stream cap.
+        # One API write budget for all four: what protects the API server is the replica's
         # total, served lease first (controller.budget).
         m = metrics.make_metrics()
         limiter = ratelimit.Limiter(write_rates(settings), observe=functools.partial(_seen, m))
@@ -123,9 +123,7 @@ def _runtime(
             kube_client.make_client, settings.kubeconfig, timeout_s=timeout_s, limiter=limiter
         )
         lease_api = await make(pool=4)
-        control = await make(
-            pool=quarantining.MAX_PARALLEL_NODES + quarantining.MAX_BEHIND_NODES + 4
-        )
+        control = await make(pool=quarantining.MAX_PARALLEL_NODES + 4)  # + the node watch
         api, callers = await make(pool=64), await make(pool=32)
         streams = await make(pool=settings.log_streams_max)
         clients = (lease_api, control, api, callers, streams)

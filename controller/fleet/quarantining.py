@@ -47,10 +47,6 @@ server here took 200 node patches at 87/s 16 at a time and 147/s 64 at a time
 (`bench/nodepatch.py`); the lease has a pool of its own, so these never delay a renewal."""
 
 
-MAX_BEHIND_NODES = 32
-"""Nodes whose writes after the fences (`_finish`) go on at once, beside the next fences."""
-
-
 class Quarantiner:
     """Owns the breaker state and the pass loop."""
 
@@ -109,15 +105,6 @@ class Quarantiner:
         self.wake = asyncio.Event()
         self._skips_logged: set[tuple[str, str]] = set()
         self._lock = asyncio.Lock()
-        self._fence_slots = asyncio.Semaphore(MAX_PARALLEL_NODES)
-        self._rest_slots = asyncio.Semaphore(MAX_BEHIND_NODES)
-        self._behind: set[asyncio.Task[None]] = set()
-        """Passes' writes after their fences, still going (`_finish`)."""
-        self._busy: dict[str, asyncio.Task[None]] = {}
-        """Nodes with such writes, and the task writing: a pass leaves them alone (a node's
-        writes stay in order; each is computed from what the one before returned)."""
-        self._waiting: set[str] = set()
-        """Busy nodes a pass had something for: a pass is due when their writes end."""
         self.on_quarantine: list[Callable[[str], None]] = []
         """Called with the node's name after it is put in (or escalated within) quarantine:
         the run reconciler ends the attempts on a node whose GPU failed at once."""
@@ -172,7 +159,7 @@ class Quarantiner:
                 failures=lambda loop: self.metrics.pass_failures.labels(loop).inc(),
             )  # fmt: skip
         finally:
-            for task in [*self._records, *self._behind]:
+            for task in list(self._records):
                 task.cancel()
 
     def _ready(self) -> bool:
@@ -309,21 +296,20 @@ class Quarantiner:
                 by_node[node].append(action)
             for step in device.actions if device else ():
                 by_node[getattr(step, "node", "")].append(step)
-            for busy in self._busy.keys() & by_node.keys():
-                del by_node[busy]  # its last pass's writes are still going: judged again
-                self._waiting.add(busy)  # when they are through
+            sem = asyncio.Semaphore(MAX_PARALLEL_NODES)
+
+            async def run_node(node: str, todo: list[actions.Action | DeviceStep]) -> None:
+                async with sem:
+                    for action in todo:
+                        if isinstance(action, actions.FenceDevice | actions.UnfenceDevice
+                                      | actions.SkippedDevice):  # fmt: skip
+                            await self.apply_device(action, now)
+                        else:
+                            await self.apply(action, now, decision)
+
             todo, deferred = passes.urgent_first(by_node)
-            fence, rest = passes.fencing_first(todo)
-            await self._run_wave(fence, now, decision, self._fence_slots)
-            if rest:
-                # The rest (conditions, updates, evictions) goes on while the next pass
-                # fences: a fault arriving now does not wait for this pass's conditions.
-                task = asyncio.create_task(self._finish(rest, now, decision))
-                for node, _ in rest:
-                    if node:  # "": the breaker's Events, which never hold anything up
-                        self._busy[node] = task
-                self._behind.add(task)
-                task.add_done_callback(self._finished)
+            for wave in passes.fencing_first(todo):
+                await asyncio.gather(*(run_node(n, a) for n, a in wave))
             if deferred:
                 # Healthy conditions past this pass's share: the next pass (at once) writes
                 # more, and a fault meanwhile goes first.
@@ -335,56 +321,6 @@ class Quarantiner:
             self.metrics.pass_seconds.observe(time.perf_counter() - started)
             due = [d for d in (decision.next_deadline, device and device.next_deadline) if d]
             return min(due) if due else None
-
-    async def _run_wave(
-        self,
-        wave: list[tuple[str, list[actions.Action | DeviceStep]]],
-        now: dt.datetime,
-        decision: actions.Decision,
-        slots: asyncio.Semaphore,
-    ) -> None:
-        async def run_node(todo: list[actions.Action | DeviceStep]) -> None:
-            async with slots:
-                for action in todo:
-                    if isinstance(action, actions.FenceDevice | actions.UnfenceDevice
-                                  | actions.SkippedDevice):  # fmt: skip
-                        await self.apply_device(action, now)
-                    else:
-                        await self.apply(action, now, decision)
-
-        await asyncio.gather(*(run_node(todo) for _, todo in wave))
-
-    async def _finish(
-        self,
-        rest: list[tuple[str, list[actions.Action | DeviceStep]]],
-        now: dt.datetime,
-        decision: actions.Decision,
-    ) -> None:
-        """A pass's writes after its fences, in the background; a failure costs those
-        writes (the next pass decides them again), never the loop."""
-        try:
-            await self._run_wave(rest, now, decision, self._rest_slots)
-        except leading.NotLeaderError:
-            log.warning("pass_lost_lease", loop="quarantine")
-        except Exception:
-            log.exception("pass_failed", loop="quarantine")
-            self.metrics.pass_failures.labels("quarantine").inc()
-
-    def _finished(self, task: asyncio.Task[None]) -> None:
-        self._behind.discard(task)
-        done = [n for n, t in self._busy.items() if t is task]
-        for node in done:
-            del self._busy[node]
-        if self._waiting.intersection(done):
-            # A pass left these alone meanwhile: judge them again now. (Only then: a pass
-            # after every eviction round would retry a PodDisruptionBudget's 429 at once.)
-            self._waiting.difference_update(done)
-            self.poke()
-
-    async def settle(self) -> None:
-        """Wait until the writes passes left in the background are done."""
-        while self._behind:
-            await asyncio.gather(*self._behind, return_exceptions=True)
 
     def durable_state(self) -> dict[str, str]:
         """What must survive a failover: the breaker and the runtime dry-run switch."""
