@@ -22,7 +22,8 @@ import datetime as dt
 import functools
 import pathlib
 import ssl
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any
 
 import aiohttp
 import structlog
@@ -139,6 +140,7 @@ def _runtime(
         )  # fmt: skip
         holder: list[quarantining.Quarantiner] = []
         marks_: list[leading.LeaderMark] = []
+        run_caches = _WhileLeading("run-caches")
 
         async def started() -> None:
             fleet.become_leader(_now())
@@ -147,11 +149,13 @@ def _runtime(
             holder[0].poke()
             for mark in marks_:
                 mark.poke()
+            run_caches.start()
 
         async def stopped() -> None:
             log.warning("stopped leading", identity=elector.identity)
             for mark in marks_:
                 mark.poke()
+            await run_caches.stop()
 
         elector = leading.Elector(
             lease_store, serving.make_identity(settings), url,
@@ -233,6 +237,9 @@ def _runtime(
             keep_logs=keeper.keep_final,
             dra=quarantiner.dra_render,  # fleet -> runs: how GPUs are requested now
         )  # fmt: skip
+        # The reconciler's lists come from watch-fed caches while this replica leads (only
+        # the leader reconciles); each change pokes it (coalesced, passes spaced).
+        run_caches.run = functools.partial(store.run_caches, on_change=reconciler.poke)
         if settings.run_urgent_resume:
             quarantiner.on_quarantine.append(reconciler.urgent)
         else:
@@ -280,6 +287,7 @@ def _runtime(
             for t in tasks:
                 with contextlib.suppress(asyncio.CancelledError):
                     await t
+            await run_caches.stop()
             for recorder in (quarantiner.writer.events, admission_store.events):
                 await recorder.flush(2.0)  # Events still queued, before their client closes
             await http.close()
@@ -287,3 +295,27 @@ def _runtime(
                 await c.close()
 
     return ctx
+
+
+class _WhileLeading:
+    """A background task that runs only while this replica leads (started and stopped by
+    the elector's callbacks), such as the run reconciler's caches."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.run: Callable[[], Coroutine[Any, Any, None]] | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """Start the task unless it runs already."""
+        if self.run is not None and (self._task is None or self._task.done()):
+            self._task = asyncio.create_task(self.run(), name=self.name)
+
+    async def stop(self) -> None:
+        """Cancel the task and wait for it to end."""
+        task, self._task = self._task, None
+        if task is None:
+            return
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
