@@ -42,8 +42,6 @@ NODE_METADATA_WATCH = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v
 """Accept header of a metadata-only watch (each event's object is one PartialObjectMetadata)."""
 NODE_ANNOTATIONS = (marks.QUARANTINED_BY_ANNOTATION, marks.QUARANTINE_ANNOTATION)
 """The node annotations the reconciler reads (`views.node_facts`): all the node cache keeps."""
-LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
-"""kubectl's copy of what it applied: never read, so never cached."""
 CACHED_KUEUE = ("workloads", "localqueues", "workloadpriorityclasses")
 """The Kueue plurals the reconciler lists every pass, served from caches."""
 MAX_MESSAGE_CHARS = 600
@@ -99,17 +97,6 @@ def refusal(err: client.ApiException, kind: str) -> errors.ControllerError:
     return errors.Unavailable(msg, code="APIServerError")
 
 
-def trim_object(raw: dict[str, Any]) -> dict[str, Any]:
-    """A cached object without what no reader of ours parses: `metadata.managedFields` and
-    kubectl's last-applied copy (together often most of an object's bytes)."""
-    meta = dict(raw.get("metadata") or {})
-    meta.pop("managedFields", None)
-    annotations = meta.get("annotations")
-    if annotations and LAST_APPLIED in annotations:
-        meta["annotations"] = {k: v for k, v in annotations.items() if k != LAST_APPLIED}
-    return {**raw, "metadata": meta}
-
-
 def trim_node(raw: dict[str, Any]) -> dict[str, Any]:
     """A node as the reconciler reads it: its name and quarantine annotations, nothing else
     (so a node's other changes, its heartbeats among them, change nothing a reader sees)."""
@@ -120,10 +107,11 @@ def trim_node(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 def _kind_trim(kind: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
-    """`trim_object`, stamping the kind (a list's items carry none; readers index by it)."""
+    """`watching.trim_object`, stamping the kind (a list's items carry none; readers
+    index by it)."""
 
     def trim(raw: dict[str, Any]) -> dict[str, Any]:
-        return {**trim_object(raw), "kind": kind}
+        return {**watching.trim_object(raw), "kind": kind}
 
     return trim
 
@@ -145,7 +133,7 @@ class RunStore:
         custom = self._custom
         labelled = marks.RUN_LABEL
         self.runs = self._cache(functools.partial(custom.list_cluster_custom_object, *TAURUN),
-                                trim_object, "tauruns")  # fmt: skip
+                                watching.trim_object, "tauruns")  # fmt: skip
         self.labelled = {
             "Job": self._cache(functools.partial(
                 self._batch.list_job_for_all_namespaces, label_selector=labelled),
@@ -161,7 +149,7 @@ class RunStore:
         self.kueue = {
             plural: self._cache(
                 functools.partial(custom.list_cluster_custom_object, *KUEUE, plural),
-                trim_object,
+                watching.trim_object,
                 plural,
             )
             for plural in CACHED_KUEUE

@@ -36,6 +36,21 @@ ListCall = Callable[..., Awaitable[Any]]
 with what it selects bound (`functools.partial`)."""
 
 
+LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+"""kubectl's copy of what it applied: never read, so never cached."""
+
+
+def trim_object(raw: dict[str, Any]) -> dict[str, Any]:
+    """A cached object without what no reader of ours parses: `metadata.managedFields` and
+    kubectl's last-applied copy (together often most of an object's bytes)."""
+    meta = dict(raw.get("metadata") or {})
+    meta.pop("managedFields", None)
+    annotations = meta.get("annotations")
+    if annotations and LAST_APPLIED in annotations:
+        meta["annotations"] = {k: v for k, v in annotations.items() if k != LAST_APPLIED}
+    return {**raw, "metadata": meta}
+
+
 def key_of(obj: dict[str, Any]) -> str:
     """`namespace/name` (just `name` for a cluster-scoped object)."""
     meta = obj.get("metadata") or {}

@@ -128,7 +128,7 @@ async def test_a_label_selected_cache_holds_only_the_objects_carrying_the_label(
     core = client.CoreV1Api(k8s)
     cache = watching.Watched(
         functools.partial(core.list_namespaced_config_map, namespace, label_selector="sel"),
-        runs.trim_object, kind="configmaps",
+        watching.trim_object, kind="configmaps",
     )  # fmt: skip
 
     def body(name: str, labels: dict[str, str]) -> dict[str, Any]:
@@ -228,7 +228,7 @@ async def test_a_kind_the_api_server_does_not_serve_is_cached_as_none(
             "absent.taugrid.dev", "v1", "nones", **kwargs
         )
 
-    cache = watching.Watched(list_absent, runs.trim_object, kind="nones", absent_retry_s=0.05)
+    cache = watching.Watched(list_absent, watching.trim_object, kind="nones", absent_retry_s=0.05)
     task = asyncio.create_task(cache.run())
     try:
 
@@ -312,3 +312,36 @@ async def test_the_node_metadata_cache_keeps_names_and_quarantine_annotations(
             assert node_name not in store.nodes.items
 
         await support.eventually(deleted, what="the deleted node gone from the cache")
+
+
+async def test_the_gate_reads_kueue_objects_from_caches_and_is_poked_by_them(
+    k8s: client.ApiClient, namespace: str
+) -> None:
+    """Once synced, the gate's ClusterQueues come from its cache: a created ClusterQueue is
+    listed, a change to it pokes the gate, and its delete takes it out."""
+    store = admission.AdmissionStore(k8s)
+    custom = client.CustomObjectsApi(k8s)
+    pokes: list[None] = []
+    name = f"cq-{namespace}"[:63]
+    async with running(lambda: store.run_caches(on_change=lambda: pokes.append(None))):
+        for cache in store.kueue.values():
+            await asyncio.wait_for(cache.synced.wait(), 30)
+        synced = len(pokes)
+        await custom.create_cluster_custom_object(
+            *kueue.KUEUE, "clusterqueues", kueue.cluster_queue(name, namespace, gpus=1)
+        )
+        try:
+
+            async def added() -> None:
+                listed = await store.list_kueue("clusterqueues")
+                assert name in {o["metadata"]["name"] for o in listed}
+                assert len(pokes) > synced
+
+            await support.eventually(added, what="the ClusterQueue listed, the gate poked")
+        finally:
+            await custom.delete_cluster_custom_object(*kueue.KUEUE, "clusterqueues", name)
+
+        async def deleted() -> None:
+            assert name not in store.kueue["clusterqueues"].items
+
+        await support.eventually(deleted, what="the deleted ClusterQueue gone from the cache")
