@@ -14,7 +14,10 @@ store's caches where the checkout has them (and waits for them to sync), runs on
 pass and then `--passes` passes back to back, and reports per pass: wall time, the worker's
 CPU time, and the requests its API client sent (counted in `ApiClient.request`; the caches'
 long-lived watches are counted apart). Every run is steady (Running, nothing to write), so
-a pass's requests are its reads.
+a pass's requests are its reads. Last, this checkout's worker runs the reconciler's loop
+(poked by its caches) for `--churn-s` while it annotates the run pods as fast as one client
+can, and reports the pokes and passes that storm cost (a wake storm would be a pass per
+poke).
 
 The worker runs one checkout's code in its own process: it is this file run by path, and it
 imports nothing but `controller` (the checkout's) and kubernetes_asyncio.
@@ -52,7 +55,7 @@ class _Elector:
         return None
 
 
-async def _worker(kubeconfig: str, manager: str, passes: int) -> dict[str, Any]:
+async def _worker(kubeconfig: str, manager: str, passes: int, churn_s: float) -> dict[str, Any]:
     # Imported here: the checkout under test's `controller`, from the worker's PYTHONPATH.
     from controller import metrics
     from controller.kube import client as kube_client
@@ -79,10 +82,16 @@ async def _worker(kubeconfig: str, manager: str, passes: int) -> dict[str, Any]:
     )  # fmt: skip
     caches = None
     sync_s = 0.0
+    pokes = [0]
+
+    def poke() -> None:
+        pokes[0] += 1
+        reconciler.poke()
+
     run_caches = getattr(store, "run_caches", None)
     if run_caches is not None:
         started = time.perf_counter()
-        caches = asyncio.create_task(run_caches())
+        caches = asyncio.create_task(run_caches(on_change=poke))
         while not store.synced:
             await asyncio.sleep(0.01)
         sync_s = time.perf_counter() - started
@@ -99,12 +108,58 @@ async def _worker(kubeconfig: str, manager: str, passes: int) -> dict[str, Any]:
             "requests": {k: v - before.get(k, 0) for k, v in counts.items() if v != before.get(k)},
         })  # fmt: skip
     runs = len([r for r in await store.list_runs() if reconciler.manages(r)])
+    churn = None
+    if caches is not None and churn_s:
+        churn = await _churn(store, reconciler, kubeconfig, churn_s, pokes)
     if caches is not None:
         caches.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await caches
     await api.close()
-    return {"runs": runs, "sync_s": sync_s, "at_sync": at_sync, "passes": rows}
+    return {"runs": runs, "sync_s": sync_s, "at_sync": at_sync, "passes": rows, "churn": churn}
+
+
+async def _churn(
+    store: Any, reconciler: Any, kubeconfig: str, seconds: float, pokes: list[int]
+) -> dict[str, Any]:
+    """The reconciler's loop (`run`, poked by its caches) for `seconds` while the run pods
+    are annotated as fast as one client can: how many passes the storm costs."""
+    ns_prefix = "bench-runpass-"
+    from kubernetes_asyncio import client
+
+    from controller.kube import client as kube_client
+
+    pokes_before = pokes[0]
+    passes = 0
+    pass_once = reconciler.pass_once
+
+    async def counted_pass() -> Any:
+        nonlocal passes
+        passes += 1
+        return await pass_once()
+
+    reconciler.pass_once = counted_pass
+    loop = asyncio.create_task(reconciler.run())
+    writer = await kube_client.make_client(kubeconfig, pool=16, timeout_s=30.0)
+    core = client.CoreV1Api(writer)
+    pods = [key.split("/") for key in store.labelled["Pod"].items if key.startswith(ns_prefix)]
+    patches = 0
+    started = time.monotonic()
+    while time.monotonic() - started < seconds:
+        batch = pods[patches % len(pods) :][:16]
+        await asyncio.gather(*(
+            core.patch_namespaced_pod(name, ns, {"metadata": {"annotations": {
+                "bench.example/churn": str(patches + i)}}})
+            for i, (ns, name) in enumerate(batch)
+        ))  # fmt: skip
+        patches += len(batch)
+    elapsed = time.monotonic() - started
+    loop.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await loop
+    await writer.close()
+    return {"seconds": elapsed, "patches": patches, "pokes": pokes[0] - pokes_before,
+            "passes": passes}  # fmt: skip
 
 
 # ---------------------------------------------------------------------- the setup
@@ -157,11 +212,13 @@ async def _setup(ns: str, runs: int) -> tuple[Any, Any]:
     return api, dev
 
 
-def _measure(checkout: pathlib.Path, kubeconfig: str, manager: str, passes: int) -> Any:
+def _measure(
+    checkout: pathlib.Path, kubeconfig: str, manager: str, passes: int, churn_s: float = 0.0
+) -> Any:
     env = {**os.environ, "PYTHONPATH": str(checkout)}
     out = subprocess.run(
         [sys.executable, str(HERE / "bench" / "runpass.py"), "--worker", kubeconfig, manager,
-         str(passes)],
+         str(passes), str(churn_s)],
         env=env, cwd=checkout, capture_output=True, text=True, check=False,
     )  # fmt: skip
     if out.returncode != 0:
@@ -197,12 +254,15 @@ async def _main(args: argparse.Namespace) -> None:
     manager = f"bench/{ns}"
     results: dict[str, list[dict[str, Any]]] = {"before": [], "after": []}
     try:
-        for _ in range(args.rounds):
+        for i in range(args.rounds):
             if args.before is not None:
                 results["before"].append(
                     _measure(args.before, str(dev.kubeconfig), manager, args.passes)
                 )
-            results["after"].append(_measure(HERE, str(dev.kubeconfig), manager, args.passes))
+            churn_s = args.churn_s if i == args.rounds - 1 else 0.0
+            results["after"].append(
+                _measure(HERE, str(dev.kubeconfig), manager, args.passes, churn_s)
+            )
     finally:
         await kueue.delete_queues(api, ns)
         await client.CoreV1Api(api).delete_namespace(ns, propagation_policy="Background")
@@ -220,18 +280,26 @@ async def _main(args: argparse.Namespace) -> None:
             f"\npass time: caches/lists = {after[1] / before[1]:.3f}; requests per pass:"
             f" {before[2]:.1f} → {after[2]:.1f}"
         )
+    churn = results["after"][-1]["churn"]
+    if churn:
+        took = churn["seconds"]
+        print(f"\nchurn: {churn['patches']} run-pod patches in {took:.1f} s"
+              f" ({churn['patches'] / took:.0f}/s): {churn['pokes']} pokes,"
+              f" {churn['passes']} passes ({churn['passes'] / took:.2f}/s)")  # fmt: skip
 
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
         sys.path.pop(0)  # bench/ itself: its modules must not shadow anything
         kubeconfig, manager, passes = sys.argv[2], sys.argv[3], int(sys.argv[4])
-        print(json.dumps(asyncio.run(_worker(kubeconfig, manager, passes))))
+        print(json.dumps(asyncio.run(_worker(kubeconfig, manager, passes, float(sys.argv[5])))))
         sys.exit(0)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--passes", type=int, default=30)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--churn-s", type=float, default=10.0,
+                        help="then annotate run pods this long (this checkout only)")  # fmt: skip
     parser.add_argument("--before", type=pathlib.Path, default=None,
                         help="a checkout (/work/main) whose reconciler lists")  # fmt: skip
     asyncio.run(_main(parser.parse_args()))

@@ -166,13 +166,17 @@ class Watched:
     async def _list(self) -> str:
         data = await _api.read_json(await self._list_call(_preload_content=False))
         rv = str(data["metadata"]["resourceVersion"])
-        self.items = {key_of(o): self._trim(o) for o in data.get("items") or []}
+        self.listed(data.get("items") or [], rv)
+        return rv
+
+    def listed(self, items: list[dict[str, Any]], rv: str) -> None:
+        """Hold what a list returned at `rv` (everything else is forgotten): synced."""
+        self.items = {key_of(o): self._trim(o) for o in items}
         self._noted = {}
         self._rv = int(rv) if rv.isdigit() else None
         self.absent = False
         self.synced.set()
         self._on_change()
-        return rv
 
     def _put(self, key: str, obj: dict[str, Any]) -> None:
         trimmed = self._trim(obj)
@@ -196,15 +200,17 @@ class Watched:
                     if kind == "ERROR":
                         return  # 410 Gone and friends: relist
                     rv = obj.get("metadata", {}).get("resourceVersion", rv)
-                    self._rv = int(rv) if str(rv).isdigit() else None
-                    if kind != "BOOKMARK":
-                        self._apply(str(kind), obj)
+                    self.event(str(kind), obj)
 
-    def _apply(self, kind: str, obj: dict[str, Any]) -> None:
+    def event(self, kind: str, obj: dict[str, Any]) -> None:
+        """Apply one watch event (ADDED, MODIFIED, DELETED or BOOKMARK) to `items`."""
+        rv = version_of(obj)
+        self._rv = rv
+        if kind == "BOOKMARK":
+            return
         key = key_of(obj)
         noted = self._noted.get(key)
         if noted is not None:
-            rv = version_of(obj)
             if rv is not None and rv < noted:
                 return  # older than our own write, which is shown already
             del self._noted[key]
