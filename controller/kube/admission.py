@@ -100,11 +100,10 @@ class AdmissionStore:
         self.nodes = watching.Watched(self._core.list_node, trim_node, kind="nodes")
         self.pods = watching.Watched(self._core.list_pod_for_all_namespaces, trim_pod, kind="pods")
         self._on_change: Callable[[], None] = lambda: None
-        list_custom = self._custom.list_cluster_custom_object
         self.kueue = {
             plural: watching.Watched(
-                functools.partial(list_custom, *KUEUE, plural), watching.trim_object,
-                kind=plural, on_change=self._changed,
+                functools.partial(self._custom.list_cluster_custom_object, *KUEUE, plural),
+                watching.trim_object, kind=plural, on_change=self._changed,
             )
             for plural in CACHED_KUEUE
         }  # fmt: skip
@@ -115,8 +114,9 @@ class AdmissionStore:
                                   label_selector=marks.RUN_LABEL),
                 trim_owner, kind="run jobs (labels)"),
             "RayJob": watching.Watched(
-                functools.partial(list_custom, *RAYJOB, label_selector=marks.RUN_LABEL),
-                trim_owner, kind="run rayjobs (labels)"),
+                functools.partial(self._custom.list_cluster_custom_object, *RAYJOB,
+                                  label_selector=marks.RUN_LABEL),
+                trim_owner, kind="run rayjobs (labels)", optional=True),
         }  # fmt: skip
 
     def _changed(self) -> None:

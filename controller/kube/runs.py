@@ -130,17 +130,18 @@ class RunStore:
         self._logs = client.CoreV1Api(streams or api)
         self._visibility_down_until = 0.0
         self._on_change: Callable[[], None] = lambda: None
-        custom = self._custom
         labelled = marks.RUN_LABEL
-        self.runs = self._cache(functools.partial(custom.list_cluster_custom_object, *TAURUN),
-                                watching.trim_object, "tauruns")  # fmt: skip
+        self.runs = self._cache(
+            functools.partial(self._custom.list_cluster_custom_object, *TAURUN),
+            watching.trim_object, "tauruns",
+        )  # fmt: skip
         self.labelled = {
             "Job": self._cache(functools.partial(
                 self._batch.list_job_for_all_namespaces, label_selector=labelled),
                 _kind_trim("Job"), "run jobs"),
             "RayJob": self._cache(functools.partial(
-                custom.list_cluster_custom_object, *RAYJOB, label_selector=labelled),
-                _kind_trim("RayJob"), "run rayjobs"),
+                self._custom.list_cluster_custom_object, *RAYJOB, label_selector=labelled),
+                _kind_trim("RayJob"), "run rayjobs", optional=True),
             "Pod": self._cache(functools.partial(
                 self._core.list_pod_for_all_namespaces, label_selector=labelled),
                 _kind_trim("Pod"), "run pods"),
@@ -148,9 +149,10 @@ class RunStore:
         """The objects carrying `marks.RUN_LABEL`, by kind."""
         self.kueue = {
             plural: self._cache(
-                functools.partial(custom.list_cluster_custom_object, *KUEUE, plural),
+                functools.partial(self._custom.list_cluster_custom_object, *KUEUE, plural),
                 watching.trim_object,
                 plural,
+                optional=plural == "workloadpriorityclasses",  # without: resumes go unboosted
             )
             for plural in CACHED_KUEUE
         }
@@ -158,9 +160,14 @@ class RunStore:
         self._caches = [self.runs, *self.labelled.values(), *self.kueue.values(), self.nodes]
 
     def _cache(
-        self, call: watching.ListCall, trim: Callable[[dict[str, Any]], dict[str, Any]], kind: str
+        self,
+        call: watching.ListCall,
+        trim: Callable[[dict[str, Any]], dict[str, Any]],
+        kind: str,
+        *,
+        optional: bool = False,
     ) -> watching.Watched:
-        return watching.Watched(call, trim, kind=kind, on_change=self._changed)
+        return watching.Watched(call, trim, kind=kind, on_change=self._changed, optional=optional)
 
     def _changed(self) -> None:
         self._on_change()

@@ -9,8 +9,10 @@ big cluster's pods cost a few hundred bytes each.
 The list call is any kubernetes_asyncio list call, bound with `functools.partial` to what
 it selects (`partial(list_job_for_all_namespaces, label_selector=...)`, a custom object's
 `partial(list_cluster_custom_object, group, version, plural)`): the cache calls it once to
-list and again with `watch=True`. A kind the API server does not serve (a CRD that is not
-installed: 404) is served as empty and synced, and asked for again every `absent_retry_s`.
+list and again with `watch=True`. An `optional` kind the API server does not serve (a CRD
+that is not installed: 404) or that we may not read (403: the chart grants no RayJobs
+without Ray) is served as empty and synced, and asked for again every `absent_retry_s`; any
+other kind's error is retried every `retry_s`, unsynced, so readers list (and see it).
 
 Our own writes can be shown before the watch brings them (`note`), so a reader never acts
 twice on a copy older than what it wrote itself.
@@ -76,6 +78,7 @@ class Watched:
         kind: str,
         on_change: Callable[[], None] = lambda: None,
         retry_s: float = 1.0,
+        optional: bool = False,
         absent_retry_s: float = 30.0,
     ) -> None:
         self._list_call = list_call
@@ -83,11 +86,13 @@ class Watched:
         self.kind = kind
         self._on_change = on_change
         self._retry_s = retry_s
+        self._optional = optional
         self._absent_retry_s = absent_retry_s
         self.items: dict[str, dict[str, Any]] = {}
         self.synced = asyncio.Event()
         self.absent = False
-        """The API server does not serve this kind (404): served as empty."""
+        """An optional kind the API server does not serve, or will not show us (404, 403):
+        served as empty."""
         self._rv: int | None = None
         """The resourceVersion the watch has reached (None: not a number, or not listed)."""
         self._noted: dict[str, int] = {}
@@ -144,8 +149,8 @@ class Watched:
             except asyncio.CancelledError:
                 raise
             except client.ApiException as err:
-                if err.status == 404:
-                    self._serve_absent()
+                if self._optional and err.status in {403, 404}:
+                    self._serve_absent(err.status)
                     await asyncio.sleep(self._absent_retry_s)
                     continue
                 error: Exception = err
@@ -154,9 +159,10 @@ class Watched:
             log.warning("watch failed; relisting", kind=self.kind, error=str(error))
             await asyncio.sleep(self._retry_s)
 
-    def _serve_absent(self) -> None:
+    def _serve_absent(self, status: int) -> None:
         if not self.absent:
-            log.info("kind not served; caching none", kind=self.kind)
+            log.info("optional kind not served or not permitted; caching none",
+                     kind=self.kind, status=status)  # fmt: skip
         changed = bool(self.items) or not self.synced.is_set()
         self.items, self._noted, self._rv, self.absent = {}, {}, None, True
         self.synced.set()
