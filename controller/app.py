@@ -22,8 +22,7 @@ import datetime as dt
 import functools
 import pathlib
 import ssl
-from collections.abc import AsyncIterator, Callable, Coroutine
-from typing import Any
+from collections.abc import AsyncIterator, Callable
 
 import aiohttp
 import structlog
@@ -140,7 +139,7 @@ def _runtime(
         )  # fmt: skip
         holder: list[quarantining.Quarantiner] = []
         marks_: list[leading.LeaderMark] = []
-        run_caches = _WhileLeading("run-caches")
+        run_caches = leading.WhileLeading("run-caches")
 
         async def started() -> None:
             fleet.become_leader(_now())
@@ -297,27 +296,3 @@ def _runtime(
                 await c.close()
 
     return ctx
-
-
-class _WhileLeading:
-    """A background task that runs only while this replica leads (started and stopped by
-    the elector's callbacks), such as the run reconciler's caches."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.run: Callable[[], Coroutine[Any, Any, None]] | None = None
-        self._task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        """Start the task unless it runs already."""
-        if self.run is not None and (self._task is None or self._task.done()):
-            self._task = asyncio.create_task(self.run(), name=self.name)
-
-    async def stop(self) -> None:
-        """Cancel the task and wait for it to end."""
-        task, self._task = self._task, None
-        if task is None:
-            return
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
