@@ -97,6 +97,18 @@ def refusal(err: client.ApiException, kind: str) -> errors.ControllerError:
     return errors.Unavailable(msg, code="APIServerError")
 
 
+def trim_run(raw: dict[str, Any]) -> dict[str, Any]:
+    """A TauRun as the reconciler and the log keeper read it: `watching.trim_object`, and
+    without `status.results` (the pods' reports: up to most of a run's bytes), which they
+    never read (`records.read(..., results=False)`); the results collector reads the run
+    fresh (`get_run`)."""
+    out = watching.trim_object(raw)
+    status = out.get("status")
+    if isinstance(status, dict) and "results" in status:
+        out["status"] = {k: v for k, v in status.items() if k != "results"}
+    return out
+
+
 def trim_node(raw: dict[str, Any]) -> dict[str, Any]:
     """A node as the reconciler reads it: its name and quarantine annotations, nothing else
     (so a node's other changes, its heartbeats among them, change nothing a reader sees)."""
@@ -133,7 +145,7 @@ class RunStore:
         labelled = marks.RUN_LABEL
         self.runs = self._cache(
             functools.partial(self._custom.list_cluster_custom_object, *TAURUN),
-            watching.trim_object, "tauruns",
+            trim_run, "tauruns",
         )  # fmt: skip
         self.labelled = {
             "Job": self._cache(functools.partial(
