@@ -17,7 +17,8 @@ long-lived watches are counted apart). Every run is steady (Running, nothing to 
 a pass's requests are its reads. Last, this checkout's worker runs the reconciler's loop
 (poked by its caches) for `--churn-s` while it annotates the run pods as fast as one client
 can, and reports the pokes and passes that storm cost (a wake storm would be a pass per
-poke).
+poke). Each worker's peak RSS (`ru_maxrss`) is reported too: the caches' resident copies
+against the lists' transient ones.
 
 The worker runs one checkout's code in its own process: it is this file run by path, and it
 imports nothing but `controller` (the checkout's) and kubernetes_asyncio.
@@ -32,6 +33,7 @@ import contextlib
 import json
 import os
 import pathlib
+import resource
 import secrets
 import statistics
 import subprocess
@@ -108,6 +110,7 @@ async def _worker(kubeconfig: str, manager: str, passes: int, churn_s: float) ->
             "requests": {k: v - before.get(k, 0) for k, v in counts.items() if v != before.get(k)},
         })  # fmt: skip
     runs = len([r for r in await store.list_runs() if reconciler.manages(r)])
+    rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     churn = None
     if caches is not None and churn_s:
         churn = await _churn(store, reconciler, kubeconfig, churn_s, pokes)
@@ -116,7 +119,8 @@ async def _worker(kubeconfig: str, manager: str, passes: int, churn_s: float) ->
         with contextlib.suppress(asyncio.CancelledError):
             await caches
     await api.close()
-    return {"runs": runs, "sync_s": sync_s, "at_sync": at_sync, "passes": rows, "churn": churn}
+    return {"runs": runs, "sync_s": sync_s, "at_sync": at_sync, "passes": rows, "churn": churn,
+            "rss_mb": rss_mb}  # fmt: skip
 
 
 async def _churn(
@@ -239,8 +243,9 @@ def _row(label: str, results: list[dict[str, Any]]) -> tuple[str, float, float]:
     sync = statistics.median(r["sync_s"] for r in results) * 1000
     start = results[0]["at_sync"]
     start_txt = ", ".join(f"{k} {v}" for k, v in sorted(start.items())) or "none"
+    rss = max(r["rss_mb"] for r in results)
     print(f"| {label} | {results[0]['runs']} | {len(rows)} | {wall:.1f} | {p90:.1f} | {cpu:.1f}"
-          f" | {reqs:.1f} ({per}) | {sync:.0f} ms; {start_txt} |")  # fmt: skip
+          f" | {reqs:.1f} ({per}) | {sync:.0f} ms; {start_txt} | {rss:.0f} |")  # fmt: skip
     return label, wall, reqs
 
 
@@ -270,9 +275,9 @@ async def _main(args: argparse.Namespace) -> None:
     print(f"load average before the measurements' end: {os.getloadavg()}")
     print(
         "| reconciler | runs | passes | pass p50 ms | pass p90 ms | CPU p50 ms"
-        " | requests per pass (by kind) | cache sync; requests to sync |"
+        " | requests per pass (by kind) | cache sync; requests to sync | max RSS MB |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     after = _row("caches (this checkout)", results["after"])
     if results["before"]:
         before = _row(f"lists ({args.before})", results["before"])
