@@ -16,8 +16,11 @@ Measured while the fleet reports, side by side in one run:
 - fault → taint and cordon visible on a watch, one node at a time (`--trials`), p50/p99;
 - a burst: `--burst` nodes fail at once; when the last is quarantined, p50/p99.
 
+`--before CHECKOUT` measures that checkout's controller too, on the same fleet right after
+this one's (each on its own slice of nodes for the faults), and prints the two side by side.
+
 Run: `.venv/bin/python -m bench.fleet --nodes 10000 [--interval 5] [--trials 100]
-      [--burst 1000] [--rate 100 --write-burst 300] [--settle 30]`
+      [--burst 1000] [--rate 100 --write-burst 300] [--settle 30] [--before /path/to/main]`
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import pathlib
 import re
 import secrets
 import subprocess
@@ -36,6 +40,7 @@ from typing import Any
 import aiohttp
 
 from bench import fleetkit
+from bench import heartbeats as hbench
 from bench import quarantine as qbench
 from tests import controllerkit as kit
 
@@ -131,6 +136,125 @@ async def _wait_seen(seen: dict[str, float], names: list[str], deadline_s: float
         await asyncio.sleep(0.005)
 
 
+def _start(args: argparse.Namespace, env: dict[str, str], which: str) -> subprocess.Popen[bytes]:
+    """This checkout's controller, or (`which == "before"`) the one of `--before`."""
+    log_to: Any = subprocess.DEVNULL
+    if args.log:
+        env = {**env, "TAUGRID_CONTROLLER_LOG_LEVEL": "INFO"}
+        log_to = open(f"{args.log}.{which}", "w")  # noqa: PTH123, SIM115
+    if which == "before":
+        return hbench._start_before(args.before, env, int(env["TAUGRID_CONTROLLER_PORT"]), log_to)
+    return subprocess.Popen([sys.executable, "-m", "controller"], env=env,
+                            stdout=log_to, stderr=subprocess.STDOUT)  # fmt: skip
+
+
+async def _warm(http: aiohttp.ClientSession, url: str, nodes: int) -> dict[str, Any]:
+    """Wait until a controller has written every node's first GPUHealthy condition (with its
+    Event, 45 s for 1,500 nodes at the chart's budget): each measured controller then starts
+    on a fleet in its steady state, the first as much as the second."""
+    start = time.perf_counter()
+    while time.perf_counter() - start < 900:
+        with contextlib.suppress(aiohttp.ClientError):
+            async with http.get(f"{url}/metrics") as r:
+                text = await r.text()
+            healthy = fleetkit.metric(text, "taugrid_nodes", 'state="Healthy"')
+            written = fleetkit.metric(text, "taugrid_api_writes_total", 'class="node"')
+            waiting = fleetkit.metric(text, "taugrid_api_writes_waiting")
+            if healthy >= nodes and written >= nodes and waiting == 0:
+                return {"warm_up_s": time.perf_counter() - start}
+        await asyncio.sleep(0.5)
+    return {"warm_up_s": None}
+
+
+async def _measure(
+    args: argparse.Namespace, ctl: subprocess.Popen[bytes], http: aiohttp.ClientSession,
+    gen: Generator, *, url: str, agents: dict[str, kit.Agent], names: list[str],
+    seen: dict[str, float],
+) -> dict[str, Any]:  # fmt: skip
+    """One controller's figures: the fleet reporting, then faults one at a time on the first
+    `--trials` of `names`, then the next `--burst` of them at once. Refused and late sends
+    count from the settled fleet on (not while a controller starts)."""
+    out: dict[str, Any] = {}
+    for _ in range(600):
+        with contextlib.suppress(aiohttp.ClientError):
+            async with http.get(f"{url}/readyz") as r:
+                if (await r.json()).get("leader"):
+                    break
+        await asyncio.sleep(0.1)
+    await asyncio.sleep(args.interval + args.settle)  # every node reported, warm
+    # ... and the fleet's first writes (a review, a condition and its Event per node: 4,500
+    # for 1,500 nodes, 45 s at the chart's budget) are done: the bursts are of a fleet in
+    # its steady state, not of one still being written for the first time.
+    out["settled_s"] = await qbench._settled(http, url, args.nodes, timeout_s=600)
+    refused, late = gen.refused, gen.late
+    cpu0, w0 = _cpu_s(ctl.pid), time.perf_counter()
+    async with http.get(f"{url}/metrics") as r:
+        m0 = await r.text()
+    await asyncio.sleep(args.window)
+    cpu1, w1 = _cpu_s(ctl.pid), time.perf_counter()
+    async with http.get(f"{url}/metrics") as r:
+        m1 = await r.text()
+
+    def delta(name: str, labels: str = "") -> float:
+        return fleetkit.metric(m1, name, labels) - fleetkit.metric(m0, name, labels)
+
+    beats = delta("taugrid_heartbeats_total", 'outcome="accepted"')
+    passes = delta("taugrid_quarantine_pass_seconds_count")
+    out.update({
+        "offered_per_s": args.nodes / args.interval,
+        "achieved_per_s": beats / (w1 - w0),
+        "leader_cpu_share": (cpu1 - cpu0) / (w1 - w0),
+        "leader_cpu_us_per_heartbeat": 1e6 * (cpu1 - cpu0) / max(beats, 1),
+        "leader_rss_mb": _rss_mb(ctl.pid),
+        "leader_rss_kb_per_node": 1024 * _rss_mb(ctl.pid) / args.nodes,
+        "reviews_per_s": delta("taugrid_api_writes_total", 'class="review"') / (w1 - w0),
+        "passes_per_s": passes / (w1 - w0),
+        "pass_mean_ms": 1000 * delta("taugrid_quarantine_pass_seconds_sum") / max(passes, 1),
+        "pass_us_per_judged_node": 1e6 * delta("taugrid_quarantine_pass_seconds_sum")
+        / max(delta("taugrid_quarantine_pass_nodes_sum"), 1),
+    })  # fmt: skip
+    trials = names[: args.trials]
+    lat: list[float] = []
+    for v in trials:
+        agents[v].fail(0)
+        t = time.perf_counter()
+        await agents[v].send(http, url, args.interval)
+        await _wait_seen(seen, [v], 30)
+        if v in seen:
+            lat.append(seen[v] - t)
+    out["fault_p50_ms"] = fleetkit.pct(lat, 50)
+    out["fault_p99_ms"] = fleetkit.pct(lat, 99)
+    out["fault_missed"] = len(trials) - len(lat)
+    victims = names[args.trials : args.trials + args.burst]
+    if victims:
+        await qbench._settled(http, url, 0)  # the trials' writes are done, and the budget's
+        await asyncio.sleep(args.write_burst / args.rate)  # bucket full again, as in a fleet
+        async with http.get(f"{url}/metrics") as r:  # that has been reporting for a while
+            m0 = await r.text()
+        for v in victims:
+            agents[v].fail(0)
+        t = time.perf_counter()
+        await asyncio.gather(*(agents[v].send(http, url, args.interval) for v in victims))
+        await _wait_seen(seen, victims, 120)
+        got = sorted(seen[v] - t for v in victims if v in seen)
+        out["burst"] = len(victims)
+        out["burst_all_s"] = max(got) if len(got) == len(victims) else float("inf")
+        out["burst_p50_ms"] = fleetkit.pct(got, 50)
+        out["burst_p99_ms"] = fleetkit.pct(got, 99)
+        out["burst_missed"] = len(victims) - len(got)
+        async with http.get(f"{url}/metrics") as r:
+            m1 = await r.text()
+        waited = delta("taugrid_api_write_wait_seconds_sum", 'class="node"')
+        out["burst_node_writes_budget_wait_mean_ms"] = (
+            1000 * waited / max(delta("taugrid_api_write_wait_seconds_count", 'class="node"'), 1)
+        )
+    out["refused"] = gen.refused - refused
+    out["late"] = gen.late - late
+    async with http.get(f"{url}/metrics") as r:
+        qbench._say_costs(await r.text())
+    return out
+
+
 async def run(args: argparse.Namespace) -> None:
     dev, api = await fleetkit.dev_api()
     ns = f"bench-fleet-{secrets.token_hex(2)}"
@@ -145,94 +269,52 @@ async def run(args: argparse.Namespace) -> None:
         "TAUGRID_CONTROLLER_API_WRITE_BURST": str(args.write_burst),
         "TAUGRID_CONTROLLER_HEARTBEAT_MIN_INTERVAL_S": "0.5",
     })  # fmt: skip
-    ctl = subprocess.Popen([sys.executable, "-m", "controller"], env=env,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     seen: dict[str, float] = {}
     stop = asyncio.Event()
-    out: dict[str, Any] = {"nodes": args.nodes, "fleet_made_s": made_s}
+    which = ["this", *(["before"] if args.before else [])]
+    per = args.trials + args.burst
+    if per * len(which) > args.nodes:
+        raise SystemExit(f"--nodes must be at least {per * len(which)} for these trials")
+    names = list(agents)
+    results: dict[str, dict[str, Any]] = {}
     try:
         conn = aiohttp.TCPConnector(limit=MAX_IN_FLIGHT + 8)
         async with aiohttp.ClientSession(connector=conn) as http:
-            for _ in range(600):
-                with contextlib.suppress(aiohttp.ClientError):
-                    async with http.get(f"{url}/readyz") as r:
-                        if (await r.json()).get("leader"):
-                            break
-                await asyncio.sleep(0.1)
             gen = Generator(agents, url, args.interval)
             loop = asyncio.create_task(gen.run(http))
             watcher = asyncio.create_task(qbench._watch_taints(api, ns, seen, stop))
-            await asyncio.sleep(args.interval + args.settle)  # every node reported, warm
-            cpu0, sent0, w0 = _cpu_s(ctl.pid), gen.sent, time.perf_counter()
-            async with http.get(f"{url}/metrics") as r:
-                m0 = await r.text()
-            await asyncio.sleep(args.window)
-            cpu1, sent1, w1 = _cpu_s(ctl.pid), gen.sent, time.perf_counter()
-            async with http.get(f"{url}/metrics") as r:
-                m1 = await r.text()
-            beats = sent1 - sent0
-            passes = fleetkit.metric(m1, "taugrid_quarantine_pass_seconds_count") - fleetkit.metric(
-                m0, "taugrid_quarantine_pass_seconds_count"
-            )
-            pass_s = fleetkit.metric(m1, "taugrid_quarantine_pass_seconds_sum") - fleetkit.metric(
-                m0, "taugrid_quarantine_pass_seconds_sum"
-            )
-            judged = fleetkit.metric(m1, "taugrid_quarantine_pass_nodes_sum") - fleetkit.metric(
-                m0, "taugrid_quarantine_pass_nodes_sum"
-            )
-            out.update({
-                "offered_per_s": args.nodes / args.interval,
-                "achieved_per_s": beats / (w1 - w0),
-                "refused": gen.refused, "late": gen.late,
-                "leader_cpu_share": (cpu1 - cpu0) / (w1 - w0),
-                "leader_cpu_us_per_heartbeat": 1e6 * (cpu1 - cpu0) / max(beats, 1),
-                "leader_rss_mb": _rss_mb(ctl.pid),
-                "leader_rss_kb_per_node": 1024 * _rss_mb(ctl.pid) / args.nodes,
-                "passes_per_s": passes / (w1 - w0),
-                "pass_mean_ms": 1000 * pass_s / max(passes, 1),
-                "pass_us_per_judged_node": 1e6 * pass_s / max(judged, 1),
-            })  # fmt: skip
-            names = list(agents)
-            trials = names[: args.trials]
-            lat: list[float] = []
-            for v in trials:
-                agents[v].fail(0)
-                t = time.perf_counter()
-                await agents[v].send(http, url, args.interval)
-                await _wait_seen(seen, [v], 30)
-                if v in seen:
-                    lat.append(seen[v] - t)
-            out["fault_p50_ms"] = fleetkit.pct(lat, 50)
-            out["fault_p99_ms"] = fleetkit.pct(lat, 99)
-            out["fault_missed"] = len(trials) - len(lat)
-            victims = names[args.trials : args.trials + args.burst]
-            if victims:
-                for v in victims:
-                    agents[v].fail(0)
-                t = time.perf_counter()
-                await asyncio.gather(*(agents[v].send(http, url, args.interval) for v in victims))
-                await _wait_seen(seen, victims, 120)
-                got = sorted(seen[v] - t for v in victims if v in seen)
-                out["burst"] = len(victims)
-                out["burst_all_s"] = max(got) if len(got) == len(victims) else float("inf")
-                out["burst_p50_ms"] = fleetkit.pct(got, 50)
-                out["burst_p99_ms"] = fleetkit.pct(got, 99)
-                out["burst_missed"] = len(victims) - len(got)
+            warm = _start(args, env, "warm-up")
+            try:  # the fleet's first conditions, by a controller not measured
+                out = await _warm(http, url, args.nodes)
+            finally:
+                warm.terminate()
+                warm.wait(timeout=30)
+            for k, label in enumerate(which):
+                ctl = _start(args, env, label)
+                try:
+                    results[label] = out | await _measure(
+                        args, ctl, http, gen, url=url, agents=agents,
+                        names=names[k * per : (k + 1) * per], seen=seen,
+                    )  # fmt: skip
+                finally:
+                    ctl.terminate()
+                    ctl.wait(timeout=30)
             stop.set()
             for task in (loop, watcher):
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
     finally:
-        ctl.terminate()
-        ctl.wait(timeout=30)
         await fleetkit.delete_fleet(api, dev, ns)
         await api.close()
-    print(f"fleet of {args.nodes} nodes at a {args.interval:g} s interval; API write budget "
-          f"{args.rate:g}/s burst {args.write_burst}; limits raised for the storm")  # fmt: skip
-    for k, v in out.items():
-        print(f"  {k:32} {v:.3f}" if isinstance(v, float) else f"  {k:32} {v}")
+    print(f"fleet of {args.nodes} nodes at a {args.interval:g} s interval, made in {made_s:.1f} s; "
+          f"API write budget {args.rate:g}/s burst {args.write_burst}; limits raised for the "
+          f"storm; controllers: {', '.join(which)}")  # fmt: skip
+    for key in results[which[0]]:
+        cells = [results[w].get(key) for w in which]
+        text = [f"{v:12.3f}" if isinstance(v, float) else f"{v!s:>12}" for v in cells]
+        print(f"  {key:32} {' '.join(text)}")
 
 
 def main() -> None:
@@ -245,6 +327,13 @@ def main() -> None:
     parser.add_argument("--burst", type=int, default=1000)
     parser.add_argument("--rate", type=float, default=100.0)
     parser.add_argument("--write-burst", type=int, default=300)
+    parser.add_argument("--log", default="", help="controllers' logs to LOG.this, .before")
+    parser.add_argument(
+        "--before",
+        type=pathlib.Path,
+        default=None,
+        help="also measure the controller of this checkout, on the same fleet",
+    )
     asyncio.run(run(parser.parse_args()))
 
 

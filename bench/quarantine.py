@@ -79,17 +79,23 @@ async def _watch_taints(
             resp.release()
 
 
-async def _settled(http: aiohttp.ClientSession, url: str, total: int) -> None:
+async def _settled(
+    http: aiohttp.ClientSession, url: str, total: int, timeout_s: float = 30.0
+) -> float | None:
     """Wait until every node's heartbeat was taken and no write waits for the budget (the
-    fleet's first TokenReviews, 1,500 at 100/s, must not be the storm's queue)."""
-    for _ in range(300):
+    fleet's first TokenReviews, 1,500 at 100/s, must not be the storm's queue); the seconds
+    that took, None when it did not happen within `timeout_s`."""
+    start = time.perf_counter()
+    while time.perf_counter() - start < timeout_s:
         async with http.get(f"{url}/metrics") as r:
             text = await r.text()
         taken = fleetkit.metric(text, "taugrid_heartbeats_total", 'outcome="accepted"')
         if taken >= total and fleetkit.metric(text, "taugrid_api_writes_waiting") == 0:
+            took = time.perf_counter() - start
             await asyncio.sleep(2)
-            return
+            return took
         await asyncio.sleep(0.1)
+    return None
 
 
 def _say_costs(metrics: str) -> None:

@@ -107,10 +107,12 @@ def _runtime(
     async def ctx(app: web.Application) -> AsyncIterator[None]:
         peer_ssl = serving.peer_ssl_context(settings)  # first: a bad CA fails before any client
         run_ca = read_run_ca(settings)
-        # Four clients, four pools (review H2): the lease, the node cache and node writes on
-        # one that nothing a caller does can fill; the loops and the reviews on another;
-        # researchers' reads and writes on a third; log streams, which hold a connection
-        # while they last, on a fourth as large as the stream cap.
+        # Five clients, five pools (review H2): the lease and the leader label on one of their
+        # own, so no storm of our own writes delays a renewal; the node cache and the node
+        # writes on one that nothing a caller does can fill, as large as a pass's writes in
+        # flight (quarantining.MAX_PARALLEL_NODES); the loops and the reviews on another;
+        # researchers' reads and writes on a fourth; log streams, which hold a connection
+        # while they last, on a fifth as large as the stream cap.
         # One API write budget for all four: what protects the API server is the replica's
         # total, served lease first (controller.budget).
         m = metrics.make_metrics()
@@ -120,9 +122,11 @@ def _runtime(
         make = functools.partial(
             kube_client.make_client, settings.kubeconfig, timeout_s=timeout_s, limiter=limiter
         )
-        control, api, callers = await make(pool=16), await make(pool=64), await make(pool=32)
+        lease_api = await make(pool=4)
+        control = await make(pool=quarantining.MAX_PARALLEL_NODES + 4)  # + the node watch
+        api, callers = await make(pool=64), await make(pool=32)
         streams = await make(pool=settings.log_streams_max)
-        clients = (control, api, callers, streams)
+        clients = (lease_api, control, api, callers, streams)
         http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=peer_ssl))
         authn = auth.Authenticator(
             reviewer or reviews.KubeReviewer(api),
@@ -131,10 +135,14 @@ def _runtime(
             access_ttl_s=settings.auth_cache_ttl_s,
             max_reviews=settings.reviews_in_flight_max,
         )
+        # The install namespace's pods, watched: agent IPs, and deletions that retire the
+        # tokens bound to them (so those are not re-reviewed every bound_token_cache_max_s).
+        agents = kube_nodes.AgentPods(api, settings.namespace, on_gone=authn.forget_pod)
+        authn.pod_alive = agents.alive
         fleet = state.FleetState(leader_since=_now(), stale_multiplier=settings.stale_multiplier)
         url = settings.advertise_url or serving.default_url(settings)
         lease_store = leases.KubeLeaseStore(
-            control, settings.namespace, settings.lease_name,
+            lease_api, settings.namespace, settings.lease_name,
             timeout_s=min(timeout_s, settings.renew_deadline_s / 2),
         )  # fmt: skip
         holder: list[quarantining.Quarantiner] = []
@@ -199,7 +207,7 @@ def _runtime(
         )  # fmt: skip
         holder.append(quarantiner)
         if settings.pod_name:
-            pod = kube_pods.PodLabel(control, settings.namespace, settings.pod_name)
+            pod = kube_pods.PodLabel(lease_api, settings.namespace, settings.pod_name)
             marks_.append(leading.LeaderMark(pod, elector, interval_s=settings.retry_period_s))
         store = kube_runs.RunStore(api)
         keeper = keeping.LogKeeper(
@@ -249,7 +257,6 @@ def _runtime(
             st.peer_token = kubetoken.FileToken(pathlib.Path(settings.peer_token_file))
         st.readiness.append(cache.synced.is_set)
         app[serving.SERVING] = st
-        agents = kube_nodes.AgentPods(api, settings.namespace)
         app[fleet_api.FLEET] = fleet_api.FleetContext(fleet, quarantiner, cache, agents)
         app[runs_context.RUNS] = runs_context.RunsContext(
             kube_runs.RunStore(callers, streams=streams), reconciler, keeper
@@ -258,6 +265,7 @@ def _runtime(
         labels = [asyncio.create_task(mark.run(), name="leader-label") for mark in marks_]
         tasks = [
             asyncio.create_task(cache.run(), name="node-cache"),
+            asyncio.create_task(agents.run(), name="install-namespace-pods"),
             asyncio.create_task(device_cache.run(), name="device-cache"),
             asyncio.create_task(elector.run(), name="elector"),
             asyncio.create_task(quarantiner.run(), name="quarantine"),

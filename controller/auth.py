@@ -145,6 +145,15 @@ class TTLCache:
         self.hits = 0
         self.misses = 0
 
+    def fresh(self, key: Hashable) -> bool:
+        """Whether `key` has an answer that has not expired."""
+        hit = self._data.get(key)
+        return hit is not None and hit[0] > self._clock()
+
+    def drop(self, key: Hashable) -> None:
+        """Forget `key`'s answer: the next `get` loads it again."""
+        self._data.pop(key, None)
+
     async def get(
         self,
         key: Hashable,
@@ -219,9 +228,14 @@ class Authenticator:
         bound_token_ttl_s: float = 60.0,
         access_ttl_s: float = 60.0,
         max_reviews: int = 64,
+        pod_alive: Callable[[str], bool] = lambda _uid: False,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._reviewer = reviewer
+        self.pod_alive = pod_alive
+        """Whether a pod (by UID) exists and its deletion will reach `forget_pod`: a token
+        bound to such a pod is kept as long as any token, others `bound_token_ttl_s`."""
+        self._by_pod: dict[str, set[Hashable]] = {}
         self.max_reviews = max_reviews
         """TokenReviews in flight at once; a token that needs one past it is answered 503."""
         self.reviewing = 0
@@ -254,9 +268,14 @@ class Authenticator:
             if identity is None:
                 return NEGATIVE_TTL_S
             limit = self._token_ttl_s
-            if identity.extra_value(POD_NAME_EXTRA) is not None:
-                # A pod-bound token dies with its pod; the API server knows at once, we learn
-                # at the next review, so those are asked again sooner (review L7).
+            if identity.extra_value(POD_NAME_EXTRA) is not None and not self.pod_alive(
+                identity.pod_uid or ""
+            ):
+                # A pod-bound token dies with its pod; the API server knows at once. Where we
+                # watch the pod (the install namespace's), its deletion drops the answer at
+                # once (`forget_pod`); elsewhere we learn at the next review, so those are
+                # asked again sooner (review L7). Judged when the answer is stored: a pod
+                # deleted while its token was being reviewed is not alive any more.
                 limit = min(limit, self._bound_token_ttl_s)
             expiry = token_expiry(token)
             if expiry is not None:
@@ -279,10 +298,24 @@ class Authenticator:
                 self.reviewing -= 1
 
         identity = await self.tokens.get(key, review, ttl)
+        if identity is not None and identity.pod_uid and self.pod_alive(identity.pod_uid):
+            self._remember(identity.pod_uid, key)  # only watched pods are ever forgotten
         if identity is None:
             msg = "token rejected by the API server (expired, revoked or wrong audience)"
             raise errors.Unauthenticated(msg)
         return identity
+
+    def _remember(self, uid: str, key: Hashable) -> None:
+        keys = self._by_pod.setdefault(uid, set())
+        if key not in keys:  # a new token of the pod (the kubelet rotates them): prune
+            keys.difference_update([k for k in keys if not self.tokens.fresh(k)])
+            keys.add(key)
+
+    def forget_pod(self, uid: str) -> None:
+        """The pod is gone: forget every answer about a token bound to it, so the next use
+        of such a token is reviewed again (and refused: it died with its pod)."""
+        for key in self._by_pod.pop(uid, ()):
+            self.tokens.drop(key)
 
     async def authorize(self, identity: Identity, access: Access) -> None:
         """Raise Forbidden unless Kubernetes RBAC allows the access."""

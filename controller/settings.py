@@ -156,9 +156,11 @@ class ControllerSettings(pydantic_settings.BaseSettings):
     token_cache_max_s: float = pydantic.Field(default=300.0, ge=0)
     """Upper bound on reusing a TokenReview answer (also capped by the token's expiry)."""
     bound_token_cache_max_s: float = pydantic.Field(default=60.0, ge=0)
-    """Upper bound on reusing the answer for a pod-bound token (an agent's, a replica's peer
-    token): such a token stops working when its pod is deleted, and a minute bounds how long
-    a deleted pod's token is still taken here (review L7)."""
+    """Upper bound on reusing the answer for a pod-bound token whose pod the controller does
+    not watch (a run's token): such a token stops working when its pod is deleted, and a
+    minute bounds how long a deleted pod's token is still taken here (review L7). Tokens
+    bound to the install namespace's pods (agents, replicas) are forgotten when the watch
+    sees their pod deleted, and kept up to token_cache_max_s otherwise."""
     api_timeout_s: float = pydantic.Field(default=10.0, gt=0)
     """Every call to the API server gives up after this long (a watch: its own server-side
     timeout plus 30 s of silence; a followed log: this long to connect), so no caller and no

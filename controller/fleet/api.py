@@ -137,7 +137,7 @@ async def post_heartbeat(request: web.Request) -> web.StreamResponse:
                     "relayed": kind.value}  # fmt: skip
             return web.json_response(body, status=202)
         ctx = _ctx(request)
-        url = await _agent_url(ctx, st, identity)
+        url = _agent_url(ctx, st, identity)
         if hb.agent_url != url:  # the chart's agents send the same URL: no copy then
             hb = fastheartbeat.with_agent_url(hb, url)
         before = _verdict_key(ctx.fleet.get(hb.node_name))
@@ -157,10 +157,10 @@ async def post_heartbeat(request: web.Request) -> web.StreamResponse:
         st.metrics.heartbeat_seconds.observe(time.perf_counter() - started)
 
 
-async def _agent_url(ctx: FleetContext, st: serving.ServingState, who: auth.Identity) -> str:
+def _agent_url(ctx: FleetContext, st: serving.ServingState, who: auth.Identity) -> str:
     """The agent's URL: the IP of the pod its token is bound to, and the agents' port; ""
     while that pod is not known. Never the `agentUrl` of the body (security review M6)."""
-    ip = await ctx.agents.ip_of(who.pod_uid or "")
+    ip = ctx.agents.ip_of(who.pod_uid or "")
     if not ip:
         return ""
     host = f"[{ip}]" if ":" in ip else ip
@@ -364,7 +364,7 @@ async def _relayed(
     )  # fmt: skip
     if problem is not None:
         raise errors.Invalid(problem[1], field=f"report.{problem[0]}")
-    url = await _agent_url(ctx, st, caller)
+    url = _agent_url(ctx, st, caller)
     if hb.agent_url != url:
         hb = fastheartbeat.with_agent_url(hb, url)
     pod_uid = caller.pod_uid or ""

@@ -30,7 +30,7 @@ import collections
 import dataclasses
 import datetime as dt
 import heapq
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TypeVar
 
 from controller.fleet import actions, nodes, policy, state
@@ -265,3 +265,25 @@ def urgent_first(
     urgent = [(n, todo) for n, todo in by_node.items() if not routine(todo)]
     routine_nodes = [(n, todo) for n, todo in by_node.items() if routine(todo)]
     return urgent + routine_nodes[:max_routine], max(0, len(routine_nodes) - max_routine)
+
+
+FENCING = (actions.Quarantine, actions.RestoreTaint, actions.FenceDevice)
+"""What keeps new work off a failed GPU: a node's taint and cordon, a device's taint."""
+
+
+def fencing_first(todo: Sequence[tuple[str, list[_T]]]) -> list[list[tuple[str, list[_T]]]]:
+    """A pass's writes in two waves: every node's fencing first, then the rest (conditions,
+    quarantine updates, evictions), each node's in the order decided, nodes in `todo`'s order.
+
+    A node's actions run one after another (each patch is computed from the node the last
+    one returned), and only so many nodes write at once; in one wave a failed node's
+    GPUHealthy condition went before its taint, and held a slot while other nodes' taints
+    waited: 200 nodes failing at once had their last taint behind ~400 writes instead of 200.
+    """
+
+    def fencing(action: object) -> bool:
+        return isinstance(action, FENCING)
+
+    first = [(n, [a for a in acts if fencing(a)]) for n, acts in todo]
+    rest = [(n, [a for a in acts if not fencing(a)]) for n, acts in todo]
+    return [[(n, acts) for n, acts in wave if acts] for wave in (first, rest)]

@@ -41,8 +41,10 @@ from controller.kube import nodes as kube_nodes
 log = structlog.get_logger()
 
 
-MAX_PARALLEL_NODES = 32
-"""Nodes acted on concurrently in one pass; actions on one node stay in order."""
+MAX_PARALLEL_NODES = 64
+"""Nodes acted on concurrently in one pass; actions on one node stay in order. The API
+server here took 200 node patches at 87/s 16 at a time and 147/s 64 at a time
+(`bench/nodepatch.py`); the lease has a pool of its own, so these never delay a renewal."""
 
 
 class Quarantiner:
@@ -306,7 +308,8 @@ class Quarantiner:
                             await self.apply(action, now, decision)
 
             todo, deferred = passes.urgent_first(by_node)
-            await asyncio.gather(*(run_node(n, a) for n, a in todo))
+            for wave in passes.fencing_first(todo):
+                await asyncio.gather(*(run_node(n, a) for n, a in wave))
             if deferred:
                 # Healthy conditions past this pass's share: the next pass (at once) writes
                 # more, and a fault meanwhile goes first.

@@ -77,6 +77,8 @@ class Watched:
         *,
         kind: str,
         on_change: Callable[[], None] = lambda: None,
+        on_delete: Callable[[dict[str, Any]], None] = lambda _obj: None,
+        key: Callable[[dict[str, Any]], str] = key_of,
         retry_s: float = 1.0,
         optional: bool = False,
         absent_retry_s: float = 30.0,
@@ -85,11 +87,17 @@ class Watched:
         self._trim = trim
         self.kind = kind
         self._on_change = on_change
+        self._on_delete = on_delete
+        """Called with the trimmed object when it is gone: a DELETED event, or a relist
+        without it (deleted while the watch was down)."""
+        self._key = key
         self._retry_s = retry_s
         self._optional = optional
         self._absent_retry_s = absent_retry_s
         self.items: dict[str, dict[str, Any]] = {}
         self.synced = asyncio.Event()
+        self.lists = 0
+        """LISTs made: one at start, one after each watch failure."""
         self.absent = False
         """An optional kind the API server does not serve, or will not show us (404, 403):
         served as empty."""
@@ -126,7 +134,7 @@ class Watched:
         rv = version_of(obj)
         if rv is None or self._rv is None or rv <= self._rv or not self.synced.is_set():
             return  # unsynced, or the watch is past this write: its copy is as new or newer
-        key = key_of(obj)
+        key = self._key(obj)
         if self._noted.get(key, 0) >= rv:
             return
         self._noted[key] = rv
@@ -164,20 +172,26 @@ class Watched:
             log.info("optional kind not served or not permitted; caching none",
                      kind=self.kind, status=status)  # fmt: skip
         changed = bool(self.items) or not self.synced.is_set()
+        for gone in self.items.values():
+            self._on_delete(gone)
         self.items, self._noted, self._rv, self.absent = {}, {}, None, True
         self.synced.set()
         if changed:
             self._on_change()
 
     async def _list(self) -> str:
+        self.lists += 1
         data = await _api.read_json(await self._list_call(_preload_content=False))
         rv = str(data["metadata"]["resourceVersion"])
         self.listed(data.get("items") or [], rv)
         return rv
 
     def listed(self, items: list[dict[str, Any]], rv: str) -> None:
-        """Hold what a list returned at `rv` (everything else is forgotten): synced."""
-        self.items = {key_of(o): self._trim(o) for o in items}
+        """Hold what a list returned at `rv` (everything else is forgotten: told gone to
+        `on_delete`, deleted while the watch was down): synced."""
+        old, self.items = self.items, {self._key(o): self._trim(o) for o in items}
+        for gone in old.keys() - self.items.keys():
+            self._on_delete(old[gone])
         self._noted = {}
         self._rv = int(rv) if rv.isdigit() else None
         self.absent = False
@@ -214,14 +228,15 @@ class Watched:
         self._rv = rv
         if kind == "BOOKMARK":
             return
-        key = key_of(obj)
+        key = self._key(obj)
         noted = self._noted.get(key)
         if noted is not None:
             if rv is not None and rv < noted:
                 return  # older than our own write, which is shown already
             del self._noted[key]
         if kind == "DELETED":
-            if self.items.pop(key, None) is not None:
+            if (gone := self.items.pop(key, None)) is not None:
+                self._on_delete(gone)
                 self._on_change()
         else:
             self._put(key, obj)

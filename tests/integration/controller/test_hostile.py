@@ -397,7 +397,8 @@ async def test_forged_heartbeat_fields_are_refused(
 async def test_the_agent_url_comes_from_the_bound_pod_not_the_body(w: worldkit.World) -> None:
     """M6: an agentUrl in the body is ignored; the node shows the IP of the pod the agent's
     token is bound to, at the agents' port. That pod is looked up once (one LIST of the
-    install namespace), not once per heartbeat."""
+    install namespace, then its watch), not once per heartbeat."""
+    await asyncio.wait_for(w.controller.fleet.agents.pods.synced.wait(), 30)
     for sequence in range(1, 6):
         body = json.dumps(_heartbeat(w.node, sequence=sequence,
                                      agentUrl="https://attacker.example/")).encode()  # fmt: skip
@@ -406,7 +407,7 @@ async def test_the_agent_url_comes_from_the_bound_pod_not_the_body(w: worldkit.W
     pod = await client.CoreV1Api(w.api).read_namespaced_pod(f"agent-{w.node}"[:63], w.ns_a)
     got, node = await w.call("GET", f"/v1/nodes/{w.node}", token=w.oncall)
     expected = (200, f"http://{pod.status.pod_ip}:9400", 1)
-    assert expected == (got, node["agentUrl"], w.controller.fleet.agents.lists)
+    assert expected == (got, node["agentUrl"], w.controller.fleet.agents.pods.lists)
 
 
 # ---------------------------------------------------------------------- slow bodies

@@ -110,6 +110,69 @@ async def test_a_pod_bound_token_is_reviewed_again_sooner(
     assert reviews == reviewer.token_reviews
 
 
+WATCHED = auth.Identity(AGENT.username, extra=(
+    (auth.NODE_NAME_EXTRA, ("node-a",)), (auth.POD_NAME_EXTRA, ("agent-x",)),
+    (auth.POD_UID_EXTRA, ("uid-x",))))  # fmt: skip
+
+
+async def test_a_watched_pods_token_is_kept_until_the_pod_is_gone() -> None:
+    """A token bound to a pod the controller watches is not asked about again after the
+    short TTL (the fleet would be reviewed every minute), but as soon as the watch says the
+    pod is gone its answer is forgotten and the next use is reviewed (review L7)."""
+    clock = Clock()
+    token = jwt(clock.t + 3600)
+    reviewer = CountingReviewer({token: WATCHED}, set())
+    alive = {"uid-x"}
+    a = auth.Authenticator(reviewer, token_ttl_s=300, bound_token_ttl_s=60,
+                           pod_alive=alive.__contains__, clock=clock)  # fmt: skip
+    await a.authenticate(f"Bearer {token}")
+    clock.t += 61
+    await a.authenticate(f"Bearer {token}")
+    kept = reviewer.token_reviews
+    alive.clear()
+    a.forget_pod("uid-x")
+    await a.authenticate(f"Bearer {token}")
+    clock.t += 61
+    await a.authenticate(f"Bearer {token}")
+    assert (kept, reviewer.token_reviews) == (1, 3)
+
+
+async def test_a_pod_deleted_while_its_token_is_reviewed_gets_the_short_ttl() -> None:
+    """The deletion arrives while the review is in flight (nothing to forget yet): the
+    answer is stored with the short TTL, because the pod is no longer alive when stored."""
+    clock = Clock()
+    token = jwt(clock.t + 3600)
+    reviewer = CountingReviewer({token: WATCHED}, set())
+    reviewer.gate = asyncio.Event()
+    alive = {"uid-x"}
+    a = auth.Authenticator(reviewer, token_ttl_s=300, bound_token_ttl_s=60,
+                           pod_alive=alive.__contains__, clock=clock)  # fmt: skip
+    call = asyncio.create_task(a.authenticate(f"Bearer {token}"))
+    await asyncio.sleep(0)
+    alive.clear()
+    a.forget_pod("uid-x")
+    reviewer.gate.set()
+    await call
+    clock.t += 61
+    await a.authenticate(f"Bearer {token}")
+    assert reviewer.token_reviews == 2
+
+
+async def test_forgetting_pods_keeps_no_record_of_tokens_gone_from_the_cache() -> None:
+    """Each new token of a pod (the kubelet rotates them) prunes the pod's expired ones, so
+    the record of which answers to forget stays as small as the cache."""
+    clock = Clock()
+    alive = {"uid-x"}
+    tokens = [jwt(clock.t + 3600 + i) for i in range(5)]
+    reviewer = CountingReviewer(dict.fromkeys(tokens, WATCHED), set())
+    a = auth.Authenticator(reviewer, token_ttl_s=300, pod_alive=alive.__contains__,
+                           clock=clock)  # fmt: skip
+    for token in tokens:
+        await a.authenticate(f"Bearer {token}")
+        clock.t += 301  # the last token's answer has expired when the next one comes
+    assert len(a._by_pod["uid-x"]) == 1
+
+
 @pytest.mark.parametrize(
     ("header", "fragment"),
     [

@@ -311,3 +311,52 @@ def test_a_pass_acts_on_faults_first_and_leaves_surplus_healthy_conditions_for_t
     takes the urgent nodes first and at most `cap` of those, the rest the next pass."""
     todo, deferred = passes.urgent_first(by_node, max_routine=cap)
     assert expected == ([n for n, _ in todo], deferred)
+
+
+_RECORD = nodes.QuarantineRecord(
+    mode=nodes.QuarantineMode.AUTOMATIC,
+    by=marks.CONTROLLER_IDENTITY,
+    at=at(0),
+    reason="XidFallenOffBus",
+    clears_with=nodes.Clearing.NEW_BOOT_ID,
+    boot_id="boot-1",
+    faults=frozenset(),
+    evict_after=at(60),
+)
+
+
+def _fence(node: str) -> actions.Quarantine:
+    return actions.Quarantine(node, _RECORD, "m", cordon=True)
+
+
+@pytest.mark.parametrize(
+    ("todo", "expected"),
+    [
+        pytest.param(
+            [("f1", [_bad("f1"), _fence("f1")]), ("f2", [_bad("f2"), _fence("f2")])],
+            [[("f1", [_fence("f1")]), ("f2", [_fence("f2")])],
+             [("f1", [_bad("f1")]), ("f2", [_bad("f2")])]],
+            id="every failed node is tainted before any failed node's condition is written",
+        ),
+        pytest.param(
+            [("r1", [actions.RestoreTaint("r1"),
+                     actions.EvictGpuPods("r1", at(0), "Xid79", first=True)]),
+             ("h1", [_healthy("h1")])],
+            [[("r1", [actions.RestoreTaint("r1")])],
+             [("r1", [actions.EvictGpuPods("r1", at(0), "Xid79", first=True)]),
+              ("h1", [_healthy("h1")])]],
+            id="a taint put back goes first and an eviction after every fence",
+        ),
+        pytest.param(
+            [("h1", [_healthy("h1")]), ("h2", [_healthy("h2")])],
+            [[], [("h1", [_healthy("h1")]), ("h2", [_healthy("h2")])]],
+            id="a pass with nothing to fence has an empty first wave",
+        ),
+    ],
+)  # fmt: skip
+def test_a_pass_fences_every_node_before_writing_anything_else(
+    todo: list[tuple[str, list[actions.Action]]], expected: list[list[tuple[str, list[object]]]]
+) -> None:
+    """Fencing is what keeps work off a failed GPU: a pass writes every node's taint and
+    cordon before any node's condition, update or eviction, each node's in its own order."""
+    assert expected == passes.fencing_first(todo)
