@@ -270,9 +270,7 @@ def _runtime(
             asyncio.create_task(elector.run(), name="elector"),
             asyncio.create_task(quarantiner.run(), name="quarantine"),
             asyncio.create_task(gate.run(), name="admission"),
-            asyncio.create_task(
-                admission_store.run_caches(on_change=gate.poke), name="admission-caches"
-            ),
+            asyncio.create_task(admission_store.run_caches(), name="admission-caches"),
             asyncio.create_task(reconciler.run(), name="runs"),
             asyncio.create_task(keeper.run(), name="logs"),
         ]

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import structlog
@@ -99,15 +99,14 @@ class AdmissionStore:
         self.component = component
         self.nodes = watching.Watched(self._core.list_node, trim_node, kind="nodes")
         self.pods = watching.Watched(self._core.list_pod_for_all_namespaces, trim_pod, kind="pods")
-        self._on_change: Callable[[], None] = lambda: None
         self.kueue = {
             plural: watching.Watched(
                 functools.partial(self._custom.list_cluster_custom_object, *KUEUE, plural),
-                watching.trim_object, kind=plural, on_change=self._changed,
+                watching.trim_object, kind=plural,
             )
             for plural in CACHED_KUEUE
         }  # fmt: skip
-        """ClusterQueues, Workloads and ResourceFlavors: a change pokes the gate."""
+        """ClusterQueues, Workloads and ResourceFlavors."""
         self.owners = {
             "Job": watching.Watched(
                 functools.partial(self._batch.list_job_for_all_namespaces,
@@ -119,20 +118,14 @@ class AdmissionStore:
                 trim_owner, kind="run rayjobs (labels)", optional=True),
         }  # fmt: skip
 
-    def _changed(self) -> None:
-        self._on_change()
-
-    async def run_caches(self, on_change: Callable[[], None] = lambda: None) -> None:
-        """Keep the caches current until cancelled; a change of a Kueue object calls
-        `on_change` (the gate's coalescing `poke`: a Workload that starts waiting on the
-        check is answered at once). Node and pod changes call nothing: the fleet pokes the
-        gate on the node changes that matter, and pods churn."""
-        self._on_change = on_change
+    async def run_caches(self) -> None:
+        """Keep the caches current until cancelled. A change pokes nothing: the fleet pokes
+        the gate on the node changes that matter, and a pass runs every interval. (Poking
+        it on every Workload change was tried: a DRA Workload rechecked between its claims'
+        allocation and its pods' binding counts its own devices as taken and is sent back
+        to Retry, and the pokes made passes land in that window often.)"""
         caches = [self.nodes, self.pods, *self.kueue.values(), *self.owners.values()]
-        try:
-            await asyncio.gather(*(c.run() for c in caches))
-        finally:
-            self._on_change = lambda: None
+        await asyncio.gather(*(c.run() for c in caches))
 
     # ------------------------------------------------------------------ reads
     async def get_admission_check(self, name: str) -> dict[str, Any] | None:
