@@ -147,6 +147,7 @@ def _runtime(
         )  # fmt: skip
         holder: list[quarantining.Quarantiner] = []
         marks_: list[leading.LeaderMark] = []
+        run_caches = leading.WhileLeading("run-caches")
 
         async def started() -> None:
             fleet.become_leader(_now())
@@ -155,11 +156,13 @@ def _runtime(
             holder[0].poke()
             for mark in marks_:
                 mark.poke()
+            run_caches.start()
 
         async def stopped() -> None:
             log.warning("stopped leading", identity=elector.identity)
             for mark in marks_:
                 mark.poke()
+            await run_caches.stop()
 
         elector = leading.Elector(
             lease_store, serving.make_identity(settings), url,
@@ -241,6 +244,9 @@ def _runtime(
             keep_logs=keeper.keep_final,
             dra=quarantiner.dra_render,  # fleet -> runs: how GPUs are requested now
         )  # fmt: skip
+        # The reconciler's lists come from watch-fed caches while this replica leads (only
+        # the leader reconciles); each change pokes it (coalesced, passes spaced).
+        run_caches.run = functools.partial(store.run_caches, on_change=reconciler.poke)
         if settings.run_urgent_resume:
             quarantiner.on_quarantine.append(reconciler.urgent)
         else:
@@ -288,6 +294,7 @@ def _runtime(
             for t in tasks:
                 with contextlib.suppress(asyncio.CancelledError):
                     await t
+            await run_caches.stop()
             for recorder in (quarantiner.writer.events, admission_store.events):
                 await recorder.flush(2.0)  # Events still queued, before their client closes
             await http.close()

@@ -22,8 +22,8 @@ import contextlib
 import dataclasses
 import datetime as dt
 import time
-from collections.abc import Awaitable, Callable
-from typing import Protocol
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, Protocol
 
 import structlog
 
@@ -333,3 +333,34 @@ async def run_passes(
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(delay):
                 await wake.wait()
+
+
+class WhileLeading:
+    """A background task that runs only while this replica leads, such as the run
+    reconciler's caches: the elector's `on_started` calls `start`, its `on_stopped` (and the
+    shutdown) `stop`."""
+
+    def __init__(self, name: str, run: Callable[[], Coroutine[Any, Any, None]] | None = None):
+        self.name = name
+        self.run = run
+        """What to run (set by the composition root once it is built)."""
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def running(self) -> bool:
+        """Whether the task runs now."""
+        return self._task is not None and not self._task.done()
+
+    def start(self) -> None:
+        """Start the task unless it runs already."""
+        if self.run is not None and not self.running:
+            self._task = asyncio.create_task(self.run(), name=self.name)
+
+    async def stop(self) -> None:
+        """Cancel the task and wait for it to end (nothing when it does not run)."""
+        task, self._task = self._task, None
+        if task is None:
+            return
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

@@ -1,8 +1,10 @@
 """The admission gate's adapter: Kueue objects, nodes and pods as raw JSON, and its writes.
 
-Nodes and pods come from watch-fed caches (`watching.Watched`, started by `run_caches`)
-once they are synced, so a pass lists neither; until then, and in tests without the caches
-running, they are listed.
+Nodes, pods, Kueue's ClusterQueues, Workloads and ResourceFlavors and the runs' Jobs and
+RayJobs come from watch-fed caches (`watching.Watched`, started by `run_caches`) once they
+are synced, so a pass lists none of them; until then, and in tests without the caches
+running, they are listed. A Workload the gate wrote is shown in its cache as the write
+returned it (`Watched.note`), so the next pass does not answer it again from an older copy.
 
 Reads use `_preload_content=False` and return plain dicts, which `controller.admission.views`
 parses; kubernetes_asyncio checks the HTTP status only when it preloads the content, so every
@@ -12,6 +14,7 @@ raw response goes through `read_json`, which raises on an error status.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -45,6 +48,17 @@ def trim_node(raw: dict[str, Any]) -> dict[str, Any]:
             "conditions": [c for c in status.get("conditions") or [] if c.get("type") in kept],
         },
     }  # fmt: skip
+
+
+def trim_owner(raw: dict[str, Any]) -> dict[str, Any]:
+    """Keep what `owner_labels` reads of a run's Job or RayJob: its identity and labels."""
+    meta = raw.get("metadata") or {}
+    return {"metadata": {"namespace": meta.get("namespace", ""), "name": meta.get("name", ""),
+                         "labels": meta.get("labels") or {}}}  # fmt: skip
+
+
+CACHED_KUEUE = ("clusterqueues", "workloads", "resourceflavors")
+"""The Kueue plurals the gate lists every pass, served from caches."""
 
 
 def trim_pod(raw: dict[str, Any]) -> dict[str, Any]:
@@ -85,10 +99,33 @@ class AdmissionStore:
         self.component = component
         self.nodes = watching.Watched(self._core.list_node, trim_node, kind="nodes")
         self.pods = watching.Watched(self._core.list_pod_for_all_namespaces, trim_pod, kind="pods")
+        self.kueue = {
+            plural: watching.Watched(
+                functools.partial(self._custom.list_cluster_custom_object, *KUEUE, plural),
+                watching.trim_object, kind=plural,
+            )
+            for plural in CACHED_KUEUE
+        }  # fmt: skip
+        """ClusterQueues, Workloads and ResourceFlavors."""
+        self.owners = {
+            "Job": watching.Watched(
+                functools.partial(self._batch.list_job_for_all_namespaces,
+                                  label_selector=marks.RUN_LABEL),
+                trim_owner, kind="run jobs (labels)"),
+            "RayJob": watching.Watched(
+                functools.partial(self._custom.list_cluster_custom_object, *RAYJOB,
+                                  label_selector=marks.RUN_LABEL),
+                trim_owner, kind="run rayjobs (labels)", optional=True),
+        }  # fmt: skip
 
     async def run_caches(self) -> None:
-        """Keep the node and pod caches current until cancelled."""
-        await asyncio.gather(self.nodes.run(), self.pods.run())
+        """Keep the caches current until cancelled. A change pokes nothing: the fleet pokes
+        the gate on the node changes that matter, and a pass runs every interval. (Poking
+        it on every Workload change was tried: a DRA Workload rechecked between its claims'
+        allocation and its pods' binding counts its own devices as taken and is sent back
+        to Retry, and the pokes made passes land in that window often.)"""
+        caches = [self.nodes, self.pods, *self.kueue.values(), *self.owners.values()]
+        await asyncio.gather(*(c.run() for c in caches))
 
     # ------------------------------------------------------------------ reads
     async def get_admission_check(self, name: str) -> dict[str, Any] | None:
@@ -104,7 +141,11 @@ class AdmissionStore:
             raise
 
     async def list_kueue(self, plural: str) -> list[dict[str, Any]]:
-        """List Workloads (all namespaces), ClusterQueues or ResourceFlavors."""
+        """List Workloads (all namespaces), ClusterQueues or ResourceFlavors: from the
+        cache once it is synced, else listed."""
+        cache = self.kueue.get(plural)
+        if cache is not None and cache.synced.is_set():
+            return cache.values()
         resp = await self._custom.list_cluster_custom_object(*KUEUE, plural, _preload_content=False)
         return list((await _api.read_json(resp)).get("items") or [])
 
@@ -138,7 +179,10 @@ class AdmissionStore:
 
     async def owner_labels(self) -> dict[tuple[str, str, str], dict[str, str]]:
         """Labels of every run's Job and RayJob, keyed by (namespace, kind, name): they name
-        the run and attempt of the Workload Kueue made for them."""
+        the run and attempt of the Workload Kueue made for them (from the caches once both
+        are synced, else listed)."""
+        if all(c.synced.is_set() for c in self.owners.values()):
+            return _owner_labels({k: c.values() for k, c in self.owners.items()})
         jobs = await self._batch.list_job_for_all_namespaces(
             label_selector=marks.RUN_LABEL, _preload_content=False
         )
@@ -152,13 +196,7 @@ class AdmissionStore:
             if err.status != 404:
                 raise
             ray_items = []  # no KubeRay: no RayJobs
-        out: dict[tuple[str, str, str], dict[str, str]] = {}
-        for kind, items in (("Job", job_items), ("RayJob", ray_items)):
-            for item in items:
-                meta = item.get("metadata") or {}
-                key = (str(meta.get("namespace", "")), kind, str(meta.get("name", "")))
-                out[key] = dict(meta.get("labels") or {})
-        return out
+        return _owner_labels({"Job": job_items, "RayJob": ray_items})
 
     # ------------------------------------------------------------------ writes
     async def apply_check_state(
@@ -180,11 +218,13 @@ class AdmissionStore:
                 field_manager=marks.ADMISSION_FIELD_MANAGER, force=True, _content_type=APPLY,
                 _preload_content=False,
             )  # fmt: skip
-            return dict(await _api.read_json(resp))
+            written = dict(await _api.read_json(resp))
         except client.ApiException as err:
             if err.status in (404, 409):
                 return None
             raise
+        self.kueue["workloads"].note(written)
+        return written
 
     async def apply_active(self, name: str, condition: Mapping[str, Any]) -> dict[str, Any] | None:
         """Apply the `Active` condition on an AdmissionCheck; None when it is gone."""
@@ -213,3 +253,16 @@ class AdmissionStore:
         regarding = {"apiVersion": "/".join(KUEUE), "kind": "Workload",
                      "name": name, "namespace": namespace, "uid": uid}  # fmt: skip
         await self.events.emit(namespace, regarding, reason, note, warning=warning)
+
+
+def _owner_labels(
+    by_kind: Mapping[str, list[dict[str, Any]]],
+) -> dict[tuple[str, str, str], dict[str, str]]:
+    """Labels by (namespace, kind, name) of the Jobs and RayJobs listed by kind."""
+    out: dict[tuple[str, str, str], dict[str, str]] = {}
+    for kind, items in by_kind.items():
+        for item in items:
+            meta = item.get("metadata") or {}
+            key = (str(meta.get("namespace", "")), kind, str(meta.get("name", "")))
+            out[key] = dict(meta.get("labels") or {})
+    return out

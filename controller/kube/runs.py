@@ -3,20 +3,30 @@
 Reads use `_preload_content=False` and return plain dicts (no deserialised V1 models: the
 pure code in `controller.runs` reads the few fields it needs). Creates tolerate 409 (the
 object exists: level-triggered callers simply go on) and deletes tolerate 404 (gone is done).
+
+What the reconciler lists on every pass (TauRuns, the run-labelled Jobs, RayJobs and Pods,
+Kueue's Workloads, LocalQueues and WorkloadPriorityClasses, and the nodes' quarantine
+annotations) comes from watch-fed caches (`watching.Watched`, kept by `run_caches` while
+this replica leads) once they are synced; before that, and for a store whose caches do not
+run (the run API's), the same calls list. What must be fresh stays a direct read (`get_run`,
+`read_object`, `list_pods`). Our own writes are shown in the caches as they return
+(`Watched.note`), so a pass never reads a copy older than what this replica wrote.
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import json
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import structlog
 from kubernetes_asyncio import client
 
-from controller import errors
-from controller.kube import _api
+from controller import errors, marks
+from controller.kube import _api, selectors, watching
 
 log = structlog.get_logger()
 
@@ -28,6 +38,12 @@ CLAIM_TEMPLATES = ("resource.k8s.io", "v1", "resourceclaimtemplates")
 VISIBILITY_VERSIONS = ("v1beta2", "v1beta1")
 NODE_METADATA = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
 """Accept header asking the API server for object metadata only."""
+NODE_METADATA_WATCH = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
+"""Accept header of a metadata-only watch (each event's object is one PartialObjectMetadata)."""
+NODE_ANNOTATIONS = (marks.QUARANTINED_BY_ANNOTATION, marks.QUARANTINE_ANNOTATION)
+"""The node annotations the reconciler reads (`views.node_facts`): all the node cache keeps."""
+CACHED_KUEUE = ("workloads", "localqueues", "workloadpriorityclasses")
+"""The Kueue plurals the reconciler lists every pass, served from caches."""
 MAX_MESSAGE_CHARS = 600
 """How much of the API server's message a refusal carries."""
 VISIBILITY_RETRY_S = 60.0
@@ -81,6 +97,37 @@ def refusal(err: client.ApiException, kind: str) -> errors.ControllerError:
     return errors.Unavailable(msg, code="APIServerError")
 
 
+def trim_run(raw: dict[str, Any]) -> dict[str, Any]:
+    """A TauRun as the reconciler and the log keeper read it: `watching.trim_object`, and
+    without `status.results` (the pods' reports: up to most of a run's bytes), which they
+    never read (`records.read(..., results=False)`); the results collector reads the run
+    fresh (`get_run`)."""
+    out = watching.trim_object(raw)
+    status = out.get("status")
+    if isinstance(status, dict) and "results" in status:
+        out["status"] = {k: v for k, v in status.items() if k != "results"}
+    return out
+
+
+def trim_node(raw: dict[str, Any]) -> dict[str, Any]:
+    """A node as the reconciler reads it: its name and quarantine annotations, nothing else
+    (so a node's other changes, its heartbeats among them, change nothing a reader sees)."""
+    meta = raw.get("metadata") or {}
+    annotations = meta.get("annotations") or {}
+    kept = {k: annotations[k] for k in NODE_ANNOTATIONS if k in annotations}
+    return {"metadata": {"name": str(meta.get("name") or ""), "annotations": kept}}
+
+
+def _kind_trim(kind: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """`watching.trim_object`, stamping the kind (a list's items carry none; readers
+    index by it)."""
+
+    def trim(raw: dict[str, Any]) -> dict[str, Any]:
+        return {**watching.trim_object(raw), "kind": kind}
+
+    return trim
+
+
 class RunStore:
     """Every API call the run reconciler and the run API make."""
 
@@ -94,6 +141,81 @@ class RunStore:
         self._networking = client.NetworkingV1Api(api)
         self._logs = client.CoreV1Api(streams or api)
         self._visibility_down_until = 0.0
+        self._on_change: Callable[[], None] = lambda: None
+        labelled = marks.RUN_LABEL
+        self.runs = self._cache(
+            functools.partial(self._custom.list_cluster_custom_object, *TAURUN),
+            trim_run, "tauruns",
+        )  # fmt: skip
+        self.labelled = {
+            "Job": self._cache(functools.partial(
+                self._batch.list_job_for_all_namespaces, label_selector=labelled),
+                _kind_trim("Job"), "run jobs"),
+            "RayJob": self._cache(functools.partial(
+                self._custom.list_cluster_custom_object, *RAYJOB, label_selector=labelled),
+                _kind_trim("RayJob"), "run rayjobs", optional=True),
+            "Pod": self._cache(functools.partial(
+                self._core.list_pod_for_all_namespaces, label_selector=labelled),
+                _kind_trim("Pod"), "run pods"),
+        }  # fmt: skip
+        """The objects carrying `marks.RUN_LABEL`, by kind."""
+        self.kueue = {
+            plural: self._cache(
+                functools.partial(self._custom.list_cluster_custom_object, *KUEUE, plural),
+                watching.trim_object,
+                plural,
+                optional=plural == "workloadpriorityclasses",  # without: resumes go unboosted
+            )
+            for plural in CACHED_KUEUE
+        }
+        self.nodes = self._cache(self._node_metadata, trim_node, "node metadata")
+        self._caches = [self.runs, *self.labelled.values(), *self.kueue.values(), self.nodes]
+
+    def _cache(
+        self,
+        call: watching.ListCall,
+        trim: Callable[[dict[str, Any]], dict[str, Any]],
+        kind: str,
+        *,
+        optional: bool = False,
+    ) -> watching.Watched:
+        return watching.Watched(call, trim, kind=kind, on_change=self._changed, optional=optional)
+
+    def _changed(self) -> None:
+        self._on_change()
+
+    async def run_caches(self, on_change: Callable[[], None] = lambda: None) -> None:
+        """Keep the caches current until cancelled, calling `on_change` when what a reader
+        sees changes (the reconciler's coalescing `poke`); then forget them, so the list
+        calls list again until the next `run_caches` has synced."""
+        self._on_change = on_change
+        try:
+            await asyncio.gather(*(c.run() for c in self._caches))
+        finally:
+            self._on_change = lambda: None
+            for cache in self._caches:
+                cache.reset()
+
+    @property
+    def synced(self) -> bool:
+        """Whether every cache is synced (the passes read no list at all)."""
+        return all(c.synced.is_set() for c in self._caches)
+
+    async def _node_metadata(self, **query: Any) -> Any:
+        """List or watch the nodes as metadata only (`NODE_METADATA`): the raw response."""
+        accept = NODE_METADATA_WATCH if query.get("watch") else NODE_METADATA
+        names = {"resource_version": "resourceVersion", "timeout_seconds": "timeoutSeconds",
+                 "allow_watch_bookmarks": "allowWatchBookmarks"}  # fmt: skip
+        params = [
+            (names.get(k, k), str(v).lower() if isinstance(v, bool) else v)
+            for k, v in query.items()
+            if not k.startswith("_")
+        ]
+        return await self.api.call_api(
+            "/api/v1/nodes", "GET", query_params=params,
+            header_params={"Accept": accept}, auth_settings=["BearerToken"],
+            _preload_content=False, _return_http_data_only=True,
+        )  # fmt: skip
 
     # ------------------------------------------------------------------ TauRuns
     async def create_run(
@@ -143,7 +265,9 @@ class RunStore:
         )
 
     async def list_runs(self, namespace: str | None = None) -> list[dict[str, Any]]:
-        """List TauRuns in one namespace or in all."""
+        """List TauRuns in one namespace or in all (from the cache once it is synced)."""
+        if self.runs.synced.is_set():
+            return self.runs.select(namespace=namespace or None)
         if namespace:
             resp = await self._custom.list_namespaced_custom_object(
                 *TAURUN[:2], namespace, TAURUN[2], _preload_content=False
@@ -157,24 +281,30 @@ class RunStore:
     ) -> dict[str, Any] | None:
         """Replace the run's status through the status subresource (merge patch); None if
         the run is gone."""
-        return await _api.json_or_none(
+        written = await _api.json_or_none(
             self._custom.patch_namespaced_custom_object_status(
                 *TAURUN[:2], namespace, TAURUN[2], name, {"status": status},
                 _content_type="application/merge-patch+json", _preload_content=False,
             )
         )  # fmt: skip
+        if written is not None:
+            self.runs.note(written)
+        return written
 
     async def annotate_run(
         self, namespace: str, name: str, annotations: dict[str, str | None]
     ) -> dict[str, Any] | None:
         """Merge annotations into a TauRun (None removes one); None if it is gone."""
-        return await _api.json_or_none(
+        written = await _api.json_or_none(
             self._custom.patch_namespaced_custom_object(
                 *TAURUN[:2], namespace, TAURUN[2], name,
                 {"metadata": {"annotations": annotations}},
                 _content_type="application/merge-patch+json", _preload_content=False,
             )
         )  # fmt: skip
+        if written is not None:
+            self.runs.note(written)
+        return written
 
     # ------------------------------------------------------------------ owned objects
     async def create(self, obj: dict[str, Any]) -> bool:
@@ -183,7 +313,7 @@ class RunStore:
         name exists and its controller is not the run `obj` is owned by (review M4): it is
         never written into, and the run learns why."""
         try:
-            await self._create(obj)
+            created = await self._create(obj)
         except client.ApiException as err:
             if err.status != 409:
                 raise
@@ -192,9 +322,13 @@ class RunStore:
             if existing is not None:
                 _check_owner(existing, obj["kind"], _owner_uid(obj))
             return False
+        cache = self.labelled.get(str(obj["kind"]))
+        labels = (created.get("metadata") or {}).get("labels") or {}
+        if cache is not None and marks.RUN_LABEL in labels:
+            cache.note(created)  # the next pass sees it even before the watch brings it
         return True
 
-    async def _create(self, obj: dict[str, Any], *, dry_run: bool = False) -> None:
+    async def _create(self, obj: dict[str, Any], *, dry_run: bool = False) -> dict[str, Any]:
         ns = obj["metadata"]["namespace"]
         kind = obj["kind"]
         opts: dict[str, Any] = {"_preload_content": False}
@@ -219,7 +353,7 @@ class RunStore:
         else:
             msg = f"cannot create a {kind}"
             raise ValueError(msg)
-        await _api.read_json(resp)
+        return dict(await _api.read_json(resp))
 
     async def read_object(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         """One of a run's objects by kind and name; None when there is none."""
@@ -311,7 +445,11 @@ class RunStore:
         self, kind: str, selector: str, *, field_selector: str = ""
     ) -> list[dict[str, Any]]:
         """List Jobs, RayJobs or Pods in every namespace carrying the selector (Pods also by
-        a field selector, such as `spec.nodeName=N`)."""
+        a field selector, such as `spec.nodeName=N`): from the cache of the run-labelled
+        ones once it is synced and the selector asks for the run label."""
+        cached = self._select(self.labelled.get(kind), selector, field_selector)
+        if cached is not None:
+            return cached
         if kind == "Job":
             resp = await self._batch.list_job_for_all_namespaces(
                 label_selector=selector, _preload_content=False
@@ -333,6 +471,24 @@ class RunStore:
             item.setdefault("kind", kind)
         return items
 
+    @staticmethod
+    def _select(
+        cache: watching.Watched | None, selector: str, field_selector: str
+    ) -> list[dict[str, Any]] | None:
+        """What a list with these selectors returns, from `cache` (which holds the objects
+        carrying the run label); None when the cache cannot answer: not synced, a selector
+        not narrower than the run label, or a form only the API server answers."""
+        if cache is None or not cache.synced.is_set():
+            return None
+        try:
+            wanted = selectors.parse(selector)
+            if not any(r.key == marks.RUN_LABEL and r.op in {selectors.Op.EXISTS,
+                       selectors.Op.EQUALS} for r in wanted):  # fmt: skip
+                return None
+            return cache.select(selector, field_selector=field_selector)
+        except selectors.UnsupportedError:
+            return None
+
     async def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
         """List pods of one namespace by label selector."""
         resp = await self._core.list_namespaced_pod(
@@ -345,7 +501,13 @@ class RunStore:
 
         The whole list comes as metadata only (a PartialObjectMetadataList): a node's status
         (images, conditions, addresses) is most of its bytes, and decoding it for every node
-        on every pass cost the controller more CPU than its heartbeats."""
+        on every pass cost the controller more CPU than its heartbeats. Once the node cache
+        is synced the whole list comes from it, with only the quarantine annotations
+        (`trim_node`). The named ones are always read from the API server: a quarantine
+        asks for them (`Reconciler.urgent`) the moment it wrote them, before any watch
+        could have brought the change."""
+        if names is None and self.nodes.synced.is_set():
+            return self.nodes.values()
         if names is None:
             resp = await self.api.call_api(
                 "/api/v1/nodes", "GET",
@@ -363,7 +525,11 @@ class RunStore:
 
     # ------------------------------------------------------------------ Kueue
     async def list_kueue(self, plural: str, namespace: str | None = None) -> list[dict[str, Any]]:
-        """List Workloads, LocalQueues (namespaced or all) or ClusterQueues."""
+        """List Workloads, LocalQueues (namespaced or all), WorkloadPriorityClasses or
+        ClusterQueues (the first three from their caches once synced)."""
+        cache = self.kueue.get(plural)
+        if cache is not None and cache.synced.is_set():
+            return cache.select(namespace=namespace or None)
         if namespace:
             resp = await self._custom.list_namespaced_custom_object(
                 *KUEUE, namespace, plural, _preload_content=False

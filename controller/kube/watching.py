@@ -1,9 +1,21 @@
-"""A list-then-watch cache of one core kind, kept as trimmed raw JSON by namespace/name.
+"""A list-then-watch cache of one kind, kept as trimmed raw JSON by namespace/name.
 
-What a loop would otherwise list on every pass (the admission gate's nodes and pods): one
-list at start and after a watch error, then the watch's events, so a pass reads memory and
-the API server serves one watch instead of a list per pass. Objects are trimmed to what the
-reader parses (`trim`), so a big cluster's pods cost a few hundred bytes each.
+What a loop would otherwise list on every pass (the admission gate's nodes and pods, the
+run reconciler's TauRuns and what they own): one list at start and after a watch error,
+then the watch's events, so a pass reads memory and the API server serves one watch
+instead of a list per pass. Objects are trimmed to what the reader parses (`trim`), so a
+big cluster's pods cost a few hundred bytes each.
+
+The list call is any kubernetes_asyncio list call, bound with `functools.partial` to what
+it selects (`partial(list_job_for_all_namespaces, label_selector=...)`, a custom object's
+`partial(list_cluster_custom_object, group, version, plural)`): the cache calls it once to
+list and again with `watch=True`. An `optional` kind the API server does not serve (a CRD
+that is not installed: 404) or that we may not read (403: the chart grants no RayJobs
+without Ray) is served as empty and synced, and asked for again every `absent_retry_s`; any
+other kind's error is retried every `retry_s`, unsynced, so readers list (and see it).
+
+Our own writes can be shown before the watch brings them (`note`), so a reader never acts
+twice on a copy older than what it wrote itself.
 """
 
 from __future__ import annotations
@@ -15,13 +27,30 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import structlog
+from kubernetes_asyncio import client
 
-from controller.kube import _api
+from controller.kube import _api, selectors
 
 log = structlog.get_logger()
 
 ListCall = Callable[..., Awaitable[Any]]
-"""A kubernetes_asyncio list call (`CoreV1Api.list_node`, `list_pod_for_all_namespaces`)."""
+"""A kubernetes_asyncio list call (`CoreV1Api.list_node`, `list_pod_for_all_namespaces`),
+with what it selects bound (`functools.partial`)."""
+
+
+LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+"""kubectl's copy of what it applied: never read, so never cached."""
+
+
+def trim_object(raw: dict[str, Any]) -> dict[str, Any]:
+    """A cached object without what no reader of ours parses: `metadata.managedFields` and
+    kubectl's last-applied copy (together often most of an object's bytes)."""
+    meta = dict(raw.get("metadata") or {})
+    meta.pop("managedFields", None)
+    annotations = meta.get("annotations")
+    if annotations and LAST_APPLIED in annotations:
+        meta["annotations"] = {k: v for k, v in annotations.items() if k != LAST_APPLIED}
+    return {**raw, "metadata": meta}
 
 
 def key_of(obj: dict[str, Any]) -> str:
@@ -30,6 +59,12 @@ def key_of(obj: dict[str, Any]) -> str:
     ns = meta.get("namespace") or ""
     name = str(meta.get("name") or "")
     return f"{ns}/{name}" if ns else name
+
+
+def version_of(obj: dict[str, Any]) -> int | None:
+    """An object's resourceVersion as a number (etcd's revision), None when it is not one."""
+    rv = str((obj.get("metadata") or {}).get("resourceVersion") or "")
+    return int(rv) if rv.isdigit() else None
 
 
 class Watched:
@@ -45,6 +80,8 @@ class Watched:
         on_delete: Callable[[dict[str, Any]], None] = lambda _obj: None,
         key: Callable[[dict[str, Any]], str] = key_of,
         retry_s: float = 1.0,
+        optional: bool = False,
+        absent_retry_s: float = 30.0,
     ) -> None:
         self._list_call = list_call
         self._trim = trim
@@ -55,35 +92,117 @@ class Watched:
         without it (deleted while the watch was down)."""
         self._key = key
         self._retry_s = retry_s
+        self._optional = optional
+        self._absent_retry_s = absent_retry_s
         self.items: dict[str, dict[str, Any]] = {}
         self.synced = asyncio.Event()
         self.lists = 0
         """LISTs made: one at start, one after each watch failure."""
+        self.absent = False
+        """An optional kind the API server does not serve, or will not show us (404, 403):
+        served as empty."""
+        self._rv: int | None = None
+        """The resourceVersion the watch has reached (None: not a number, or not listed)."""
+        self._noted: dict[str, int] = {}
+        """Our own writes shown before the watch brought them: key -> resourceVersion."""
 
     def values(self) -> list[dict[str, Any]]:
         """Every object, as a list (a copy: safe to keep across awaits)."""
         return list(self.items.values())
+
+    def select(
+        self, label_selector: str = "", *, field_selector: str = "", namespace: str | None = None
+    ) -> list[dict[str, Any]]:
+        """The objects a list with these selectors would return (a copy);
+        `selectors.UnsupportedError` for a selector only the API server can answer."""
+        labels = selectors.parse(label_selector)
+        fields = selectors.parse_fields(field_selector)
+        out = []
+        for obj in self.items.values():
+            meta = obj.get("metadata") or {}
+            if namespace is not None and meta.get("namespace") != namespace:
+                continue
+            if selectors.holds(labels, meta.get("labels") or {}) and selectors.fields_hold(
+                fields, obj
+            ):
+                out.append(obj)
+        return out
+
+    def note(self, obj: dict[str, Any]) -> None:
+        """Show an object as one of our writes returned it, if the watch has not brought
+        that version yet; the watch's older copies of it are then skipped until it does."""
+        rv = version_of(obj)
+        if rv is None or self._rv is None or rv <= self._rv or not self.synced.is_set():
+            return  # unsynced, or the watch is past this write: its copy is as new or newer
+        key = self._key(obj)
+        if self._noted.get(key, 0) >= rv:
+            return
+        self._noted[key] = rv
+        self._put(key, obj)
+
+    def reset(self) -> None:
+        """Forget everything (the cache stopped): unsynced until it lists again."""
+        self.synced.clear()
+        self.items = {}
+        self._noted = {}
+        self._rv = None
+        self.absent = False
 
     async def run(self) -> None:
         """Keep `items` current until cancelled; relist after watch errors."""
         while True:
             try:
                 await self._watch(await self._list())
+                continue
             except asyncio.CancelledError:
                 raise
+            except client.ApiException as err:
+                if self._optional and err.status in {403, 404}:
+                    self._serve_absent(err.status)
+                    await asyncio.sleep(self._absent_retry_s)
+                    continue
+                error: Exception = err
             except Exception as err:  # noqa: BLE001  (any API failure: relist after a pause)
-                log.warning("watch failed; relisting", kind=self.kind, error=str(err))
-                await asyncio.sleep(self._retry_s)
+                error = err
+            log.warning("watch failed; relisting", kind=self.kind, error=str(error))
+            await asyncio.sleep(self._retry_s)
+
+    def _serve_absent(self, status: int) -> None:
+        if not self.absent:
+            log.info("optional kind not served or not permitted; caching none",
+                     kind=self.kind, status=status)  # fmt: skip
+        changed = bool(self.items) or not self.synced.is_set()
+        for gone in self.items.values():
+            self._on_delete(gone)
+        self.items, self._noted, self._rv, self.absent = {}, {}, None, True
+        self.synced.set()
+        if changed:
+            self._on_change()
 
     async def _list(self) -> str:
         self.lists += 1
         data = await _api.read_json(await self._list_call(_preload_content=False))
-        old, self.items = self.items, {self._key(o): self._trim(o) for o in data.get("items") or []}
+        rv = str(data["metadata"]["resourceVersion"])
+        self.listed(data.get("items") or [], rv)
+        return rv
+
+    def listed(self, items: list[dict[str, Any]], rv: str) -> None:
+        """Hold what a list returned at `rv` (everything else is forgotten: told gone to
+        `on_delete`, deleted while the watch was down): synced."""
+        old, self.items = self.items, {self._key(o): self._trim(o) for o in items}
         for gone in old.keys() - self.items.keys():
             self._on_delete(old[gone])
+        self._noted = {}
+        self._rv = int(rv) if rv.isdigit() else None
+        self.absent = False
         self.synced.set()
         self._on_change()
-        return str(data["metadata"]["resourceVersion"])
+
+    def _put(self, key: str, obj: dict[str, Any]) -> None:
+        trimmed = self._trim(obj)
+        if self.items.get(key) != trimmed:
+            self.items[key] = trimmed
+            self._on_change()  # only a change of what readers see wakes them
 
     async def _watch(self, rv: str) -> None:
         while True:
@@ -101,14 +220,26 @@ class Watched:
                     if kind == "ERROR":
                         return  # 410 Gone and friends: relist
                     rv = obj.get("metadata", {}).get("resourceVersion", rv)
-                    if kind == "BOOKMARK":
-                        continue
-                    if kind == "DELETED":
-                        if (gone := self.items.pop(self._key(obj), None)) is not None:
-                            self._on_delete(gone)
-                    else:
-                        self.items[self._key(obj)] = self._trim(obj)
-                    self._on_change()
+                    self.event(str(kind), obj)
+
+    def event(self, kind: str, obj: dict[str, Any]) -> None:
+        """Apply one watch event (ADDED, MODIFIED, DELETED or BOOKMARK) to `items`."""
+        rv = version_of(obj)
+        self._rv = rv
+        if kind == "BOOKMARK":
+            return
+        key = self._key(obj)
+        noted = self._noted.get(key)
+        if noted is not None:
+            if rv is not None and rv < noted:
+                return  # older than our own write, which is shown already
+            del self._noted[key]
+        if kind == "DELETED":
+            if (gone := self.items.pop(key, None)) is not None:
+                self._on_delete(gone)
+                self._on_change()
+        else:
+            self._put(key, obj)
 
 
 async def lines(resp: Any) -> Any:

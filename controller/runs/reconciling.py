@@ -10,6 +10,14 @@ woke it: a pass, a submission (`reconcile_now`) and a quarantine (`urgent`) deci
 Submissions and cancels are reconciled at once (the API calls `reconcile_now`), so a
 `POST /v1/runs` returns with its Job already created. Only the leader reconciles, and every
 write checks that the lease is still held.
+
+The store answers the pass's lists from watch-fed caches while this replica leads (see
+`controller.kube.runs`), and a change in them pokes a pass: a Job or pod that changes is
+reacted to at once, not at the next interval. Pokes coalesce (one pass answers every poke
+that came during the one before) and passes are spaced `MIN_PASS_GAP_S` apart, so a storm
+of pod updates costs a few passes a second, not one per update. A TauRun whose cached copy
+is older than what this replica last wrote of it is read again (`_stale`), so a lagging
+cache never makes a pass act twice.
 """
 
 from __future__ import annotations
@@ -39,6 +47,10 @@ from controller.runs import (
 from shared import spec as specs
 
 log = structlog.get_logger()
+
+MIN_PASS_GAP_S = 0.5
+"""The least time between two passes that pokes ask for (cache changes, submissions): a
+storm of pod updates costs at most two passes a second. The interval is not lengthened."""
 
 
 class RunNotFoundError(errors.NotFound):
@@ -167,7 +179,7 @@ class Reconciler:
         """Pass after pass until cancelled; an API failure costs one pass, never the loop."""
         await leading.run_passes(
             "runs", self.pass_once, wake=self._wake, interval_s=self.pass_interval_s,
-            elector=self.elector,
+            elector=self.elector, min_gap_s=MIN_PASS_GAP_S,
             failures=lambda loop: self.metrics.pass_failures.labels(loop).inc(),
         )  # fmt: skip
 
@@ -413,7 +425,10 @@ class Reconciler:
         """Carry a plan out: its writes in order, then the status; count what it decided."""
         namespace, name = snapshots.key(item)
         try:
-            item = await self.attempts.apply(objects.run_ref(item), plan) or item
+            annotated = await self.attempts.apply(objects.run_ref(item), plan)
+            if annotated is not None:
+                item = annotated
+                self._note_written(item)
         except errors.NameTaken as err:
             # Somebody else's object holds a name this run needs (review M4): the run
             # cannot go on without writing into it, so it ends, saying which.
@@ -453,9 +468,7 @@ class Reconciler:
         written = await self.store.patch_run_status(namespace, name, records.patch_body(old, new))
         if written is None:
             return item
-        rv = str((written.get("metadata") or {}).get("resourceVersion", ""))
-        if rv.isdigit():
-            self._written[(namespace, name)] = int(rv)
+        self._note_written(written)
         if new.get("phase") != old.get("phase"):
             log.info("run phase", run=f"{namespace}/{name}", phase=new.get("phase"),
                      attempt=new.get("currentAttempt"), reason=new.get("reason"))  # fmt: skip
@@ -475,6 +488,12 @@ class Reconciler:
 
     def lock(self, key: tuple[str, str]) -> asyncio.Lock:
         return self._locks.setdefault(key, asyncio.Lock())
+
+    def _note_written(self, written: Mapping[str, Any]) -> None:
+        """Remember the version of a TauRun this replica wrote: an older copy is stale."""
+        rv = str((written.get("metadata") or {}).get("resourceVersion", ""))
+        if rv.isdigit():
+            self._written[snapshots.key(written)] = int(rv)
 
     def _stale(self, key: tuple[str, str], item: Mapping[str, Any]) -> bool:
         written = self._written.get(key)

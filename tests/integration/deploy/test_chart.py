@@ -477,9 +477,9 @@ CALL_RIGHTS: dict[tuple[str, str, str], tuple[Right, ...]] = {
         Right("authentication.k8s.io", "tokenreviews", "create"),),
     ("_authz", "create_subject_access_review", ""): (
         Right("authorization.k8s.io", "subjectaccessreviews", "create"),),
-    ("api", "call_api", ""): (  # the visibility API, and the metadata-only node list
+    ("api", "call_api", ""): (  # the visibility API, the metadata-only node list and watch
         Right("visibility.kueue.x-k8s.io", "localqueues/pendingworkloads", "get"),
-        Right("", "nodes", "list")),
+        Right("", "nodes", "list"), Right("", "nodes", "watch")),
     ("_custom", "create_namespaced_custom_object", "TAURUN"): (Right(*TAURUN, "create"),),
     ("_custom", "get_namespaced_custom_object", "TAURUN"): (Right(*TAURUN, "get"),),
     ("_custom", "list_namespaced_custom_object", "TAURUN"): (Right(*TAURUN, "list"),),
@@ -515,12 +515,15 @@ KUEUE_VERBS = {"get": "get", "list": "list", "create": "create", "patch": "patch
 
 
 class Call(NamedTuple):
-    """One API call in an adapter: `self.<receiver>.<method>(*<target>, …, "<plural>", …)`."""
+    """One API call in an adapter: `self.<receiver>.<method>(*<target>, …, "<plural>", …)`;
+    `watched` when it is a list call bound into a watch-fed cache
+    (`functools.partial(self.<receiver>.<method>, …)`), which lists and watches."""
 
     receiver: str
     method: str
     target: str = ""
     plural: str = ""
+    watched: bool = False
 
 
 def _custom_target(call: ast.Call) -> tuple[str, str]:
@@ -538,11 +541,25 @@ def _custom_target(call: ast.Call) -> tuple[str, str]:
     return target, (literals[0] if literals else "")
 
 
+def _bound(node: ast.Call) -> ast.Call | None:
+    """`functools.partial(self.x.method, *args)` as the call `self.x.method(*args)`."""
+    func = node.func
+    if not (isinstance(func, ast.Attribute) and func.attr == "partial" and node.args):
+        return None
+    if not isinstance(node.args[0], ast.Attribute):
+        return None
+    return ast.Call(func=node.args[0], args=node.args[1:], keywords=node.keywords)
+
+
 def adapter_calls() -> Iterator[Call]:
     """Every API call on `self.<api>` in controller/kube/*.py."""
     for path in sorted((build.REPO / "controller" / "kube").glob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+        for found in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(found, ast.Call):
+                continue
+            bound = _bound(found)
+            node = bound or found
+            if not isinstance(node.func, ast.Attribute):
                 continue
             receiver = node.func.value
             if not (
@@ -563,10 +580,11 @@ def adapter_calls() -> Iterator[Call]:
                 "api",
             }:
                 continue
+            watched = bound is not None
             if receiver.attr == "_custom":
-                yield Call(receiver.attr, node.func.attr, *_custom_target(node))
+                yield Call(receiver.attr, node.func.attr, *_custom_target(node), watched=watched)
             else:
-                yield Call(receiver.attr, node.func.attr)
+                yield Call(receiver.attr, node.func.attr, watched=watched)
 
 
 def kueue_plurals() -> set[str]:
@@ -602,6 +620,8 @@ def test_the_controller_is_granted_every_api_call_its_adapters_make(
         else:
             unknown.append(call)
             continue
+        if call.watched:  # a cache lists and watches
+            rights = (*rights, *(r._replace(verb="watch") for r in rights if r.verb == "list"))
         for right in rights:
             assert allows(controller_rules, right), f"{call} needs {right}"
     assert unknown == [], "map these calls in CALL_RIGHTS and grant them in the chart"

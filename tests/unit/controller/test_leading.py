@@ -209,3 +209,44 @@ async def test_a_failed_label_write_is_retried_until_it_lands() -> None:
             await mark.sync()
     expected = ([True], True)
     assert expected == (label.writes, mark.written)
+
+
+@pytest.mark.parametrize(
+    ("steps", "expected"),
+    [
+        pytest.param(["start"], (1, 0, True), id="start runs the task"),
+        pytest.param(["start", "start"], (1, 0, True),
+                     id="a second start while it runs starts nothing"),
+        pytest.param(["start", "stop"], (1, 1, False),
+                     id="stop cancels the task and waits for its end"),
+        pytest.param(["start", "stop", "start"], (2, 1, True),
+                     id="leading again starts it again"),
+        pytest.param(["stop"], (0, 0, False), id="stop without a task does nothing"),
+        pytest.param(["stop", "stop", "start", "stop", "stop"], (1, 1, False),
+                     id="stops repeat harmlessly (the elector's and the shutdown's)"),
+    ],
+)  # fmt: skip
+async def test_a_task_runs_only_between_start_and_stop(
+    steps: list[str], expected: tuple[int, int, bool]
+) -> None:
+    """`WhileLeading` runs at most one task, from `start` until `stop`, which waits for the
+    task's own cleanup."""
+    started: list[None] = []
+    ended: list[None] = []
+
+    async def run() -> None:
+        started.append(None)
+        try:
+            await asyncio.Event().wait()
+        finally:
+            ended.append(None)
+
+    task = leading.WhileLeading("test", run)
+    for step in steps:
+        if step == "start":
+            task.start()
+            await asyncio.sleep(0)  # let it begin
+        else:
+            await task.stop()
+    assert expected == (len(started), len(ended), task.running)
+    await task.stop()

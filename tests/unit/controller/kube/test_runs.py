@@ -7,7 +7,7 @@ import json
 import pytest
 from kubernetes_asyncio import client
 
-from controller import errors
+from controller import errors, marks
 from controller.kube import runs as kube_runs
 
 STATUS_422 = json.dumps({
@@ -38,3 +38,40 @@ def test_a_refusal_becomes_an_error_kind(
     err = kube_runs.refusal(client.ApiException(status=status, reason=reason), "Job")
     expected = (True, field)
     assert expected == (isinstance(err, kind), err.field)
+
+
+RUN = {
+    "apiVersion": "taugrid.dev/v1alpha1", "kind": "TauRun",
+    "metadata": {"name": "demo", "namespace": "ns", "resourceVersion": "7",
+                 "managedFields": [{"manager": "m"}],
+                 "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "{}",
+                                 "taugrid.dev/cancel-requested": "me"}},
+    "spec": {"image": "x"},
+    "status": {"phase": "Running", "currentAttempt": 1, "results": {"metrics": {"a": []}}},
+}  # fmt: skip
+
+
+def test_a_cached_run_keeps_what_the_passes_read_and_drops_the_rest() -> None:
+    """The TauRun cache drops managedFields, kubectl's last-applied copy and the results
+    (never read by a pass); everything else, the resourceVersion included, is kept."""
+    expected = {
+        "apiVersion": "taugrid.dev/v1alpha1", "kind": "TauRun",
+        "metadata": {"name": "demo", "namespace": "ns", "resourceVersion": "7",
+                     "annotations": {"taugrid.dev/cancel-requested": "me"}},
+        "spec": {"image": "x"},
+        "status": {"phase": "Running", "currentAttempt": 1},
+    }  # fmt: skip
+    assert expected == kube_runs.trim_run(RUN)
+    assert "results" in RUN["status"]  # the input is left as it was
+
+
+def test_a_cached_node_keeps_its_name_and_quarantine_annotations_only() -> None:
+    """The node cache keeps what `views.node_facts` reads, so other node changes (status,
+    labels, other annotations) change nothing a reader sees."""
+    raw = {"metadata": {"name": "n1", "labels": {"a": "1"}, "resourceVersion": "9",
+                        "annotations": {marks.QUARANTINED_BY_ANNOTATION: "c",
+                                        marks.QUARANTINE_ANNOTATION: "{}", "other": "x"}},
+           "status": {"conditions": []}}  # fmt: skip
+    expected = {"metadata": {"name": "n1", "annotations": {
+        marks.QUARANTINED_BY_ANNOTATION: "c", marks.QUARANTINE_ANNOTATION: "{}"}}}  # fmt: skip
+    assert expected == kube_runs.trim_node(raw)

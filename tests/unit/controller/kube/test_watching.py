@@ -1,4 +1,10 @@
-"""The list-then-watch cache's own bookkeeping: what it tells when objects go away."""
+"""A watch-fed cache's bookkeeping: lists, watch events and our own writes (`note`) in any
+order leave it holding the newest copy, only a change readers see wakes them, and what goes
+away is told.
+
+These orders cannot be produced on demand against a real API server (they are races
+between a write's response and the watch), so the cache's steps are driven directly.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +13,8 @@ import contextlib
 import json
 from collections.abc import Sequence
 from typing import Any
+
+import pytest
 
 from controller.kube import watching
 
@@ -67,3 +75,103 @@ async def test_an_object_missing_from_a_relist_is_told_gone_like_a_deleted_one()
     with contextlib.suppress(asyncio.CancelledError):
         await task
     assert (gone, list(cache.items)) == (["c", "b"], ["a"])
+
+
+def obj(name: str, rv: int | None, value: str = "v") -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "namespace": "ns"}
+    if rv is not None:
+        meta["resourceVersion"] = str(rv)
+    return {"metadata": meta, "data": {"value": value}}
+
+
+def keep_rv(raw: dict[str, Any]) -> dict[str, Any]:
+    return raw
+
+
+Step = tuple[str, Any]
+
+
+def replay(steps: list[Step], trim: Any = keep_rv) -> tuple[dict[str, str], int]:
+    """Apply the steps to a fresh cache; return {name: value} and how many pokes it made."""
+    pokes: list[None] = []
+
+    async def never(**_: Any) -> Any:
+        raise AssertionError
+
+    cache = watching.Watched(never, trim, kind="test", on_change=lambda: pokes.append(None))
+    for step, arg in steps:
+        if step == "list":
+            items, rv = arg
+            cache.listed(items, str(rv))
+        elif step == "note":
+            cache.note(arg)
+        else:
+            cache.event(step, arg)
+    held = {o["metadata"]["name"]: o["data"]["value"] for o in cache.items.values()}
+    return held, len(pokes)
+
+
+@pytest.mark.parametrize(
+    ("steps", "expected"),
+    [
+        pytest.param([("list", ([obj("a", 5, "1")], 10)), ("note", obj("a", 12, "2"))],
+                     {"a": "2"}, id="our write is shown before the watch brings it"),
+        pytest.param([("list", ([obj("a", 5, "1")], 10)), ("note", obj("a", 12, "2")),
+                      ("MODIFIED", obj("a", 11, "1.5"))],
+                     {"a": "2"}, id="a watch event older than our write does not undo it"),
+        pytest.param([("list", ([], 10)), ("note", obj("a", 12, "2")),
+                      ("ADDED", obj("a", 12, "2")), ("MODIFIED", obj("a", 13, "3"))],
+                     {"a": "3"}, id="the watch's copy of our write and later changes apply"),
+        pytest.param([("list", ([obj("a", 5)], 10)), ("note", obj("a", 12)),
+                      ("DELETED", obj("a", 14))],
+                     {}, id="a delete after our write removes the object"),
+        pytest.param([("list", ([], 10)), ("MODIFIED", obj("a", 12, "2")),
+                      ("MODIFIED", obj("a", 13, "3")), ("note", obj("a", 12, "2"))],
+                     {"a": "3"}, id="a write the watch has already passed is not shown again"),
+        pytest.param([("list", ([obj("a", 5)], 10)), ("DELETED", obj("a", 14)),
+                      ("note", obj("a", 12))],
+                     {}, id="a late write response does not bring a deleted object back"),
+        pytest.param([("BOOKMARK", obj("", 20)), ("note", obj("a", 12))],
+                     {}, id="nothing is shown before the cache has listed"),
+        pytest.param([("list", ([], 10)), ("BOOKMARK", obj("", 20)), ("note", obj("a", 15))],
+                     {}, id="a bookmark past our write means the watch has brought it"),
+        pytest.param([("list", ([], 10)), ("note", obj("a", None))],
+                     {}, id="a write without a numeric version is left to the watch"),
+        pytest.param([("list", ([obj("a", 5, "1")], 10)), ("note", obj("a", 12, "2")),
+                      ("list", ([obj("a", 5, "1")], 11))],
+                     {"a": "1"}, id="a relist replaces everything, our writes included"),
+    ],
+)  # fmt: skip
+def test_the_cache_holds_the_newest_copy_whatever_the_order(
+    steps: list[Step], expected: dict[str, str]
+) -> None:
+    """Lists, watch events and our own writes in any order leave the newest copy held."""
+    held, _ = replay(steps)
+    assert expected == held
+
+
+def without_rv(raw: dict[str, Any]) -> dict[str, Any]:
+    return {"metadata": {"name": raw["metadata"]["name"], "namespace": "ns"},
+            "data": raw["data"]}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("steps", "expected"),
+    [
+        pytest.param([("list", ([obj("a", 5, "1")], 10))], 1, id="a list wakes the readers"),
+        pytest.param([("list", ([obj("a", 5, "1")], 10)), ("MODIFIED", obj("a", 11, "1")),
+                      ("MODIFIED", obj("a", 12, "1"))],
+                     1, id="changes the trim removes wake nobody"),
+        pytest.param([("list", ([obj("a", 5, "1")], 10)), ("MODIFIED", obj("a", 11, "2"))],
+                     2, id="a change of what readers see wakes them"),
+        pytest.param([("list", ([], 10)), ("note", obj("a", 12, "2")),
+                      ("ADDED", obj("a", 12, "2"))],
+                     2, id="the watch's echo of our own write wakes nobody again"),
+        pytest.param([("list", ([], 10)), ("DELETED", obj("a", 12))],
+                     1, id="the delete of an object never held wakes nobody"),
+    ],
+)  # fmt: skip
+def test_only_a_change_readers_see_wakes_them(steps: list[Step], expected: int) -> None:
+    """The cache calls `on_change` only when what it holds, as trimmed, changed."""
+    _, pokes = replay(steps, trim=without_rv)
+    assert expected == pokes
