@@ -20,6 +20,7 @@ wrote per Workload is kept in memory for the run reconciler (`message_for`).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime as dt
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -129,16 +130,22 @@ class Gate:
         workloads = {(w.namespace, w.name): w for w in parsed}
         flavors = {f.name: f for f in map(views.parse_flavor, raw_flavors)}
         node_list = [views.parse_node(n) for n in raw_nodes]
+        pods = [views.parse_pod(p) for p in raw_pods]
         if any(w.uses_dra for w in workloads.values()):
             # Fail closed: without the fleet's word every DRA node counts as stale.
             dra = self.devices() if self.devices is not None else {}
-            allocated = views.allocated_devices(await self.store.list_claims())
-            node_list = views.with_devices(node_list, dra, allocated)
+            claims = await self.store.list_claims()
+            node_list = views.with_devices(node_list, dra, views.allocated_devices(claims))
+            claimed = views.claimed_pods(claims)
+            pods = [
+                dataclasses.replace(p, claimed=True) if (p.namespace, p.name) in claimed else p
+                for p in pods
+            ]
         decisions = policy.plan(
             list(workloads.values()),
             node_list,
             flavors,
-            [views.parse_pod(p) for p in raw_pods],
+            pods,
             now,
             check=self.check,
             retry_after_s=self.retry_after_s,

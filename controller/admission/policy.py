@@ -363,7 +363,7 @@ def _claims(
             1
             for p in pods
             if p.namespace == workload.namespace
-            and (p.node or p.terminal)
+            and (p.placed or p.terminal)
             and all(p.labels.get(k) == v for k, v in ps.labels.items())
         )
         eligible = frozenset(n.name for n in node_list if n.healthy and _eligible(n, ps, flavors))
@@ -440,10 +440,12 @@ def _rechecked(
     check: str,
 ) -> bool:
     """Whether a passed Workload is checked again: it gets GPUs through DRA claims, went
-    through our check (Ready) in one of our queues, and none of its pods has started (is
-    bound to a node) yet. Its devices may have gone bad since we said Ready; holding its
-    quota then only keeps others out (kueue#12757). Pods are told apart by their template's
-    labels; a pod set without labels cannot be, so its Workload is left alone."""
+    through our check (Ready) in one of our queues, and none of its pods has started yet.
+    Its devices may have gone bad since we said Ready; holding its quota then only keeps
+    others out (kueue#12757). Started: bound to a node, or with its claims allocated (the
+    scheduler is binding it; counting the devices those hold against it would send it back
+    for want of its own GPUs). Pods are told apart by their template's labels; a pod set
+    without labels cannot be, so its Workload is left alone."""
     ours = w.check(check)
     if not w.uses_dra or ours is None or ours.state != views.CheckState.READY:
         return False
@@ -453,7 +455,7 @@ def _rechecked(
         return False
     return not any(
         p.namespace == w.namespace
-        and (p.node or p.terminal)
+        and (p.placed or p.terminal)
         and all(p.labels.get(k) == v for k, v in ps.labels.items())
         for ps in w.pod_sets
         for p in pods

@@ -278,11 +278,19 @@ class PodUsage:
     requests: Resources
     phase: str = "Pending"
     labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    claimed: bool = False
+    """A ResourceClaim allocated and reserved for it (`claimed_pods`): the scheduler has
+    placed it and is binding it; its devices already count as held."""
 
     @property
     def terminal(self) -> bool:
         """Succeeded or Failed: it runs nothing and holds nothing."""
         return self.phase in TERMINAL_POD_PHASES
+
+    @property
+    def placed(self) -> bool:
+        """Bound to a node, or on its way there (its claims are allocated)."""
+        return bool(self.node) or self.claimed
 
     @property
     def run(self) -> str:
@@ -338,6 +346,27 @@ def allocated_devices(raw_claims: Iterable[Mapping[str, Any]]) -> frozenset[tupl
         for result in (allocation.get("devices") or {}).get("results") or []:
             if isinstance(result, Mapping) and result.get("driver") == marks.DRA_DRIVER:
                 out.add((str(result.get("pool", "")), str(result.get("device", ""))))
+    return frozenset(out)
+
+
+def claimed_pods(raw_claims: Iterable[Mapping[str, Any]]) -> frozenset[tuple[str, str]]:
+    """(namespace, name) of every pod a ResourceClaim is allocated and reserved for.
+
+    The scheduler allocates a pod's claims and reserves them for it before it binds the pod,
+    so for a moment a pod holds devices while it has no node yet."""
+    out = set()
+    for claim in raw_claims:
+        status = claim.get("status") or {}
+        if not status.get("allocation"):
+            continue
+        namespace = str((claim.get("metadata") or {}).get("namespace", ""))
+        for ref in status.get("reservedFor") or []:
+            if (
+                isinstance(ref, Mapping)
+                and ref.get("resource") == "pods"
+                and not ref.get("apiGroup")
+            ):
+                out.add((namespace, str(ref.get("name", ""))))
     return frozenset(out)
 
 

@@ -4,6 +4,7 @@ started gives its quota back (DESIGN.md section 2, "the admission gate counts de
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -156,6 +157,37 @@ def test_a_workload_that_started_is_never_taken_back(
     w = raw_dra_workload(state="Ready", conditions=conditions)
     nodes = fleet(dra_node("d0", bad=tuple(range(8))), dra_node("d1", bad=tuple(range(8))))
     assert ("ns", "wl") not in _plan([w], nodes, pods)
+
+
+def test_a_workload_whose_claims_the_scheduler_allocated_keeps_its_own_gpus() -> None:
+    """Between allocating a pod's claims and binding the pod, the scheduler has the pod's
+    devices held and no node on the pod: the Workload's own GPUs are not a reason to send
+    it back (they were, and a re-check in that moment answered Retry)."""
+    w = raw_dra_workload(pods=2, state="Ready", conditions=ADMITTED)
+    nodes = fleet(dra_node("d0", held=tuple(range(8))), dra_node("d1", held=tuple(range(8))))
+    being_bound = [
+        dataclasses.replace(base.pod(f"wl-{i}", labels={"job-name": "wl"}, gpus=0), claimed=True)
+        for i in range(2)
+    ]
+    unclaimed = [base.pod(f"wl-{i}", labels={"job-name": "wl"}, gpus=0) for i in range(2)]
+    kept = ("ns", "wl") not in _plan([w], nodes, being_bound)
+    taken = _plan([w], nodes, unclaimed)[("ns", "wl")].state
+    assert (kept, taken) == (True, views.CheckState.RETRY)
+
+
+def test_a_pod_is_claimed_when_an_allocated_claim_is_reserved_for_it() -> None:
+    """Only allocated claims count, only their pod consumers, in the claim's namespace."""
+    claims = [
+        {"metadata": {"namespace": "ns"}, "status": {
+            "allocation": {"devices": {"results": []}},
+            "reservedFor": [{"resource": "pods", "name": "p1", "uid": "u1"},
+                            {"apiGroup": "example.com", "resource": "pods", "name": "x"}]}},
+        {"metadata": {"namespace": "ns"}, "status": {
+            "reservedFor": [{"resource": "pods", "name": "p2", "uid": "u2"}]}},
+        {"metadata": {"namespace": "other"}, "status": {
+            "allocation": {"devices": {}}, "reservedFor": [{"resource": "pods", "name": "p3"}]}},
+    ]  # fmt: skip
+    assert views.claimed_pods(claims) == frozenset({("ns", "p1"), ("other", "p3")})
 
 
 def test_an_admitted_workload_that_still_fits_keeps_its_room_from_later_ones() -> None:
