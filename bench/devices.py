@@ -75,14 +75,7 @@ class Controller:
         )  # fmt: skip
 
     async def leading(self, http: aiohttp.ClientSession) -> None:
-        for _ in range(600):
-            with contextlib.suppress(aiohttp.ClientError):
-                async with http.get(f"{self.url}/readyz") as r:
-                    if (await r.json()).get("leader"):
-                        return
-            await asyncio.sleep(0.1)
-        msg = "the bench controller did not lead within a minute"
-        raise RuntimeError(msg)
+        await fleetkit.leading(http, self.url)
 
     def stop(self) -> None:
         self.proc.terminate()

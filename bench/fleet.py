@@ -175,12 +175,7 @@ async def _measure(
     `--trials` of `names`, then the next `--burst` of them at once. Refused and late sends
     count from the settled fleet on (not while a controller starts)."""
     out: dict[str, Any] = {}
-    for _ in range(600):
-        with contextlib.suppress(aiohttp.ClientError):
-            async with http.get(f"{url}/readyz") as r:
-                if (await r.json()).get("leader"):
-                    break
-        await asyncio.sleep(0.1)
+    await fleetkit.leading(http, url)
     await asyncio.sleep(args.interval + args.settle)  # every node reported, warm
     # ... and the fleet's first writes (a review, a condition and its Event per node: 4,500
     # for 1,500 nodes, 45 s at the chart's budget) are done: the bursts are of a fleet in

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import pathlib
 import re
 import statistics
 import sys
+import time
 from typing import Any
 
+import aiohttp
 from kubernetes_asyncio import client, config
 
 from devcluster import build, cluster, stack
@@ -78,6 +81,19 @@ async def delete_fleet(api: client.ApiClient, dev: cluster.Cluster, ns: str) -> 
         dev.kubectl, bin_dir(), "delete", "nodes", "-l", f"taugrid.dev/bench={ns}", "--wait=false"
     )
     await client.CoreV1Api(api).delete_namespace(ns)
+
+
+async def leading(http: aiohttp.ClientSession, url: str, timeout_s: float = 60.0) -> None:
+    """Wait until the controller at `url` says it leads (`/readyz`); raise after `timeout_s`."""
+    deadline = time.perf_counter() + timeout_s
+    while time.perf_counter() < deadline:
+        with contextlib.suppress(aiohttp.ClientError):
+            async with http.get(f"{url}/readyz") as r:
+                if (await r.json()).get("leader"):
+                    return
+        await asyncio.sleep(0.1)
+    msg = f"the bench controller at {url} did not lead within {timeout_s:g} s"
+    raise RuntimeError(msg)
 
 
 def pct(values: list[float], q: int) -> float:

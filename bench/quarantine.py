@@ -132,12 +132,7 @@ async def _trial_run(
     sent: dict[str, float] = {}
     try:
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64)) as http:
-            for _ in range(300):
-                with contextlib.suppress(aiohttp.ClientError):
-                    async with http.get(f"{url}/readyz") as r:
-                        if (await r.json()).get("leader"):
-                            break
-                await asyncio.sleep(0.1)
+            await fleetkit.leading(http, url, timeout_s=30)
             loop = asyncio.create_task(kit.heartbeat_loop(list(agents.values()), http, [url], 1.0))
             watcher = asyncio.create_task(_watch_taints(api, ns, seen, stop))
             await _settled(http, url, total)  # every node in, no write waiting

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from controller import errors, marks
 from controller.fleet import actions, nodes, passes, policy, state
 from shared import health, heartbeat
-from tests.unit.controller.fleet import fakes
+from tests.unit.controller.fleet import fakes, test_conditions
 from tests.unit.controller.fleet.fakes import at
 
 NAMES = ("n0", "n1", "n2", "n3", "n4")
@@ -313,20 +313,8 @@ def test_a_pass_acts_on_faults_first_and_leaves_surplus_healthy_conditions_for_t
     assert expected == ([n for n, _ in todo], deferred)
 
 
-_RECORD = nodes.QuarantineRecord(
-    mode=nodes.QuarantineMode.AUTOMATIC,
-    by=marks.CONTROLLER_IDENTITY,
-    at=at(0),
-    reason="XidFallenOffBus",
-    clears_with=nodes.Clearing.NEW_BOOT_ID,
-    boot_id="boot-1",
-    faults=frozenset(),
-    evict_after=at(60),
-)
-
-
 def _fence(node: str) -> actions.Quarantine:
-    return actions.Quarantine(node, _RECORD, "m", cordon=True)
+    return actions.Quarantine(node, test_conditions.RECORD, "m", cordon=True)
 
 
 @pytest.mark.parametrize(
