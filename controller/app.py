@@ -113,7 +113,7 @@ def _runtime(
         # flight (quarantining.MAX_PARALLEL_NODES); the loops and the reviews on another;
         # researchers' reads and writes on a fourth; log streams, which hold a connection
         # while they last, on a fifth as large as the stream cap.
-        # One API write budget for all four: what protects the API server is the replica's
+        # One API write budget for all five: what protects the API server is the replica's
         # total, served lease first (controller.budget).
         m = metrics.make_metrics()
         limiter = ratelimit.Limiter(write_rates(settings), observe=functools.partial(_seen, m))
