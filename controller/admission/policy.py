@@ -359,17 +359,21 @@ def _claims(
     for ps in workload.pod_sets:
         if not ps.labels:
             continue  # cannot tell its pods apart: assume they are bound and counted
-        started = sum(
-            1
-            for p in pods
-            if p.namespace == workload.namespace
-            and (p.placed or p.terminal)
-            and all(p.labels.get(k) == v for k, v in ps.labels.items())
-        )
+        started = sum(1 for p in pods if _started(p, workload, ps))
         eligible = frozenset(n.name for n in node_list if n.healthy and _eligible(n, ps, flavors))
         waiting += [_Pod(ps.name, ps.requests, eligible)] * max(0, ps.count - started)
     for pod in waiting:
         _pack([pod], free)
+
+
+def _started(p: views.PodUsage, w: views.Workload, ps: views.PodSet) -> bool:
+    """Whether `p` is a started pod of pod set `ps` of `w`: placed (bound, or its claims
+    allocated) or done, told apart by the template's labels."""
+    return (
+        p.namespace == w.namespace
+        and (p.placed or p.terminal)
+        and all(p.labels.get(k) == v for k, v in ps.labels.items())
+    )
 
 
 def plan(
@@ -453,13 +457,7 @@ def _rechecked(
         return False
     if not all(ps.labels for ps in w.pod_sets):
         return False
-    return not any(
-        p.namespace == w.namespace
-        and (p.placed or p.terminal)
-        and all(p.labels.get(k) == v for k, v in ps.labels.items())
-        for ps in w.pod_sets
-        for p in pods
-    )
+    return not any(_started(p, w, ps) for ps in w.pod_sets for p in pods)
 
 
 def check_state_body(check: str, decision: Decision) -> dict[str, Any]:

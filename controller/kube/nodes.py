@@ -294,10 +294,7 @@ def _requests_gpu(pod: dict[str, Any]) -> bool:
 
 def trim_install_pod(pod: dict[str, Any]) -> dict[str, Any]:
     """A pod of the install namespace as `AgentPods` keeps it: its UID and its IP."""
-    return {
-        "uid": str((pod.get("metadata") or {}).get("uid") or ""),
-        "ip": str((pod.get("status") or {}).get("podIP") or ""),
-    }
+    return {"uid": _uid_of(pod), "ip": str((pod.get("status") or {}).get("podIP") or "")}
 
 
 def _uid_of(pod: dict[str, Any]) -> str:
