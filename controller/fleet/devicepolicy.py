@@ -1,9 +1,11 @@
 """Device quarantine on DRA nodes (DESIGN.md sections 2 and 6) as one pure, level-triggered
 function, beside the node policy (`controller.fleet.policy`).
 
-`decide` reads every DRA node's health, its devices (the ResourceSlices) and every
-DeviceTaintRule, and returns the rules to create and delete, the nodes it takes out of node
-quarantine's hands (`scope`), and when to look again. Scope follows the fault:
+`decide` reads the health of every DRA node with a fault or a rule of ours (no other node
+can be in scope, and `FleetState.faulty` names them without assessing the fleet), their
+devices (the ResourceSlices) and every DeviceTaintRule. It returns the rules to create and
+delete, the nodes it takes out of node quarantine's hands (`scope`), and when to look
+again. Scope follows the fault:
 
 - a node whose every fault is on a GPU its slices list, with action ResetGPU or Inspect, and
   which would have at most `max_per_node` fenced GPUs, is in **device scope**: each faulty
@@ -125,29 +127,33 @@ class _Group:
 
 def decide(
     fleet_state: state.FleetState,
-    node_views: Iterable[nodes.NodeView],
+    views: Mapping[str, nodes.NodeView],
     settings: Settings,
     breaker: actions.BreakerState,
     now: dt.datetime,
     *,
-    inventory: Mapping[str, devices.NodeDevices],
+    inventory: devices.Inventory,
     rules: Sequence[devices.TaintRule],
     dry_run: bool,
 ) -> actions.DeviceDecision:
-    """Return the device rules to create and delete now, and when to look again."""
-    views = {v.name: v for v in node_views}
+    """Return the device rules to create and delete now, and when to look again (`views`:
+    every node of the cache, by name)."""
     managed = {name for name, v in views.items() if v.managed}
-    dra_nodes = frozenset(
-        n for n in managed if inventory.get(n) is not None and inventory[n].devices
-    )
-    if settings.mode == GpuMode.DEVICE_PLUGIN:
-        dra_nodes = frozenset()
+    dra_nodes: frozenset[str] = frozenset()
+    total = 0
+    if settings.mode != GpuMode.DEVICE_PLUGIN:
+        dra_nodes = frozenset(managed & inventory.keys())
+        # GPUs of nodes with slices that are not managed (few) are not the fleet's.
+        total = inventory.gpus - sum(len(inventory[n].devices) for n in inventory.keys() - managed)
     groups = _groups(r for r in rules if r.ours and r.kind is not None and r.node in managed)
+    # Only a node whose last report names a fault can be in scope, and only a node with
+    # rules can need a release: the rest of the fleet is not assessed at all, so a pass
+    # costs the faulty and fenced nodes, not every DRA node.
+    judged = (dra_nodes & fleet_state.faulty()) | {node for node, _ in groups}
     healths = {
         n: fleet_state.assess(n, now, default_interval_s=settings.default_interval_s)
-        for n in sorted(dra_nodes | {node for node, _ in groups})
+        for n in sorted(judged)
     }
-    total = sum(len(inventory[n].devices) for n in dra_nodes)
     limit = settings.limit_for(total)
     fenced_now = sum(1 for g in groups.values() if g.fencing)
     deadlines: list[dt.datetime] = []
@@ -155,8 +161,9 @@ def decide(
                   | actions.CloseBreaker] = []  # fmt: skip
 
     scope = frozenset(
-        n for n in dra_nodes if _scope(views[n], healths[n], inventory[n], groups, settings)
-    )
+        n for n in dra_nodes & judged
+        if _scope(views[n], healths[n], inventory[n], groups, settings)
+    )  # fmt: skip
     breaker = _judge_breaker(
         fleet_state, _Fleet(scope, healths, groups, total), settings, breaker, now,
         decided=decided, deadlines=deadlines,

@@ -118,16 +118,25 @@ def parse_slice(raw: Mapping[str, Any]) -> tuple[Device, ...]:
     return tuple(out)
 
 
-def inventory(slices: Iterable[Mapping[str, Any]]) -> dict[str, NodeDevices]:
+class Inventory(dict[str, NodeDevices]):
+    """The DRA fleet's GPUs by node: only nodes with at least one GPU are in it, and `gpus`
+    counts them all (kept, so a pass need not sum the fleet)."""
+
+    def __init__(self, found: Mapping[str, NodeDevices] | None = None) -> None:
+        super().__init__({n: d for n, d in (found or {}).items() if d.devices})
+        self.gpus = sum(len(d.devices) for d in self.values())
+
+
+def inventory(slices: Iterable[Mapping[str, Any]]) -> Inventory:
     """Every node's GPUs from all the slices (a node may have several slices)."""
     found: dict[str, list[Device]] = {}
     for raw in slices:
         for device in parse_slice(raw):
             found.setdefault(device.node, []).append(device)
-    return {
+    return Inventory({
         node: NodeDevices(node, tuple(sorted(devs, key=lambda d: _natural(d.name))))
         for node, devs in found.items()
-    }
+    })  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

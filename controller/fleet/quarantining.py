@@ -17,7 +17,7 @@ import asyncio
 import collections
 import datetime as dt
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import structlog
@@ -88,7 +88,7 @@ class Quarantiner:
         self.device_breaker = actions.BreakerState()
         self.last_devices: actions.DeviceDecision | None = None
         self._records: set[asyncio.Task[None]] = set()
-        self._parsed_devices: tuple[tuple[int, int], dict[str, devices.NodeDevices],
+        self._parsed_devices: tuple[tuple[int, int], devices.Inventory,
                                     list[devices.TaintRule]] | None = None  # fmt: skip
         """The inventory and rules parsed at the device cache's versions (a pass reuses them:
         parsing a fleet's slices is most of a pass's cost)."""
@@ -170,12 +170,12 @@ class Quarantiner:
 
     def device_inputs(
         self, *, report: bool = False
-    ) -> tuple[dict[str, devices.NodeDevices], list[devices.TaintRule]]:
+    ) -> tuple[devices.Inventory, list[devices.TaintRule]]:
         """The DRA inventory and every DeviceTaintRule, from the device cache (`report`:
         log the problems of damaged rules, once per pass)."""
         cache = self.device_cache
         if cache is None:
-            return {}, []
+            return devices.Inventory(), []
         versions = (cache.slices.version, cache.rules.version)
         if self._parsed_devices is not None and self._parsed_devices[0] == versions:
             return self._parsed_devices[1], self._parsed_devices[2]
@@ -188,7 +188,7 @@ class Quarantiner:
         return inventory, rules
 
     def decide_devices(
-        self, views: list[nodes.NodeView], now: dt.datetime
+        self, views: Mapping[str, nodes.NodeView], now: dt.datetime
     ) -> actions.DeviceDecision | None:
         """The device policy's decision for this pass (None without device quarantine)."""
         if self.device_settings is None or self.device_cache is None:
@@ -272,8 +272,7 @@ class Quarantiner:
                 or ((now - self._full_at).total_seconds() >= self.full_pass_interval_s)
             )
             by_name = self.views(touched, everything=full)
-            views = list(by_name.values())
-            device = self.decide_devices(views, now)
+            device = self.decide_devices(by_name, now)
             if device is not None:
                 self.device_breaker = device.breaker
                 self.last_devices = device

@@ -241,7 +241,7 @@ class FleetState:
     and `leader_since` (set when the lease is acquired) holds staleness back for one staleAfter.
     """
 
-    __slots__ = ("_changed", "_records", "leader_since", "stale_multiplier")
+    __slots__ = ("_changed", "_faulty", "_records", "leader_since", "stale_multiplier")
 
     def __init__(
         self,
@@ -255,6 +255,7 @@ class FleetState:
         _require_aware("leader_since", leader_since)
         self._records: dict[str, NodeRecord] = {}
         self._changed: set[str] = set()
+        self._faulty: set[str] = set()
         self.leader_since = leader_since
         self.stale_multiplier = stale_multiplier
 
@@ -280,6 +281,13 @@ class FleetState:
         """Drop a node that left the cluster, so its memory does not outlive it."""
         if self._records.pop(node, None) is not None:
             self._changed.add(node)
+        self._faulty.discard(node)
+
+    def faulty(self) -> frozenset[str]:
+        """The nodes whose last report names a fault (whatever the time says of it now): the
+        only nodes whose `assess` can have faults, kept as reports come, so a pass can find
+        them without assessing every node."""
+        return frozenset(self._faulty)
 
     def take_changed(self) -> set[str]:
         """The nodes whose health may read differently since the last call, other than by
@@ -330,6 +338,8 @@ class FleetState:
             _track_gpus(record.gpu_since, hb, faults, now, restart=True)
             self._records[hb.node_name] = record
             self._changed.add(hb.node_name)
+            if faults:
+                self._faulty.add(hb.node_name)
             return True
         # A healthy report after a silence starts a new healthy streak: the silence was not one.
         was_stale = now - old.received_at > self.stale_after(old.heartbeat)
@@ -362,6 +372,10 @@ class FleetState:
         old.verdict = verdict
         old.action = action
         old.faults = faults
+        if faults:
+            self._faulty.add(hb.node_name)
+        else:
+            self._faulty.discard(hb.node_name)
         old.pod_uid = pod_uid
         old.key = key
         return True

@@ -4,10 +4,14 @@ run pass by pass on a fake fleet whose rules a fake actuator creates and deletes
 from __future__ import annotations
 
 import copy
+import datetime as dt
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
 from controller import marks
 from controller.fleet import actions, conditions, devicepolicy, devices, nodes, policy, state
@@ -49,8 +53,24 @@ def slice_of(node: str, gpus: int = 8) -> dict[str, Any]:
     }}  # fmt: skip
 
 
+class EveryNodeJudged(state.FleetState):
+    """The reference for `FleetState.faulty`: while `everyone` is set, it names every node
+    of the world, so `devicepolicy.decide` assesses the whole DRA fleet, as it did before
+    it judged only the nodes with a fault or a rule."""
+
+    def __init__(self, *, leader_since: dt.datetime, stale_multiplier: float) -> None:
+        super().__init__(leader_since=leader_since, stale_multiplier=stale_multiplier)
+        self.everyone: frozenset[str] | None = None
+
+    def faulty(self) -> frozenset[str]:
+        return super().faulty() if self.everyone is None else self.everyone
+
+
 class DeviceWorld:
-    """DRA nodes, their slices and rules, run through both policies and a fake actuator."""
+    """DRA nodes, their slices and rules, run through both policies and a fake actuator.
+
+    Every step also decides with every node assessed (`EveryNodeJudged`) and checks that the
+    decision is the same: judging only the faulty and fenced nodes loses nothing."""
 
     def __init__(
         self,
@@ -63,7 +83,7 @@ class DeviceWorld:
     ) -> None:
         self.settings = settings
         self.node_settings = NODE_SETTINGS.model_copy(update={"dry_run": dry_run})
-        self.fleet = state.FleetState(leader_since=at(-100), stale_multiplier=3.0)
+        self.fleet = EveryNodeJudged(leader_since=at(-100), stale_multiplier=3.0)
         self.nodes = {n: fakes.raw_node(n, gpus=0) for n in names}
         self.nodes.update(copy.deepcopy(dict(raw or {})))
         self.slices = [slice_of(n) for n in self.nodes if n not in unlisted]
@@ -83,16 +103,25 @@ class DeviceWorld:
             self.fleet.ingest(hb, at(now))
 
     def step(self, now: float) -> actions.DeviceDecision:
-        views = [nodes.parse(raw) for raw in self.nodes.values()]
-        device = devicepolicy.decide(
-            self.fleet, views, self.settings, self.device_breaker, at(now),
-            inventory=devices.inventory(self.slices),
-            rules=[devices.parse_rule(r) for r in self.rules.values()],
-            dry_run=self.node_settings.dry_run,
-        )  # fmt: skip
+        views = {name: nodes.parse(raw) for name, raw in self.nodes.items()}
+
+        def decide() -> actions.DeviceDecision:
+            return devicepolicy.decide(
+                self.fleet, views, self.settings, self.device_breaker, at(now),
+                inventory=devices.inventory(self.slices),
+                rules=[devices.parse_rule(r) for r in self.rules.values()],
+                dry_run=self.node_settings.dry_run,
+            )  # fmt: skip
+
+        device = decide()
+        self.fleet.everyone = frozenset(self.nodes)
+        try:
+            assert decide() == device, "judging every node decides otherwise"
+        finally:
+            self.fleet.everyone = None
         self.device_breaker = device.breaker
         decision = policy.decide(
-            self.fleet, views, self.node_settings, self.breaker, at(now),
+            self.fleet, list(views.values()), self.node_settings, self.breaker, at(now),
             device_scope=device.scope, device_nodes=device.dra_nodes,
         )  # fmt: skip
         self.breaker = decision.breaker
@@ -333,6 +362,17 @@ def test_an_opted_out_node_is_never_written_to() -> None:
     assert not world.fenced()
 
 
+def test_the_fleets_gpus_are_those_of_managed_nodes_with_slices() -> None:
+    """The limits count the GPUs of managed DRA nodes: an opted-out node's 8 and a node
+    without a slice count for nothing (4 nodes, 2 of them counted: 16 GPUs)."""
+    raw = {"d1": fakes.raw_node("d1", gpus=0, labels={marks.MANAGED_LABEL: "false"})}
+    world = DeviceWorld(raw=raw, unlisted=frozenset({"d2"}))
+    world.run(0, 0)
+
+    assert world.last is not None
+    assert (16, frozenset({"d0", "d3"})) == (world.last.devices_total, world.last.dra_nodes)
+
+
 def test_rules_we_did_not_create_are_never_deleted_but_count_as_taints() -> None:
     """Someone else's rule on a healthy device stays; a look-alike without our label is not
     ours even when named like ours."""
@@ -467,3 +507,60 @@ def test_the_gate_is_told_which_gpus_a_new_claim_may_use() -> None:
     actual = {n: (fresh, {d.name: d.why for d in devs if not d.usable})
               for n, (fresh, devs) in found.items()}  # fmt: skip
     assert expected == actual
+
+
+GPU_FAULTS: dict[str, Faults] = {
+    "healthy": {},
+    "ecc on gpu 1": {1: [fakes.ecc_rising()]},
+    "ecc on gpu 5": {5: [fakes.ecc_rising()]},
+    "row remap on gpu 1 (Inspect)": {1: [fakes.row_remap_failure()]},
+    "uncontained on gpu 1": {1: [uncontained_ecc()]},
+    "ecc and uncontained on gpu 1": {1: [fakes.ecc_rising(), uncontained_ecc()]},
+    "three gpus": {i: [fakes.ecc_rising()] for i in range(3)},
+    "xid 79": {0: [fakes.xid79()]},
+}
+TIGHT = SETTINGS.model_copy(update={"max_quarantined_devices": 2, "breaker_min_devices": 2})
+steps = st.tuples(
+    st.sampled_from([0, 1, 10, 30, 31, 100, 300, 301, 700]),
+    st.fixed_dictionaries({n: st.sampled_from(sorted(GPU_FAULTS)) for n in FOUR}),
+    st.frozensets(st.sampled_from(FOUR)),
+    st.sampled_from(["", "", "", "d0", "d1"]),
+    st.booleans(),
+)
+
+
+@given(st.sampled_from([SETTINGS, TIGHT]), st.lists(steps, min_size=1, max_size=25))
+@hsettings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_judging_only_faulty_and_fenced_nodes_decides_what_judging_every_node_decides(
+    settings: devicepolicy.Settings,
+    script: list[tuple[int, dict[str, str], frozenset[str], str, bool]],
+) -> None:
+    """Over random histories (faults of every scope coming and going, silences, manual
+    releases, dry run switched, both limits reached), each pass's decision from the nodes
+    `FleetState.faulty` names is the one from assessing every DRA node (`DeviceWorld.step`
+    checks it pass by pass); and `faulty` is exactly the nodes whose last report has a fault."""
+    world = DeviceWorld(settings=settings)
+    now = 0.0
+    passes = 0
+    for advance, chosen, silent, release, dry_run in script:
+        now += advance
+        world.node_settings = world.node_settings.model_copy(update={"dry_run": dry_run})
+        faults = {n: GPU_FAULTS[c] for n, c in chosen.items()}
+        world.report(now, faults, silent=silent)
+        if release:
+            h = world.fleet.assess(release, at(now), default_interval_s=10)
+            view = nodes.parse(world.nodes[release])
+            fenced = release in world.fenced()
+            if view.quarantine is not None or fenced:
+                action = policy.manual_release(view, h, by="alice", reason="checked",
+                                               devices_fenced=fenced)  # fmt: skip
+                patch = conditions.patch_for(action, world.nodes[release], at(now))
+                if patch is not None:
+                    world.nodes[release] = fakes.apply(world.nodes[release], patch)
+        world.step(now)
+        passes += 1
+        reported_faulty = {
+            n for n in FOUR if (record := world.fleet.get(n)) is not None and record.faults
+        }
+        assert reported_faulty == world.fleet.faulty()
+    assert passes == len(script)

@@ -362,3 +362,22 @@ def test_the_fleet_names_the_nodes_whose_health_may_read_differently(
     assert {"n1"} == state.take_changed()
     state.ingest(second, at(received_s))
     assert ({"n1"} if changed else set()) == state.take_changed()
+
+
+def test_the_fleet_names_the_nodes_whose_last_report_has_a_fault() -> None:
+    """`faulty`: a fault in the first report or a later one names the node, a report without
+    faults or forgetting the node removes it, and a replay changes nothing."""
+    state = fleet.FleetState(leader_since=at(-100))
+    bad = {0: [fakes.ecc_rising()]}
+    state.ingest(fakes.hb("n1", seq=1, sent_at=at(0), faults=bad), at(0))
+    state.ingest(fakes.hb("n2", seq=1, sent_at=at(0)), at(0))
+    seen = [state.faulty()]
+    state.ingest(fakes.hb("n2", seq=2, sent_at=at(10), faults=bad), at(10))
+    state.ingest(fakes.hb("n1", seq=2, sent_at=at(10)), at(10))
+    seen.append(state.faulty())
+    state.ingest(fakes.hb("n2", seq=1, sent_at=at(0)), at(11))
+    seen.append(state.faulty())
+    state.forget("n2")
+    seen.append(state.faulty())
+
+    assert [{"n1"}, {"n2"}, {"n2"}, set()] == seen

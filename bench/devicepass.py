@@ -1,0 +1,140 @@
+"""The device-quarantine pass's cost: judging the faulty and fenced nodes against judging
+every DRA node, side by side.
+
+Pure core only, in one process (no cluster, no HTTP): N DRA nodes × 8 GPUs, each with the
+ResourceSlice NVIDIA's driver publishes and a heartbeat parsed from JSON as the handler
+parses it; `k` nodes report a ResetGPU-class fault on one GPU (ECC errors rising), so the
+pass has `k` devices to fence. For each N and k, in the same run and on the same state:
+
+- `devicepolicy.decide` as the loop calls it: it assesses only the nodes `FleetState.faulty`
+  names (their last report has a fault) and those with a rule of ours;
+- the same call with a `FleetState` that names every node as faulty, which assesses every
+  DRA node as each pass did before (the reference of the unit tests' property);
+
+and checks that both decide the same. Timings are medians of repeated calls; the machine is
+shared, so read the ratio within a row. The 100,000-node row is a simulation of the
+leader's pure core, not a fleet.
+
+Run: `.venv/bin/python -m bench.devicepass [N ...]` (default 1000 10000 100000).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import statistics
+import sys
+import time
+
+from controller import marks
+from controller.fleet import actions, devicepolicy, devices, nodes, state
+from controller.kube import nodes as kube_nodes
+from controller.settings import ControllerSettings
+from shared import heartbeat
+
+T0 = dt.datetime(2026, 3, 1, tzinfo=dt.UTC)
+SETTINGS = devicepolicy.settings_from(
+    ControllerSettings(max_quarantined_devices=100_000, device_breaker_percent=100)
+)
+FAULTY_COUNTS = (0, 10, 100)
+
+
+class EveryNode(state.FleetState):
+    """The reference: every node named faulty, so `decide` assesses the whole DRA fleet."""
+
+    def __init__(self, names: frozenset[str], *, leader_since: dt.datetime) -> None:
+        super().__init__(leader_since=leader_since)
+        self.names = names
+
+    def faulty(self) -> frozenset[str]:
+        return self.names
+
+
+def _uuid(name: str, index: int) -> str:
+    return f"GPU-{name}-{index}"
+
+
+def _body(name: str, *, fault: bool) -> bytes:
+    gpus = []
+    for index in range(8):
+        bad = fault and index == 0
+        gpus.append({
+            "index": index, "uuid": _uuid(name, index),
+            "verdict": "Degraded" if bad else "Healthy",
+            "action": "ResetGPU" if bad else "None",
+            "reasons": [{"code": "EccUncorrectedRising", "verdict": "Degraded",
+                         "action": "ResetGPU", "latched": True,
+                         "since": T0.isoformat()}] if bad else [],
+            "readings": {"temperatureC": 55.0, "powerW": 300.0},
+        })  # fmt: skip
+    return json.dumps({
+        "schemaVersion": heartbeat.SCHEMA_VERSION, "nodeName": name, "bootId": "boot-1",
+        "intervalS": 10.0, "sequence": 1, "sentAt": T0.isoformat(), "gpus": gpus,
+    }).encode()  # fmt: skip
+
+
+def _slice(name: str) -> dict[str, object]:
+    return {"spec": {
+        "driver": marks.DRA_DRIVER, "nodeName": name, "pool": {"name": name},
+        "devices": [{"name": f"gpu-{i}", "attributes": {"uuid": {"string": _uuid(name, i)}}}
+                    for i in range(8)],
+    }}  # fmt: skip
+
+
+def _raw_node(name: str) -> dict[str, object]:
+    return kube_nodes.trim_node({
+        "metadata": {"name": name, "resourceVersion": "1", "labels": {}, "annotations": {}},
+        "spec": {}, "status": {"conditions": []},
+    })  # fmt: skip
+
+
+def _median_ms(run: object, repeats: int) -> float:
+    assert callable(run)
+    took = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        took.append(time.perf_counter() - start)
+    return 1e3 * statistics.median(took)
+
+
+def measure(count: int, faulty: int, *, repeats: int) -> tuple[float, float, int]:
+    """(ms judging what `faulty` names, ms judging every node, devices to fence)."""
+    names = [f"gpu-{n:06d}" for n in range(count)]
+    since = T0 - dt.timedelta(hours=1)
+    fleet = state.FleetState(leader_since=since)
+    reference = EveryNode(frozenset(names), leader_since=since)
+    for index, name in enumerate(names):
+        hb = heartbeat.Heartbeat.model_validate_json(_body(name, fault=index < faulty))
+        fleet.ingest(hb, T0)
+        reference.ingest(hb, T0)
+    views = {name: nodes.parse(_raw_node(name)) for name in names}
+    inventory = devices.inventory(_slice(name) for name in names)
+    now = T0 + dt.timedelta(seconds=1)
+
+    def decide(fleet_state: state.FleetState) -> actions.DeviceDecision:
+        return devicepolicy.decide(fleet_state, views, SETTINGS, actions.BreakerState(), now,
+                                   inventory=inventory, rules=[], dry_run=False)  # fmt: skip
+
+    ours, everyone = decide(fleet), decide(reference)
+    assert ours == everyone, "judging the faulty nodes decided otherwise than judging all"
+    fences = sum(1 for a in ours.actions if isinstance(a, actions.FenceDevice))
+    assert fences == faulty, f"{fences} fences for {faulty} faulty nodes"
+    return (_median_ms(lambda: decide(fleet), repeats),
+            _median_ms(lambda: decide(reference), repeats), fences)  # fmt: skip
+
+
+def main() -> None:
+    """Print one row per fleet size and number of faulty nodes."""
+    counts = [int(a) for a in sys.argv[1:] if a.isdigit()] or [1000, 10000, 100000]
+    print("DRA nodes | faulty nodes | pass, faulty and fenced judged | pass, every node "
+          "judged (before) | ratio")  # fmt: skip
+    for count in counts:
+        for faulty in FAULTY_COUNTS:
+            ours, everyone, _ = measure(count, faulty, repeats=3 if count > 20000 else 7)
+            print(f"{count:,} | {faulty} | {ours:.2f} ms | {everyone:.1f} ms | "
+                  f"{ours / everyone:.3f}×", flush=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
