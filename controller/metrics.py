@@ -46,6 +46,17 @@ class ControllerMetrics:
     relayed: prom.Counter
     relay_batch: prom.Histogram
     peer_entries: prom.Counter
+    _heartbeat_outcomes: dict[str, prom.Counter] = dataclasses.field(
+        default_factory=dict, init=False, repr=False
+    )
+
+    def count_heartbeat(self, outcome: str) -> None:
+        """One heartbeat by outcome; the label's child is looked up once (`labels` costs
+        a few µs, on the hot path)."""
+        child = self._heartbeat_outcomes.get(outcome)
+        if child is None:
+            child = self._heartbeat_outcomes[outcome] = self.heartbeats.labels(outcome)
+        child.inc()
 
 
 def make_metrics() -> ControllerMetrics:

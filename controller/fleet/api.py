@@ -129,13 +129,13 @@ async def post_heartbeat(request: web.Request) -> web.StreamResponse:
             # this replica's own peer token: the agent's token stays with this replica.
             relayer = request.app[FLEET].relayer if FLEET in request.app else None
             if relayer is None:
-                st.metrics.heartbeats.labels("forwarded").inc()
+                st.metrics.count_heartbeat("forwarded")
                 return await serving.forward(request, identity, fastheartbeat.wire(hb))
             kind = await relayer.submit(hb, identity)
-            st.metrics.heartbeats.labels("relayed").inc()
+            st.metrics.count_heartbeat("relayed")
             body = {"accepted": True, "node": hb.node_name, "sequence": hb.sequence,
                     "relayed": kind.value}  # fmt: skip
-            return web.json_response(body, status=202)
+            return _accepted(body)
         ctx = _ctx(request)
         url = _agent_url(ctx, st, identity)
         if hb.agent_url != url:  # the chart's agents send the same URL: no copy then
@@ -146,15 +146,23 @@ async def post_heartbeat(request: web.Request) -> web.StreamResponse:
             # Only a change of verdict, faults or boot wakes the quarantine loop at once; a
             # steady report does not, so a big fleet's heartbeats do not cost a pass each.
             ctx.quarantiner.poke()
-        st.metrics.heartbeats.labels("accepted").inc()
+        st.metrics.count_heartbeat("accepted")
         log.debug("heartbeat", node=hb.node_name, sequence=hb.sequence)
-        body = {"accepted": True, "node": hb.node_name, "sequence": hb.sequence}
-        return web.json_response(body, status=202)
+        return _accepted({"accepted": True, "node": hb.node_name, "sequence": hb.sequence})
     except errors.ControllerError:
-        st.metrics.heartbeats.labels("rejected").inc()
+        st.metrics.count_heartbeat("rejected")
         raise
     finally:
         st.metrics.heartbeat_seconds.observe(time.perf_counter() - started)
+
+
+_ENCODE = msgspec.json.Encoder().encode
+
+
+def _accepted(body: dict[str, object]) -> web.Response:
+    """The 202 of a heartbeat, encoded by msgspec (aiohttp's `json_response` costs ~3× as
+    much, on the hot path)."""
+    return web.Response(body=_ENCODE(body), status=202, content_type="application/json")
 
 
 def _agent_url(ctx: FleetContext, st: serving.ServingState, who: auth.Identity) -> str:

@@ -99,6 +99,75 @@ async def test_a_streaming_handler_outlives_the_handler_timeout() -> None:
     ) == ((504, "Timeout"), (200, {"waited": True}))  # fmt: skip
 
 
+async def test_each_request_gets_its_own_deadline_on_the_one_timer() -> None:
+    """Requests started 0.1 s apart under a 0.3 s timeout: those that finish in time answer,
+    each that outlives its own deadline answers 504, and the timer cancels nothing early
+    (the last slow request started 0.2 s after the first)."""
+    gate = asyncio.Event()
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        if request.query.get("slow"):
+            await gate.wait()  # never set: only the deadline ends it
+        else:
+            await asyncio.sleep(0.05)
+        return web.json_response({"ok": True})
+
+    app = web.Application(middlewares=[serving.make_middleware(0.3)])
+    app.router.add_get("/x", handler)
+    async with test_utils.TestClient(test_utils.TestServer(app)) as client:
+
+        async def call(slow: bool, after: float) -> int:
+            await asyncio.sleep(after)
+            resp = await client.get("/x", params={"slow": "1"} if slow else {})
+            return resp.status
+
+        statuses = await asyncio.gather(call(True, 0), call(False, 0.1), call(True, 0.2),
+                                        call(False, 0.25))  # fmt: skip
+    expected = [504, 200, 504, 200]
+    assert expected == list(statuses)
+
+
+async def test_a_deadline_leaves_no_cancellation_behind_and_passes_on_anothers() -> None:
+    """A call that swallows the deadline's cancellation returns, its task uncancelled; a
+    call whose task someone else cancelled as well (a client that hung up) stays
+    cancelled rather than becoming a timeout; one cancelled by its deadline alone is a
+    TimeoutError."""
+    deadlines = serving.Deadlines(0.01)
+
+    async def swallowing() -> str:
+        try:
+            await asyncio.sleep(1)
+        except asyncio.CancelledError:
+            return "swallowed"
+        return "slept"
+
+    async def hung_up() -> None:
+        try:
+            await asyncio.sleep(1)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            assert task is not None
+            task.cancel()  # someone else too, before this task runs again
+            raise
+
+    async def under(call: Any) -> tuple[object, int]:
+        task = asyncio.current_task()
+        assert task is not None
+        try:
+            result: object = await deadlines.within(task, call)
+        except TimeoutError:
+            result = "timeout"
+        return result, task.cancelling()
+
+    swallowed = await under(swallowing())
+    timed_out = await under(asyncio.sleep(1))
+    other = asyncio.ensure_future(under(hung_up()))
+    with pytest.raises(asyncio.CancelledError):
+        await other
+    expected = (("swallowed", 0), ("timeout", 0), True)
+    assert expected == (swallowed, timed_out, other.cancelled())
+
+
 # ---------------------------------------------------------------------- operations
 class _Path(schemas.Params):
     namespace: specs.DnsLabel

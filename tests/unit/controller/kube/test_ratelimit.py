@@ -51,10 +51,11 @@ async def test_the_lease_write_goes_before_evictions_that_were_waiting() -> None
     """Twenty evictions wait for a 200/s budget; a lease renewal arriving after them is the
     first to go, and every waiter is told how long it waited."""
     seen: list[tuple[WriteClass, float]] = []
+    clock = [0.0]  # the budget's time moves only when the test says: no token comes early
     limiter = ratelimit.Limiter(
         budget.Rates(rate_per_s=200, burst=1, eviction_per_s=1000, eviction_burst=100),
-        observe=lambda cls, waited: seen.append((cls, waited)),
-    )
+        observe=lambda cls, waited: seen.append((cls, waited)), clock=lambda: clock[0],
+    )  # fmt: skip
     await limiter.acquire(WriteClass.RUN)  # spends the burst
     order: list[str] = []
 
@@ -65,7 +66,13 @@ async def test_the_lease_write_goes_before_evictions_that_were_waiting() -> None
     evictions = [asyncio.create_task(write(f"evict-{i}", WriteClass.EVICTION)) for i in range(20)]
     await asyncio.sleep(0)
     lease = asyncio.create_task(write("lease", WriteClass.LEASE))
-    await asyncio.gather(lease, *evictions)
+    await asyncio.sleep(0)
+    assert limiter.waiting == 21
+    writes = asyncio.gather(lease, *evictions)
+    while not writes.done():
+        clock[0] += 0.005  # one token of 200/s
+        await asyncio.sleep(0.002)
+    await writes
     assert order[0] == "lease"
     assert [f"evict-{i}" for i in range(20)] == order[1:]
     assert len(seen) == 22
