@@ -22,7 +22,7 @@ from typing import Any
 
 import structlog
 
-from controller import leading, marks
+from controller import errors, leading, marks
 from controller import metrics as metrics_mod
 from controller.fleet import (
     actions,
@@ -45,6 +45,10 @@ MAX_PARALLEL_NODES = 64
 """Nodes acted on concurrently in one pass; actions on one node stay in order. The API
 server here took 200 node patches at 87/s 16 at a time and 147/s 64 at a time
 (`bench/nodepatch.py`); the lease has a pool of its own, so these never delay a renewal."""
+
+MANUAL_ATTEMPTS = 5
+"""An on-call order refused because the node changed meanwhile is decided again on the
+node as it is now, this many times at most (then 409)."""
 
 
 class Quarantiner:
@@ -118,19 +122,40 @@ class Quarantiner:
         self, view: nodes.NodeView, *, release: bool, by: str, reason: str, now: dt.datetime
     ) -> None:
         """Quarantine or release a node by hand, as the policy allows (it raises
-        errors.Invalid or errors.Conflict naming the field when it does not)."""
-        h = None
-        if view.name in self.fleet:
-            interval = self.settings.default_interval_s
-            h = self.fleet.assess(view.name, now, default_interval_s=interval)
-        action: actions.NodeAction
-        if release:
-            fenced = self.last_devices is not None and bool(self.last_devices.fenced.get(view.name))
-            action = policy.manual_release(view, h, by=by, reason=reason, devices_fenced=fenced)
-        else:
-            action = policy.manual_quarantine(view, h, by=by, reason=reason, now=now)
-        await self.apply(action, now)
+        errors.Invalid or errors.Conflict naming the field when it does not).
+
+        The patch carries the node's resourceVersion, so a write by someone else in between
+        (a pass writing the node's condition at that moment) refuses it: the node is read
+        again and the order decided again on it, a few times, and a 409 says so if it
+        never goes through. An order is never answered as done without being written."""
+        for _ in range(MANUAL_ATTEMPTS):
+            h = None
+            if view.name in self.fleet:
+                interval = self.settings.default_interval_s
+                h = self.fleet.assess(view.name, now, default_interval_s=interval)
+            action: actions.NodeAction
+            if release:
+                fenced = self.last_devices is not None and bool(
+                    self.last_devices.fenced.get(view.name)
+                )
+                action = policy.manual_release(view, h, by=by, reason=reason,
+                                               devices_fenced=fenced)  # fmt: skip
+            else:
+                action = policy.manual_quarantine(view, h, by=by, reason=reason, now=now)
+            if await self.apply(action, now):
+                self.poke()
+                return
+            raw = await self.writer.read(view.name)
+            if raw is None:
+                msg = f"node {view.name} does not exist"
+                raise errors.NotFound(msg, field="name")
+            self.cache.put(raw)
+            view = nodes.parse(self.cache.nodes.get(view.name) or kube_nodes.trim_node(raw))
         self.poke()
+        doing = "released" if release else "quarantined"
+        msg = (f"node {view.name} changed {MANUAL_ATTEMPTS} times while it was being {doing};"
+               " nothing was written: try again")  # fmt: skip
+        raise errors.Conflict(msg, field="name", code="Changed")
 
     async def reset_breaker(self, *, by: str, now: dt.datetime) -> None:
         """Close the circuit breakers (node and device) on an operator's request (and record
@@ -367,8 +392,9 @@ class Quarantiner:
 
     async def apply(
         self, action: actions.Action, now: dt.datetime, decision: actions.Decision | None = None
-    ) -> None:
-        """Carry out one action (idempotent: a node already as wanted is not written)."""
+    ) -> bool:
+        """Carry out one action (idempotent: a node already as wanted is not written);
+        False when its patch was refused because the node changed meanwhile, or is gone."""
         if isinstance(action, actions.Skipped):
             key = (action.node, f"{action.wanted.kind}:{action.why}")
             if key not in self._skips_logged:
@@ -380,20 +406,20 @@ class Quarantiner:
                     reason=action.why.value,
                 )
                 self.metrics.quarantine_actions.labels(action.wanted.kind.value, "true").inc()
-            return
+            return True
         if isinstance(action, actions.OpenBreaker | actions.CloseBreaker):
             await self._breaker_event(action)
-            return
+            return True
         raw = self.cache.nodes.get(action.node)
         if raw is None:
-            return
+            return False
         patch = conditions.patch_for(action, raw, now)
         if patch is not None:
             self.elector.ensure_leader()
             updated = await self.writer.patch(action.node, patch)
             if updated is None:
                 self.poke()  # conflict or gone: the next pass sees the new state
-                return
+                return False
             self.cache.put(updated)
             if isinstance(action, actions.Quarantine | actions.UpdateQuarantine):
                 for listener in self.on_quarantine:
@@ -419,6 +445,7 @@ class Quarantiner:
                 await self.writer.event(
                     raw, "Evicted", f"evicted GPU pods: {', '.join(outcome.evicted)}", warning=True
                 )
+        return True
 
     def _record(
         self,

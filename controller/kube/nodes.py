@@ -210,6 +210,16 @@ class NodeWriter:
         self.namespace = namespace
         self.component = component
 
+    async def read(self, name: str) -> dict[str, Any] | None:
+        """The node as the API server has it now; None when it is gone."""
+        try:
+            resp = await self._core.read_node(name, _preload_content=False)
+            return dict(await _api.read_json(resp))
+        except client.ApiException as err:
+            if err.status == 404:
+                return None
+            raise
+
     async def patch(self, name: str, patch: NodePatch) -> dict[str, Any] | None:
         """Send one node patch; return the node, None on a 409 (requeue) or 404 (gone)."""
         kwargs: dict[str, Any] = {"_content_type": patch.content_type, "_preload_content": False}
