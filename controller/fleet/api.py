@@ -135,7 +135,7 @@ async def post_heartbeat(request: web.Request) -> web.StreamResponse:
             st.metrics.count_heartbeat("relayed")
             body = {"accepted": True, "node": hb.node_name, "sequence": hb.sequence,
                     "relayed": kind.value}  # fmt: skip
-            return _accepted(body)
+            return heartbeat_accepted(body)
         ctx = _ctx(request)
         url = _agent_url(ctx, st, identity)
         if hb.agent_url != url:  # the chart's agents send the same URL: no copy then
@@ -148,7 +148,7 @@ async def post_heartbeat(request: web.Request) -> web.StreamResponse:
             ctx.quarantiner.poke()
         st.metrics.count_heartbeat("accepted")
         log.debug("heartbeat", node=hb.node_name, sequence=hb.sequence)
-        return _accepted({"accepted": True, "node": hb.node_name, "sequence": hb.sequence})
+        return heartbeat_accepted({"accepted": True, "node": hb.node_name, "sequence": hb.sequence})
     except errors.ControllerError:
         st.metrics.count_heartbeat("rejected")
         raise
@@ -159,7 +159,7 @@ async def post_heartbeat(request: web.Request) -> web.StreamResponse:
 _ENCODE = msgspec.json.Encoder().encode
 
 
-def _accepted(body: dict[str, object]) -> web.Response:
+def heartbeat_accepted(body: dict[str, object]) -> web.Response:
     """The 202 of a heartbeat, encoded by msgspec (aiohttp's `json_response` costs ~3× as
     much, on the hot path)."""
     return web.Response(body=_ENCODE(body), status=202, content_type="application/json")
