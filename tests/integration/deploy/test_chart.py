@@ -435,6 +435,7 @@ TAURUNLOG = ("taugrid.dev", "taurunlogs")
 CALL_RIGHTS: dict[tuple[str, str, str], tuple[Right, ...]] = {
     ("_core", "list_node", ""): (Right("", "nodes", "list"), Right("", "nodes", "watch")),
     ("_core", "patch_node", ""): (Right("", "nodes", "patch"),),
+    ("_core", "read_node", ""): (Right("", "nodes", "get"),),
     ("_core", "patch_node_status", ""): (Right("", "nodes/status", "patch"),),
     ("_core", "list_pod_for_all_namespaces", ""): (Right("", "pods", "list"),
                                                    Right("", "pods", "watch")),
