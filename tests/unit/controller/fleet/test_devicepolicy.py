@@ -151,6 +151,17 @@ class DeviceWorld:
             self.step(when)
             when += every
 
+    def release_by_hand(self, node: str, now: float, reason: str = "checked") -> bool:
+        """On-call releases `node`, its fenced GPUs included; whether anything was written."""
+        h = self.fleet.assess(node, at(now), default_interval_s=10)
+        fenced = node in self.fenced()
+        release = policy.manual_release(nodes.parse(self.nodes[node]), h, by="alice",
+                                        reason=reason, devices_fenced=fenced)  # fmt: skip
+        patch = conditions.patch_for(release, self.nodes[node], at(now))
+        if patch is not None:
+            self.nodes[node] = fakes.apply(self.nodes[node], patch)
+        return patch is not None
+
     def taints(self, node: str, device: str) -> frozenset[tuple[str, str]]:
         """(key, effect) of our rules on one device."""
         return frozenset(
@@ -409,12 +420,7 @@ def test_a_manual_release_of_the_node_releases_its_fenced_gpus() -> None:
     faults = {"d1": {2: [fakes.row_remap_failure()]}}
     world.run(0, 10, faults)
     assert {"d1": {"gpu-2"}} == world.fenced()
-    h = world.fleet.assess("d1", at(10), default_interval_s=10)
-    release = policy.manual_release(nodes.parse(world.nodes["d1"]), h, by="alice",
-                                    reason="RMA filed", devices_fenced=True)  # fmt: skip
-    patch = conditions.patch_for(release, world.nodes["d1"], at(10))
-    assert patch is not None
-    world.nodes["d1"] = fakes.apply(world.nodes["d1"], patch)
+    assert world.release_by_hand("d1", 10, reason="RMA filed")
     world.run(20, 30, faults)
 
     assert not world.fenced()
@@ -541,26 +547,16 @@ def test_judging_only_faulty_and_fenced_nodes_decides_what_judging_every_node_de
     checks it pass by pass); and `faulty` is exactly the nodes whose last report has a fault."""
     world = DeviceWorld(settings=settings)
     now = 0.0
-    passes = 0
     for advance, chosen, silent, release, dry_run in script:
         now += advance
         world.node_settings = world.node_settings.model_copy(update={"dry_run": dry_run})
         faults = {n: GPU_FAULTS[c] for n, c in chosen.items()}
         world.report(now, faults, silent=silent)
-        if release:
-            h = world.fleet.assess(release, at(now), default_interval_s=10)
-            view = nodes.parse(world.nodes[release])
-            fenced = release in world.fenced()
-            if view.quarantine is not None or fenced:
-                action = policy.manual_release(view, h, by="alice", reason="checked",
-                                               devices_fenced=fenced)  # fmt: skip
-                patch = conditions.patch_for(action, world.nodes[release], at(now))
-                if patch is not None:
-                    world.nodes[release] = fakes.apply(world.nodes[release], patch)
+        quarantined = release and nodes.parse(world.nodes[release]).quarantine is not None
+        if quarantined or release in world.fenced():
+            world.release_by_hand(release, now)
         world.step(now)
-        passes += 1
         reported_faulty = {
             n for n in FOUR if (record := world.fleet.get(n)) is not None and record.faults
         }
         assert reported_faulty == world.fleet.faulty()
-    assert passes == len(script)
