@@ -30,6 +30,9 @@ DEFAULT_STALE_MULTIPLIER = 3.0
 MAX_MESSAGE_CHARS = 1024
 """Condition messages are bounded so a node with 8 broken GPUs still gets a readable line."""
 
+_INTERVALS_KEPT = 64
+"""How many agent intervals `FleetState.stale_after` keeps its answer for."""
+
 REASON_HEARTBEAT_STALE = "HeartbeatStale"
 REASON_HEARTBEAT_MISSING = "HeartbeatMissing"
 REASON_GPUS_HEALTHY = "GpusHealthy"
@@ -241,7 +244,9 @@ class FleetState:
     and `leader_since` (set when the lease is acquired) holds staleness back for one staleAfter.
     """
 
-    __slots__ = ("_changed", "_faulty", "_records", "leader_since", "stale_multiplier")
+    __slots__ = (
+        "_changed", "_faulty", "_records", "_stale_after", "leader_since", "stale_multiplier",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -256,6 +261,9 @@ class FleetState:
         self._records: dict[str, NodeRecord] = {}
         self._changed: set[str] = set()
         self._faulty: set[str] = set()
+        self._stale_after: dict[float, dt.timedelta] = {}
+        """staleAfter by agent interval: a fleet has a few intervals, and a pass asks it of
+        every node it judges (bounded: any agent may send any interval in range)."""
         self.leader_since = leader_since
         self.stale_multiplier = stale_multiplier
 
@@ -463,7 +471,23 @@ class FleetState:
 
     def stale_after(self, hb: fastheartbeat.Report) -> dt.timedelta:
         """Return how long a node may stay silent: the multiplier × its agent's interval."""
-        return dt.timedelta(seconds=self.stale_multiplier * hb.interval_s)
+        known = self._stale_after.get(hb.interval_s)
+        if known is None:
+            if len(self._stale_after) >= _INTERVALS_KEPT:
+                self._stale_after.clear()
+            known = self._stale_after[hb.interval_s] = dt.timedelta(
+                seconds=self.stale_multiplier * hb.interval_s
+            )
+        return known
+
+    def fresh(self, node: str, now: dt.datetime) -> bool:
+        """Whether `assess` finds the node reporting at `now` (not warming up, missing or
+        stale), without building its health: what the admission gate asks of every node."""
+        record = self._records.get(node)
+        if record is None:
+            return False
+        stale_at = max(record.received_at, self.leader_since) + self.stale_after(record.heartbeat)
+        return now <= stale_at
 
     def assess(self, node: str, now: dt.datetime, *, default_interval_s: float) -> NodeHealth:
         """Judge one node at `now`.

@@ -381,3 +381,40 @@ def test_the_fleet_names_the_nodes_whose_last_report_has_a_fault() -> None:
     seen.append(state.faulty())
 
     assert [{"n1"}, {"n2"}, {"n2"}, set()] == seen
+
+
+@pytest.mark.parametrize(
+    ("leader_since", "received", "now", "expected"),
+    [
+        pytest.param(0, None, 20, False, id="never reported, the leader still warming up"),
+        pytest.param(0, None, 40, False, id="never reported, past the warm-up: missing"),
+        pytest.param(-100, 0, 30, True, id="reported, up to its staleAfter"),
+        pytest.param(-100, 0, 31, False, id="reported, a second past its staleAfter: stale"),
+        pytest.param(25, 0, 50, True, id="a new leader gives an old report one staleAfter"),
+        pytest.param(25, 0, 56, False, id="and not more"),
+    ],
+)
+def test_a_node_is_fresh_exactly_when_its_assessment_is_a_verdict(
+    leader_since: float, received: float | None, now: float, expected: bool
+) -> None:
+    """`fresh` (the gate asks it of every node) agrees with `assess`: warming up, missing and
+    stale are not fresh; a report within its staleAfter is, whatever its verdict."""
+    state = fleet.FleetState(leader_since=at(leader_since), stale_multiplier=3.0)
+    if received is not None:
+        state.ingest(fakes.hb("n1", seq=1, sent_at=at(received), faults={0: [fakes.xid79()]}),
+                     at(received))  # fmt: skip
+    h = state.assess("n1", at(now), default_interval_s=10.0)
+    verdicts = {fleet.NodeState.HEALTHY, fleet.NodeState.DEGRADED, fleet.NodeState.FAILED,
+                fleet.NodeState.UNKNOWN}  # fmt: skip
+    assert (expected, expected) == (h.state in verdicts, state.fresh("n1", at(now))), h.state
+
+
+def test_staleafter_is_kept_per_interval_and_bounded_whatever_intervals_agents_send() -> None:
+    """Every interval in range gets its own staleAfter (3 × it), however many distinct ones
+    agents send; what is kept of them stays bounded (a hostile agent cannot grow it)."""
+    state = fleet.FleetState(leader_since=at(0), stale_multiplier=3.0)
+    intervals = [1.0 + i / 8 for i in range(500)] + [10.0, 1.0]
+    found = [state.stale_after(fakes.hb("n1", seq=1, sent_at=at(0), interval_s=i))
+             for i in intervals]  # fmt: skip
+    assert [dt.timedelta(seconds=3 * i) for i in intervals] == found
+    assert len(state._stale_after) <= 64  # the bound is the point: a private look
