@@ -11,7 +11,11 @@ pass has `k` devices to fence. For each N and k, in the same run and on the same
 - the same call with a `FleetState` that names every node as faulty, which assesses every
   DRA node as each pass did before (the reference of the unit tests' property);
 
-and checks that both decide the same. Timings are medians of repeated calls; the machine is
+and checks that both decide the same. Then what the admission gate is told of the same
+fleet's GPUs (`devicepolicy.usable`): with its memo kept from the pass before (the nodes
+without a fault keep their listing until the slices or the rules change), with the memo
+empty, and with every node assessed and every GPU listed afresh (`fakes.every_gpu_judged`,
+what it did before), checking they agree. Timings are medians of repeated calls; the machine is
 shared, so read the ratio within a row. The 100,000-node row is a simulation of the
 leader's pure core, not a fleet.
 
@@ -32,6 +36,7 @@ from controller.fleet import actions, devicepolicy, devices, nodes, state
 from controller.kube import nodes as kube_nodes
 from controller.settings import ControllerSettings
 from shared import heartbeat
+from tests.unit.controller.fleet import fakes
 
 T0 = dt.datetime(2026, 3, 1, tzinfo=dt.UTC)
 SETTINGS = devicepolicy.settings_from(
@@ -124,8 +129,33 @@ def measure(count: int, faulty: int, *, repeats: int) -> tuple[float, float, int
             _median_ms(lambda: decide(reference), repeats), fences)  # fmt: skip
 
 
+def measure_gate(count: int, faulty: int, *, repeats: int) -> tuple[float, float, float]:
+    """What the admission gate is told of the fleet's GPUs (`devicepolicy.usable`), in ms:
+    with the memo kept from the pass before, with an empty memo (the first pass after the
+    slices or the rules changed), and judging every node and GPU afresh (before)."""
+    names = [f"gpu-{n:06d}" for n in range(count)]
+    fleet = state.FleetState(leader_since=T0 - dt.timedelta(hours=1))
+    for index, name in enumerate(names):
+        fleet.ingest(heartbeat.Heartbeat.model_validate_json(_body(name, fault=index < faulty)), T0)
+    inventory = devices.inventory(_slice(name) for name in names)
+    now = T0 + dt.timedelta(seconds=1)
+    memo: dict[str, tuple[devicepolicy.Usable, ...]] = {}
+
+    def ours(kept: dict[str, tuple[devicepolicy.Usable, ...]]) -> object:
+        return devicepolicy.usable(fleet, names, SETTINGS, now, inventory=inventory, rules=[],
+                                   memo=kept)  # fmt: skip
+
+    def before() -> object:
+        return fakes.every_gpu_judged(fleet, names, SETTINGS, now, inventory=inventory, rules=[])
+
+    assert ours(memo) == before(), "the gate's listing differs from judging every GPU"
+    assert ours(memo) == before(), "and so does it from the memo"
+    return (_median_ms(lambda: ours(memo), repeats), _median_ms(lambda: ours({}), repeats),
+            _median_ms(before, repeats))  # fmt: skip
+
+
 def main() -> None:
-    """Print one row per fleet size and number of faulty nodes."""
+    """Print one row per fleet size and number of faulty nodes, for the pass, then the gate."""
     counts = [int(a) for a in sys.argv[1:] if a.isdigit()] or [1000, 10000, 100000]
     print("DRA nodes | faulty nodes | pass, faulty and fenced judged | pass, every node "
           "judged (before) | ratio")  # fmt: skip
@@ -134,6 +164,13 @@ def main() -> None:
             ours, everyone, _ = measure(count, faulty, repeats=3 if count > 20000 else 7)
             print(f"{count:,} | {faulty} | {ours:.2f} ms | {everyone:.1f} ms | "
                   f"{ours / everyone:.3f}×", flush=True)  # fmt: skip
+    print("\nDRA nodes | faulty nodes | gate's listing, memo kept | memo empty | every GPU "
+          "judged (before) | ratio, kept | ratio, empty")  # fmt: skip
+    for count in counts:
+        for faulty in FAULTY_COUNTS:
+            kept, empty, before = measure_gate(count, faulty, repeats=3 if count > 20000 else 7)
+            print(f"{count:,} | {faulty} | {kept:.1f} ms | {empty:.1f} ms | {before:.1f} ms | "
+                  f"{kept / before:.3f}× | {empty / before:.3f}×", flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -174,11 +174,9 @@ def _runtime(
             # fleet -> admission: the DRA nodes' GPUs as device quarantine judges them.
             report = holder[0].device_report(_now()) if holder else {}
             return {
-                node: admission_views.DeviceNode(fresh, tuple(
-                    admission_views.DeviceSlot(d.pool, d.name, d.usable, d.why) for d in found
-                ))
+                node: admission_views.DeviceNode(fresh, found)
                 for node, (fresh, found) in report.items()
-            }  # fmt: skip
+            }
 
         admission_store = kube_admission.AdmissionStore(api, component=elector.identity)
         gate = admitting.Gate(

@@ -12,7 +12,7 @@ import datetime as dt
 import enum
 import math
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from controller import marks, timestamps
 from shared import spec as specs
@@ -330,12 +330,26 @@ class DeviceSlot:
     agent reports a fault not fenced yet)."""
 
 
+class Slot(Protocol):
+    """What the gate reads of one GPU: a `DeviceSlot`, or the fleet's own listing of it
+    handed over as it is (a pass does not copy a fleet's GPUs)."""
+
+    @property
+    def pool(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def usable(self) -> bool: ...
+    @property
+    def why(self) -> str: ...
+
+
 @dataclasses.dataclass(frozen=True)
 class DeviceNode:
     """A DRA node's GPUs and whether its health data is fresh (from the fleet)."""
 
     fresh: bool
-    devices: tuple[DeviceSlot, ...] = ()
+    devices: tuple[Slot, ...] = ()
 
 
 def allocated_devices(raw_claims: Iterable[Mapping[str, Any]]) -> frozenset[tuple[str, str]]:

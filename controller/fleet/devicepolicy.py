@@ -262,27 +262,50 @@ def usable(
     *,
     inventory: Mapping[str, devices.NodeDevices],
     rules: Sequence[devices.TaintRule],
+    memo: dict[str, tuple[Usable, ...]] | None = None,
 ) -> dict[str, tuple[bool, tuple[Usable, ...]]]:
     """Per managed DRA node: whether its health data is fresh, and each GPU with whether a
     new claim may use it (no hard taint from any rule or from the driver, and not reported
     faulty by the agent, so a fault not yet fenced, or held back by a limit, counts too).
-    What the admission gate counts (the root hands it over)."""
+    What the admission gate counts (the root hands it over).
+
+    Only the nodes `FleetState.faulty` names are assessed; every other node's GPUs depend on
+    the inventory and the rules alone, so `memo` keeps their listing from pass to pass. It is
+    valid for one inventory and one set of rules: the caller empties it when either changes.
+    """
     out: dict[str, tuple[bool, tuple[Usable, ...]]] = {}
+    if settings.mode == GpuMode.DEVICE_PLUGIN:
+        return out
     hard = [r for r in rules if r.effect in devices.HARD_EFFECTS]
+    faulty = fleet_state.faulty()
+    memo = {} if memo is None else memo
     for node in sorted(set(managed)):
         found = inventory.get(node)
-        if found is None or not found.devices or settings.mode == GpuMode.DEVICE_PLUGIN:
+        if found is None or not found.devices:
             continue
-        h = fleet_state.assess(node, now, default_interval_s=settings.default_interval_s)
-        faulty = {f.gpu_uuid for f in h.faults}
-        listed = []
-        for device in found.devices:
-            taints = [f"{r.key}:{r.effect}" for r in hard if r.selects(device)]
-            taints += [f"{k}:{e}" for k, e in device.taints if e in devices.HARD_EFFECTS]
-            why = "tainted" if taints else ("faulty" if device.uuid in faulty else "")
-            listed.append(Usable(device.pool, device.name, device.uuid, not why, why))
-        out[node] = (h.state in _FRESH, tuple(listed))
+        if node in faulty:
+            h = fleet_state.assess(node, now, default_interval_s=settings.default_interval_s)
+            out[node] = (h.state in _FRESH, _listing(found, hard, {f.gpu_uuid for f in h.faults}))
+            continue
+        listed = memo.get(node)
+        if listed is None:
+            listed = memo[node] = _listing(found, hard, set())
+        out[node] = (fleet_state.fresh(node, now), listed)
     return out
+
+
+def _listing(
+    found: devices.NodeDevices, hard: Sequence[devices.TaintRule], faulty: set[str]
+) -> tuple[Usable, ...]:
+    """A node's GPUs, each usable unless a hard taint selects it or its agent reports it."""
+    listed = []
+    for device in found.devices:
+        tainted = any(r.selects(device) for r in hard) or any(
+            effect in devices.HARD_EFFECTS for _, effect in device.taints
+        )
+        why = "tainted" if tainted else ("faulty" if device.uuid in faulty else "")
+        listed.append(Usable(device.pool, device.name, device.uuid, not why, why))
+    return tuple(listed)
 
 
 def render_mode(mode: GpuMode, *, dra_published: bool, plugin_nodes: int) -> bool:

@@ -96,6 +96,9 @@ class Quarantiner:
                                     list[devices.TaintRule]] | None = None  # fmt: skip
         """The inventory and rules parsed at the device cache's versions (a pass reuses them:
         parsing a fleet's slices is most of a pass's cost)."""
+        self._listings: dict[str, tuple[devicepolicy.Usable, ...]] = {}
+        """The GPUs of DRA nodes without a fault as the gate is told of them, valid for the
+        parsed inventory and rules above (`devicepolicy.usable`'s memo)."""
         self._views: dict[str, nodes.NodeView] = {}
         """Each cached node's view, parsed again only when the cache says it changed."""
         self._in_quarantine: set[str] = set()
@@ -210,6 +213,7 @@ class Quarantiner:
             if report and rule.problems:
                 log.warning("malformed device rule", rule=rule.name, problems=rule.problems)
         self._parsed_devices = (versions, inventory, rules)
+        self._listings = {}
         return inventory, rules
 
     def decide_devices(
@@ -240,8 +244,10 @@ class Quarantiner:
             name for name, raw in self.cache.nodes.items()
             if str(raw["metadata"]["labels"].get(marks.MANAGED_LABEL, "")).lower() != "false"
         ]  # fmt: skip
-        return dict(devicepolicy.usable(self.fleet, managed, self.device_settings, now,
-                                        inventory=inventory, rules=rules))  # fmt: skip
+        return devicepolicy.usable(
+            self.fleet, managed, self.device_settings, now,
+            inventory=inventory, rules=rules, memo=self._listings,
+        )  # fmt: skip
 
     def dra_render(self) -> bool:
         """Whether runs ask for GPUs through DRA claims now (`gpuMode`, detected under auto:

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from controller import marks
-from controller.fleet import actions, conditions, nodes, policy, state
+from controller.fleet import actions, conditions, devicepolicy, devices, nodes, policy, state
 from shared import health, heartbeat
 
 T0 = dt.datetime(2025, 3, 1, 12, 0, 0, tzinfo=dt.UTC)
@@ -244,4 +244,37 @@ def kinds(decision: actions.Decision) -> list[tuple[str, str]]:
             out.append((action.kind.value, ""))
         else:
             out.append((action.kind.value, action.node))
+    return out
+
+
+def every_gpu_judged(
+    fleet_state: state.FleetState,
+    managed: Iterable[str],
+    settings: devicepolicy.Settings,
+    now: dt.datetime,
+    *,
+    inventory: Mapping[str, devices.NodeDevices],
+    rules: Iterable[devices.TaintRule],
+) -> dict[str, tuple[bool, tuple[devicepolicy.Usable, ...]]]:
+    """The reference for `devicepolicy.usable`: every node assessed and every GPU listed
+    afresh, as the gate was told before only the faulty nodes were assessed."""
+    out: dict[str, tuple[bool, tuple[devicepolicy.Usable, ...]]] = {}
+    if settings.mode == devicepolicy.GpuMode.DEVICE_PLUGIN:
+        return out
+    hard = [r for r in rules if r.effect in devices.HARD_EFFECTS]
+    for node in sorted(set(managed)):
+        found = inventory.get(node)
+        if found is None or not found.devices:
+            continue
+        h = fleet_state.assess(node, now, default_interval_s=settings.default_interval_s)
+        faulty = {f.gpu_uuid for f in h.faults}
+        listed = []
+        for device in found.devices:
+            taints = [r.key for r in hard if r.selects(device)]
+            taints += [k for k, e in device.taints if e in devices.HARD_EFFECTS]
+            why = "tainted" if taints else ("faulty" if device.uuid in faulty else "")
+            listed.append(devicepolicy.Usable(device.pool, device.name, device.uuid, not why, why))
+        fresh = h.state in {state.NodeState.HEALTHY, state.NodeState.DEGRADED,
+                            state.NodeState.FAILED, state.NodeState.UNKNOWN}  # fmt: skip
+        out[node] = (fresh, tuple(listed))
     return out

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import datetime as dt
+import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -70,7 +71,9 @@ class DeviceWorld:
     """DRA nodes, their slices and rules, run through both policies and a fake actuator.
 
     Every step also decides with every node assessed (`EveryNodeJudged`) and checks that the
-    decision is the same: judging only the faulty and fenced nodes loses nothing."""
+    decision is the same: judging only the faulty and fenced nodes loses nothing. It checks
+    the gate's listing the same way (`fakes.every_gpu_judged`), with a memo kept from step to step
+    as the quarantiner keeps it: emptied when the slices or the rules change."""
 
     def __init__(
         self,
@@ -92,6 +95,8 @@ class DeviceWorld:
         self.device_breaker = actions.BreakerState()
         self.seq = 0
         self.last: actions.DeviceDecision | None = None
+        self.memo: dict[str, tuple[devicepolicy.Usable, ...]] = {}
+        self.memo_for = ""
 
     def report(self, now: float, faults: Mapping[str, Faults] | None = None,
                *, silent: Iterable[str] = ()) -> None:  # fmt: skip
@@ -102,7 +107,23 @@ class DeviceWorld:
             hb = fakes.hb(name, faults=(faults or {}).get(name), seq=self.seq, sent_at=at(now))
             self.fleet.ingest(hb, at(now))
 
+    def gate_listing(self, now: float) -> dict[str, tuple[bool, tuple[devicepolicy.Usable, ...]]]:
+        """What the gate is told at `now`, checked against judging every GPU afresh."""
+        inputs = json.dumps([self.slices, self.rules], sort_keys=True)
+        if inputs != self.memo_for:
+            self.memo.clear()
+            self.memo_for = inputs
+        inventory = devices.inventory(self.slices)
+        rules = [devices.parse_rule(r) for r in self.rules.values()]
+        found = devicepolicy.usable(self.fleet, self.nodes, self.settings, at(now),
+                                    inventory=inventory, rules=rules, memo=self.memo)  # fmt: skip
+        expected = fakes.every_gpu_judged(self.fleet, self.nodes, self.settings, at(now),
+                                          inventory=inventory, rules=rules)  # fmt: skip
+        assert expected == found, "the gate's listing differs from judging every GPU"
+        return found
+
     def step(self, now: float) -> actions.DeviceDecision:
+        self.gate_listing(now)
         views = {name: nodes.parse(raw) for name, raw in self.nodes.items()}
 
         def decide() -> actions.DeviceDecision:
@@ -499,11 +520,7 @@ def test_the_gate_is_told_which_gpus_a_new_claim_may_use() -> None:
     for when in (20, 40):
         world.report(when, {"d1": {2: [fakes.ecc_rising()], 6: [fakes.ecc_rising()]}},
                      silent=["d3"])  # fmt: skip
-    found = devicepolicy.usable(
-        world.fleet, FOUR, SETTINGS, at(45),
-        inventory=devices.inventory(world.slices),
-        rules=[devices.parse_rule(r) for r in world.rules.values()],
-    )  # fmt: skip
+    found = world.gate_listing(45)
     expected = {
         "d0": (True, {"gpu-7": "tainted"}),
         "d1": (True, {"gpu-2": "tainted", "gpu-6": "faulty"}),
