@@ -126,6 +126,19 @@ def decide_run(run: RunInput, settings: RunSettings, now: dt.datetime) -> RunPla
     return _keeping_logs(_decide(run, settings, now), run.ref)
 
 
+def settled(run: RunInput, plan: RunPlan) -> bool:
+    """Whether the run had ended when it was decided and its plan writes nothing. Then until
+    `plan.requeue_at` (a finished run's TTL; None: never) the same TauRun decides the same
+    again whatever else is observed, since a finished run's step reads only its own spec and
+    status (`_finished`): a pass may skip it while its resourceVersion stays the same."""
+    return (
+        run.status.phase in lifecycle.TERMINAL_PHASES
+        and not (plan.annotations or plan.deletes or plan.creates or plan.keep_logs)
+        and not (plan.started or plan.ended or plan.resumed)
+        and records.wire(plan.status) == records.wire(run.status)
+    )
+
+
 def name_taken(status: records.RunStatus, message: str, now: dt.datetime) -> records.RunStatus:
     """The run ended Failed, `NameTaken`: an object of a name it needs is somebody else's
     (the executor found it; nothing of it was written)."""

@@ -18,6 +18,11 @@ that came during the one before) and passes are spaced `MIN_PASS_GAP_S` apart, s
 of pod updates costs a few passes a second, not one per update. A TauRun whose cached copy
 is older than what this replica last wrote of it is read again (`_stale`), so a lagging
 cache never makes a pass act twice.
+
+A cluster's history costs a pass little: a finished run whose last step wrote nothing
+(`policy.settled`) is not decided again while its TauRun keeps its resourceVersion, the
+settings stay the same and its TTL has not come, since a finished run's step reads nothing
+but its TauRun. Only its phase is counted.
 """
 
 from __future__ import annotations
@@ -154,6 +159,9 @@ class Reconciler:
         self._wake = asyncio.Event()
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
         self._written: dict[tuple[str, str], int] = {}
+        self._settled: dict[tuple[str, str], Settled] = {}
+        """Finished runs whose last step wrote nothing (`policy.settled`): a pass skips each
+        while its TauRun and the settings stay as they were and its TTL has not come."""
         self._urgent: set[asyncio.Task[None]] = set()
         self._priority_classes: frozenset[str] | None = None
         self._warned_missing_class = False
@@ -190,6 +198,10 @@ class Reconciler:
         snap, classes = await asyncio.gather(self.snapshot(), self._list_priority_classes())
         counts: dict[tuple[str, str], int] = {}
         due: list[dt.datetime] = []
+        settings = self.settings
+        present = {snapshots.key(i) for i in items}
+        for gone in [k for k in self._settled if k not in present]:
+            del self._settled[gone]
         for item in items:
             key = snapshots.key(item)
             async with self.lock(key):
@@ -198,13 +210,19 @@ class Reconciler:
                     if fresh is None:
                         continue
                     item = fresh  # noqa: PLW2901  (the newer copy replaces the listed one)
-                try:
-                    result, at = await self._reconcile(item, snap, classes)
-                except leading.NotLeaderError:
-                    raise
-                except Exception as err:  # noqa: BLE001  (one bad run must not stop the others)
-                    log.warning("run reconcile failed", run=f"{key[0]}/{key[1]}", error=repr(err))
-                    result, at = item, None
+                known = self._settled.get(key)
+                if known is not None and known.holds(item, settings, self._clock()):
+                    result, at = item, known.requeue_at
+                else:
+                    self._settled.pop(key, None)
+                    try:
+                        result, at = await self._reconcile(item, snap, classes)
+                    except leading.NotLeaderError:
+                        raise
+                    except Exception as err:  # noqa: BLE001  (one bad run must not stop others)
+                        log.warning("run reconcile failed", run=f"{key[0]}/{key[1]}",
+                                    error=repr(err))  # fmt: skip
+                        result, at = item, None
             if at is not None:
                 due.append(at)
             status = result.get("status") or {}
@@ -418,8 +436,14 @@ class Reconciler:
             )
             if visible is not None:
                 run = self.run_input(item, snap, classes, visible=visible)
-        plan = policy.decide_run(run, self.settings, self._clock())
-        return await self._execute(item, plan), plan.requeue_at
+        settings = self.settings
+        plan = policy.decide_run(run, settings, self._clock())
+        result = await self._execute(item, plan)
+        if snap is not None and result is item and policy.settled(run, plan):
+            self._settled[snapshots.key(item)] = Settled(
+                resource_version(item), settings, plan.requeue_at
+            )
+        return result, plan.requeue_at
 
     async def _execute(self, item: dict[str, Any], plan: policy.RunPlan) -> dict[str, Any]:
         """Carry a plan out: its writes in order, then the status; count what it decided."""
@@ -501,6 +525,32 @@ class Reconciler:
             return False
         rv = str((item.get("metadata") or {}).get("resourceVersion", ""))
         return not rv.isdigit() or int(rv) < written
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Settled:
+    """A finished run decided with nothing to write (`policy.settled`), and what that
+    decision read: the TauRun's resourceVersion and the settings; it holds until its TTL."""
+
+    resource_version: str
+    settings: policy.RunSettings
+    requeue_at: dt.datetime | None
+
+    def holds(
+        self, item: Mapping[str, Any], settings: policy.RunSettings, now: dt.datetime
+    ) -> bool:
+        """Whether deciding `item` at `now` again would decide the same (nothing to write)."""
+        return (
+            bool(self.resource_version)
+            and resource_version(item) == self.resource_version
+            and settings == self.settings
+            and (self.requeue_at is None or now < self.requeue_at)
+        )
+
+
+def resource_version(item: Mapping[str, Any]) -> str:
+    """A raw object's resourceVersion ('' when it has none)."""
+    return str((item.get("metadata") or {}).get("resourceVersion") or "")
 
 
 def manages(item: Mapping[str, Any], manager: str) -> bool:

@@ -8,9 +8,12 @@ import datetime as dt
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
-from controller import errors, marks
-from controller.runs import objects, policy, positions, records, rendering
+from controller import errors, marks, timestamps
+from controller.runs import objects, policy, positions, records, rendering, views
 from shared import spec as specs
 from tests.unit.controller.runs.builders import (
     ADMITTED,
@@ -521,3 +524,82 @@ def test_a_pod_on_a_vanished_node_is_a_node_failure() -> None:
         str(plan.status.phase), plan.status.reason, "NodeFailure is not in retry.when"
         in plan.status.message,
     )  # fmt: skip
+
+
+OBSERVATIONS = st.fixed_dictionaries({
+    "attempt_object": st.sampled_from([None, a_job(), a_job(suspended=True),
+                                       a_job(cond("Complete"))]),
+    "workload": st.sampled_from([None, a_workload(*ADMITTED, cq="cq"), a_workload()]),
+    "pods": st.sampled_from([(), (a_pod(),), (a_pod(phase="Failed", node="bad", exit_code=143),)]),
+    "nodes": st.sampled_from([NODES, views.NodeFacts(frozenset(), frozenset())]),
+    "held": st.sampled_from([None, "the gate holds it"]),
+    "cluster_queue": st.sampled_from(["cq", None]),
+    "priority_classes": st.sampled_from([None, frozenset({marks.RESUME_PRIORITY_CLASS})]),
+    "observed": st.booleans(),
+})  # fmt: skip
+FINISHED = st.fixed_dictionaries({
+    "phase": st.sampled_from(["Succeeded", "Failed", "Cancelled", "Queued", "Running"]),
+    "endTime": st.sampled_from([None, *(ts(s) for s in (-120, -30, 0, 29, 30))]),
+    "objectsDeleted": st.sampled_from([None, True]),
+})  # fmt: skip
+
+
+@given(
+    status=FINISHED,
+    ttl_s=st.sampled_from([None, 0.0, 60.0]),
+    cancel=st.booleans(),
+    spec=st.sampled_from([spec_with(), spec_with(workers=0)]),
+    first=OBSERVATIONS,
+    second=OBSERVATIONS,
+    later_s=st.floats(0, 200),
+)
+@hsettings(max_examples=300, deadline=None)
+def test_a_settled_run_decides_the_same_until_its_requeue_whatever_else_is_seen(
+    *,
+    status: dict[str, Any],
+    ttl_s: float | None,
+    cancel: bool,
+    spec: dict[str, Any],
+    first: dict[str, Any],
+    second: dict[str, Any],
+    later_s: float,
+) -> None:
+    """`policy.settled`, which lets a pass skip a finished run while its TauRun stays as it
+    was: when the first decision settles the run, any later one before its `requeue_at`, from
+    the same TauRun and whatever else is observed then, is the same plan."""
+    settings = dataclasses.replace(SETTINGS, ttl_after_finished_s=ttl_s)
+    fields = {k: v for k, v in status.items() if v is not None}
+    tau: dict[str, Any] = {
+        "status": status_with(**fields), "spec": spec, "cancel_requested": cancel,
+    }  # fmt: skip
+    plan = policy.decide_run(run(**tau, **first), settings, NOW)
+    if not policy.settled(run(**tau, **first), plan):
+        return
+    later = NOW + dt.timedelta(seconds=later_s)
+    if plan.requeue_at is not None and later >= plan.requeue_at:
+        return
+    assert plan == policy.decide_run(run(**tau, **second), settings, later)
+
+
+@pytest.mark.parametrize(
+    ("status", "ttl_s", "expected"),
+    [
+        pytest.param({"phase": "Succeeded", "endTime": ts(0)}, 60.0, (True, ts(60)),
+                     id="finished within its TTL: settled until the TTL"),
+        pytest.param({"phase": "Failed", "endTime": ts(0), "objectsDeleted": True}, 60.0,
+                     (True, None), id="finished, objects gone: settled for good"),
+        pytest.param({"phase": "Succeeded", "endTime": ts(-60)}, 60.0, (False, None),
+                     id="past its TTL: its objects go, which is a write"),
+        pytest.param({"phase": "Running"}, 60.0, (False, None), id="a live run never is"),
+    ],
+)  # fmt: skip
+def test_a_finished_run_is_settled_while_nothing_is_left_to_write(
+    status: dict[str, Any], ttl_s: float, expected: tuple[bool, str | None]
+) -> None:
+    """Settled: ended when decided, and nothing to write; and until when (`requeue_at`)."""
+    settings = dataclasses.replace(SETTINGS, ttl_after_finished_s=ttl_s)
+    observed = run(status=status_with(**status), attempt_object=a_job(cond("Complete")))
+    plan = policy.decide_run(observed, settings, T0 + dt.timedelta(seconds=1))
+    settled = policy.settled(observed, plan)
+    until = timestamps.rfc3339(plan.requeue_at) if settled and plan.requeue_at else None
+    assert expected == (settled, until)

@@ -160,7 +160,10 @@ class FakeElector:
 
 
 def _reconciler(
-    store: FakeStore, now: dt.datetime = T0, ca_pem: str = ""
+    store: FakeStore,
+    now: dt.datetime = T0,
+    ca_pem: str = "",
+    clock: typing.Callable[[], dt.datetime] | None = None,
 ) -> reconciling.Reconciler:
     return reconciling.Reconciler(
         typing.cast("kube_runs.RunStore", store),
@@ -171,7 +174,7 @@ def _reconciler(
         ttl_after_finished_s=60.0,
         pod_annotations={"kwok.taugrid.dev/run-for": "5s"},
         resume_priority_class="taugrid-resume",
-        clock=lambda: now,
+        clock=clock or (lambda: now),
     )
 
 
@@ -460,3 +463,41 @@ async def test_an_event_and_a_timer_tick_decide_alike() -> None:
     assert (
         timer_plan.status.current_attempt, (timer_plan.deletes[0].kind, timer_plan.deletes[0].name)
     ) == (2, ("Job", "demo-a1"))  # fmt: skip
+
+
+async def test_a_finished_run_is_decided_again_only_when_its_taurun_changes_or_its_ttl_comes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A pass skips a settled run (`policy.settled`: finished, nothing to write) while its
+    TauRun keeps its resourceVersion; a change to the TauRun, or its TTL coming, gets it
+    decided again, and after the TTL its objects go as before."""
+    store = FakeStore()
+    await _running_attempt_1(store)
+    store.objects[("team", "Job", "demo-a1")]["status"] = {"conditions": [
+        {"type": "Complete", "status": "True", "lastTransitionTime": ts(8)}]}  # fmt: skip
+    store.pods = [_raw_pod("Succeeded", exit_code=0)]
+    clock = [T0 + dt.timedelta(seconds=10)]
+    rec = _reconciler(store, clock=lambda: clock[0])
+    decided: list[str] = []
+    real = policy.decide_run
+
+    def counting(run: policy.RunInput, *args: Any) -> policy.RunPlan:
+        decided.append(str(run.status.phase))
+        return real(run, *args)
+
+    monkeypatch.setattr(policy, "decide_run", counting)
+    seen = []
+    for step in ("ends it", "settles it", "skips", "skips", "changed", "skips", "ttl"):
+        if step == "changed":
+            store.runs[("team", "demo")]["metadata"]["resourceVersion"] = "900"
+        if step == "ttl":
+            clock[0] = T0 + dt.timedelta(seconds=200)
+        decided.clear()
+        await rec.pass_once()
+        seen.append((step, len(decided)))
+    status = store.runs[("team", "demo")]["status"]
+    expected = [("ends it", 1), ("settles it", 1), ("skips", 0), ("skips", 0), ("changed", 1),
+                ("skips", 0), ("ttl", 1)]  # fmt: skip
+    assert expected == seen
+    assert (status["phase"], status.get("objectsDeleted")) == ("Succeeded", True)
+    assert ("team", "Job", "demo-a1") not in store.objects
