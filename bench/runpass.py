@@ -2,23 +2,25 @@
 with this checkout's watch-fed caches, side by side in one run.
 
 Run on a dev cluster that is up (`taugrid dev up --no-taugrid`):
-`.venv/bin/python -m bench.runpass [--runs 200] [--passes 30] [--before /work/main]`.
+`.venv/bin/python -m bench.runpass [--runs 200] [--finished 0] [--passes 30]
+[--before /work/main]`.
 
 Setup (this checkout, in this process): a namespace of its own with a queue whose quota
 admits every run, `--runs` TauRuns submitted through `POST /v1/runs` to a controller that
 runs here (CPU-only runs of one worker, whose pods KWOK keeps Running for 10 minutes), and
-that controller stopped once every run's pod runs. Then, for each checkout (`--before` and
-this one, alternating, `--rounds` times), a worker process with that checkout's `controller`
-on its PYTHONPATH builds a `RunStore` and a `Reconciler` managing those runs, starts the
-store's caches where the checkout has them (and waits for them to sync), runs one warm-up
-pass and then `--passes` passes back to back, and reports per pass: wall time, the worker's
-CPU time, and the requests its API client sent (counted in `ApiClient.request`; the caches'
-long-lived watches are counted apart). Every run is steady (Running, nothing to write), so
-a pass's requests are its reads. Last, this checkout's worker runs the reconciler's loop
-(poked by its caches) for `--churn-s` while it annotates the run pods as fast as one client
-can, and reports the pokes and passes that storm cost (a wake storm would be a pass per
-poke). Each worker's peak RSS (`ru_maxrss`) is reported too: the caches' resident copies
-against the lists' transient ones.
+that controller stopped once every run's pod runs; `--finished` more runs are cancelled as
+soon as they are submitted, a cluster's history of finished runs. Then, for each checkout
+(`--before` and this one, alternating, `--rounds` times), a worker process with that
+checkout's `controller` on its PYTHONPATH builds a `RunStore` and a `Reconciler` managing
+those runs, starts the store's caches where the checkout has them (and waits for them to
+sync), runs one warm-up pass and then `--passes` passes back to back, and reports per pass:
+wall time, the worker's CPU time, and the requests its API client sent (counted in
+`ApiClient.request`; the caches' long-lived watches are counted apart). Every run is steady
+(Running or Cancelled, nothing to write), so a pass's requests are its reads. Last, this
+checkout's worker runs the reconciler's loop (poked by its caches) for `--churn-s` while it
+annotates the run pods as fast as one client can, and reports the pokes and passes that
+storm cost (a wake storm would be a pass per poke). Each worker's peak RSS (`ru_maxrss`) is
+reported too: the caches' resident copies against the lists' transient ones.
 
 The worker runs one checkout's code in its own process: it is this file run by path, and it
 imports nothing but `controller` (the checkout's) and kubernetes_asyncio.
@@ -167,7 +169,7 @@ async def _churn(
 
 
 # ---------------------------------------------------------------------- the setup
-async def _setup(ns: str, runs: int) -> tuple[Any, Any]:
+async def _setup(ns: str, runs: int, finished: int = 0) -> tuple[Any, Any]:
     import aiohttp
     from kubernetes_asyncio import client, config
 
@@ -182,7 +184,7 @@ async def _setup(ns: str, runs: int) -> tuple[Any, Any]:
     await config.load_kube_config(config_file=str(dev.kubeconfig), client_configuration=cfg)
     api = client.ApiClient(configuration=cfg)
     await client.CoreV1Api(api).create_namespace({"metadata": {"name": ns}})
-    await kueue.create_queues(api, ns, gpus=8, cpu=runs * 2)
+    await kueue.create_queues(api, ns, gpus=8, cpu=(runs + finished) * 2)
     token = await kit.make_token(api, ns, "researcher", kit.RESEARCHER_RULES)
     ctl = await controllerkit.start_controller(
         dev.kubeconfig, ns, run_pass_interval_s=2.0, run_manager=f"bench/{ns}",
@@ -192,7 +194,7 @@ async def _setup(ns: str, runs: int) -> tuple[Any, Any]:
         await controllerkit.wait_leader(ctl)
         headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
         async with aiohttp.ClientSession() as http:
-            for i in range(runs):
+            for i in range(runs + finished):
                 spec = {"name": f"r{i}", "image": "registry.example/train@sha256:" + "0" * 64,
                         "command": ["python", "train.py"], "queue": "q",
                         "resources": {"gpus": 0, "cpu": "1"}}  # fmt: skip
@@ -200,6 +202,13 @@ async def _setup(ns: str, runs: int) -> tuple[Any, Any]:
                                      data=json.dumps(spec), headers=headers) as resp:  # fmt: skip
                     if resp.status != 201:
                         sys.exit(f"POST answered {resp.status}: {await resp.text()}")
+                if i < runs:
+                    continue
+                # A finished run: cancelled at once (the cluster's history, which a pass
+                # reads as well).
+                async with http.delete(f"{ctl.url}/v1/runs/{ns}/r{i}", headers=headers) as resp:
+                    if resp.status != 200:
+                        sys.exit(f"DELETE answered {resp.status}: {await resp.text()}")
         core = client.CoreV1Api(api)
         deadline = time.monotonic() + 300
         while True:
@@ -255,7 +264,7 @@ async def _main(args: argparse.Namespace) -> None:
     from tests import kueue
 
     ns = f"bench-runpass-{secrets.token_hex(3)}"
-    api, dev = await _setup(ns, args.runs)
+    api, dev = await _setup(ns, args.runs, args.finished)
     manager = f"bench/{ns}"
     results: dict[str, list[dict[str, Any]]] = {"before": [], "after": []}
     try:
@@ -278,11 +287,11 @@ async def _main(args: argparse.Namespace) -> None:
         " | requests per pass (by kind) | cache sync; requests to sync | max RSS MB |"
     )
     print("|---|---|---|---|---|---|---|---|---|")
-    after = _row("caches (this checkout)", results["after"])
+    after = _row("this checkout", results["after"])
     if results["before"]:
-        before = _row(f"lists ({args.before})", results["before"])
+        before = _row(f"before ({args.before})", results["before"])
         print(
-            f"\npass time: caches/lists = {after[1] / before[1]:.3f}; requests per pass:"
+            f"\npass time: this checkout / before = {after[1] / before[1]:.3f}; requests per pass:"
             f" {before[2]:.1f} → {after[2]:.1f}"
         )
     churn = results["after"][-1]["churn"]
@@ -301,6 +310,8 @@ if __name__ == "__main__":
         sys.exit(0)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=200)
+    parser.add_argument("--finished", type=int, default=0,
+                        help="and this many runs cancelled at once (finished ones)")  # fmt: skip
     parser.add_argument("--passes", type=int, default=30)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--churn-s", type=float, default=10.0,
