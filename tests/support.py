@@ -1,4 +1,5 @@
-"""Helpers shared by the test tiers: polling for outcomes and unique names."""
+"""Helpers shared by the test tiers: polling for outcomes, unique names and a lease that is
+always held."""
 
 from __future__ import annotations
 
@@ -16,6 +17,20 @@ T = TypeVar("T")
 
 DEADLINE_S = 90.0
 """Generous: tests poll for an outcome, they never assert on how fast it came."""
+
+
+class AlwaysLeading:
+    """An elector that always holds the lease: for tests of what a leader does, where the
+    election is not what is tested (`controller.leading.Elector`'s reads, nothing else)."""
+
+    def __init__(self, identity: str = "test") -> None:
+        self.identity = identity
+
+    def is_leader(self) -> bool:
+        return True
+
+    def ensure_leader(self) -> None:
+        return None
 
 
 class NotYetError(AssertionError):

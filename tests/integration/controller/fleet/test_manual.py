@@ -20,22 +20,11 @@ from controller.kube import nodes as kube_nodes
 from controller.settings import ControllerSettings
 from devcluster import cluster
 from tests import controllerkit as kit
+from tests import support
 
 pytestmark = pytest.mark.cluster
 
 LABEL = "example.com/touched"
-
-
-class Leading:
-    """This test's Quarantiner always leads (the election is not what is tested)."""
-
-    identity = "test-manual"
-
-    def is_leader(self) -> bool:
-        return True
-
-    def ensure_leader(self) -> None:
-        return None
 
 
 @pytest_asyncio.fixture
@@ -59,7 +48,7 @@ async def _stale_quarantiner(k8s: client.ApiClient, namespace: str, name: str) -
     q = quarantining.Quarantiner(
         state.FleetState(leader_since=dt.datetime.now(dt.UTC)), cache=cache,
         settings=policy.settings_from(ControllerSettings()),
-        elector=typing.cast("leading.Elector", Leading()), writer=writer,
+        elector=typing.cast("leading.Elector", support.AlwaysLeading("test-manual")), writer=writer,
         metrics=metrics.make_metrics(),
     )  # fmt: skip
     return q, nodes.parse(cache.nodes[name])

@@ -16,6 +16,7 @@ from controller import errors, leading, marks, metrics
 from controller.kube import runs as kube_runs
 from controller.runs import checkpoints, policy, reconciling, rendering, views
 from shared import spec as specs
+from tests import support
 from tests.unit.controller.runs.builders import (
     ADMITTED,
     SPEC,
@@ -149,16 +150,6 @@ class FakeStore:
         self.objects.setdefault(key, copy.deepcopy(body))["data"].update(body["data"])
 
 
-class FakeElector:
-    """Always the leader."""
-
-    def is_leader(self) -> bool:
-        return True
-
-    def ensure_leader(self) -> None:
-        return None
-
-
 def _reconciler(
     store: FakeStore,
     now: dt.datetime = T0,
@@ -167,7 +158,7 @@ def _reconciler(
 ) -> reconciling.Reconciler:
     return reconciling.Reconciler(
         typing.cast("kube_runs.RunStore", store),
-        typing.cast("leading.Elector", FakeElector()),
+        typing.cast("leading.Elector", support.AlwaysLeading()),
         metrics.make_metrics(),
         rendering.RenderSettings(controller_url="http://taugrid:8080", ca_pem=ca_pem),
         pass_interval_s=1.0,
