@@ -103,22 +103,34 @@ def _median_ms(run: Callable[[], object], repeats: int) -> float:
     return 1e3 * statistics.median(took)
 
 
-def measure(count: int, faulty: int, *, repeats: int) -> tuple[float, float, int]:
-    """(ms judging what `faulty` names, ms judging every node, devices to fence)."""
-    names = [f"gpu-{n:06d}" for n in range(count)]
-    since = T0 - dt.timedelta(hours=1)
-    fleet = state.FleetState(leader_since=since)
-    reference = EveryNode(frozenset(names), leader_since=since)
+SINCE = T0 - dt.timedelta(hours=1)
+NOW = T0 + dt.timedelta(seconds=1)
+
+
+def _names(count: int) -> list[str]:
+    return [f"gpu-{n:06d}" for n in range(count)]
+
+
+def _reported(names: list[str], faulty: int, *fleets: state.FleetState) -> devices.Inventory:
+    """Every node's heartbeat ingested by each of `fleets` (the first `faulty` with a fault);
+    the fleet's parsed slices."""
     for index, name in enumerate(names):
         hb = heartbeat.Heartbeat.model_validate_json(_body(name, fault=index < faulty))
-        fleet.ingest(hb, T0)
-        reference.ingest(hb, T0)
+        for fleet in fleets:
+            fleet.ingest(hb, T0)
+    return devices.inventory(_slice(name) for name in names)
+
+
+def measure(count: int, faulty: int, *, repeats: int) -> tuple[float, float, int]:
+    """(ms judging what `faulty` names, ms judging every node, devices to fence)."""
+    names = _names(count)
+    fleet = state.FleetState(leader_since=SINCE)
+    reference = EveryNode(frozenset(names), leader_since=SINCE)
+    inventory = _reported(names, faulty, fleet, reference)
     views = {name: nodes.parse(_raw_node(name)) for name in names}
-    inventory = devices.inventory(_slice(name) for name in names)
-    now = T0 + dt.timedelta(seconds=1)
 
     def decide(fleet_state: state.FleetState) -> actions.DeviceDecision:
-        return devicepolicy.decide(fleet_state, views, SETTINGS, actions.BreakerState(), now,
+        return devicepolicy.decide(fleet_state, views, SETTINGS, actions.BreakerState(), NOW,
                                    inventory=inventory, rules=[], dry_run=False)  # fmt: skip
 
     ours, everyone = decide(fleet), decide(reference)
@@ -133,20 +145,17 @@ def measure_gate(count: int, faulty: int, *, repeats: int) -> tuple[float, float
     """What the admission gate is told of the fleet's GPUs (`devicepolicy.usable`), in ms:
     with the memo kept from the pass before, with an empty memo (the first pass after the
     slices or the rules changed), and judging every node and GPU afresh (before)."""
-    names = [f"gpu-{n:06d}" for n in range(count)]
-    fleet = state.FleetState(leader_since=T0 - dt.timedelta(hours=1))
-    for index, name in enumerate(names):
-        fleet.ingest(heartbeat.Heartbeat.model_validate_json(_body(name, fault=index < faulty)), T0)
-    inventory = devices.inventory(_slice(name) for name in names)
-    now = T0 + dt.timedelta(seconds=1)
+    names = _names(count)
+    fleet = state.FleetState(leader_since=SINCE)
+    inventory = _reported(names, faulty, fleet)
     memo: dict[str, tuple[devicepolicy.Usable, ...]] = {}
 
     def ours(kept: dict[str, tuple[devicepolicy.Usable, ...]]) -> object:
-        return devicepolicy.usable(fleet, names, SETTINGS, now, inventory=inventory, rules=[],
+        return devicepolicy.usable(fleet, names, SETTINGS, NOW, inventory=inventory, rules=[],
                                    memo=kept)  # fmt: skip
 
     def before() -> object:
-        return fakes.every_gpu_judged(fleet, names, SETTINGS, now, inventory=inventory, rules=[])
+        return fakes.every_gpu_judged(fleet, names, SETTINGS, NOW, inventory=inventory, rules=[])
 
     assert ours(memo) == before(), "the gate's listing differs from judging every GPU"
     assert ours(memo) == before(), "and so does it from the memo"
@@ -157,20 +166,27 @@ def measure_gate(count: int, faulty: int, *, repeats: int) -> tuple[float, float
 def main() -> None:
     """Print one row per fleet size and number of faulty nodes, for the pass, then the gate."""
     counts = [int(a) for a in sys.argv[1:] if a.isdigit()] or [1000, 10000, 100000]
-    print("DRA nodes | faulty nodes | pass, faulty and fenced judged | pass, every node "
-          "judged (before) | ratio")  # fmt: skip
-    for count in counts:
-        for faulty in FAULTY_COUNTS:
-            ours, everyone, _ = measure(count, faulty, repeats=3 if count > 20000 else 7)
-            print(f"{count:,} | {faulty} | {ours:.2f} ms | {everyone:.1f} ms | "
-                  f"{ours / everyone:.3f}×", flush=True)  # fmt: skip
-    print("\nDRA nodes | faulty nodes | gate's listing, memo kept | memo empty | every GPU "
-          "judged (before) | ratio, kept | ratio, empty")  # fmt: skip
-    for count in counts:
-        for faulty in FAULTY_COUNTS:
-            kept, empty, before = measure_gate(count, faulty, repeats=3 if count > 20000 else 7)
-            print(f"{count:,} | {faulty} | {kept:.1f} ms | {empty:.1f} ms | {before:.1f} ms | "
-                  f"{kept / before:.3f}× | {empty / before:.3f}×", flush=True)  # fmt: skip
+
+    def pass_row(count: int, faulty: int, repeats: int) -> str:
+        ours, everyone, _ = measure(count, faulty, repeats=repeats)
+        return f"{ours:.2f} ms | {everyone:.1f} ms | {ours / everyone:.3f}×"
+
+    def gate_row(count: int, faulty: int, repeats: int) -> str:
+        kept, empty, before = measure_gate(count, faulty, repeats=repeats)
+        return (f"{kept:.1f} ms | {empty:.1f} ms | {before:.1f} ms | {kept / before:.3f}× | "
+                f"{empty / before:.3f}×")  # fmt: skip
+
+    tables = [
+        ("pass, faulty and fenced judged | pass, every node judged (before) | ratio", pass_row),
+        (("gate's listing, memo kept | memo empty | every GPU judged (before) | ratio, kept | "
+          "ratio, empty"), gate_row),
+    ]  # fmt: skip
+    for header, row in tables:
+        print(f"\nDRA nodes | faulty nodes | {header}")
+        for count in counts:
+            for faulty in FAULTY_COUNTS:
+                cells = row(count, faulty, 3 if count > 20000 else 7)
+                print(f"{count:,} | {faulty} | {cells}", flush=True)
 
 
 if __name__ == "__main__":
