@@ -8,7 +8,9 @@ Each pass, on the leader only:
 3. lists the ClusterQueues whose `admissionChecksStrategy` names the check and every
    Workload; when some Workload admitted through one of them waits on our check, it lists
    nodes, pods, ResourceFlavors and the runs' Jobs/RayJobs, asks the pure `policy.plan`
-   what each check should say, and applies only the differences.
+   what each check should say, and applies only the differences. Nodes and pods come from
+   watch-fed caches, and only those the caches replaced since the pass before are parsed
+   again (`views.Parsed`).
 
 Level-triggered: nothing depends on which event woke the pass. A pass runs every
 `admission_pass_interval_s` and at once after `poke()` (the app pokes on node changes, so a
@@ -76,6 +78,8 @@ class Gate:
         self._messages: dict[tuple[str, str], str] = {}
         self._evented: dict[tuple[str, str], str] = {}
         self._refusal = ""
+        self._nodes = views.Parsed(views.parse_node)
+        self._pods = views.Parsed(views.parse_pod)
 
     # ------------------------------------------------------------------ API
     def poke(self) -> None:
@@ -129,8 +133,8 @@ class Gate:
         )
         workloads = {(w.namespace, w.name): w for w in parsed}
         flavors = {f.name: f for f in map(views.parse_flavor, raw_flavors)}
-        node_list = [views.parse_node(n) for n in raw_nodes]
-        pods = [views.parse_pod(p) for p in raw_pods]
+        node_list = self._nodes(raw_nodes)
+        pods = self._pods(raw_pods)
         if any(w.uses_dra for w in workloads.values()):
             # Fail closed: without the fleet's word every DRA node counts as stale.
             dra = self.devices() if self.devices is not None else {}

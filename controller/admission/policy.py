@@ -25,6 +25,7 @@ What the gate holds a Workload to:
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import datetime as dt
 import math
@@ -123,11 +124,13 @@ class _Pod:
     nodes: frozenset[str]
 
 
-def _eligible(
-    node: views.NodeCapacity, ps: views.PodSet, flavors: Mapping[str, views.Flavor]
-) -> bool:
-    """Whether the pod set may run on the node, health aside: the flavor's labels and the
-    pod's node selector match, and every hard taint (health taints aside) is tolerated."""
+_Shape = tuple[tuple[tuple[str, str], ...], tuple[views.Toleration, ...], bool | None]
+"""What decides which nodes a pod set may run on, health aside: the labels wanted (the
+flavors' and the pod's node selector), the tolerations (the pod's, the flavors', and the
+flavors' node taints) and, for pods of GPUs, whether they need a DRA node."""
+
+
+def _shape(ps: views.PodSet, flavors: Mapping[str, views.Flavor]) -> _Shape:
     wanted = dict(ps.node_selector)
     tolerations = list(ps.tolerations)
     for name in ps.flavors:
@@ -140,30 +143,149 @@ def _eligible(
         tolerations += [
             views.Toleration(t.key, "Equal", t.value, t.effect) for t in flavor.node_taints
         ]
-    if any(node.labels.get(k) != v for k, v in wanted.items()):
+    # claims need a DRA node's devices, the extended resource a plugin's
+    dra = ps.dra if ps.requests.gpus > 0 else None
+    return tuple(sorted(wanted.items())), tuple(tolerations), dra
+
+
+_HEALTH_TAINTS = frozenset({marks.TAINT_KEY, views.UNSCHEDULABLE_TAINT, *views.NOT_READY_TAINTS})
+
+
+def _eligible(node: views.NodeCapacity, shape: _Shape) -> bool:
+    """Whether a pod set of this shape may run on the node, health aside: the labels match,
+    the node is of the kind its GPUs need, and every hard taint (health taints aside) is
+    tolerated."""
+    wanted, tolerations, dra = shape
+    if any(node.labels.get(k) != v for k, v in wanted):
         return False
-    if ps.requests.gpus > 0 and ps.dra != node.dra:
-        return False  # claims need a DRA node's devices, the extended resource a plugin's
-    health_keys = {marks.TAINT_KEY, views.UNSCHEDULABLE_TAINT, *views.NOT_READY_TAINTS}
+    if dra is not None and dra != node.dra:
+        return False
     return all(
         any(tol.tolerates(t) for tol in tolerations)
         for t in node.taints
-        if t.effect in views.HARD_EFFECTS and t.key not in health_keys
+        if t.effect in views.HARD_EFFECTS and t.key not in _HEALTH_TAINTS
     )
 
 
+class _Fleet:
+    """One pass's nodes. Each pod set shape's eligible nodes are worked out once a pass,
+    not once for every Workload: Workloads of one flavor share them."""
+
+    def __init__(
+        self, nodes: Sequence[views.NodeCapacity], flavors: Mapping[str, views.Flavor]
+    ) -> None:
+        self.nodes = nodes
+        self.flavors = flavors
+        self._shapes: dict[_Shape, tuple[list[views.NodeCapacity], frozenset[str]]] = {}
+
+    def candidates(self, ps: views.PodSet) -> tuple[list[views.NodeCapacity], frozenset[str]]:
+        """The nodes the pod set may run on, health aside (in the pass's order), and the
+        names of the healthy ones."""
+        shape = _shape(ps, self.flavors)
+        found = self._shapes.get(shape)
+        if found is None:
+            eligible = [n for n in self.nodes if _eligible(n, shape)]
+            found = eligible, frozenset(n.name for n in eligible if n.healthy)
+            self._shapes[shape] = found
+        return found
+
+
+class _Pods:
+    """One pass's pods, indexed as the plan asks for them: by run (fencing) and by label
+    (a pod set's started pods), each index built the first time it is asked for."""
+
+    def __init__(self, pods: Iterable[views.PodUsage]) -> None:
+        self.pods = list(pods)
+        self._runs: dict[tuple[str, str], list[views.PodUsage]] | None = None
+        self._labels: dict[str, dict[tuple[str, str], list[views.PodUsage]]] = {}
+
+    def of_run(self, namespace: str, run: str) -> list[views.PodUsage]:
+        """The pods of a run that carry an attempt."""
+        if self._runs is None:
+            self._runs = {}
+            for p in self.pods:
+                if p.run and p.attempt is not None:
+                    self._runs.setdefault((p.namespace, p.run), []).append(p)
+        return self._runs.get((namespace, run), [])
+
+    def _labelled(self, namespace: str, key: str, value: str) -> list[views.PodUsage]:
+        index = self._labels.get(key)
+        if index is None:
+            index = self._labels[key] = {}
+            for p in self.pods:
+                if key in p.labels:
+                    index.setdefault((p.namespace, p.labels[key]), []).append(p)
+        return index.get((namespace, value), [])
+
+    def started(self, w: views.Workload, ps: views.PodSet) -> int:
+        """How many started pods pod set `ps` of `w` has (`_started`)."""
+        if not ps.labels:
+            return sum(1 for p in self.pods if _started(p, w, ps))
+        some = min((self._labelled(w.namespace, k, v) for k, v in ps.labels.items()), key=len)
+        return sum(1 for p in some if _started(p, w, ps))
+
+
+class _Free:
+    """What each node has left in one pass, with the nodes also kept in order of it (GPUs,
+    CPU, memory, name: `Resources`' order), so the tightest node that takes a pod is the
+    first eligible one that fits past the nodes with too few GPUs, not a walk of all."""
+
+    def __init__(self, rooms: Mapping[str, views.Resources]) -> None:
+        self.rooms = dict(rooms)
+        self._order = sorted(_key(r, n) for n, r in self.rooms.items())
+
+    def take(self, placed: Iterable[tuple[str, views.Resources]]) -> None:
+        """Count a placement's requests out of what its nodes have left."""
+        for node, req in placed:
+            room = self.rooms[node]
+            del self._order[bisect.bisect_left(self._order, _key(room, node))]
+            self.rooms[node] = room - req
+            bisect.insort(self._order, _key(self.rooms[node], node))
+
+    def tightest(
+        self, req: views.Resources, nodes: frozenset[str], taken: Mapping[str, views.Resources]
+    ) -> str | None:
+        """The node of `nodes` with the least room that still takes `req` (by room, then
+        name), counting `taken` (nodes given part of their room already) as what they have
+        left; None when none takes it."""
+        best: tuple[int, int, int, str] | None = None
+        for node, room in taken.items():
+            if node in nodes and req.fits_in(room) and (best is None or _key(room, node) < best):
+                best = _key(room, node)
+        order = self._order
+        for i in range(bisect.bisect_left(order, (req.gpus,)), len(order)):
+            entry = order[i]
+            if best is not None and entry >= best:
+                break
+            _, cpu, memory, node = entry
+            if (
+                node in nodes
+                and node not in taken
+                and cpu >= req.cpu_milli
+                and memory >= req.memory
+            ):
+                best = entry  # the first that fits: the least room of the rest
+                break
+        return None if best is None else best[3]
+
+
+def _key(room: views.Resources, node: str) -> tuple[int, int, int, str]:
+    return room.gpus, room.cpu_milli, room.memory, node
+
+
 def _pack(
-    pods: Sequence[_Pod], free: dict[str, views.Resources]
+    pods: Sequence[_Pod], free: _Free
 ) -> tuple[list[tuple[str, views.Resources]], str | None]:
-    """Place pods largest first, each on the tightest node that takes it; update `free`.
-    Return the placement and the pod set of the first pod that did not fit (None: all did)."""
+    """Place pods largest first, each on the tightest node that takes it (`free` is left as
+    it is: the caller takes the placement). Return the placement and the pod set of the first
+    pod that did not fit (None: all did)."""
     placed: list[tuple[str, views.Resources]] = []
+    taken: dict[str, views.Resources] = {}
     for pod in sorted(pods, key=lambda p: p.requests, reverse=True):
-        fits = [n for n in pod.nodes if pod.requests.fits_in(free[n])]
-        if not fits:
+        node = free.tightest(pod.requests, pod.nodes, taken)
+        if node is None:
             return placed, pod.pod_set
-        node = min(fits, key=lambda n: (free[n], n))
-        free[node] = free[node] - pod.requests
+        taken[node] = taken.get(node, free.rooms[node]) - pod.requests
         placed.append((node, pod.requests))
     return placed, None
 
@@ -253,17 +375,11 @@ def _devices_of(node: str, devices: Sequence[tuple[str, str]]) -> str:
 
 
 def _fit(
-    workload: views.Workload,
-    node_list: Sequence[views.NodeCapacity],
-    flavors: Mapping[str, views.Flavor],
+    workload: views.Workload, fleet: _Fleet, free: _Free
 ) -> tuple[bool, str, tuple[tuple[str, views.Resources], ...]]:
     """Pack every pod set of the Workload on healthy nodes; say where, or why not."""
-    free = {n.name: n.free for n in node_list}
-    before = dict(free)
-    candidates = {ps.name: [n for n in node_list if _eligible(n, ps, flavors)]
-                  for ps in workload.pod_sets}  # fmt: skip
     pods = [
-        _Pod(ps.name, ps.requests, frozenset(n.name for n in candidates[ps.name] if n.healthy))
+        _Pod(ps.name, ps.requests, fleet.candidates(ps)[1])
         for ps in workload.pod_sets
         for _ in range(ps.count)
     ]
@@ -271,7 +387,7 @@ def _fit(
     if failed is not None:
         ps = next(p for p in workload.pod_sets if p.name == failed)
         several = len(workload.pod_sets) > 1
-        return False, _shortfall(ps, candidates[ps.name], before, several=several), ()
+        return False, _shortfall(ps, fleet.candidates(ps)[0], free.rooms, several=several), ()
     used = sorted({node for node, _ in placed})
     flavor_names = sorted({f for ps in workload.pod_sets for f in ps.flavors})
     of = f" of flavor {'/'.join(flavor_names)}" if flavor_names else ""
@@ -279,7 +395,7 @@ def _fit(
     return True, message, tuple(placed)
 
 
-def _fencing(workload: views.Workload, pods: Iterable[views.PodUsage]) -> str:
+def _fencing(workload: views.Workload, pods: _Pods) -> str:
     """The Pending message while pods of an earlier attempt still run ('' when none do).
     Pods that ended (Succeeded/Failed) run nothing: an ended attempt kept for its logs must
     not hold back a resume."""
@@ -287,12 +403,8 @@ def _fencing(workload: views.Workload, pods: Iterable[views.PodUsage]) -> str:
         return ""
     earlier = sorted(
         (p.attempt, p.name)
-        for p in pods
-        if p.namespace == workload.namespace
-        and p.run == workload.run
-        and p.attempt is not None
-        and p.attempt < workload.attempt
-        and not p.terminal
+        for p in pods.of_run(workload.namespace, workload.run)
+        if p.attempt is not None and p.attempt < workload.attempt and not p.terminal
     )
     if not earlier:
         return ""
@@ -316,6 +428,22 @@ def decide(
     `nodes` carry their usage (`with_usage`); `earlier_attempt_pods` may hold any pods: only
     the non-terminal ones of earlier attempts of the Workload's run count (fencing).
     """
+    free = _Free({n.name: n.free for n in nodes})
+    return _decide(workload, _Fleet(nodes, flavors), free, _Pods(earlier_attempt_pods), now,
+                   check=check, retry_after_s=retry_after_s)  # fmt: skip
+
+
+def _decide(
+    workload: views.Workload,
+    fleet: _Fleet,
+    free: _Free,
+    pods: _Pods,
+    now: dt.datetime,
+    *,
+    check: str,
+    retry_after_s: float,
+) -> Decision | None:
+    """`decide` on a pass's nodes: `free` is what each has left."""
     ours = workload.check(check)
     if ours is None or ours.state in {
         views.CheckState.READY,
@@ -331,13 +459,13 @@ def decide(
         or not workload.active
     ):
         return None
-    fenced = _fencing(workload, earlier_attempt_pods)
+    fenced = _fencing(workload, pods)
     placement: tuple[tuple[str, views.Resources], ...] = ()
     after: int | None = None
     if fenced:
         state, message = views.CheckState.PENDING, fenced
     else:
-        fits, message, placement = _fit(workload, nodes, flavors)
+        fits, message, placement = _fit(workload, fleet, free)
         state = views.CheckState.READY if fits else views.CheckState.RETRY
         after = None if fits else math.ceil(retry_after_s)
     if state == ours.state and message == ours.message:
@@ -346,24 +474,17 @@ def decide(
     return Decision(state, message, after, since, placement)
 
 
-def _claims(
-    workload: views.Workload,
-    pods: Sequence[views.PodUsage],
-    node_list: Sequence[views.NodeCapacity],
-    flavors: Mapping[str, views.Flavor],
-    free: dict[str, views.Resources],
-) -> None:
+def _claims(workload: views.Workload, pods: _Pods, fleet: _Fleet, free: _Free) -> None:
     """Reserve room for the pods of a passed Workload that are not bound yet (best effort:
     a pod that fits nowhere claims nothing). Pods are matched by the template's labels."""
     waiting: list[_Pod] = []
     for ps in workload.pod_sets:
         if not ps.labels:
             continue  # cannot tell its pods apart: assume they are bound and counted
-        started = sum(1 for p in pods if _started(p, workload, ps))
-        eligible = frozenset(n.name for n in node_list if n.healthy and _eligible(n, ps, flavors))
-        waiting += [_Pod(ps.name, ps.requests, eligible)] * max(0, ps.count - started)
+        pod = _Pod(ps.name, ps.requests, fleet.candidates(ps)[1])
+        waiting += [pod] * max(0, ps.count - pods.started(workload, ps))
     for pod in waiting:
-        _pack([pod], free)
+        free.take(_pack([pod], free)[0])
 
 
 def _started(p: views.PodUsage, w: views.Workload, ps: views.PodSet) -> bool:
@@ -394,18 +515,24 @@ def plan(
     Workloads waiting on our check are decided in Kueue's order (priority, then age), each
     Ready one claiming its nodes, so one pass never promises the same GPUs twice. `queues`
     limits the pass to Workloads admitted through those ClusterQueues (None: any).
+
+    A pass costs its nodes and pods once, plus each Workload's candidate nodes: the nodes
+    a pod set shape may use are worked out once (`_Fleet`), what is left on each node is
+    one map the Workloads take from, kept in order so the tightest fit is found without a
+    walk of all (`_Free`), and pods are looked up by run and by label (`_Pods`).
     """
-    base = views.with_usage(nodes, pods)
-    free = {n.name: n.free for n in base}
+    used = views.usage(pods)
+    fleet = _Fleet(nodes, flavors)
+    index = _Pods(pods)
+    free = _Free({n.name: n.free - used[n.name] if n.name in used else n.free for n in nodes})
     out: dict[tuple[str, str], Decision] = {}
     passed = sorted(
         (w for w in workloads if w.holds_capacity(check)),
         key=lambda w: (-w.priority, w.created or now, w.namespace, w.name),
     )
     for w in passed:
-        if _rechecked(w, pods, queues, check=check):
-            current = [dataclasses.replace(n, used=n.allocatable - free[n.name]) for n in base]
-            fits, message, placement = _fit(w, current, flavors)
+        if _rechecked(w, index, queues, check=check):
+            fits, message, placement = _fit(w, fleet, free)
             if not fits:
                 out[(w.namespace, w.name)] = Decision(
                     views.CheckState.RETRY,
@@ -414,10 +541,9 @@ def plan(
                     now,
                 )
                 continue
-            for node, req in placement:
-                free[node] = free[node] - req
+            free.take(placement)
             continue
-        _claims(w, pods, base, flavors, free)
+        _claims(w, index, fleet, free)
     waiting = [
         w
         for w in workloads
@@ -425,20 +551,18 @@ def plan(
     ]
     waiting.sort(key=lambda w: (-w.priority, w.created or now, w.namespace, w.name))
     for w in waiting:
-        current = [dataclasses.replace(n, used=n.allocatable - free[n.name]) for n in base]
-        decision = decide(w, current, flavors, pods, now, check=check,
-                          retry_after_s=retry_after_s)  # fmt: skip
+        decision = _decide(w, fleet, free, index, now, check=check,
+                           retry_after_s=retry_after_s)  # fmt: skip
         if decision is None:
             continue
         out[(w.namespace, w.name)] = decision
-        for node, req in decision.placement:
-            free[node] = free[node] - req
+        free.take(decision.placement)
     return out
 
 
 def _rechecked(
     w: views.Workload,
-    pods: Sequence[views.PodUsage],
+    pods: _Pods,
     queues: frozenset[str] | None,
     *,
     check: str,
@@ -457,7 +581,7 @@ def _rechecked(
         return False
     if not all(ps.labels for ps in w.pod_sets):
         return False
-    return not any(_started(p, w, ps) for ps in w.pod_sets for p in pods)
+    return not any(pods.started(w, ps) > 0 for ps in w.pod_sets)
 
 
 def check_state_body(check: str, decision: Decision) -> dict[str, Any]:

@@ -11,8 +11,8 @@ import dataclasses
 import datetime as dt
 import enum
 import math
-from collections.abc import Iterable, Mapping
-from typing import Any, Protocol
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Generic, Protocol, TypeVar
 
 from controller import marks, timestamps
 from shared import spec as specs
@@ -36,6 +36,40 @@ class CheckState(enum.StrEnum):
     READY = "Ready"
     RETRY = "Retry"
     REJECTED = "Rejected"
+
+
+T = TypeVar("T")
+
+
+class Parsed(Generic[T]):
+    """Parse each raw object once while it stays the same object.
+
+    The gate reads nodes and pods from watch-fed caches, which replace an object that
+    changes and never edit one in place (`watching.Watched`): an object seen in the pass
+    before keeps its view, so a pass parses what changed, not the fleet. Objects from a LIST
+    are new every time and are parsed every time. Only the objects of the latest call are
+    kept (a raw object is held beside its view, so its id cannot be reused meanwhile).
+    """
+
+    def __init__(self, parse: Callable[[Mapping[str, Any]], T]) -> None:
+        self._parse = parse
+        self._kept: dict[int, tuple[Mapping[str, Any], T]] = {}
+        self.parsed = 0
+        """Objects parsed so far (the rest were kept)."""
+
+    def __call__(self, raws: Iterable[Mapping[str, Any]]) -> list[T]:
+        """The view of every raw object, in order."""
+        kept: dict[int, tuple[Mapping[str, Any], T]] = {}
+        out = []
+        for raw in raws:
+            hit = self._kept.get(id(raw))
+            if hit is None or hit[0] is not raw:
+                hit = raw, self._parse(raw)
+                self.parsed += 1
+            kept[id(raw)] = hit
+            out.append(hit[1])
+        self._kept = kept
+        return out
 
 
 # ---------------------------------------------------------------- resources
@@ -408,12 +442,18 @@ def with_devices(
     return out
 
 
-def with_usage(node_list: Iterable[NodeCapacity], pods: Iterable[PodUsage]) -> list[NodeCapacity]:
-    """Add the requests of every non-terminal pod bound to each node to its `used`."""
+def usage(pods: Iterable[PodUsage]) -> dict[str, Resources]:
+    """The requests of the non-terminal pods bound to each node, summed by node."""
     used: dict[str, Resources] = {}
     for p in pods:
         if p.node and not p.terminal:
             used[p.node] = used.get(p.node, Resources()) + p.requests
+    return used
+
+
+def with_usage(node_list: Iterable[NodeCapacity], pods: Iterable[PodUsage]) -> list[NodeCapacity]:
+    """Add the requests of every non-terminal pod bound to each node to its `used`."""
+    used = usage(pods)
     return [dataclasses.replace(n, used=n.used + used.get(n.name, Resources())) for n in node_list]
 
 
