@@ -1,0 +1,168 @@
+"""The admission gate's pass on a big fleet: what it costs now against what it cost when every
+Workload rebuilt every node and walked every pod, side by side.
+
+Pure core only, in one process (no cluster, no HTTP): N nodes of 8 GPUs with the labels a GPU
+node carries, one agent pod on each, and a training pod of 8 GPUs on every other node (half
+the fleet is full); W Workloads of 2 pods × 8 GPUs wait on the check, and 20 admitted
+Workloads' pods are bound. For each N and W, in the same run and on the same state:
+
+- parsing the nodes and pods: all of them (a pass before, or the first pass after a relist),
+  and with `views.Parsed` kept from the pass before, while the cache replaced 1 % of them;
+- `policy.plan` against the plan that walked everything (`tests/unit/.../reference.py`),
+  checking that both decide the same;
+- what `views.Parsed` holds for the fleet (tracemalloc), the leader's memory it costs.
+
+Timings are medians of repeated calls (a single call where the old plan takes seconds); the
+machine is shared, so read the ratio within a row.
+
+Run: `.venv/bin/python -m bench.gatepass [N ...]` (default 1000 10000).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import statistics
+import sys
+import time
+import tracemalloc
+from collections.abc import Callable
+from typing import Any
+
+from controller import marks
+from controller.admission import policy, views
+from tests.unit.controller.admission import reference
+
+CHECK = marks.DEFAULT_ADMISSION_CHECK
+NOW = dt.datetime(2026, 3, 1, 12, tzinfo=dt.UTC)
+PRODUCT = {"nvidia.com/gpu.product": "NVIDIA-H200"}
+FLAVORS = {"h200": views.Flavor("h200", node_labels=PRODUCT)}
+WAITING = (1, 10, 50)
+ADMITTED = 20
+CHANGED = 0.01
+
+
+def _median_ms(run: Callable[[], object], repeats: int) -> float:
+    took = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        took.append(time.perf_counter() - start)
+    return 1e3 * statistics.median(took)
+
+
+def _node(i: int, *, version: int = 1) -> dict[str, Any]:
+    name = f"gpu-{i:06d}"
+    labels = {**PRODUCT, "kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
+              "kubernetes.io/arch": "amd64", "topology.kubernetes.io/zone": f"z{i % 4}",
+              "nvidia.com/gpu.count": "8", "nvidia.com/gpu.memory": "143771",
+              "node.kubernetes.io/instance-type": "p5en.48xlarge"}  # fmt: skip
+    return {
+        "metadata": {"name": name, "labels": labels, "resourceVersion": str(version)},
+        "spec": {"unschedulable": False, "taints": []},
+        "status": {"allocatable": {marks.GPU_RESOURCE: "8", "cpu": "192", "memory": "2Ti",
+                                   "pods": "110"},
+                   "conditions": [{"type": "Ready", "status": "True"},
+                                  {"type": marks.NODE_CONDITION, "status": "True",
+                                   "reason": "AllGPUsHealthy"}]},
+    }  # fmt: skip
+
+
+def _pod(name: str, node: str, *, gpus: int, labels: dict[str, str]) -> dict[str, Any]:
+    limits = {marks.GPU_RESOURCE: str(gpus)} if gpus else {}
+    return {
+        "metadata": {"namespace": "research" if gpus else "taugrid", "name": name,
+                     "labels": labels},
+        "spec": {"nodeName": node, "containers": [{"name": "main", "resources": {
+            "requests": {"cpu": "16" if gpus else "100m", "memory": "64Gi" if gpus else "128Mi"},
+            "limits": limits}}]},
+        "status": {"phase": "Running"},
+    }  # fmt: skip
+
+
+def _pods(count: int) -> list[dict[str, Any]]:
+    out = [_pod(f"agent-{i}", f"gpu-{i:06d}", gpus=0, labels={"app": "taugrid-agent"})
+           for i in range(count)]  # fmt: skip
+    for i in range(0, count, 2):
+        run = f"run-{i // 2 % ADMITTED}"
+        labels = {marks.RUN_LABEL: run, marks.ATTEMPT_LABEL: "1", "job-name": run}
+        out.append(_pod(f"{run}-{i}", f"gpu-{i:06d}", gpus=8, labels=labels))
+    return out
+
+
+def _workload(name: str, *, state: str, admitted: bool) -> views.Workload:
+    pod_set = views.PodSet("main", 2, views.Resources(8, 16_000, 64 * 2**30),
+                           labels={"job-name": name}, flavors=("h200",))  # fmt: skip
+    return views.Workload(
+        "research", name, (pod_set,), checks=(views.CheckStatus(CHECK, state),),
+        cluster_queue="gpu", quota_reserved=True, admitted=admitted, run=name, attempt=1,
+        created=NOW - dt.timedelta(minutes=len(name)),
+    )  # fmt: skip
+
+
+def measure(count: int, waiting: int) -> dict[str, float]:
+    """One row's figures, in ms and MB."""
+    raw_nodes, raw_pods = [_node(i) for i in range(count)], _pods(count)
+    node_memo, pod_memo = views.Parsed(views.parse_node), views.Parsed(views.parse_pod)
+    node_memo(raw_nodes), pod_memo(raw_pods)
+    step = int(1 / CHANGED)
+
+    def changed() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        # The cache replaces the objects that changed: new dicts, the rest the same ones.
+        nodes = [_node(i, version=2) if i % step == 0 else n for i, n in enumerate(raw_nodes)]
+        pods = [dict(p) if i % step == 0 else p for i, p in enumerate(raw_pods)]
+        return nodes, pods
+
+    def parse_all() -> object:
+        return [views.parse_node(n) for n in raw_nodes], [views.parse_pod(p) for p in raw_pods]
+
+    def parse_kept() -> object:
+        nodes, pods = changed()
+        return node_memo(nodes), pod_memo(pods)
+
+    node_list = [views.parse_node(n) for n in raw_nodes]
+    pods = [views.parse_pod(p) for p in raw_pods]
+    workloads = [_workload(f"run-{i}", state="Ready", admitted=True) for i in range(ADMITTED)]
+    workloads += [_workload(f"wait-{i}", state="Pending", admitted=False) for i in range(waiting)]
+
+    def ours() -> dict[tuple[str, str], policy.Decision]:
+        return policy.plan(workloads, node_list, FLAVORS, pods, NOW, check=CHECK)
+
+    def before() -> dict[tuple[str, str], policy.Decision]:
+        return reference.plan(workloads, node_list, FLAVORS, pods, NOW, check=CHECK)
+
+    decided = ours()
+    assert decided == before(), "the plan decided otherwise than the plan that walked all"
+    assert len(decided) == waiting, f"{len(decided)} decisions for {waiting} waiting"
+    slow = 1 if count * waiting > 100_000 else 5
+    tracemalloc.start()
+    held = views.Parsed(views.parse_node), views.Parsed(views.parse_pod)
+    held[0](raw_nodes), held[1](raw_pods)
+    kept_mb = tracemalloc.get_traced_memory()[0] / 1e6
+    tracemalloc.stop()
+    return {
+        "parse_all": _median_ms(parse_all, 5), "parse_kept": _median_ms(parse_kept, 5),
+        "plan": _median_ms(ours, 5), "plan_before": _median_ms(before, slow),
+        "kept_mb": kept_mb,
+    }  # fmt: skip
+
+
+def main() -> None:
+    """Print one row per fleet size and number of waiting Workloads."""
+    counts = [int(a) for a in sys.argv[1:] if a.isdigit()] or [1000, 10000]
+    print("nodes | pods | waiting | parse all | parse, 1 % changed | ratio | plan | "
+          "plan that walked all (before) | ratio | pass now | pass before | ratio | "
+          "views kept")  # fmt: skip
+    for count in counts:
+        for waiting in WAITING:
+            m = measure(count, waiting)
+            now = m["parse_kept"] + m["plan"]
+            then = m["parse_all"] + m["plan_before"]
+            print(f"{count:,} | {count + count // 2:,} | {waiting} | {m['parse_all']:.0f} ms | "
+                  f"{m['parse_kept']:.1f} ms | {m['parse_kept'] / m['parse_all']:.3f}× | "
+                  f"{m['plan']:.1f} ms | {m['plan_before']:.0f} ms | "
+                  f"{m['plan'] / m['plan_before']:.3f}× | {now:.0f} ms | {then:.0f} ms | "
+                  f"{now / then:.3f}× | {m['kept_mb']:.1f} MB", flush=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
