@@ -22,7 +22,7 @@ import datetime as dt
 import functools
 import pathlib
 import ssl
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 
 import aiohttp
 import structlog
@@ -170,13 +170,10 @@ def _runtime(
             retry_period_s=settings.retry_period_s, on_started=started, on_stopped=stopped,
         )  # fmt: skip
 
-        def dra_devices() -> dict[str, admission_views.DeviceNode]:
-            # fleet -> admission: the DRA nodes' GPUs as device quarantine judges them.
-            report = holder[0].device_report(_now()) if holder else {}
-            return {
-                node: admission_views.DeviceNode(fresh, found)
-                for node, (fresh, found) in report.items()
-            }
+        def dra_devices() -> Mapping[str, tuple[bool, tuple[admission_views.Slot, ...]]]:
+            # fleet -> admission: the DRA nodes' GPUs as device quarantine judges them, as
+            # they are (no copy per node per pass: `admission.views.DeviceNode`).
+            return holder[0].device_report(_now()) if holder else {}
 
         admission_store = kube_admission.AdmissionStore(api, component=elector.identity)
         gate = admitting.Gate(

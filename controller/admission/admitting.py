@@ -8,9 +8,11 @@ Each pass, on the leader only:
 3. lists the ClusterQueues whose `admissionChecksStrategy` names the check and every
    Workload; when some Workload admitted through one of them waits on our check, it lists
    nodes, pods, ResourceFlavors and the runs' Jobs/RayJobs, asks the pure `policy.plan`
-   what each check should say, and applies only the differences. Nodes and pods come from
-   watch-fed caches, and only those the caches replaced since the pass before are parsed
-   again (`views.Parsed`).
+   what each check should say, and applies only the differences. Nodes, pods and (with a
+   DRA Workload waiting) ResourceClaims come from watch-fed caches, and only those the
+   caches replaced since the pass before are parsed again (`views.Parsed`, `views.Claims`);
+   a DRA node's GPU capacity is built again only when its view, its GPUs or what claims
+   hold on it changed (`views.WithDevices`).
 
 Level-triggered: nothing depends on which event woke the pass. A pass runs every
 `admission_pass_interval_s` and at once after `poke()` (the app pokes on node changes, so a
@@ -22,7 +24,6 @@ wrote per Workload is kept in memory for the run reconciler (`message_for`).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import datetime as dt
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -59,7 +60,7 @@ class Gate:
         pass_interval_s: float = 1.0,
         controller_name: str = marks.ADMISSION_CHECK_CONTROLLER,
         clock: Callable[[], dt.datetime] = _now,
-        devices: Callable[[], Mapping[str, views.DeviceNode]] | None = None,
+        devices: Callable[[], Mapping[str, tuple[bool, tuple[views.Slot, ...]]]] | None = None,
         dra_resource: str = marks.GPU_RESOURCE,
     ) -> None:
         self.store = store
@@ -80,6 +81,9 @@ class Gate:
         self._refusal = ""
         self._nodes = views.Parsed(views.parse_node)
         self._pods = views.Parsed(views.parse_pod)
+        self._claims = views.Claims()
+        self._with_devices = views.WithDevices()
+        self._mark_claimed = views.MarkClaimed()
 
     # ------------------------------------------------------------------ API
     def poke(self) -> None:
@@ -138,13 +142,9 @@ class Gate:
         if any(w.uses_dra for w in workloads.values()):
             # Fail closed: without the fleet's word every DRA node counts as stale.
             dra = self.devices() if self.devices is not None else {}
-            claims = await self.store.list_claims()
-            node_list = views.with_devices(node_list, dra, views.allocated_devices(claims))
-            claimed = views.claimed_pods(claims)
-            pods = [
-                dataclasses.replace(p, claimed=True) if (p.namespace, p.name) in claimed else p
-                for p in pods
-            ]
+            self._claims(await self.store.list_claims())
+            node_list = self._with_devices(node_list, dra, self._claims)
+            pods = self._mark_claimed(pods, self._claims.pods)
         decisions = policy.plan(
             list(workloads.values()),
             node_list,

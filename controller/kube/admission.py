@@ -1,10 +1,11 @@
 """The admission gate's adapter: Kueue objects, nodes and pods as raw JSON, and its writes.
 
-Nodes, pods, Kueue's ClusterQueues, Workloads and ResourceFlavors and the runs' Jobs and
-RayJobs come from watch-fed caches (`watching.Watched`, started by `run_caches`) once they
-are synced, so a pass lists none of them; until then, and in tests without the caches
-running, they are listed. A Workload the gate wrote is shown in its cache as the write
-returned it (`Watched.note`), so the next pass does not answer it again from an older copy.
+Nodes, pods, ResourceClaims, Kueue's ClusterQueues, Workloads and ResourceFlavors and the
+runs' Jobs and RayJobs come from watch-fed caches (`watching.Watched`, started by
+`run_caches`) once they are synced, so a pass lists none of them; until then, and in tests
+without the caches running, they are listed. A Workload the gate wrote is shown in its
+cache as the write returned it (`Watched.note`), so the next pass does not answer it again
+from an older copy.
 
 Reads use `_preload_content=False` and return plain dicts, which `controller.admission.views`
 parses; kubernetes_asyncio checks the HTTP status only when it preloads the content, so every
@@ -57,6 +58,35 @@ def trim_owner(raw: dict[str, Any]) -> dict[str, Any]:
                          "labels": meta.get("labels") or {}}}  # fmt: skip
 
 
+def trim_claim(raw: dict[str, Any]) -> dict[str, Any]:
+    """Keep what `admission.views.parse_claim` reads of a ResourceClaim: its identity, the
+    driver, pool and device of each allocated device, and the consumers it is reserved for.
+    A claim's other changes (its spec, conditions, managed fields) then leave the cached copy
+    as it was, so the gate does not parse it again."""
+    meta = raw.get("metadata") or {}
+    status = raw.get("status") or {}
+    out: dict[str, Any] = {
+        "metadata": {"namespace": meta.get("namespace", ""), "name": meta.get("name", "")}
+    }
+    allocation = status.get("allocation") if isinstance(status, dict) else None
+    if isinstance(allocation, dict) and allocation:
+        found = allocation.get("devices")
+        results = found.get("results") if isinstance(found, dict) else None
+        keys = ("driver", "pool", "device")
+        refs = status.get("reservedFor")
+        out["status"] = {
+            "allocation": {"devices": {"results": [
+                {k: r[k] for k in keys if k in r}
+                for r in (results if isinstance(results, list) else []) if isinstance(r, dict)
+            ]}},
+            "reservedFor": [
+                {k: ref[k] for k in ("apiGroup", "resource", "name") if k in ref}
+                for ref in (refs if isinstance(refs, list) else []) if isinstance(ref, dict)
+            ],
+        }  # fmt: skip
+    return out
+
+
 CACHED_KUEUE = ("clusterqueues", "workloads", "resourceflavors")
 """The Kueue plurals the gate lists every pass, served from caches."""
 
@@ -99,6 +129,12 @@ class AdmissionStore:
         self.component = component
         self.nodes = watching.Watched(self._core.list_node, trim_node, kind="nodes")
         self.pods = watching.Watched(self._core.list_pod_for_all_namespaces, trim_pod, kind="pods")
+        self.claims = watching.Watched(
+            functools.partial(self._custom.list_cluster_custom_object, *RESOURCE,
+                              "resourceclaims"),
+            trim_claim, kind="resourceclaims", optional=True,
+        )  # fmt: skip
+        """ResourceClaims: a cluster that serves no `resource.k8s.io/v1` has none."""
         self.kueue = {
             plural: watching.Watched(
                 functools.partial(self._custom.list_cluster_custom_object, *KUEUE, plural),
@@ -124,7 +160,7 @@ class AdmissionStore:
         it on every Workload change was tried: a DRA Workload rechecked between its claims'
         allocation and its pods' binding counts its own devices as taken and is sent back
         to Retry, and the pokes made passes land in that window often.)"""
-        caches = [self.nodes, self.pods, *self.kueue.values(), *self.owners.values()]
+        caches = [self.nodes, self.pods, self.claims, *self.kueue.values(), *self.owners.values()]
         await asyncio.gather(*(c.run() for c in caches))
 
     # ------------------------------------------------------------------ reads
@@ -165,8 +201,10 @@ class AdmissionStore:
         return list((await _api.read_json(resp)).get("items") or [])
 
     async def list_claims(self) -> list[dict[str, Any]]:
-        """List every ResourceClaim (the gate counts the devices they hold); none where the
-        cluster serves no `resource.k8s.io/v1`."""
+        """Every ResourceClaim (the gate counts the devices they hold): from the cache once it
+        is synced, else listed; none where the cluster serves no `resource.k8s.io/v1`."""
+        if self.claims.synced.is_set():
+            return self.claims.values()
         try:
             resp = await self._custom.list_cluster_custom_object(
                 *RESOURCE, "resourceclaims", _preload_content=False

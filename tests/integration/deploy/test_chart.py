@@ -500,7 +500,7 @@ CALL_RIGHTS: dict[tuple[str, str, str], tuple[Right, ...]] = {
     ("_custom", "list_cluster_custom_object", "RESOURCE"): (  # slices, rules, claims
         Right(*DRA, "resourceslices", "list"), Right(*DRA, "resourceslices", "watch"),
         Right(*DRA, "devicetaintrules", "list"), Right(*DRA, "devicetaintrules", "watch"),
-        Right(*DRA, "resourceclaims", "list")),
+        Right(*DRA, "resourceclaims", "list"), Right(*DRA, "resourceclaims", "watch")),
     ("_custom", "create_cluster_custom_object", "RESOURCE"): (
         Right(*DRA, "devicetaintrules", "create"),),
     ("_custom", "delete_cluster_custom_object", "RESOURCE"): (

@@ -1,6 +1,11 @@
 """The admission plan as it was before a pass worked each pod set's nodes out once: every
 Workload rebuilt every node and walked every pod. Kept verbatim as the reference that the
-differential property (`test_plan.py`) and `bench/gatepass.py` compare `policy.plan` with."""
+differential property (`test_plan.py`) and `bench/gatepass.py` compare `policy.plan` with.
+
+Below it, the gate's DRA inputs as they were before ResourceClaims were cached and parsed
+once (`allocated_devices`, `claimed_pods`, read from the raw claims) and before a DRA node's
+capacity was kept while it stayed the same (`with_devices`): the references of
+`test_devices.py`'s properties and of `bench/gatepass.py --dra`."""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ import dataclasses
 import datetime as dt
 import math
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from controller import marks
 from controller.admission import policy, views
@@ -268,3 +274,59 @@ def _rechecked(
     if not all(ps.labels for ps in w.pod_sets):
         return False
     return not any(_started(p, w, ps) for ps in w.pod_sets for p in pods)
+
+
+# ---------------------------------------------------------------- the gate's DRA inputs
+
+
+def allocated_devices(raw_claims: Iterable[Mapping[str, Any]]) -> frozenset[tuple[str, str]]:
+    """(pool, device) of every device allocated to a ResourceClaim of NVIDIA's driver."""
+    out = set()
+    for claim in raw_claims:
+        allocation = (claim.get("status") or {}).get("allocation") or {}
+        for result in (allocation.get("devices") or {}).get("results") or []:
+            if isinstance(result, Mapping) and result.get("driver") == marks.DRA_DRIVER:
+                out.add((str(result.get("pool", "")), str(result.get("device", ""))))
+    return frozenset(out)
+
+
+def claimed_pods(raw_claims: Iterable[Mapping[str, Any]]) -> frozenset[tuple[str, str]]:
+    """(namespace, name) of every pod a ResourceClaim is allocated and reserved for."""
+    out = set()
+    for claim in raw_claims:
+        status = claim.get("status") or {}
+        if not status.get("allocation"):
+            continue
+        namespace = str((claim.get("metadata") or {}).get("namespace", ""))
+        for ref in status.get("reservedFor") or []:
+            if (
+                isinstance(ref, Mapping)
+                and ref.get("resource") == "pods"
+                and not ref.get("apiGroup")
+            ):
+                out.add((namespace, str(ref.get("name", ""))))
+    return frozenset(out)
+
+
+def with_devices(
+    node_list: Iterable[views.NodeCapacity],
+    dra: Mapping[str, views.DeviceNode],
+    allocated: frozenset[tuple[str, str]],
+) -> list[views.NodeCapacity]:
+    """Give every DRA node its GPU capacity: the usable devices, and which of them claims
+    hold. A node the fleet lists without devices, or as stale, offers no GPUs."""
+    out = []
+    for n in node_list:
+        found = dra.get(n.name)
+        if found is None:
+            out.append(n)
+            continue
+        usable = [d for d in found.devices if d.usable]
+        held = sum(1 for d in usable if (d.pool, d.name) in allocated)
+        fenced = tuple((d.name, d.why) for d in found.devices if not d.usable)
+        out.append(dataclasses.replace(
+            n, dra=True, fresh=found.fresh, fenced=fenced,
+            allocatable=dataclasses.replace(n.allocatable, gpus=len(usable) if found.fresh else 0),
+            used=dataclasses.replace(n.used, gpus=n.used.gpus + held),
+        ))  # fmt: skip
+    return out

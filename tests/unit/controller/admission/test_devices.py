@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from controller import marks
 from controller.admission import policy, views
 from tests.unit.controller.admission import test_policy as base
 from tests.unit.controller.fleet.fakes import T0
@@ -58,8 +59,23 @@ def fleet(*nodes: tuple[views.NodeCapacity, views.DeviceNode, set[tuple[str, str
     allocated: set[tuple[str, str]] = set()
     for _, _, held in nodes:
         allocated |= held
-    return views.with_devices([n for n, _, _ in nodes], {n.name: d for n, d, _ in nodes},
-                              frozenset(allocated))  # fmt: skip
+    return views.WithDevices()([n for n, _, _ in nodes], {n.name: d for n, d, _ in nodes},
+                               holding(allocated))  # fmt: skip
+
+
+def raw_claim(*devices: tuple[str, str], pods: tuple[str, ...] = ()) -> dict[str, Any]:
+    """An allocated ResourceClaim of NVIDIA's driver holding these (pool, device)s."""
+    results = [{"driver": marks.DRA_DRIVER, "pool": p, "device": d} for p, d in devices]
+    return {"metadata": {"namespace": "ns"},
+            "status": {"allocation": {"devices": {"results": results}},
+                       "reservedFor": [{"resource": "pods", "name": n} for n in pods]}}  # fmt: skip
+
+
+def holding(allocated: set[tuple[str, str]]) -> views.Claims:
+    """The gate's claims: one claim per device allocated."""
+    claims = views.Claims()
+    claims([raw_claim(one) for one in sorted(allocated)])
+    return claims
 
 
 def test_a_dra_pod_set_reads_its_gpus_from_kueues_quota_usage() -> None:
@@ -103,7 +119,7 @@ def test_claims_fit_only_on_healthy_untainted_devices_of_fresh_nodes(
 
 def test_a_dra_fleet_without_the_fleets_word_admits_nothing() -> None:
     """A DRA node the fleet does not report (no heartbeat yet) offers no GPUs."""
-    nodes = views.with_devices([base.node("d0", gpus=0)], {}, frozenset())
+    nodes = views.WithDevices()([base.node("d0", gpus=0)], {}, views.Claims())
     decision = base.decide(views.parse_workload(raw_dra_workload(pods=1)), nodes)
     assert decision is not None
     assert decision.state == views.CheckState.RETRY
@@ -187,7 +203,9 @@ def test_a_pod_is_claimed_when_an_allocated_claim_is_reserved_for_it() -> None:
         {"metadata": {"namespace": "other"}, "status": {
             "allocation": {"devices": {}}, "reservedFor": [{"resource": "pods", "name": "p3"}]}},
     ]  # fmt: skip
-    assert views.claimed_pods(claims) == frozenset({("ns", "p1"), ("other", "p3")})
+    found = views.Claims()
+    found(claims)
+    assert set(found.pods) == {("ns", "p1"), ("other", "p3")}
 
 
 def test_an_admitted_workload_that_still_fits_keeps_its_room_from_later_ones() -> None:
