@@ -239,6 +239,10 @@ _T = TypeVar("_T")
 MAX_ROUTINE_NODES = 64
 """Nodes whose only write is a healthy GPUHealthy condition acted on in one pass."""
 
+MAX_CONDITION_NODES = 128
+"""Nodes whose only write is another GPUHealthy condition (a stale node's Unknown, a
+degraded node's False, each with its Event) acted on in one pass."""
+
 
 def routine(todo: Iterable[object]) -> bool:
     """Whether a node's actions only mark it healthy (nothing to fence, nothing bad to say):
@@ -250,21 +254,40 @@ def routine(todo: Iterable[object]) -> bool:
     )
 
 
+def says_only(todo: Iterable[object]) -> bool:
+    """Whether a node's only write is its GPUHealthy condition: nothing to fence, put back
+    or evict (an action held back by a limit writes nothing)."""
+    todo = list(todo)
+    return any(isinstance(a, actions.SetCondition) for a in todo) and all(
+        isinstance(a, actions.SetCondition | actions.Skipped) for a in todo
+    )
+
+
 def urgent_first(
-    by_node: Mapping[str, list[_T]], *, max_routine: int = MAX_ROUTINE_NODES
+    by_node: Mapping[str, list[_T]],
+    *,
+    max_routine: int = MAX_ROUTINE_NODES,
+    max_conditions: int = MAX_CONDITION_NODES,
 ) -> tuple[list[tuple[str, list[_T]]], int]:
     """The nodes a pass acts on, in order, and how many it leaves for the next pass.
 
-    Every node with something other than a healthy condition to write goes, first; then at
-    most `max_routine` nodes that have only that. Without the cap the first pass over 10,000
-    nodes writes 10,000 conditions (and as many Events) before it returns, and a fault that
-    arrives meanwhile waits for the whole wave (a 58 s mean on the 10,000-node bench). A node
-    left out still has something to do, so the next pass judges it again (`Ledger.pending`)
-    and decides the same: only when it is written changes.
+    Every node with something to write besides its condition (a fence, a taint put back, an
+    eviction) goes, first, however many; then at most `max_conditions`
+    nodes that have only a condition to write other than healthy; then at most `max_routine`
+    that have only a healthy one. A pass awaits its writes, so without the caps a fault that
+    arrives meanwhile waits for the whole wave: the first pass over 10,000 nodes wrote
+    10,000 healthy conditions (a 58 s mean on the 10,000-node bench), and a fleet that went
+    stale at once wrote thousands of Unknown conditions in one 52 s pass. A node left out
+    still has something to do, so the next pass judges it again (`Ledger.pending`) and
+    decides the same: only when it is written changes.
     """
-    urgent = [(n, todo) for n, todo in by_node.items() if not routine(todo)]
-    routine_nodes = [(n, todo) for n, todo in by_node.items() if routine(todo)]
-    return urgent + routine_nodes[:max_routine], max(0, len(routine_nodes) - max_routine)
+    urgent: list[tuple[str, list[_T]]] = []
+    said: list[tuple[str, list[_T]]] = []
+    healthy: list[tuple[str, list[_T]]] = []
+    for n, todo in by_node.items():
+        (healthy if routine(todo) else said if says_only(todo) else urgent).append((n, todo))
+    left = max(0, len(said) - max_conditions) + max(0, len(healthy) - max_routine)
+    return urgent + said[:max_conditions] + healthy[:max_routine], left
 
 
 FENCING = (actions.Quarantine, actions.RestoreTaint, actions.FenceDevice)

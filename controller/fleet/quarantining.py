@@ -350,9 +350,9 @@ class Quarantiner:
             # ~400 writes instead of 200.
             await asyncio.gather(*(record(a, raw) for a, raw in events))
             if deferred:
-                # Healthy conditions past this pass's share: the next pass (at once) writes
-                # more, and a fault meanwhile goes first.
-                log.info("healthy conditions left for the next pass", nodes=deferred)
+                # Conditions past this pass's share: the next pass (at once) writes more,
+                # and a fault meanwhile goes first.
+                log.info("conditions left for the next pass", nodes=deferred)
                 self.poke()
             self._export(decision)
             self._export_devices(device)

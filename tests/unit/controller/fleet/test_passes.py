@@ -313,6 +313,33 @@ def test_a_pass_acts_on_faults_first_and_leaves_surplus_healthy_conditions_for_t
     assert expected == ([n for n, _ in todo], deferred)
 
 
+def _unknown(node: str) -> actions.SetCondition:
+    return actions.SetCondition(
+        node, nodes.Condition(nodes.ConditionStatus.UNKNOWN, "HeartbeatStale", "m")
+    )
+
+
+def test_a_fleet_gone_stale_at_once_writes_its_conditions_a_share_a_pass_behind_every_fence(
+) -> None:  # fmt: skip
+    """Thousands of nodes gone stale at once each have an Unknown condition to write; a pass
+    writes at most `max_conditions` of them (and `max_routine` healthy ones), after every
+    node that has a fence or an eviction to write, however many; an action held back by a
+    limit writes nothing, so its node's condition is capped like any other."""
+    held = actions.Skipped("b1", _fence("b1"), actions.SkipReason.BREAKER_OPEN)
+    by_node: dict[str, list[actions.Action]] = {
+        **{f"s{i}": [_unknown(f"s{i}")] for i in range(5)},
+        "h1": [_healthy("h1")], "h2": [_healthy("h2")],
+        "b1": [held, _bad("b1")],
+        **{f"f{i}": [_bad(f"f{i}"), _fence(f"f{i}")] for i in range(3)},
+        "e1": [actions.EvictGpuPods("e1", at(0), "Xid79", first=True)],
+    }  # fmt: skip
+    todo, deferred = passes.urgent_first(by_node, max_routine=1, max_conditions=2)
+    assert [n for n, _ in todo] == ["f0", "f1", "f2", "e1", "s0", "s1", "h1"]
+    assert deferred == 5  # s2, s3, s4, b1 and h2: the next pass
+    todo, deferred = passes.urgent_first(by_node)
+    assert (len(todo), deferred) == (len(by_node), 0)
+
+
 def _fence(node: str) -> actions.Quarantine:
     return actions.Quarantine(node, test_conditions.RECORD, "m", cordon=True)
 
