@@ -8,9 +8,10 @@ Each pass, on the leader only:
 3. lists the ClusterQueues whose `admissionChecksStrategy` names the check and every
    Workload; when some Workload admitted through one of them waits on our check, it lists
    nodes, pods, ResourceFlavors and the runs' Jobs/RayJobs, asks the pure `policy.plan`
-   what each check should say, and applies only the differences. Nodes, pods and (with a
-   DRA Workload waiting) ResourceClaims come from watch-fed caches, and only those the
-   caches replaced since the pass before are parsed again (`views.Parsed`, `views.Claims`);
+   what each check should say, and applies only the differences. Workloads, nodes, pods and
+   (with a DRA Workload waiting) ResourceClaims come from watch-fed caches, and only those
+   the caches replaced since the pass before are parsed again (`views.ParsedWorkloads`,
+   `views.Parsed`, `views.Claims`);
    a DRA node's GPU capacity is built again only when its view, its GPUs or what claims
    hold on it changed (`views.WithDevices`).
 
@@ -79,6 +80,10 @@ class Gate:
         self._messages: dict[tuple[str, str], str] = {}
         self._evented: dict[tuple[str, str], str] = {}
         self._refusal = ""
+        self._seen = views.ParsedWorkloads(dra_resource=dra_resource)
+        """Every Workload, to see whether one waits."""
+        self._workloads = views.ParsedWorkloads(dra_resource=dra_resource)
+        """... and with its owner's labels, once one does."""
         self._nodes = views.Parsed(views.parse_node)
         self._pods = views.Parsed(views.parse_pod)
         self._claims = views.Claims()
@@ -123,7 +128,7 @@ class Gate:
         await self._keep_active(raw_check, now)
         queues = policy.queues_with_check(await self.store.list_kueue("clusterqueues"), self.check)
         raw_workloads = await self.store.list_kueue("workloads")
-        seen = [views.parse_workload(w, dra_resource=self.dra_resource) for w in raw_workloads]
+        seen = self._seen(raw_workloads)
         self._forget({(w.namespace, w.name) for w in seen})
         if not queues or not any(self._waits(w, queues) for w in seen):
             return
@@ -131,11 +136,7 @@ class Gate:
         raw_pods = await self.store.list_pods()
         raw_flavors = await self.store.list_kueue("resourceflavors")
         owners = await self.store.owner_labels()
-        parsed = (
-            views.parse_workload(r, owners.get(views.owner_ref(r)), dra_resource=self.dra_resource)
-            for r in raw_workloads
-        )
-        workloads = {(w.namespace, w.name): w for w in parsed}
+        workloads = {(w.namespace, w.name): w for w in self._workloads(raw_workloads, owners)}
         flavors = {f.name: f for f in map(views.parse_flavor, raw_flavors)}
         node_list = self._nodes(raw_nodes)
         pods = self._pods(raw_pods)

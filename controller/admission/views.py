@@ -814,6 +814,41 @@ def parse_workload(
     )
 
 
+class ParsedWorkloads:
+    """`parse_workload` for each raw Workload, once while it stays the same object (see
+    `Parsed`) and its owner's labels stay the same.
+
+    Every gate pass reads every Workload to see whether one waits, and again with the
+    owners' labels when one does: at ~100 µs a Workload, a cluster running 5,000 Workloads
+    cost the leader 0.5–1 s of each second's pass before any of them changed."""
+
+    def __init__(self, *, dra_resource: str = marks.GPU_RESOURCE) -> None:
+        self._dra_resource = dra_resource
+        self._kept: dict[int, tuple[Mapping[str, Any], Mapping[str, str] | None, Workload]] = {}
+        self.parsed = 0
+        """Workloads parsed so far (the rest were kept)."""
+
+    def __call__(
+        self,
+        raws: Iterable[Mapping[str, Any]],
+        owners: Mapping[tuple[str, str, str], Mapping[str, str]] | None = None,
+    ) -> list[Workload]:
+        """The view of every raw Workload, in order; its run and attempt from its owner's
+        labels in `owners` (`owner_ref`) when given."""
+        kept: dict[int, tuple[Mapping[str, Any], Mapping[str, str] | None, Workload]] = {}
+        out = []
+        for raw in raws:
+            labels = owners.get(owner_ref(raw)) if owners is not None else None
+            hit = self._kept.get(id(raw))
+            if hit is None or hit[0] is not raw or hit[1] != labels:
+                hit = raw, labels, parse_workload(raw, labels, dra_resource=self._dra_resource)
+                self.parsed += 1
+            kept[id(raw)] = hit
+            out.append(hit[2])
+        self._kept = kept
+        return out
+
+
 def owner_ref(raw: Mapping[str, Any]) -> tuple[str, str, str]:
     """(namespace, kind, name) of a raw Workload's first owner."""
     meta = raw.get("metadata") or {}

@@ -14,7 +14,7 @@ from controller import marks
 from controller.admission import policy, views
 from controller.kube import admission as kube_admission
 from controller.kube import watching
-from tests.unit.controller.admission import reference
+from tests.unit.controller.admission import reference, test_policy
 from tests.unit.controller.fleet.fakes import T0, at
 
 CHECK = "taugrid-gpu-health"
@@ -257,3 +257,37 @@ def test_a_node_is_parsed_again_only_when_the_cache_replaced_it() -> None:
     fresh = parsed([_raw_node("n1")])  # a LIST's objects are new: parsed, never kept
     assert (parsed.parsed, [n.name for n in fresh]) == (6, ["n1"])
     assert fresh[0] == first[1]
+
+
+def _owned(name: str, rv: str = "7") -> dict[str, Any]:
+    raw = test_policy.raw_workload(name)
+    raw["metadata"]["resourceVersion"] = rv
+    raw["metadata"]["ownerReferences"] = [{"kind": "Job", "name": f"job-{name}"}]
+    return raw
+
+
+def test_a_workload_is_parsed_again_only_when_replaced_or_its_owners_labels_change() -> None:
+    """Kept while the cache keeps the object and its Job's labels read the same; parsed
+    again when the cache replaced it, or when its owner's labels (its run and attempt)
+    changed; a LIST's new objects are parsed, and read the same."""
+    raws = [_owned(f"w{i}") for i in range(3)]
+    owners = {("ns", "Job", f"job-w{i}"): {marks.RUN_LABEL: f"r{i}", marks.ATTEMPT_LABEL: "1"}
+              for i in range(3)}  # fmt: skip
+    parsed = views.ParsedWorkloads()
+    first = parsed(raws, owners)
+    assert first == [views.parse_workload(r, owners[views.owner_ref(r)]) for r in raws]
+    runs = [(w.run, w.attempt) for w in first]
+    assert (parsed.parsed, runs) == (3, [("r0", 1), ("r1", 1), ("r2", 1)])
+    again = parsed(raws, {k: dict(v) for k, v in owners.items()})  # equal labels, new dicts
+    assert parsed.parsed == 3
+    assert all(a is b for a, b in zip(again, first, strict=True))
+
+    raws[1] = _owned("w1", rv="8")  # replaced by the cache
+    owners[("ns", "Job", "job-w2")] = {marks.RUN_LABEL: "r2", marks.ATTEMPT_LABEL: "2"}
+    third = parsed(raws, owners)
+    assert parsed.parsed == 5
+    assert (third[0] is first[0], third[1].resource_version, third[2].attempt) == (True, "8", 2)
+    assert parsed([_owned("w0")], owners) == [first[0]]  # a LIST: parsed again, the same view
+    assert parsed.parsed == 6
+    unowned = views.ParsedWorkloads()
+    assert unowned(raws) == [views.parse_workload(r) for r in raws]
