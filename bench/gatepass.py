@@ -21,10 +21,17 @@ pod and node rebuilt (`reference.py`). Now: the cache's trimmed claims (the 1 % 
 changed trimmed again) parsed once, and only the changed nodes rebuilt, 1 % of nodes, GPU
 listings and claims replaced since the pass before.
 
+`--workloads`: W Workloads in the cache (the unit tests' Workload: 2 pods × 8 GPUs admitted
+in a flavor, our check Ready, a Job owner; a real template is bigger, so "before" is a
+floor), read as a pass reads them when one waits: once to see whether one does, again with
+the owners' labels. Before: parsed twice every pass. Now: `views.ParsedWorkloads`, 1 % of
+the Workloads replaced and 1 % of the owners' labels changed since the pass before.
+
 Timings are medians of repeated calls (a single call where the old plan takes seconds); the
 machine is shared, so read the ratio within a row.
 
-Run: `.venv/bin/python -m bench.gatepass [N ...]` (default 1000 10000); `--dra [N ...]`.
+Run: `.venv/bin/python -m bench.gatepass [N ...]` (default 1000 10000); `--dra [N ...]`;
+`--workloads [W ...]` (default 1000 5000).
 """
 
 from __future__ import annotations
@@ -42,7 +49,7 @@ from typing import Any
 from controller import marks
 from controller.admission import policy, views
 from controller.kube import admission as kube_admission
-from tests.unit.controller.admission import reference
+from tests.unit.controller.admission import reference, test_policy
 
 CHECK = marks.DEFAULT_ADMISSION_CHECK
 NOW = dt.datetime(2026, 3, 1, 12, tzinfo=dt.UTC)
@@ -258,9 +265,55 @@ def measure_dra(count: int) -> dict[str, float]:
     }
 
 
+def measure_workloads(count: int) -> dict[str, float]:
+    """Reading W Workloads in one pass, before and now, in ms."""
+    step = int(1 / CHANGED)
+
+    def raw(i: int, version: int = 1) -> dict[str, Any]:
+        out = test_policy.raw_workload(f"job-{i}", state="Ready",
+                                       conditions=("QuotaReserved", "Admitted"))  # fmt: skip
+        out["metadata"]["resourceVersion"] = str(version)
+        out["metadata"]["ownerReferences"] = [{"kind": "Job", "name": f"job-{i}"}]
+        return out
+
+    def owner(i: int, attempt: int = 1) -> dict[str, str]:
+        return {marks.RUN_LABEL: f"run-{i}", marks.ATTEMPT_LABEL: str(attempt)}
+
+    def key(i: int) -> tuple[str, str, str]:
+        return ("ns", "Job", f"job-{i}")
+
+    first = [raw(i) for i in range(count)]
+    states = [
+        (first, {key(i): owner(i) for i in range(count)}),
+        ([raw(i, 2) if i % step == 0 else r for i, r in enumerate(first)],
+         {key(i): owner(i, 2 if i % step == 1 else 1) for i in range(count)}),
+    ]  # fmt: skip
+    seen, parsed = views.ParsedWorkloads(), views.ParsedWorkloads()
+    calls = iter(range(1 << 30))
+
+    def now() -> object:
+        raws, owners = states[next(calls) % 2]
+        return seen(raws), parsed(raws, owners)
+
+    def before() -> object:
+        raws, owners = states[0]
+        waiting = [views.parse_workload(r) for r in raws]
+        return waiting, [views.parse_workload(r, owners.get(views.owner_ref(r))) for r in raws]
+
+    assert now() == before(), "the views differ"
+    return {"before": _median_ms(before, 5), "now": _median_ms(now, 6)}
+
+
 def main() -> None:
     """Print one row per fleet size and number of waiting Workloads."""
     counts = [int(a) for a in sys.argv[1:] if a.isdigit()] or [1000, 10000]
+    if "--workloads" in sys.argv:
+        print("Workloads | read twice (before) | kept, 1 % changed | ratio")
+        for count in [int(a) for a in sys.argv[1:] if a.isdigit()] or [1000, 5000]:
+            m = measure_workloads(count)
+            print(f"{count:,} | {m['before']:.0f} ms | {m['now']:.1f} ms | "
+                  f"{m['now'] / m['before']:.3f}×", flush=True)  # fmt: skip
+        return
     if "--dra" in sys.argv:
         print(
             "DRA nodes | claims | the LIST's body | its decode | the DRA inputs before "
