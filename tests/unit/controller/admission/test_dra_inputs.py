@@ -164,7 +164,7 @@ def _node(name: str, gpus_used: int, cpu: int) -> views.NodeCapacity:
                               used=views.Resources(gpus_used, 0, 0))  # fmt: skip
 
 
-def _devices(node: str, bad: frozenset[int], pool: str) -> tuple[views.Slot, ...]:
+def _devices(bad: frozenset[int], pool: str) -> tuple[views.Slot, ...]:
     return tuple(
         views.DeviceSlot(pool, d, i not in bad, "tainted" if i in bad else "")
         for i, d in enumerate(DEVICES)
@@ -190,7 +190,7 @@ def test_kept_dra_nodes_are_what_building_every_node_gives(todo: list[tuple[Any,
     allocated and released, nodes the fleet stops listing and nodes gone, every call gives
     what building every node gives; a call with nothing changed builds none."""
     views_by_name = {n: _node(n, 0, 1000) for n in NODES}
-    devices = {n: _devices(n, frozenset(), n) for n in NODES}
+    devices = {n: _devices(frozenset(), n) for n in NODES}
     fresh = dict.fromkeys(NODES, True)
     listed, present = set(NODES), set(NODES)
     allocated: dict[tuple[str, str], dict[str, Any]] = {}
@@ -201,7 +201,7 @@ def test_kept_dra_nodes_are_what_building_every_node_gives(todo: list[tuple[Any,
         if kind == "view":
             views_by_name[node] = _node(node, step[2], step[3])  # a new object
         elif kind == "gpus":
-            devices[node] = _devices(node, step[2], node if step[3] == "own" else step[3])
+            devices[node] = _devices(step[2], node if step[3] == "own" else step[3])
         elif kind == "fresh":
             fresh[node] = step[2]
         elif kind == "allocate":
