@@ -13,6 +13,7 @@ from typing import Any
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
+from kubernetes_asyncio import client
 
 from controller import marks
 from controller.admission import views
@@ -266,3 +267,17 @@ def test_marked_pods_are_what_marking_every_pod_gives(
                 assert out is kept[1]
         previous = {id(p): (p, out) for p, out in zip(current, got, strict=True)
                     if (p.namespace, p.name) in claimed}  # fmt: skip
+
+
+async def test_the_gate_reads_its_claims_from_the_cache_once_it_is_synced() -> None:
+    """Once the claims cache has listed, `list_claims` answers from it (the trimmed copies)
+    and sends nothing: this store's client points at no API server, so a LIST would fail."""
+    api = client.ApiClient(client.Configuration(host="http://127.0.0.1:9"))
+    try:
+        store = kube_admission.AdmissionStore(api)
+        raw = raw_claim(("n0", "gpu-0"))
+        raw["spec"] = {"devices": {"requests": [{"name": "gpus"}]}}
+        store.claims.listed([raw], "1")
+        assert await store.list_claims() == [kube_admission.trim_claim(raw)]
+    finally:
+        await api.close()
