@@ -126,17 +126,38 @@ def decide_run(run: RunInput, settings: RunSettings, now: dt.datetime) -> RunPla
     return _keeping_logs(_decide(run, settings, now), run.ref)
 
 
+def steady(run: RunInput, plan: RunPlan) -> bool:
+    """Whether the plan writes nothing and counts nothing (`queue_wait_s` comes only with the
+    Admitted condition it writes). Then until `plan.requeue_at` (None: never) the same input
+    decides the same plan again: `requeue_at` is the earliest time any part of the decision
+    reads the clock differently (a timeout, a retry's backoff, a TTL, Kueue's
+    waitForPodsReady deadline or requeue time in a message), so a pass may skip a run whose
+    input stays equal until then."""
+    return (
+        not (plan.annotations or plan.deletes or plan.creates or plan.keep_logs)
+        and not (plan.started or plan.ended or plan.resumed)
+        and records.wire(plan.status) == records.wire(run.status)
+    )
+
+
+def same_input(a: RunInput, b: RunInput) -> bool:
+    """Whether two inputs are equal, each member compared by identity first: a pass whose
+    views were kept (`snapshots.Views`) hands the same objects again, and the fleet's
+    `NodeFacts` need not be compared set by set for every run."""
+    return all(
+        (x := getattr(a, name)) is (y := getattr(b, name)) or x == y for name in _INPUT_FIELDS
+    )
+
+
+_INPUT_FIELDS = tuple(f.name for f in dataclasses.fields(RunInput))
+
+
 def settled(run: RunInput, plan: RunPlan) -> bool:
     """Whether the run had ended when it was decided and its plan writes nothing. Then until
     `plan.requeue_at` (a finished run's TTL; None: never) the same TauRun decides the same
     again whatever else is observed, since a finished run's step reads only its own spec and
     status (`_finished`): a pass may skip it while its resourceVersion stays the same."""
-    return (
-        run.status.phase in lifecycle.TERMINAL_PHASES
-        and not (plan.annotations or plan.deletes or plan.creates or plan.keep_logs)
-        and not (plan.started or plan.ended or plan.resumed)
-        and records.wire(plan.status) == records.wire(run.status)
-    )
+    return run.status.phase in lifecycle.TERMINAL_PHASES and steady(run, plan)
 
 
 def name_taken(status: records.RunStatus, message: str, now: dt.datetime) -> records.RunStatus:
@@ -249,9 +270,12 @@ def _observe(
         position=run.position, cluster_queue=run.cluster_queue, held=run.held, pods=run.pods,
         pods_ready_timeout_s=settings.pods_ready_timeout_s, now=now,
     )  # fmt: skip
+    due = [_timeout_at(spec, first_start),
+           positions.changes_at(run.workload, settings.pods_ready_timeout_s, now)]  # fmt: skip
     plan = RunPlan(
-        st, creates=creates, queue_wait_s=waited, requeue_at=_timeout_at(spec, first_start)
-    )
+        st, creates=creates, queue_wait_s=waited,
+        requeue_at=min((t for t in due if t is not None), default=None),
+    )  # fmt: skip
     if outcome.phase == Phase.SUCCEEDED:
         st = lifecycle.end(
             st, Phase.SUCCEEDED, "Completed", outcome.message, now=now, ended=outcome.ended

@@ -282,6 +282,22 @@ def waiting_message(ctx: WaitContext, workload: views.WorkloadView | None) -> st
     return f"waiting in queue {ctx.queue!r}{ahead}"
 
 
+def changes_at(
+    workload: views.WorkloadView | None, pods_ready_timeout_s: float | None, now: dt.datetime
+) -> dt.datetime | None:
+    """The earliest time after `now` at which `place` words the same run differently with
+    nothing else changing (None: no such time is to come): an admitted Workload's
+    waitForPodsReady deadline, and the time Kueue queues an evicted one again."""
+    times: list[dt.datetime] = []
+    if workload is not None:
+        admitted = workload.condition("Admitted")
+        if pods_ready_timeout_s is not None and admitted is not None and admitted.time:
+            times.append(admitted.time + dt.timedelta(seconds=pods_ready_timeout_s))
+        if workload.requeue_at is not None:
+            times.append(workload.requeue_at)
+    return min((t for t in times if t > now), default=None)
+
+
 def place(
     status: records.RunStatus,
     *,

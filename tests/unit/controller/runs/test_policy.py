@@ -603,3 +603,84 @@ def test_a_finished_run_is_settled_while_nothing_is_left_to_write(
     settled = policy.settled(observed, plan)
     until = timestamps.rfc3339(plan.requeue_at) if settled and plan.requeue_at else None
     assert expected == (settled, until)
+
+
+def _pending_pod(**status: Any) -> views.PodView:
+    """An attempt-1 pod that does not run: unscheduled, or waiting for its image."""
+    return views.parse_pod(
+        {"metadata": {"name": "demo-a1-abc", "labels": {marks.ATTEMPT_LABEL: "1"}},
+         "spec": {"nodeName": "n0", "containers": [{"name": "main"}]},
+         "status": {"phase": "Pending", **status}}
+    )  # fmt: skip
+
+
+def _evicted(requeue_s: float) -> views.WorkloadView:
+    """A Workload Kueue took the quota from (waitForPodsReady), queued again at a time."""
+    view = a_workload(cond("Evicted", reason="PodsReadyTimeout", message="re-queued", at=10))
+    return dataclasses.replace(view, requeue_at=T0 + dt.timedelta(seconds=requeue_s),
+                               requeue_count=2)  # fmt: skip
+
+
+LIVE_OBSERVATIONS = st.fixed_dictionaries({
+    "attempt_object": st.sampled_from([a_job(), a_job(suspended=True)]),
+    "workload": st.sampled_from([
+        None, a_workload(), a_workload(*ADMITTED, cq="cq"),
+        a_workload(cond("QuotaReserved", at=20), cond("Admitted", at=20), cq="cq"),
+        _evicted(60), _evicted(200),
+    ]),
+    "pods": st.sampled_from([
+        (), (a_pod(),), (a_pod(phase="Failed", node="bad", exit_code=143),),
+        (a_pod(phase="Failed", exit_code=3),),
+        (_pending_pod(conditions=[cond("PodScheduled", "False", "Unschedulable", "0/4 fit")]),),
+        (_pending_pod(containerStatuses=[{"name": "main", "state": {"waiting": {
+            "reason": "ImagePullBackOff", "message": "no such image"}}}]),),
+    ]),
+    "nodes": st.sampled_from([NODES, views.NodeFacts(frozenset({"n0"}), frozenset())]),
+    "held": st.sampled_from([None, "the gate holds it"]),
+    "cluster_queue": st.sampled_from(["cq", None]),
+    "position": st.sampled_from([None, positions.QueuePosition(2, 1, positions.PositionSource.
+                                                                COMPUTED)]),
+    "priority_classes": st.sampled_from([None, frozenset({marks.RESUME_PRIORITY_CLASS})]),
+})  # fmt: skip
+LIVE_SPECS = st.sampled_from([
+    spec_with(), spec_with(timeout="2m"),
+    spec_with(retry={"maxAttempts": 3, "backoff": "30s", "when": ["AppError", "NodeFailure"]}),
+])  # fmt: skip
+
+
+@given(
+    observation=LIVE_OBSERVATIONS,
+    spec=LIVE_SPECS,
+    ready_s=st.sampled_from([None, 30.0, 120.0]),
+    steps=st.lists(st.floats(0, 60), min_size=4, max_size=4),
+    later_s=st.floats(0, 400),
+)
+@hsettings(max_examples=600, deadline=None)
+def test_a_steady_live_run_decides_the_same_until_its_requeue(
+    *,
+    observation: dict[str, Any],
+    spec: dict[str, Any],
+    ready_s: float | None,
+    steps: list[float],
+    later_s: float,
+) -> None:
+    """`policy.steady`, which lets a pass skip a live run while all it reads stays the same:
+    a run that keeps being observed the same settles (each decision's status read back as
+    the next one's); once a decision writes nothing, any later one from the same input
+    before its `requeue_at` is the same plan. This is what makes a queue's waiting message
+    (Kueue's waitForPodsReady deadline, its requeue backoff), a retry's backoff and a
+    timeout come on time while the pass skips the run."""
+    settings = dataclasses.replace(SETTINGS, pods_ready_timeout_s=ready_s)
+    status, now = status_with(), NOW
+    for step in steps:
+        observed = run(status, spec=spec, **observation)
+        plan = policy.decide_run(observed, settings, now)
+        if policy.steady(observed, plan):
+            break
+        status, now = plan.status, now + dt.timedelta(seconds=step)
+    else:
+        return
+    later = now + dt.timedelta(seconds=later_s)
+    if plan.requeue_at is not None and later >= plan.requeue_at:
+        return
+    assert plan == policy.decide_run(observed, settings, later)
