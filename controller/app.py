@@ -238,6 +238,7 @@ def _runtime(
             results_pending_max=settings.run_results_pending_max,
             keep_logs=keeper.keep_final,
             dra=quarantiner.dra_render,  # fleet -> runs: how GPUs are requested now
+            full_pass_interval_s=settings.full_pass_interval_s,
         )  # fmt: skip
         # The reconciler's lists come from watch-fed caches while this replica leads (only
         # the leader reconciles); each change pokes it (coalesced, passes spaced).

@@ -30,6 +30,7 @@ class ControllerMetrics:
     runs: prom.Gauge
     run_queue_seconds: prom.Histogram
     run_attempts: prom.Counter
+    run_decisions: prom.Counter
     run_resumes: prom.Counter
     checkpoints: prom.Counter
     run_submissions: prom.Counter
@@ -155,6 +156,13 @@ def make_metrics() -> ControllerMetrics:
             "taugrid_run_attempts",
             "Run attempts, by outcome (started, succeeded, or the failure class).",
             ["outcome"],
+            registry=r,
+        ),
+        run_decisions=prom.Counter(
+            "taugrid_run_decisions",
+            "Runs a run pass looked at: `decided`, or `kept` (nothing it reads changed since"
+            " a step that wrote nothing, so it was not decided again).",
+            ["kind"],
             registry=r,
         ),
         run_resumes=prom.Counter(

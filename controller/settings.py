@@ -148,8 +148,8 @@ class ControllerSettings(pydantic_settings.BaseSettings):
     """Upper bound between two quarantine passes; heartbeats with a change trigger one at once.
     A pass judges only the nodes whose inputs changed or whose deadline came."""
     full_pass_interval_s: float = pydantic.Field(default=30.0, gt=0)
-    """How often a quarantine pass judges every node again, level-triggered: the safety net
-    under the passes that judge only what changed."""
+    """How often a quarantine pass judges every node again, and a run pass decides every run
+    again, level-triggered: the safety net under the passes that look only at what changed."""
     auth_cache_ttl_s: float = pydantic.Field(default=60.0, ge=0)
     """How long a SubjectAccessReview answer is reused. A minute bounds how long a revoked
     permission lingers while keeping a busy endpoint from loading the API server."""

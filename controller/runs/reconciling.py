@@ -23,6 +23,14 @@ A cluster's history costs a pass little: a finished run whose last step wrote no
 (`policy.settled`) is not decided again while its TauRun keeps its resourceVersion, the
 settings stay the same and its TTL has not come, since a finished run's step reads nothing
 but its TauRun. Only its phase is counted.
+
+Nor do live runs that stand still: each raw object is parsed once while the cache keeps it
+(`snapshots.Views`), and a run whose last step wrote nothing (`policy.steady`) is not
+decided again while its whole `RunInput` stays equal (`policy.same_input`), the settings
+stay the same and its `requeue_at` has not come: `decide_run` is a function of those and
+the clock, and `requeue_at` is when its reading of the clock changes. So a pass decides the
+runs whose objects, queue position, gate word or nodes changed. Every
+`full_pass_interval_s` a pass forgets both and decides every run: the safety net.
 """
 
 from __future__ import annotations
@@ -56,6 +64,9 @@ log = structlog.get_logger()
 MIN_PASS_GAP_S = 0.5
 """The least time between two passes that pokes ask for (cache changes, submissions): a
 storm of pod updates costs at most two passes a second. The interval is not lengthened."""
+FULL_PASS_INTERVAL_S = 30.0
+"""How often a pass decides every run again, kept ones included (the chart's
+`fullPassIntervalS`, shared with the quarantine pass)."""
 
 
 class RunNotFoundError(errors.NotFound):
@@ -135,6 +146,7 @@ class Reconciler:
         keep_logs: Callable[[objects.RunRef, Sequence[int]], Awaitable[None]] | None = None,
         clock: Callable[[], dt.datetime] = _now,
         dra: Callable[[], bool] | None = None,
+        full_pass_interval_s: float = FULL_PASS_INTERVAL_S,
     ) -> None:
         self.store = store
         self.elector = elector
@@ -162,6 +174,13 @@ class Reconciler:
         self._settled: dict[tuple[str, str], Settled] = {}
         """Finished runs whose last step wrote nothing (`policy.settled`): a pass skips each
         while its TauRun and the settings stay as they were and its TTL has not come."""
+        self._steady: dict[tuple[str, str], Steady] = {}
+        """Live runs whose last step wrote nothing (`policy.steady`): a pass skips each while
+        its input and the settings stay equal and its `requeue_at` has not come."""
+        self._views = snapshots.Views()
+        self.full_pass_interval_s = full_pass_interval_s
+        self._full_at: dt.datetime | None = None
+        """When a pass last decided every run (None: none has yet)."""
         self._urgent: set[asyncio.Task[None]] = set()
         self._priority_classes: frozenset[str] | None = None
         self._warned_missing_class = False
@@ -199,9 +218,17 @@ class Reconciler:
         counts: dict[tuple[str, str], int] = {}
         due: list[dt.datetime] = []
         settings = self.settings
+        now = self._clock()
+        if self._full_at is None or (now - self._full_at).total_seconds() >= (
+            self.full_pass_interval_s
+        ):
+            self._full_at = now
+            self._settled.clear()
+            self._steady.clear()
         present = {snapshots.key(i) for i in items}
-        for gone in [k for k in self._settled if k not in present]:
-            del self._settled[gone]
+        for kept in (self._settled, self._steady):
+            for gone in [k for k in kept if k not in present]:
+                del kept[gone]
         for item in items:
             key = snapshots.key(item)
             async with self.lock(key):
@@ -213,10 +240,11 @@ class Reconciler:
                 known = self._settled.get(key)
                 if known is not None and known.holds(item, settings, self._clock()):
                     result, at = item, known.requeue_at
+                    self.metrics.run_decisions.labels("kept").inc()
                 else:
                     self._settled.pop(key, None)
                     try:
-                        result, at = await self._reconcile(item, snap, classes)
+                        result, at = await self._reconcile(item, snap, classes, keep=True)
                     except leading.NotLeaderError:
                         raise
                     except Exception as err:  # noqa: BLE001  (one bad run must not stop others)
@@ -229,6 +257,7 @@ class Reconciler:
             queue = str((result.get("spec") or {}).get("queue") or specs.DEFAULT_QUEUE)
             phase = str(status.get("phase") or records.Phase.PENDING)
             counts[(phase, queue)] = counts.get((phase, queue), 0) + 1
+        self._views.sweep()
         self.metrics.runs.clear()
         for (phase, queue), n in counts.items():
             self.metrics.runs.labels(phase, queue).set(n)
@@ -338,7 +367,7 @@ class Reconciler:
             self.store.list_kueue("localqueues"),
             self.store.list_nodes(),
         )
-        return snapshots.index([*jobs, *rayjobs], pods, workloads, lqs, nodes)
+        return snapshots.index([*jobs, *rayjobs], pods, workloads, lqs, nodes, known=self._views)
 
     async def snapshot_of_run(self, namespace: str, name: str) -> snapshots.Snapshot:
         """What one run's reconcile reads, and nothing else: its objects and pods, its
@@ -356,7 +385,7 @@ class Reconciler:
         pods = [p for p in pods if snapshots.key(p)[0] == namespace]
         on = sorted({str((p.get("spec") or {}).get("nodeName") or "") for p in pods} - {""})
         nodes = await self.store.list_nodes(names=on)
-        return snapshots.index(owned, pods, workloads, lqs, nodes)
+        return snapshots.index(owned, pods, workloads, lqs, nodes, known=self._views)
 
     async def _list_priority_classes(self) -> frozenset[str] | None:
         """The WorkloadPriorityClasses, once per pass (None when Kueue cannot list them)."""
@@ -393,7 +422,7 @@ class Reconciler:
         """One run's share of what was read (`snap` None: only the TauRun itself)."""
         meta = item.get("metadata") or {}
         annotations = meta.get("annotations") or {}
-        status = records.read(item.get("status"), results=False)
+        status = self._views.status(item.get("status"))
         base = policy.RunInput(
             ref=objects.run_ref(item), spec=item.get("spec") or {}, status=status,
             cancel_requested=bool(annotations.get(marks.CANCEL_ANNOTATION)),
@@ -402,7 +431,9 @@ class Reconciler:
         )  # fmt: skip
         if snap is None:
             return base
-        seen = snapshots.attempt_of(snap, base.ref, attempt_kind(item), status.current_attempt)
+        seen = snapshots.attempt_of(
+            snap, base.ref, attempt_kind(item), status.current_attempt, known=self._views
+        )
         workload = seen.workload
         position = visible
         if position is None and workload is not None:
@@ -425,9 +456,13 @@ class Reconciler:
         item: dict[str, Any],
         snap: snapshots.Snapshot | None,
         classes: frozenset[str] | None,
+        *,
+        keep: bool = False,
     ) -> tuple[dict[str, Any], dt.datetime | None]:
         """Bring one run a step closer to its spec; return it as last written, and when it
-        is next due."""
+        is next due. `keep` (a pass over every run): skip a live run whose input is what a
+        step that wrote nothing read (`Steady`), and remember such a step."""
+        key = snapshots.key(item)
         run = self.run_input(item, snap, classes)
         workload = run.workload
         if snap is not None and workload is not None and workload.pending:
@@ -436,13 +471,19 @@ class Reconciler:
             )
             if visible is not None:
                 run = self.run_input(item, snap, classes, visible=visible)
-        settings = self.settings
-        plan = policy.decide_run(run, settings, self._clock())
+        settings, now = self.settings, self._clock()
+        steady = self._steady.pop(key, None) if keep else None
+        if steady is not None and steady.holds(run, settings, now):
+            self._steady[key] = steady
+            self.metrics.run_decisions.labels("kept").inc()
+            return item, steady.requeue_at
+        plan = policy.decide_run(run, settings, now)
+        self.metrics.run_decisions.labels("decided").inc()
         result = await self._execute(item, plan)
         if snap is not None and result is item and policy.settled(run, plan):
-            self._settled[snapshots.key(item)] = Settled(
-                resource_version(item), settings, plan.requeue_at
-            )
+            self._settled[key] = Settled(resource_version(item), settings, plan.requeue_at)
+        elif keep and snap is not None and result is item and policy.steady(run, plan):
+            self._steady[key] = Steady(run, settings, plan.requeue_at)
         return result, plan.requeue_at
 
     async def _execute(self, item: dict[str, Any], plan: policy.RunPlan) -> dict[str, Any]:
@@ -545,6 +586,24 @@ class Settled:
             and resource_version(item) == self.resource_version
             and settings == self.settings
             and (self.requeue_at is None or now < self.requeue_at)
+        )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Steady:
+    """A live run decided with nothing to write (`policy.steady`), the input and settings
+    that decision read, and until when it holds."""
+
+    run: policy.RunInput
+    settings: policy.RunSettings
+    requeue_at: dt.datetime | None
+
+    def holds(self, run: policy.RunInput, settings: policy.RunSettings, now: dt.datetime) -> bool:
+        """Whether deciding `run` at `now` again would decide the same (nothing to write)."""
+        return (
+            (self.requeue_at is None or now < self.requeue_at)
+            and settings == self.settings
+            and policy.same_input(run, self.run)
         )
 
 

@@ -1,13 +1,21 @@
-"""What one pass of the run reconciler read, indexed for the per-run work (pure)."""
+"""What one pass of the run reconciler read, indexed for the per-run work (pure).
+
+The objects come from watch-fed caches, which replace an object that changes and never edit
+one in place (`watching.Watched`): `Views` parses each raw object once while it stays the
+same object, so a pass parses what changed, not every run's share again, and an unchanged
+share reads back as the same views (which `policy.same_input` compares by identity first).
+"""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, Generic, TypeVar
 
 from controller import marks
-from controller.runs import objects, positions, views
+from controller.runs import objects, positions, records, views
+
+T = TypeVar("T")
 
 
 def key(obj: Mapping[str, Any]) -> tuple[str, str]:
@@ -33,16 +41,80 @@ class Snapshot:
     positions: dict[tuple[str, str], positions.QueuePosition]
 
 
+class Memo(Generic[T]):
+    """Parse a raw object once while it stays the same object; what was read since the
+    `sweep` before last is kept (a raw object is held beside its view, so its id cannot be
+    reused meanwhile). Objects from a LIST are new every time and are parsed every time."""
+
+    def __init__(self, parse: Callable[[Mapping[str, Any]], T]) -> None:
+        self._parse = parse
+        self._kept: dict[int, tuple[Mapping[str, Any], T]] = {}
+        self._seen: dict[int, tuple[Mapping[str, Any], T]] = {}
+        self.parsed = 0
+        """Objects parsed so far (the rest were kept)."""
+
+    def __call__(self, raw: Mapping[str, Any]) -> T:
+        hit = self._seen.get(id(raw))
+        if hit is None or hit[0] is not raw:
+            hit = self._kept.get(id(raw))
+            if hit is None or hit[0] is not raw:
+                hit = raw, self._parse(raw)
+                self.parsed += 1
+            self._seen[id(raw)] = hit
+        return hit[1]
+
+    def sweep(self) -> None:
+        """Forget what was not read since the last sweep (once a pass)."""
+        self._kept, self._seen = self._seen, {}
+
+
+def _read_status(raw: Mapping[str, Any]) -> records.RunStatus:
+    return records.read(raw, results=False)
+
+
+class Views:
+    """The views of one reconciler's raw objects, each parsed once while it stays the same
+    object (see the module docstring); one per reconciler, swept after each pass."""
+
+    def __init__(self) -> None:
+        self.workload = Memo(views.parse_workload)
+        self.pod = Memo(views.parse_pod)
+        self.attempt_object = Memo(views.parse_attempt_object)
+        self._status = Memo(_read_status)
+        self._nodes: views.NodeFacts | None = None
+
+    def status(self, raw: Mapping[str, Any] | None) -> records.RunStatus:
+        """A TauRun's `status` without its results (`records.read`; ValueError when it
+        cannot be read)."""
+        return _read_status({}) if raw is None else self._status(raw)
+
+    def node_facts(self, nodes: list[dict[str, Any]]) -> views.NodeFacts:
+        """`views.node_facts`, the same object as the last pass's while the facts are equal."""
+        facts, last = views.node_facts(nodes), self._nodes
+        if last is not None and last == facts:
+            return last
+        self._nodes = facts
+        return facts
+
+    def sweep(self) -> None:
+        for memo in (self.workload, self.pod, self.attempt_object, self._status):
+            memo.sweep()
+
+
 def index(
     objects: list[dict[str, Any]],
     pods: list[dict[str, Any]],
     workloads: list[dict[str, Any]],
     local_queues: list[dict[str, Any]],
     nodes: list[dict[str, Any]],
+    *,
+    known: Views | None = None,
 ) -> Snapshot:
-    """Index what a pass read for the per-run work."""
+    """Index what a pass read for the per-run work (`known`: views kept from the passes
+    before; None parses everything)."""
+    parsed = known or Views()
     by_kind = {(key(o)[0], o["kind"], key(o)[1]): o for o in objects}
-    seen = [views.parse_workload(w) for w in workloads]
+    seen = [parsed.workload(w) for w in workloads]
     by_owner = {(w.namespace, w.owner_kind, w.owner_name): w for w in seen}
     by_attempt: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
     for pod in pods:
@@ -58,7 +130,7 @@ def index(
         all_workloads=seen,
         pods=by_attempt,
         local_queues=local,
-        nodes=views.node_facts(nodes),
+        nodes=parsed.node_facts(nodes),
         positions=positions.compute_positions(seen, local),
     )
 
@@ -72,14 +144,16 @@ class SeenAttempt:
     pods: tuple[views.PodView, ...]
 
 
-def attempt_of(snap: Snapshot, run: objects.RunRef, kind: str, attempt: int) -> SeenAttempt:
-    """The object (`kind`), Workload and pods of a run's attempt in a snapshot."""
+def attempt_of(
+    snap: Snapshot, run: objects.RunRef, kind: str, attempt: int, *, known: Views | None = None
+) -> SeenAttempt:
+    """The object (`kind`), Workload and pods of a run's attempt in a snapshot (`known`:
+    views kept from the passes before; None parses them)."""
+    parsed = known or Views()
     name = objects.attempt_name(run.name, attempt)
     raw = snap.objects.get((run.namespace, kind, name))
     return SeenAttempt(
-        attempt_object=views.parse_attempt_object(raw) if raw is not None else None,
+        attempt_object=parsed.attempt_object(raw) if raw is not None else None,
         workload=snap.workloads.get((run.namespace, kind, name)),
-        pods=tuple(
-            views.parse_pod(p) for p in snap.pods.get((run.namespace, run.name, attempt), [])
-        ),
+        pods=tuple(parsed.pod(p) for p in snap.pods.get((run.namespace, run.name, attempt), [])),
     )
