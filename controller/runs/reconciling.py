@@ -178,6 +178,8 @@ class Reconciler:
         """Live runs whose last step wrote nothing (`policy.steady`): a pass skips each while
         its input and the settings stay equal and its `requeue_at` has not come."""
         self._views = snapshots.Views()
+        self._kept = 0
+        """Runs kept (not decided again) in the pass under way: counted once it ends."""
         self.full_pass_interval_s = full_pass_interval_s
         self._full_at: dt.datetime | None = None
         """When a pass last decided every run (None: none has yet)."""
@@ -240,7 +242,7 @@ class Reconciler:
                 known = self._settled.get(key)
                 if known is not None and known.holds(item, settings, self._clock()):
                     result, at = item, known.requeue_at
-                    self.metrics.run_decisions.labels("kept").inc()
+                    self._kept += 1
                 else:
                     self._settled.pop(key, None)
                     try:
@@ -258,6 +260,8 @@ class Reconciler:
             phase = str(status.get("phase") or records.Phase.PENDING)
             counts[(phase, queue)] = counts.get((phase, queue), 0) + 1
         self._views.sweep()
+        self.metrics.run_decisions.labels("kept").inc(self._kept)
+        self._kept = 0
         self.metrics.runs.clear()
         for (phase, queue), n in counts.items():
             self.metrics.runs.labels(phase, queue).set(n)
@@ -423,31 +427,31 @@ class Reconciler:
         meta = item.get("metadata") or {}
         annotations = meta.get("annotations") or {}
         status = self._views.status(item.get("status"))
-        base = policy.RunInput(
-            ref=objects.run_ref(item), spec=item.get("spec") or {}, status=status,
-            cancel_requested=bool(annotations.get(marks.CANCEL_ANNOTATION)),
-            observed=snap is not None, priority_classes=classes,
-            rerun_of=reruns.read_source(annotations),
-        )  # fmt: skip
+        ref, spec = objects.run_ref(item), item.get("spec") or {}
+        cancel = bool(annotations.get(marks.CANCEL_ANNOTATION))
+        rerun_of = reruns.read_source(annotations)
         if snap is None:
-            return base
+            return policy.RunInput(
+                ref=ref, spec=spec, status=status, cancel_requested=cancel, observed=False,
+                priority_classes=classes, rerun_of=rerun_of,
+            )  # fmt: skip
         seen = snapshots.attempt_of(
-            snap, base.ref, attempt_kind(item), status.current_attempt, known=self._views
+            snap, ref, attempt_kind(item), status.current_attempt, known=self._views
         )
         workload = seen.workload
         position = visible
         if position is None and workload is not None:
-            position = snap.positions.get((base.ref.namespace, workload.name))
-        queue = str((item.get("spec") or {}).get("queue") or specs.DEFAULT_QUEUE)
+            position = snap.positions.get((ref.namespace, workload.name))
+        queue = str(spec.get("queue") or specs.DEFAULT_QUEUE)
         held = None
         if self.gate_message is not None and workload is not None:
-            held = self.gate_message(base.ref.namespace, workload.name)
+            held = self.gate_message(ref.namespace, workload.name)
         return policy.RunInput(
-            ref=base.ref, spec=base.spec, status=status, cancel_requested=base.cancel_requested,
-            observed=True, attempt_object=seen.attempt_object, workload=workload,
-            pods=seen.pods, nodes=snap.nodes, position=position,
-            cluster_queue=snap.local_queues.get((base.ref.namespace, queue)), held=held,
-            priority_classes=classes, rerun_of=base.rerun_of,
+            ref=ref, spec=spec, status=status, cancel_requested=cancel, observed=True,
+            attempt_object=seen.attempt_object, workload=workload, pods=seen.pods,
+            nodes=snap.nodes, position=position,
+            cluster_queue=snap.local_queues.get((ref.namespace, queue)), held=held,
+            priority_classes=classes, rerun_of=rerun_of,
         )  # fmt: skip
 
     # ------------------------------------------------------------------ decide, execute
@@ -475,7 +479,7 @@ class Reconciler:
         steady = self._steady.pop(key, None) if keep else None
         if steady is not None and steady.holds(run, settings, now):
             self._steady[key] = steady
-            self.metrics.run_decisions.labels("kept").inc()
+            self._kept += 1
             return item, steady.requeue_at
         plan = policy.decide_run(run, settings, now)
         self.metrics.run_decisions.labels("decided").inc()
@@ -524,8 +528,13 @@ class Reconciler:
         """Patch the status with what changed (nothing when nothing did)."""
         # The results are written by the collector alone (with them in `status`); a status
         # read without them patches everything else and leaves them as they are.
-        old = records.wire(records.read(item.get("status"), results=status.results is not None))
-        new = records.wire(status)
+        raw = item.get("status")
+        stored = (
+            self._views.status(raw) if status.results is None else records.read(raw, results=True)
+        )
+        if stored == status:  # equal models are stored the same (`records.wire`)
+            return item
+        old, new = records.wire(stored), records.wire(status)
         if old == new:
             return item
         self.elector.ensure_leader()

@@ -264,7 +264,8 @@ def read(raw: Mapping[str, Any] | None, *, results: bool = True) -> RunStatus:
 
 
 def wire(status: RunStatus) -> dict[str, Any]:
-    """The status as stored on the cluster: camelCase, absent (None) members left out."""
+    """The status as stored on the cluster: camelCase, absent (None) members left out. Equal
+    statuses are stored the same (times in UTC, to the second); unequal ones may be too."""
     return status.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
