@@ -16,7 +16,10 @@ those runs, starts the store's caches where the checkout has them (and waits for
 sync), runs one warm-up pass and then `--passes` passes back to back, and reports per pass:
 wall time, the worker's CPU time, and the requests its API client sent (counted in
 `ApiClient.request`; the caches' long-lived watches are counted apart). Every run is steady
-(Running or Cancelled, nothing to write), so a pass's requests are its reads. Last, this
+(Running or Cancelled, nothing to write), so a pass's requests are its reads. A checkout
+whose reconciler keeps steady runs (`full_pass_interval_s`) then times its full pass, every
+run decided again, apart; each pass's decided and kept runs are counted from
+`taugrid_run_decisions`. Last, this
 checkout's worker runs the reconciler's loop (poked by its caches) for `--churn-s` while it
 annotates the run pods as fast as one client can, and reports the pokes and passes that
 storm cost (a wake storm would be a pass per poke). Each worker's peak RSS (`ru_maxrss`) is
@@ -101,16 +104,53 @@ async def _worker(kubeconfig: str, manager: str, passes: int, churn_s: float) ->
         sync_s = time.perf_counter() - started
     at_sync = dict(counts)
     await reconciler.pass_once()  # warm-up
-    rows = []
-    for _ in range(passes):
-        before = counts.copy()
-        wall, cpu = time.perf_counter(), time.process_time()
-        await reconciler.pass_once()
-        rows.append({
-            "wall_s": time.perf_counter() - wall,
-            "cpu_s": time.process_time() - cpu,
-            "requests": {k: v - before.get(k, 0) for k, v in counts.items() if v != before.get(k)},
-        })  # fmt: skip
+
+    keeps = hasattr(reconciler, "full_pass_interval_s")
+
+    def decisions() -> dict[str, float]:
+        if not keeps:  # a checkout without the counter decides every run
+            return {}
+        registry = reconciler.metrics.registry
+        return {kind: registry.get_sample_value("taugrid_run_decisions_total", {"kind": kind})
+                or 0.0 for kind in ("decided", "kept")}  # fmt: skip
+
+    async def timed(n: int) -> list[dict[str, Any]]:
+        out = []
+        for _ in range(n):
+            before, told = counts.copy(), decisions()
+            wall, cpu = time.perf_counter(), time.process_time()
+            await reconciler.pass_once()
+            out.append({
+                "wall_s": time.perf_counter() - wall,
+                "cpu_s": time.process_time() - cpu,
+                "requests": {k: v - before.get(k, 0) for k, v in counts.items()
+                             if v != before.get(k)},
+                **({"decisions": {k: v - told[k] for k, v in decisions().items()}}
+                   if keeps else {}),
+            })  # fmt: skip
+        return out
+
+    profile = os.environ.get("RUNPASS_PROFILE")
+    if profile:  # where the time of the timed passes goes (cProfile), for this checkout
+        import cProfile
+
+        with cProfile.Profile() as prof:
+            rows = await timed(passes)
+        prof.dump_stats(profile)
+    else:
+        rows = await timed(passes)
+    full: list[dict[str, Any]] = []
+    if keeps:
+        # The safety net's pass, every `full_pass_interval_s`: every run decided again.
+        reconciler.full_pass_interval_s = 0.0
+        if profile:
+            import cProfile
+
+            with cProfile.Profile() as prof:
+                full = await timed(max(1, passes // 3))
+            prof.dump_stats(f"{profile}.full")
+        else:
+            full = await timed(max(1, passes // 3))
     runs = len([r for r in await store.list_runs() if reconciler.manages(r)])
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     churn = None
@@ -122,7 +162,7 @@ async def _worker(kubeconfig: str, manager: str, passes: int, churn_s: float) ->
             await caches
     await api.close()
     return {"runs": runs, "sync_s": sync_s, "at_sync": at_sync, "passes": rows, "churn": churn,
-            "rss_mb": rss_mb}  # fmt: skip
+            "rss_mb": rss_mb, "full": full}  # fmt: skip
 
 
 async def _churn(
@@ -239,8 +279,10 @@ def _measure(
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def _row(label: str, results: list[dict[str, Any]]) -> tuple[str, float, float]:
-    rows = [p for r in results for p in r["passes"]]
+def _row(
+    label: str, results: list[dict[str, Any]], which: str = "passes"
+) -> tuple[str, float, float]:
+    rows = [p for r in results for p in r[which]]
     wall = statistics.median(p["wall_s"] for p in rows) * 1000
     cpu = statistics.median(p["cpu_s"] for p in rows) * 1000
     p90 = sorted(p["wall_s"] for p in rows)[int(0.9 * (len(rows) - 1))] * 1000
@@ -253,8 +295,15 @@ def _row(label: str, results: list[dict[str, Any]]) -> tuple[str, float, float]:
     start = results[0]["at_sync"]
     start_txt = ", ".join(f"{k} {v}" for k, v in sorted(start.items())) or "none"
     rss = max(r["rss_mb"] for r in results)
+    told = [p["decisions"] for p in rows if "decisions" in p]
+    if told:
+        decided = sum(t["decided"] for t in told) / len(told)
+        kept = sum(t["kept"] for t in told) / len(told)
+        says = f"{decided:.1f} / {kept:.1f}"
+    else:
+        says = "every run decided"
     print(f"| {label} | {results[0]['runs']} | {len(rows)} | {wall:.1f} | {p90:.1f} | {cpu:.1f}"
-          f" | {reqs:.1f} ({per}) | {sync:.0f} ms; {start_txt} | {rss:.0f} |")  # fmt: skip
+          f" | {says} | {reqs:.1f} ({per}) | {sync:.0f} ms; {start_txt} | {rss:.0f} |")  # fmt: skip
     return label, wall, reqs
 
 
@@ -284,10 +333,14 @@ async def _main(args: argparse.Namespace) -> None:
     print(f"load average before the measurements' end: {os.getloadavg()}")
     print(
         "| reconciler | runs | passes | pass p50 ms | pass p90 ms | CPU p50 ms"
-        " | requests per pass (by kind) | cache sync; requests to sync | max RSS MB |"
+        " | decided / kept per pass | requests per pass (by kind)"
+        " | cache sync; requests to sync | max RSS MB |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     after = _row("this checkout", results["after"])
+    if all(r.get("full") for r in results["after"]):
+        _row("this checkout, its full pass (every `full_pass_interval_s`)", results["after"],
+             "full")  # fmt: skip
     if results["before"]:
         before = _row(f"before ({args.before})", results["before"])
         print(
