@@ -20,6 +20,9 @@ Two loads, each run against both servers one after the other:
   (or point `--vegeta` at one).
 
 Run: `.venv/bin/python -m bench.heartbeats --nodes 1000 5000 --seconds 15 --rate 1000`
+(`--profile PATH`: this checkout's controller runs under cProfile, its stats written to
+PATH.N, N the fleet size, when it stops; its figures are then the profiler's, not a
+comparison.)
 """
 
 from __future__ import annotations
@@ -316,7 +319,7 @@ def _start_before(
 
 async def run(
     sizes: list[int], seconds: float, concurrency: int, generator: str, *, rate: int,
-    vegeta: str | None, before: pathlib.Path | None,
+    vegeta: str | None, before: pathlib.Path | None, profile: str = "",
 ) -> None:  # fmt: skip
     dev, api = await fleetkit.dev_api()
     header = ("nodes", "load", "server", "hb/s", "p50 ms", "p99 ms", "errors", "RSS MB")
@@ -337,7 +340,8 @@ async def run(
             with tempfile.TemporaryDirectory() as tmp:
                 ctl_log = pathlib.Path(tmp) / "controller.log"
                 log = ctl_log.open("w")
-                ctl = subprocess.Popen([sys.executable, "-m", "controller"], env=env,
+                profiled = ["-m", "cProfile", "-o", f"{profile}.{n}"] if profile else []
+                ctl = subprocess.Popen([sys.executable, *profiled, "-m", "controller"], env=env,
                                        stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
                 base = subprocess.Popen([sys.executable, "-c", BASELINE, str(base_port)])
                 try:
@@ -413,6 +417,11 @@ def main() -> None:
     )
     parser.add_argument("--vegeta", default="", help="the vegeta binary (default: PATH, then"
                         " ~/.cache/taugrid/tools/vegeta)")  # fmt: skip
+    parser.add_argument(
+        "--profile",
+        default="",
+        help="run this checkout's controller under cProfile, stats to PATH.N",
+    )
     parser.add_argument("--before", type=pathlib.Path, default=None,
                         help="also measure the controller of this checkout (e.g. main), after"
                         " this one, on the same fleet and loads")  # fmt: skip
@@ -424,7 +433,8 @@ def main() -> None:
         + (f"vegeta {vegeta} at {args.rate}/s" if vegeta and args.rate else "skipped")
     )
     asyncio.run(run(args.nodes, args.seconds, args.concurrency, args.generator,
-                    rate=args.rate, vegeta=vegeta, before=args.before))  # fmt: skip
+                    rate=args.rate, vegeta=vegeta, before=args.before,
+                    profile=args.profile))  # fmt: skip
 
 
 if __name__ == "__main__":
