@@ -14,7 +14,7 @@ import math
 from collections.abc import Callable, Container, Iterable, Mapping
 from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
-from controller import marks, timestamps
+from controller import marks, memo, timestamps
 from shared import spec as specs
 
 DEFAULT_RETRY_AFTER_S = 15.0
@@ -42,33 +42,27 @@ T = TypeVar("T")
 
 
 class Parsed(Generic[T]):
-    """Parse each raw object once while it stays the same object.
+    """Parse each raw object once while it stays the same object (`memo.Kept`).
 
     The gate reads nodes and pods from watch-fed caches, which replace an object that
     changes and never edit one in place (`watching.Watched`): an object seen in the pass
     before keeps its view, so a pass parses what changed, not the fleet. Objects from a LIST
     are new every time and are parsed every time. Only the objects of the latest call are
-    kept (a raw object is held beside its view, so its id cannot be reused meanwhile).
+    kept.
     """
 
     def __init__(self, parse: Callable[[Mapping[str, Any]], T]) -> None:
-        self._parse = parse
-        self._kept: dict[int, tuple[Mapping[str, Any], T]] = {}
-        self.parsed = 0
+        self._kept = memo.Kept(parse)
+
+    @property
+    def parsed(self) -> int:
         """Objects parsed so far (the rest were kept)."""
+        return self._kept.parsed
 
     def __call__(self, raws: Iterable[Mapping[str, Any]]) -> list[T]:
         """The view of every raw object, in order."""
-        kept: dict[int, tuple[Mapping[str, Any], T]] = {}
-        out = []
-        for raw in raws:
-            hit = self._kept.get(id(raw))
-            if hit is None or hit[0] is not raw:
-                hit = raw, self._parse(raw)
-                self.parsed += 1
-            kept[id(raw)] = hit
-            out.append(hit[1])
-        self._kept = kept
+        out = [self._kept(raw) for raw in raws]
+        self._kept.sweep()
         return out
 
 

@@ -2,20 +2,19 @@
 
 The objects come from watch-fed caches, which replace an object that changes and never edit
 one in place (`watching.Watched`): `Views` parses each raw object once while it stays the
-same object, so a pass parses what changed, not every run's share again, and an unchanged
-share reads back as the same views (which `policy.same_input` compares by identity first).
+same object (`memo.Kept`), so a pass parses what changed, not every run's share again, and an
+unchanged share reads back as the same views (which `policy.same_input` compares by identity
+first).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
-from typing import Any, Generic, TypeVar
+from collections.abc import Mapping
+from typing import Any
 
-from controller import marks
+from controller import marks, memo
 from controller.runs import objects, positions, records, views
-
-T = TypeVar("T")
 
 
 def key(obj: Mapping[str, Any]) -> tuple[str, str]:
@@ -41,33 +40,6 @@ class Snapshot:
     positions: dict[tuple[str, str], positions.QueuePosition]
 
 
-class Memo(Generic[T]):
-    """Parse a raw object once while it stays the same object; what was read since the
-    `sweep` before last is kept (a raw object is held beside its view, so its id cannot be
-    reused meanwhile). Objects from a LIST are new every time and are parsed every time."""
-
-    def __init__(self, parse: Callable[[Mapping[str, Any]], T]) -> None:
-        self._parse = parse
-        self._kept: dict[int, tuple[Mapping[str, Any], T]] = {}
-        self._seen: dict[int, tuple[Mapping[str, Any], T]] = {}
-        self.parsed = 0
-        """Objects parsed so far (the rest were kept)."""
-
-    def __call__(self, raw: Mapping[str, Any]) -> T:
-        hit = self._seen.get(id(raw))
-        if hit is None or hit[0] is not raw:
-            hit = self._kept.get(id(raw))
-            if hit is None or hit[0] is not raw:
-                hit = raw, self._parse(raw)
-                self.parsed += 1
-            self._seen[id(raw)] = hit
-        return hit[1]
-
-    def sweep(self) -> None:
-        """Forget what was not read since the last sweep (once a pass)."""
-        self._kept, self._seen = self._seen, {}
-
-
 def _read_status(raw: Mapping[str, Any]) -> records.RunStatus:
     return records.read(raw, results=False)
 
@@ -77,10 +49,10 @@ class Views:
     object (see the module docstring); one per reconciler, swept after each pass."""
 
     def __init__(self) -> None:
-        self.workload = Memo(views.parse_workload)
-        self.pod = Memo(views.parse_pod)
-        self.attempt_object = Memo(views.parse_attempt_object)
-        self._status = Memo(_read_status)
+        self.workload = memo.Kept(views.parse_workload)
+        self.pod = memo.Kept(views.parse_pod)
+        self.attempt_object = memo.Kept(views.parse_attempt_object)
+        self._status = memo.Kept(_read_status)
         self._nodes: views.NodeFacts | None = None
 
     def status(self, raw: Mapping[str, Any] | None) -> records.RunStatus:
@@ -97,8 +69,8 @@ class Views:
         return facts
 
     def sweep(self) -> None:
-        for memo in (self.workload, self.pod, self.attempt_object, self._status):
-            memo.sweep()
+        for kept in (self.workload, self.pod, self.attempt_object, self._status):
+            kept.sweep()
 
 
 def index(
