@@ -63,8 +63,11 @@ def _encode_hook(value: object) -> object:
     raise NotImplementedError  # pragma: no cover
 
 
-class _Wire(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
-    """Unknown fields refused, camelCase on the wire (the aliases of `heartbeat.WireModel`)."""
+class _Wire(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True, gc=False):
+    """Unknown fields refused, camelCase on the wire (the aliases of `heartbeat.WireModel`).
+    Not tracked by the garbage collector (`gc=False`): a report is frozen data that holds no
+    reference back to itself, and a fleet's reports are most of what a leader keeps, so
+    tracking them would only lengthen its full collections."""
 
 
 class Reason(_Wire, frozen=True):

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import socket
+import types
+import typing
 
 import aiohttp
 from aiohttp import web
 
 from controller import auth, leading, main, metrics, pages, serving
+from controller.fleet import api as fleet_api
 from controller.settings import ControllerSettings
 
 
@@ -77,3 +81,26 @@ async def test_readiness_turns_false_while_the_listener_still_answers() -> None:
                 await served
     expected = (200, 503)
     assert expected == (seen[0], seen[-1]), seen
+
+
+async def test_the_caches_are_frozen_out_of_the_collectors_way_once_both_have_synced() -> None:
+    """`gc.freeze` runs once the node cache and the install namespace's pods are in, and not
+    before (what is frozen then is never walked by a full collection again)."""
+    nodes, pods = asyncio.Event(), asyncio.Event()
+    app = web.Application()
+    app[fleet_api.FLEET] = typing.cast("fleet_api.FleetContext", types.SimpleNamespace(
+        cache=types.SimpleNamespace(synced=nodes),
+        agents=types.SimpleNamespace(pods=types.SimpleNamespace(synced=pods)),
+    ))  # fmt: skip
+    gc.unfreeze()
+    task = asyncio.create_task(main._freeze_once_synced(app))
+    try:
+        nodes.set()
+        await asyncio.sleep(0.05)
+        frozen_before = gc.get_freeze_count()
+        pods.set()
+        await asyncio.wait_for(task, 10)
+        assert (frozen_before, gc.get_freeze_count() > 0) == (0, True)
+    finally:
+        task.cancel()
+        gc.unfreeze()  # the test process's own objects go back to the collector
