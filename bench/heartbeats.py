@@ -252,17 +252,32 @@ async def _warm(url: str, requests: list[tuple[str, bytes]], concurrency: int) -
         await asyncio.gather(*(worker() for _ in range(concurrency)))
 
 
-async def _settle(url: str, limit_s: float = 180.0) -> float:
-    """Wait until the controller's writes for the fleet it just heard from are done (the
-    first report of each node writes its condition and an Event, a few dozen nodes a pass):
-    `taugrid_api_writes_total` (the lease's aside) unchanged and nothing waiting, two
-    seconds running. Return the seconds it took. Its steady ingestion is what is measured,
-    not that start; the caller reports every node once more after it, so none has been
-    silent long when the measurement starts."""
+REPORT_EVERY_S = 5.0
+"""How often `_ready` has every node report while it waits (the bodies say 10 s)."""
+MEASURED_SEQ = 1_000_000
+"""The sequence the measured bodies start from: after every one `_ready` sent."""
+
+
+async def _ready(url: str, tokens: dict[str, str], concurrency: int, limit_s: float = 300.0
+                 ) -> float:  # fmt: skip
+    """Have every node report once (each token is reviewed then, before any timing), and
+    keep the fleet reporting every `REPORT_EVERY_S` as a fleet does, until the controller's
+    writes for it are done (the first report of each node writes its condition and an
+    Event, a few dozen nodes a pass): `taugrid_api_writes_total` (the lease's aside)
+    unchanged and nothing waiting, three looks running. Every node reports once more at the
+    end. Return the seconds it took. Its steady ingestion is what is measured, not its
+    start, and no node has gone silent meanwhile."""
     started = time.monotonic()
+    seq = 1
+    await _warm(url, _bodies(tokens, 1, seq), concurrency)
+    reported = time.monotonic()
     last, quiet = -1.0, 0
     async with aiohttp.ClientSession() as http:
         while time.monotonic() - started < limit_s:
+            if time.monotonic() - reported >= REPORT_EVERY_S:
+                seq += 1
+                await _warm(url, _bodies(tokens, 1, seq), concurrency)
+                reported = time.monotonic()
             async with http.get(f"{url}/metrics") as resp:
                 text = await resp.text()
             writes = waiting = 0.0
@@ -272,10 +287,11 @@ async def _settle(url: str, limit_s: float = 180.0) -> float:
                 elif line.startswith("taugrid_api_writes_waiting"):
                     waiting += float(line.rsplit(" ", 1)[1])
             quiet = quiet + 1 if writes == last and not waiting else 0
-            if quiet >= 2:
+            if quiet >= 3:
                 break
             last = writes
             await asyncio.sleep(1.0)
+    await _warm(url, _bodies(tokens, 1, seq + 1), concurrency)
     return time.monotonic() - started
 
 
@@ -375,12 +391,12 @@ async def run(
                     await _wait(f"http://127.0.0.1:{port}")
                     await _wait(f"http://127.0.0.1:{base_port}")
                     await asyncio.sleep(3)  # the lease is acquired and the node cache synced
-                    # warm-up: one heartbeat per node fills the token cache (one TokenReview each)
-                    await _warm(f"http://127.0.0.1:{port}", _bodies(tokens, 1, 1), concurrency)
-                    took = await _settle(f"http://127.0.0.1:{port}")
+                    # warm-up: the token cache filled (one TokenReview each), the writes of
+                    # the fleet's first reports done, the fleet reporting meanwhile
+                    took = await _ready(f"http://127.0.0.1:{port}", tokens, concurrency)
                     print(f"# controller: its first reports' writes done in {took:.0f} s")
-                    await _warm(f"http://127.0.0.1:{port}", _bodies(tokens, 1, 2), concurrency)
-                    requests = _bodies(tokens, max(1, 40_000 // n), 10)
+                    rounds = max(1, 40_000 // n)
+                    requests = _bodies(tokens, rounds, MEASURED_SEQ)
                     closed = f"closed {generator}"
                     loads: list[str] = [closed]
                     if rate and vegeta:
@@ -402,12 +418,12 @@ async def run(
                         ctl = _start_before(before, env, port, log)
                         await _wait(f"http://127.0.0.1:{port}")
                         await asyncio.sleep(3)
-                        await _warm(f"http://127.0.0.1:{port}", _bodies(tokens, 1, 1),
-                                    concurrency)  # fmt: skip
-                        took = await _settle(f"http://127.0.0.1:{port}")
+                        took = await _ready(f"http://127.0.0.1:{port}", tokens, concurrency)
                         print(f"# before: its first reports' writes done in {took:.0f} s")
-                        await _warm(f"http://127.0.0.1:{port}", _bodies(tokens, 1, 2),
-                                    concurrency)  # fmt: skip
+                        # the same bodies, sent now (their sentAt within the skew window)
+                        plan = dataclasses.replace(
+                            plan, requests=_bodies(tokens, rounds, MEASURED_SEQ)
+                        )
                         for load in loads:
                             results[load, "before"] = await _measure(plan, port, load, "before")
                         rss["before"] = _rss_mb(ctl.pid)
