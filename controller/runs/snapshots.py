@@ -53,7 +53,8 @@ class Views:
         self.pod = memo.Kept(views.parse_pod)
         self.attempt_object = memo.Kept(views.parse_attempt_object)
         self._status = memo.Kept(_read_status)
-        self._nodes: views.NodeFacts | None = None
+        self._nodes: tuple[views.NodeFacts, ...] = ()
+        """The last two distinct facts: a full pass's, and an urgent run's few nodes'."""
 
     def status(self, raw: Mapping[str, Any] | None) -> records.RunStatus:
         """A TauRun's `status` without its results (`records.read`; ValueError when it
@@ -61,11 +62,13 @@ class Views:
         return _read_status({}) if raw is None else self._status(raw)
 
     def node_facts(self, nodes: list[dict[str, Any]]) -> views.NodeFacts:
-        """`views.node_facts`, the same object as the last pass's while the facts are equal."""
-        facts, last = views.node_facts(nodes), self._nodes
-        if last is not None and last == facts:
-            return last
-        self._nodes = facts
+        """`views.node_facts`, the same object as before while the facts are equal (so a
+        kept run's input compares its nodes by identity, not set by set)."""
+        facts = views.node_facts(nodes)
+        for known in self._nodes:
+            if known == facts:
+                return known
+        self._nodes = (facts, *self._nodes[:1])
         return facts
 
     def sweep(self) -> None:

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from controller import leading, marks, metrics
 from controller.kube import runs as kube_runs
-from controller.runs import reconciling, rendering
+from controller.runs import reconciling, rendering, snapshots
 from shared import spec as specs
 from tests import support
 from tests.unit.controller.runs import test_reconciling as tr
@@ -241,3 +241,15 @@ async def test_a_kept_run_is_decided_when_its_requeue_comes() -> None:
                 (59, 1, False, 1.0), (60, 0, True, None), (61, 0, True, None),
                 (62, 1, True, None)]  # fmt: skip
     assert expected == messages
+
+
+def test_node_facts_equal_to_one_seen_lately_come_back_as_the_same_object() -> None:
+    """A pass's fleet-wide facts, then an urgent run's few nodes, then the fleet again: the
+    third is the first object (kept runs then compare their nodes by identity)."""
+    known = snapshots.Views()
+    fleet = [{"metadata": {"name": "n0"}}, {"metadata": {"name": "n1"}}]
+    first = known.node_facts(fleet)
+    few = known.node_facts(fleet[:1])
+    again = known.node_facts(copy.deepcopy(fleet))
+    changed = known.node_facts([*fleet, {"metadata": {"name": "n2"}}])
+    assert (again is first, few is first, changed == first) == (True, False, False)
