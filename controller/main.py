@@ -46,6 +46,11 @@ async def _freeze_once_synced(app: web.Application) -> None:
     fleet = app[fleet_api.FLEET]
     await fleet.cache.synced.wait()
     await fleet.agents.pods.synced.wait()
+    _freeze()
+
+
+def _freeze() -> None:
+    """Move every object alive now out of the collector's full collections (garbage first)."""
     gc.collect()
     gc.freeze()
 
@@ -119,8 +124,7 @@ def main() -> int:
     # objects the collector would otherwise walk in every full collection (~50 ms each on
     # the project's machines), a pause every request waiting behind it shares. Only here,
     # in the process's own entry point: a test process's garbage is not to be frozen.
-    gc.collect()
-    gc.freeze()
+    _freeze()
     asyncio.run(_run(app, settings, context))
     return 0
 

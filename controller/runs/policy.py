@@ -136,7 +136,7 @@ def steady(run: RunInput, plan: RunPlan) -> bool:
     return (
         not (plan.annotations or plan.deletes or plan.creates or plan.keep_logs)
         and not (plan.started or plan.ended or plan.resumed)
-        and (plan.status == run.status or records.wire(plan.status) == records.wire(run.status))
+        and records.stored_alike(plan.status, run.status)
     )
 
 

@@ -532,11 +532,9 @@ class Reconciler:
         stored = (
             self._views.status(raw) if status.results is None else records.read(raw, results=True)
         )
-        if stored == status:  # equal models are stored the same (`records.wire`)
+        if records.stored_alike(stored, status):
             return item
         old, new = records.wire(stored), records.wire(status)
-        if old == new:
-            return item
         self.elector.ensure_leader()
         namespace, name = snapshots.key(item)
         written = await self.store.patch_run_status(namespace, name, records.patch_body(old, new))

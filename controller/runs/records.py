@@ -264,9 +264,15 @@ def read(raw: Mapping[str, Any] | None, *, results: bool = True) -> RunStatus:
 
 
 def wire(status: RunStatus) -> dict[str, Any]:
-    """The status as stored on the cluster: camelCase, absent (None) members left out. Equal
-    statuses are stored the same (times in UTC, to the second); unequal ones may be too."""
+    """The status as stored on the cluster: camelCase, absent (None) members left out."""
     return status.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def stored_alike(a: RunStatus, b: RunStatus) -> bool:
+    """Whether two statuses are stored the same (`wire`). Equal ones are (times are stored
+    in UTC, to the second), and comparing them is cheap; unequal ones may still be, so only
+    those pay for two `model_dump`s."""
+    return a == b or wire(a) == wire(b)
 
 
 def patch_body(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
