@@ -125,6 +125,44 @@ class NodeState(heartbeat.WireModel):
     """The last kernel-log record sequence number folded in during `boot_id`."""
 
 
+def waiting_for_diag(state: NodeState) -> dt.datetime | None:
+    """The latest observed reset whose ResetGPU fault waits for a passing diagnostic."""
+    waiting = [
+        fault.reset_observed_at
+        for gpu in state.gpus.values()
+        for fault in gpu.latched
+        if fault.reset_observed_at is not None
+    ]
+    return max(waiting) if waiting else None
+
+
+def diag_after_reset_due(
+    state: NodeState,
+    last_diag_at: dt.datetime | None,
+    *,
+    runs_since_reset: int,
+    retry_after_s: float,
+    max_runs: int,
+) -> dt.datetime | None:
+    """When the automatic level-1 diagnostic after a reset is due; None when it is not needed.
+
+    Due at once after the latest reset that waits for one. If a run since then did not clear
+    the fault (Fabric Manager still training after a reboot: DCGM fails every GPU's software
+    test with a CONFIG error, which latches nothing and is gone a minute later), it is due
+    again `retry_after_s` after that run, until `max_runs` runs since the reset have been
+    made. A fault the diagnostic finds on the GPU again re-latches without a reset observed,
+    so nothing waits and no retry follows.
+    """
+    latest = waiting_for_diag(state)
+    if latest is None:
+        return None
+    if last_diag_at is None or last_diag_at < latest:
+        return latest
+    if runs_since_reset >= max_runs:
+        return None
+    return last_diag_at + dt.timedelta(seconds=retry_after_s)
+
+
 def release(
     state: GpuState, *, code: str | None, force: bool
 ) -> tuple[GpuState, tuple[LatchedFault, ...]]:

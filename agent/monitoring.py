@@ -106,6 +106,8 @@ class Monitor:
         self._state_problem = ""
         self._state_write_error = ""
         self._registration_retry_at = 0.0
+        self._reset_waiting: dt.datetime | None = None
+        self._diag_runs_since_reset = 0
         self._start_future: asyncio.Future[None] | None = None
         self._hung_pass: asyncio.Future[tuple[list[readings.GpuSnapshot], float]] | None = None
         boot_id = read_boot_id(config.boot_id_path)
@@ -666,17 +668,19 @@ class Monitor:
             return
         if self._dcgm.diag_running:
             return
-        waiting = [
-            f.reset_observed_at
-            for gpu in self._state.gpus.values()
-            for f in gpu.latched
-            if f.reset_observed_at is not None
-        ]
-        if not waiting:
+        waiting = latching.waiting_for_diag(self._state)
+        if waiting != self._reset_waiting:
+            self._reset_waiting, self._diag_runs_since_reset = waiting, 0
+        due = latching.diag_after_reset_due(
+            self._state,
+            self._last_diag.finished_at if self._last_diag else None,
+            runs_since_reset=self._diag_runs_since_reset,
+            retry_after_s=self._settings.diag_retry_after_reset_s,
+            max_runs=self._settings.diag_retries_after_reset,
+        )
+        if due is None or due > self._clock():
             return
-        last = self._last_diag.finished_at if self._last_diag else None
-        if last is not None and last >= max(waiting):
-            return
+        self._diag_runs_since_reset += 1
         task = asyncio.create_task(self._diag_quietly(1), name="diag-after-reset")
         self._tasks.append(task)
 

@@ -117,7 +117,12 @@ class DiagFinding(heartbeat.WireModel):
     message: str = ""
     error_id: int | None = None
     severity: int | None = None
-    """DCGM error severity: MONITOR=1, ISOLATE=2, UNKNOWN=3, TRIAGE=4, CONFIG=5, RESET=6."""
+    """DCGM error severity: MONITOR=1, ISOLATE=2, UNKNOWN=3, TRIAGE=4, CONFIG=5, RESET=6; the one
+    that decides among `severities` by DCGM's order (`agent.dcgmerrors.precedence`)."""
+    severities: tuple[int, ...] = ()
+    """Every error's severity as `dcgmi` judges it (an ISOLATE-row code is ISOLATE)."""
+    error_ids: tuple[int, ...] = ()
+    """Every error's `DCGM_FR_*` code, in the order printed."""
     category: int | None = None
     """DCGM error category (`DCGM_FR_EC_*`), when the layout prints one (3.3 on)."""
 

@@ -111,6 +111,15 @@ class Settings(pydantic_settings.BaseSettings):
     diag_after_reset: bool = True
     """Run a level-1 diagnostic by itself once a reset is observed on a GPU with a latched
     ResetGPU fault, so the fault can clear without anyone asking."""
+    diag_retry_after_reset_s: float = pydantic.Field(default=60.0, gt=0)
+    """Seconds before that level-1 diagnostic runs again when it did not clear the reset GPU's
+    fault. After a reboot of an HGX node, Fabric Manager is still training for a minute or so
+    and DCGM fails the software test on every GPU with a CONFIG error; waiting and checking
+    again is what clears it, not a person."""
+    diag_retries_after_reset: int = pydantic.Field(default=10, ge=1, le=1000)
+    """How many level-1 diagnostics run, at most, after one observed reset (the first run
+    included): ten a minute apart outlast Fabric Manager's training; a fault still there
+    after that stays latched until a later reset or a run someone asks for."""
 
     export_dcgm_families: bool = True
     """Serve the dcgm-exporter `DCGM_FI_*` families; turn off where dcgm-exporter already runs

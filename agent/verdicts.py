@@ -12,7 +12,7 @@ import datetime as dt
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TypeVar
 
-from agent import latching, readings
+from agent import dcgmerrors, latching, readings
 from shared import health, heartbeat, xid
 
 _T = TypeVar("_T")
@@ -41,10 +41,8 @@ recovered, which none of our actions does, so it keeps new work off (Degraded) f
 NVML reports it and latches nothing. A value NVML adds later reads Degraded/None, named.
 """
 
-# DCGM error severities (reference nvml-dcgm.md section 4).
-_SEVERITY_MONITOR = 1
-_SEVERITY_CONFIG = 5
-_SEVERITY_RESET = 6
+# DCGM error severities (`dcgmErrorSeverity_t`; agent.dcgmerrors cites DCGM's source).
+_DCGM_SEVERITIES = frozenset(int(s) for s in dcgmerrors.Severity)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -810,11 +808,22 @@ def _by_severity(
     *,
     node: bool,
 ) -> Finding:
-    """Map DCGM's error severities onto a finding (DESIGN.md section 5)."""
-    severities = [f.severity for f in findings if f.severity is not None]
-    if severities and max(severities) == _SEVERITY_RESET:
+    """Map DCGM's error severities onto a finding (DESIGN.md section 5), in DCGM's order.
+
+    Severities are an enum, not a scale: ISOLATE (2) decides before RESET (6), as dcgmi's
+    `GetFailureResult` stops at the first ISOLATE. A GPU with faulty memory (ISOLATE) and a
+    pending row remap (RESET) needs a person, not a reset that the automatic level-1 diagnostic,
+    which tests no memory, would then "pass" (`dcgmerrors.precedence` has the whole order).
+    """
+    severities = [
+        dcgmerrors.Severity(s) if s in _DCGM_SEVERITIES else dcgmerrors.Severity.UNKNOWN
+        for f in findings
+        for s in (f.severities or (() if f.severity is None else (f.severity,)))
+    ]
+    decides = dcgmerrors.precedence(severities)
+    if decides is dcgmerrors.Severity.RESET:
         return Finding(failed_code, health.Verdict.FAILED, health.Action.RESET_GPU, text)
-    if severities and all(s in (_SEVERITY_MONITOR, _SEVERITY_CONFIG) for s in severities):
+    if decides in (dcgmerrors.Severity.MONITOR, dcgmerrors.Severity.CONFIG):
         return Finding(warning_code, health.Verdict.DEGRADED, health.Action.NONE, text)
     if node and not severities:
         # DCGM 3.0-3.2 print no severity at all: a node-wide deployment finding is shown and

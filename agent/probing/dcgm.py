@@ -30,7 +30,7 @@ import shutil
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from agent import readings
+from agent import dcgmerrors, readings
 
 
 class DcgmError(Exception):
@@ -57,6 +57,9 @@ _RANK = {
     readings.DiagStatus.WARN: 2,
     readings.DiagStatus.FAIL: 3,
 }
+
+
+_NOT_PASSED = (readings.DiagStatus.FAIL, readings.DiagStatus.WARN)
 
 
 def _status(raw: object) -> readings.DiagStatus | None:
@@ -119,16 +122,23 @@ def _finding(
     if status not in (readings.DiagStatus.FAIL, readings.DiagStatus.WARN):
         return None
     listed = list(warnings)
-    severities = [w.severity for w in listed if w.severity is not None]
+    severities = [
+        s for w in listed if (s := dcgmerrors.severity_of(w.error_id, w.severity)) is not None
+    ]
     ids = [w.error_id for w in listed if w.error_id is not None]
     categories = [w.category for w in listed if w.category is not None]
+    decides = dcgmerrors.precedence(severities)
+    # DCGM writes one error per GPU for a node-wide condition (Fabric Manager): say it once.
+    messages = dict.fromkeys(w.message for w in listed if w.message)
     return readings.DiagFinding(
         test=test,
         status=status,
-        message="; ".join(w.message for w in listed if w.message)[:1024],
+        message="; ".join(messages)[:1024],
         error_id=ids[0] if ids else None,
-        severity=max(severities) if severities else None,
+        severity=None if decides is None else int(decides),
         category=categories[0] if categories else None,
+        severities=tuple(int(s) for s in severities),
+        error_ids=tuple(ids),
     )
 
 
@@ -252,6 +262,14 @@ def _fold_test(fold: _Fold, test: Mapping[str, Any], *, layout: str, deployment:
     seen: set[tuple[str, int | None]] = set()
     tied_fail = False
     node: dict[str, tuple[readings.DiagStatus, list[_Warning]]] = {}
+    summary = test.get("test_summary")
+    # DCGM sets a test's result on every entity when one check fails (`PluginTest::SetResult`),
+    # and prints on each entity only its own errors (`Diag.cpp` HelperJsonAddResult). So where
+    # the test has errors at all, a GPU's Fail or Warn without an error of its own is someone
+    # else's failure (another GPU's, or nobody's: it is in `test_summary` only).
+    has_errors = any(_warnings(r) for r in results) or (
+        isinstance(summary, Mapping) and bool(_warnings(summary))
+    )
     for result in results:
         # 3.3.1 writes one result per deployment error; only the first carries the status.
         status = _status(result.get("status")) or (status if "warnings" in result else None)
@@ -269,13 +287,16 @@ def _fold_test(fold: _Fold, test: Mapping[str, Any], *, layout: str, deployment:
             worst, listed = node.get(label, (readings.DiagStatus.SKIP, []))
             node[label] = (max(worst, status, key=_RANK.__getitem__), [*listed, *warnings])
             continue
+        if has_errors and not warnings and status in _NOT_PASSED:
+            for gpu in gpus:
+                fold.gpu(gpu, readings.DiagStatus.PASS, None)
+            continue
         tied_fail = tied_fail or status is readings.DiagStatus.FAIL
         finding = _finding(name, status, warnings)
         for gpu in gpus:
             fold.gpu(gpu, status, finding)
     for label, (worst, listed) in node.items():
         fold.on_node(worst, _finding(label, worst, listed))
-    summary = test.get("test_summary")
     if isinstance(summary, Mapping):
         # 4.x: errors of no entity appear only here; each entity's own errors appear twice.
         summary_status = _status(summary.get("status")) or readings.DiagStatus.FAIL

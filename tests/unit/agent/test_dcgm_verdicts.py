@@ -6,11 +6,12 @@ Node findings (what names no GPU) concern every GPU of the run the same way: nev
 from __future__ import annotations
 
 import datetime as dt
+import json
 import pathlib
 
 import pytest
 
-from agent import latching, readings, verdicts
+from agent import dcgmerrors, latching, readings, verdicts
 from agent.probing import dcgm
 from shared import health
 
@@ -117,3 +118,235 @@ def test_a_switch_health_failure_degrades_every_gpu() -> None:
     check = dcgm.parse_health((FIXTURES / "health_switch_fail.json").read_text(), at=T0)
     expected = (D, A.NONE, frozenset({"DcgmHealthNodeFailure"}))
     assert dict.fromkeys((0, 1), expected) == verdicts_of((0, 1), check=check)
+
+
+HGX = tuple(range(8))
+"""An HGX H200 node's eight GPUs, as the DCGM 4.6 samples name them."""
+
+
+@pytest.mark.parametrize(
+    ("fixture", "expected"),
+    [
+        pytest.param(
+            "diag4.6_l1_fm_training.json",
+            dict.fromkeys(HGX, (D, A.NONE, NODE_WARN)),
+            id="Fabric Manager still training (CONFIG, no entity) degrades the node, fails no GPU",
+        ),
+        pytest.param(
+            "diag4.6_l1_recovery_reset_gpu3.json",
+            {**dict.fromkeys(HGX, (H, A.NONE, frozenset())),
+             3: (F, A.RESET_GPU, frozenset({"DcgmDiagFailed"}))},
+            id="GPU 3's pending recovery reset is GPU 3's alone, not the seven printed Fail",
+        ),
+        pytest.param(
+            "diag4.6_l3_faulty_memory_remap_pending_gpu2.json",
+            {**dict.fromkeys(HGX, (H, A.NONE, frozenset())),
+             2: (F, A.INSPECT, frozenset({"DcgmDiagFailed"}))},
+            id="faulty memory (ISOLATE) beside a pending remap (RESET) is Inspect, not a reset",
+        ),
+    ],
+)  # fmt: skip
+def test_a_dcgm4_failure_lands_on_the_gpus_its_errors_name(
+    fixture: str, expected: dict[int, tuple[health.Verdict, health.Action, frozenset[str]]]
+) -> None:
+    """DCGM sets a failed check's result on every GPU; only the errors say whose it is."""
+    assert expected == verdicts_of(HGX, diag(fixture, HGX))
+
+
+def test_fabric_manager_training_latches_nothing() -> None:
+    """The CONFIG finding of a training Fabric Manager is shown, never latched for a person."""
+    state = latching.NodeState()
+    inputs = verdicts.Inputs(
+        boot_id="b",
+        snapshots=tuple(snapshot(g) for g in HGX),
+        diag=diag("diag4.6_l1_fm_training.json", HGX),
+    )
+    state, _ = verdicts.evaluate_node(state, inputs, POLICY, T0)
+    assert {uuid: gpu.latched for uuid, gpu in state.gpus.items()} == {
+        f"GPU-{g:08d}": () for g in HGX
+    }
+
+
+def test_after_a_reboot_fabric_manager_training_waits_for_the_next_run() -> None:
+    """A reset-latched GPU stays waiting for a pass through FM training; the retry clears it."""
+    uuid = "GPU-00000003"
+    fault = latching.LatchedFault(
+        code="XidUncontainedEcc", verdict=F, action=A.RESET_GPU, since=T0, last_seen=T0,
+        boot_id="old", clears_when=latching.ClearingCondition.RESET_THEN_DIAG,
+    )  # fmt: skip
+    state = latching.NodeState(
+        boot_id="old",
+        gpus={uuid: latching.GpuState(uuid=uuid, index=3, latched=(fault,))},
+    )
+    booted = T0 + dt.timedelta(minutes=5)
+    training = diag("diag4.6_l1_fm_training.json", HGX).model_copy(
+        update={"finished_at": booted + dt.timedelta(seconds=30)}
+    )
+    snaps = tuple(snapshot(g) for g in HGX)
+    state, out = verdicts.evaluate_node(
+        state, verdicts.Inputs(boot_id="new", snapshots=snaps, diag=training), POLICY, booted
+    )
+    waiting = state.gpus[uuid].latched
+    assert (out[3].verdict, out[3].action, [f.code for f in waiting]) == (
+        F, A.RESET_GPU, ["XidUncontainedEcc"]
+    )  # fmt: skip
+    assert latching.diag_after_reset_due(
+        state, training.finished_at, runs_since_reset=1, retry_after_s=60, max_runs=10
+    ) == training.finished_at + dt.timedelta(seconds=60)
+    passing = readings.DiagResult(
+        level=1,
+        started_at=booted + dt.timedelta(seconds=90),
+        finished_at=booted + dt.timedelta(seconds=120),
+        overall=readings.DiagStatus.PASS,
+        gpus=tuple(readings.GpuDiag(gpu_index=g, status=readings.DiagStatus.PASS) for g in HGX),
+    )
+    state, out = verdicts.evaluate_node(
+        state,
+        verdicts.Inputs(boot_id="new", snapshots=snaps, diag=passing),
+        POLICY,
+        booted + dt.timedelta(seconds=121),
+    )
+    assert (out[3].verdict, state.gpus[uuid].latched) == (H, ())
+
+
+def test_a_gpu_waiting_for_its_diagnostic_passes_beside_anothers_recovery_action() -> None:
+    """GPU 0 was reset; the run that blames GPU 3 (printed Fail on all) clears GPU 0."""
+    uuid = "GPU-00000000"
+    fault = latching.LatchedFault(
+        code="XidUncontainedEcc", verdict=F, action=A.RESET_GPU, since=T0, last_seen=T0,
+        boot_id="b", clears_when=latching.ClearingCondition.RESET_THEN_DIAG,
+        reset_observed_at=T0,
+    )  # fmt: skip
+    state = latching.NodeState(
+        boot_id="b", gpus={uuid: latching.GpuState(uuid=uuid, index=0, latched=(fault,))}
+    )
+    later = T0 + dt.timedelta(seconds=30)
+    result = diag("diag4.6_l1_recovery_reset_gpu3.json", HGX).model_copy(
+        update={"finished_at": later}
+    )
+    state, out = verdicts.evaluate_node(
+        state,
+        verdicts.Inputs(boot_id="b", snapshots=tuple(snapshot(g) for g in HGX), diag=result),
+        POLICY,
+        later,
+    )
+    assert (out[0].verdict, state.gpus[uuid].latched, out[3].action) == (H, (), A.RESET_GPU)
+
+
+ISOLATE, UNKNOWN, TRIAGE, CONFIG, RESET, MONITOR = 2, 3, 4, 5, 6, 1
+
+
+def finding(*errors: tuple[int, int | None]) -> readings.DiagResult:
+    """A level-3 run in which GPU 0 failed with these (error_id, printed severity) errors."""
+    warnings = [
+        {"warning": f"error {code}", "error_id": code, "error_category": 10,
+         **({} if severity is None else {"error_severity": severity})}
+        for code, severity in errors
+    ]  # fmt: skip
+    body = {
+        "DCGM Diagnostic": {
+            "test_categories": [
+                {"category": "Hardware", "tests": [{
+                    "name": "diagnostic",
+                    "results": [{"entity_group_id": 1, "entity_group": "GPU", "entity_id": 0,
+                                 "status": "Fail", "warnings": warnings}],
+                    "test_summary": {"status": "Fail", "warnings": warnings},
+                }]},
+            ]
+        }
+    }  # fmt: skip
+    return dcgm.parse_diag(
+        json.dumps(body), level=3, started_at=T0, finished_at=T0, gpu_indices=(0,)
+    )
+
+
+@pytest.mark.parametrize(
+    ("errors", "expected"),
+    [
+        pytest.param(((52, ISOLATE), (85, RESET)), (F, A.INSPECT),
+                     id="ISOLATE beside RESET decides Inspect (GetFailureResult stops at ISOLATE)"),
+        pytest.param(((85, RESET), (52, ISOLATE)), (F, A.INSPECT),
+                     id="the order the errors are printed in does not matter"),
+        pytest.param(((9, TRIAGE), (85, RESET)), (F, A.INSPECT),
+                     id="TRIAGE beside RESET asks a person, not a reset level 1 would pass"),
+        pytest.param(((85, RESET), (29, CONFIG)), (F, A.RESET_GPU),
+                     id="RESET beside CONFIG is a reset"),
+        pytest.param(((125, RESET),), (F, A.RESET_GPU),
+                     id="a recovery action GPU_RESET alone is a reset"),
+        pytest.param(((10, MONITOR), (29, CONFIG)), (D, A.NONE),
+                     id="MONITOR and CONFIG only degrade and latch nothing"),
+        pytest.param(((111, RESET),), (F, A.INSPECT),
+                     id="an ISOLATE-row code (NAN_VALUE) is ISOLATE whatever severity is printed"),
+        pytest.param(((58, None), (85, None)), (F, A.INSPECT),
+                     id="codes without a printed severity take dcgm_errors.c's (MEMORY_MISMATCH)"),
+        pytest.param(((85, None),), (F, A.RESET_GPU),
+                     id="a pending row remap without a printed severity is RESET by the table"),
+    ],
+)  # fmt: skip
+def test_dcgm_severities_decide_in_dcgms_order(
+    errors: tuple[tuple[int, int | None], ...], expected: tuple[health.Verdict, health.Action]
+) -> None:
+    """The verdict follows DCGM's precedence of severities, not their numeric maximum."""
+    out = verdicts_of((0,), finding(*errors))
+    assert expected == out[0][:2]
+
+
+S = dcgmerrors.Severity
+
+
+@pytest.mark.parametrize(
+    ("code", "name", "severity"),
+    [
+        pytest.param(52, "FAULTY_MEMORY", S.ISOLATE, id="52 faulty memory is ISOLATE"),
+        pytest.param(85, "PENDING_ROW_REMAP", S.RESET, id="85 pending remap is RESET"),
+        pytest.param(112, "FABRIC_MANAGER_TRAINING_ERROR", dcgmerrors.Severity.CONFIG,
+                     id="112 Fabric Manager training is CONFIG"),
+        pytest.param(125, "GPU_RECOVERY_RESET", S.RESET, id="125 recovery reset is RESET"),
+        pytest.param(126, "GPU_RECOVERY_REBOOT", dcgmerrors.Severity.ISOLATE,
+                     id="126 recovery reboot is ISOLATE"),
+        pytest.param(10, "CLOCKS_EVENT_THERMAL", S.MONITOR, id="10 thermal is MONITOR"),
+        pytest.param(132, "UNCORRECTABLE_ROW_REMAP_LIMIT", dcgmerrors.Severity.TRIAGE,
+                     id="132, the last code of DCGM 4.6, is TRIAGE"),
+    ],
+)  # fmt: skip
+def test_the_error_table_is_dcgms(code: int, name: str, severity: dcgmerrors.Severity) -> None:
+    """Rows of the table match dcgm_errors.h / dcgm_errors.c of DCGM 4.6.0, code for code."""
+    assert dcgmerrors.ERRORS[code] == (name, severity)
+
+
+@pytest.mark.parametrize(
+    ("last_run_s", "runs", "expected_s"),
+    [
+        pytest.param(None, 0, 0.0, id="no run since the reset: due at the reset"),
+        pytest.param(-5.0, 0, 0.0, id="a run before the reset does not count: due at the reset"),
+        pytest.param(30.0, 1, 90.0, id="a run after the reset left it: again a minute on"),
+        pytest.param(30.0, 10, None, id="after ten runs it stops retrying"),
+    ],
+)  # fmt: skip
+def test_the_diagnostic_after_a_reset_is_retried_a_while(
+    last_run_s: float | None, runs: int, expected_s: float | None
+) -> None:
+    """The post-reset level-1 run is retried after a delay while the fault still waits."""
+    fault = latching.LatchedFault(
+        code="XidUncontainedEcc", verdict=F, action=A.RESET_GPU, since=T0, last_seen=T0,
+        boot_id="b", clears_when=latching.ClearingCondition.RESET_THEN_DIAG,
+        reset_observed_at=T0,
+    )  # fmt: skip
+    state = latching.NodeState(
+        gpus={"GPU-0": latching.GpuState(uuid="GPU-0", index=0, latched=(fault,))}
+    )
+    last = None if last_run_s is None else T0 + dt.timedelta(seconds=last_run_s)
+    due = latching.diag_after_reset_due(
+        state, last, runs_since_reset=runs, retry_after_s=60, max_runs=10
+    )
+    assert due == (None if expected_s is None else T0 + dt.timedelta(seconds=expected_s))
+
+
+def test_no_diagnostic_is_due_without_a_reset_waiting() -> None:
+    """A node with no reset-latched fault waiting runs nothing by itself."""
+    assert (
+        latching.diag_after_reset_due(
+            latching.NodeState(), None, runs_since_reset=0, retry_after_s=60, max_runs=10
+        )
+        is None
+    )
