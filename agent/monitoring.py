@@ -32,7 +32,7 @@ from agent import (
     statefile,
     verdicts,
 )
-from agent.probing import dcgm, kmsg, nvml, podresources
+from agent.probing import dcgm, kmsg, nvml, pci, podresources
 from shared import health
 
 log = structlog.get_logger("agent.monitoring")
@@ -107,6 +107,7 @@ class Monitor:
         self._state_write_error = ""
         self._registration_retry_at = 0.0
         self._reset_waiting: dt.datetime | None = None
+        self._pci_gpus: tuple[str, ...] | None = None
         self._diag_runs_since_reset = 0
         self._start_future: asyncio.Future[None] | None = None
         self._hung_pass: asyncio.Future[tuple[list[readings.GpuSnapshot], float]] | None = None
@@ -465,6 +466,23 @@ class Monitor:
                     self._force_counters = False
                     self._counters_due_at = time.monotonic() + self._settings.counter_interval_s
         nvml_ok = self.view.nvml_available and self._hung_pass is None
+        if self._settings.pci_devices_path is not None and (counters_due or self._pci_gpus is None):
+            self._pci_gpus = await asyncio.to_thread(
+                pci.nvidia_gpus, self._settings.pci_devices_path
+            )
+        missing = verdicts.missing_gpus(
+            [(d.index, d.pci_bus_id) for d in self._probe.devices],
+            {
+                index: (
+                    self._probe.enumeration_kinds.get(index, readings.NvmlErrorKind.UNKNOWN),
+                    error,
+                )
+                for index, error in self._probe.enumeration_errors.items()
+            },
+            self._pci_gpus or (),
+            expected=self._settings.expected_gpu_count,
+            unavailable="" if nvml_ok else self.view.nvml_detail,
+        )
         deduped = dedupe.dedupe(
             self._recent, events, window_s=self._settings.xid_dedupe_window_s, now=now
         )
@@ -494,6 +512,8 @@ class Monitor:
                 diag=self._last_diag,
                 health_check=self._last_health,
                 nvml_available=nvml_ok,
+                nvml_detail="" if nvml_ok else self.view.nvml_detail,
+                missing=missing,
                 kmsg_seq=self._kmsg_seq,
                 twins=deduped.twins,
                 driver_version=self.view.driver_version,

@@ -16,12 +16,40 @@ from shared import heartbeat
 
 
 class NvmlErrorKind(enum.StrEnum):
-    """The NVML failures that make a GPU Failed (reference nvml-dcgm.md section 1)."""
+    """The NVML failures the verdict core tells apart (nvml.h `nvmlReturn_t`, go-nvml 2f9e261).
+
+    Most say something about the GPU. `HOST_SIDE` says the agent cannot see: the driver is not
+    loaded, library and driver differ, the OS or a cgroup blocks the device, the host is out of
+    memory; no GPU reset fixes any of those, so it is reported Unknown and never latched.
+    """
 
     GPU_IS_LOST = "GpuIsLost"
     GPU_NOT_FOUND = "GpuNotFound"
     RESET_REQUIRED = "ResetRequired"
+    INSUFFICIENT_POWER = "InsufficientPower"
+    """nvml.h: "A device's external power cables are not properly attached" (8)."""
+    IRQ_ISSUE = "IrqIssue"
+    """nvml.h: "NVIDIA Kernel detected an interrupt issue with a GPU" (11)."""
+    CORRUPTED_INFOROM = "CorruptedInforom"
+    """nvml.h: "infoROM is corrupted" (14)."""
+    HOST_SIDE = "HostSide"
     UNKNOWN = "Unknown"
+
+
+class MissingGpu(heartbeat.WireModel):
+    """A GPU the node has that NVML does not give the agent: it failed at
+    `nvmlDeviceGetHandleByIndex`, or the PCI bus (or the device plugin's count) has more NVIDIA
+    GPUs than NVML enumerates, or NVML cannot be used at all and the PCI bus lists it."""
+
+    index: int | None = None
+    """NVML's index when the enumeration error names one."""
+    pci_bus_id: str = ""
+    """The PCI address (`0000:07:00.0`) when the PCI bus names one."""
+    error: NvmlErrorKind | None = None
+    """What NVML said; None when NVML does not list the GPU at all."""
+    detail: str = ""
+    expected: bool = False
+    """Counted only from the expected GPU count: not even the PCI bus shows it."""
 
 
 class XidSource(enum.StrEnum):

@@ -56,6 +56,13 @@ class Settings(pydantic_settings.BaseSettings):
     """Latched-fault state file on a hostPath, so latches survive agent restarts."""
     kmsg_path: pathlib.Path | None = pathlib.Path("/dev/kmsg")
     """Kernel log to read `NVRM: Xid` lines from (back to boot); None turns the source off."""
+    pci_devices_path: pathlib.Path | None = pathlib.Path("/sys/bus/pci/devices")
+    """Where the PCI functions are listed (sysfs). NVIDIA GPUs there (vendor 0x10de, class
+    0x0302/0x0300) that NVML does not enumerate are reported as missing; None turns the check
+    off."""
+    expected_gpu_count: int = pydantic.Field(default=0, ge=0, le=64)
+    """How many GPUs the node should have (the device plugin's count; 0 = not known). Fewer
+    seen through NVML and the PCI bus together is a missing-GPU fault."""
 
     gauge_interval_s: float = pydantic.Field(default=1.0, gt=0)
     """Cheap-gauge tier period (temperature, power, utilisation, clocks); 1 s like dcgm-exporter

@@ -91,7 +91,7 @@ def build_heartbeat(
                 index=v.index,
                 uuid=v.uuid,
                 name=s.name if s else "",
-                pci_bus_id=s.pci_bus_id if s else "",
+                pci_bus_id=s.pci_bus_id if s else v.pci_bus_id,
                 verdict=v.verdict,
                 action=v.action,
                 reasons=list(v.reasons),

@@ -77,6 +77,8 @@ class GpuVerdict:
     verdict: health.Verdict
     action: health.Action
     reasons: tuple[heartbeat.Reason, ...]
+    pci_bus_id: str = ""
+    """Set on a GPU NVML does not enumerate (no snapshot carries its address)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -97,6 +99,10 @@ class Inputs:
     144-150 line is the only carrier of the decode NVIDIA's table needs."""
     driver_version: str = ""
     """The driver's version string; it tells the NVLink5 IntrInfo encoding (R575+: V2)."""
+    nvml_detail: str = ""
+    """Why NVML cannot be used, when `nvml_available` is False (the cause, named)."""
+    missing: Sequence[readings.MissingGpu] = ()
+    """GPUs the node has that NVML does not give the agent (`missing_gpus`)."""
 
 
 def evaluate_node(
@@ -146,20 +152,31 @@ def evaluate_node(
         )
         gpus[snapshot.uuid] = gpu
         verdicts.append(verdict)
+    absent = list(inputs.missing)
     for uuid, gpu in sorted(gpus.items(), key=lambda item: item[1].index):
         if uuid in seen:
             continue
+        known = _take_missing(absent, gpu, nvml_available=inputs.nvml_available)
         if not inputs.nvml_available:
-            verdicts.append(_unknown_verdict(gpu, policy))
+            verdicts.append(_unknown_verdict(gpu, policy, inputs.nvml_detail))
             continue
-        # A GPU we knew that no longer enumerates has fallen off the bus as far as we can tell.
+        # A GPU we knew that no longer enumerates has fallen off the bus as far as we can tell,
+        # unless its enumeration error says otherwise (power cables, a host-side error).
         missing = readings.GpuSnapshot(
             index=gpu.index,
             uuid=uuid,
             pci_bus_id=gpu.pci_bus_id,
             taken_at=now,
-            nvml_error=readings.NvmlErrorKind.GPU_NOT_FOUND,
-            nvml_error_detail="the GPU no longer enumerates through NVML",
+            nvml_error=(
+                known.error
+                if known is not None and known.error is not None
+                else readings.NvmlErrorKind.GPU_NOT_FOUND
+            ),
+            nvml_error_detail=(
+                known.detail
+                if known is not None and known.detail
+                else "the GPU no longer enumerates through NVML"
+            ),
         )
         gpus[uuid], verdict = evaluate_gpu(
             gpu,
@@ -171,6 +188,11 @@ def evaluate_node(
             policy=policy,
             now=now,
         )
+        verdicts.append(verdict)
+    taken = {v.index for v in verdicts}
+    for gpu_missing in absent:
+        verdict = _missing_verdict(gpu_missing, taken)
+        taken.add(verdict.index)
         verdicts.append(verdict)
     kmsg_seq = None if new_boot else state.kmsg_seq
     kmsg_seqs = [e.kmsg_seq for e in inputs.xids if e.kmsg_seq is not None]
@@ -225,17 +247,154 @@ def _on_new_boot(gpu: latching.GpuState, now: dt.datetime) -> latching.GpuState:
     )
 
 
-def _unknown_verdict(gpu: latching.GpuState, policy: Policy) -> GpuVerdict:
+def _unknown_verdict(gpu: latching.GpuState, policy: Policy, detail: str = "") -> GpuVerdict:
     reasons = [_latched_reason(f, policy) for f in gpu.latched]
     reasons.append(
         heartbeat.Reason(
             code="NvmlUnavailable",
             verdict=health.Verdict.UNKNOWN,
             action=health.Action.NONE,
-            message="NVML is not initialised or not answering; the GPU cannot be probed",
+            message=(
+                "the agent cannot probe the GPU: "
+                + (detail or "NVML is not initialised or not answering")
+            )[:1024],
         )
     )
     return _assemble(gpu, reasons)
+
+
+def missing_gpus(
+    enumerated: Sequence[tuple[int, str]],
+    errors: Mapping[int, tuple[readings.NvmlErrorKind, str]],
+    pci_gpus: Sequence[str],
+    *,
+    expected: int = 0,
+    unavailable: str = "",
+) -> tuple[readings.MissingGpu, ...]:
+    """The GPUs the node has that NVML does not give the agent (pure).
+
+    `enumerated` is NVML's (index, PCI bus id) list, `errors` the indexes whose
+    `nvmlDeviceGetHandleByIndex` failed, `pci_gpus` the NVIDIA 3D/VGA controllers the PCI bus
+    lists, `expected` the GPU count the node should have (the device plugin's; 0 = unknown).
+    With NVML unusable (`unavailable` says why) every PCI-listed GPU is one the agent cannot
+    see. gpud's gpu-counts compares the PCI count with NVML's the same way.
+    """
+    if unavailable:
+        return tuple(
+            readings.MissingGpu(
+                index=i, pci_bus_id=pci, error=readings.NvmlErrorKind.HOST_SIDE, detail=unavailable
+            )
+            for i, pci in enumerate(sorted(pci_gpus, key=_pci_order))
+        )
+    out = [
+        readings.MissingGpu(
+            index=index,
+            error=kind,
+            detail=f"nvmlDeviceGetHandleByIndex({index}): {detail}",
+        )
+        for index, (kind, detail) in sorted(errors.items())
+    ]
+    known = {key for _, pci in enumerated if (key := _pci_key(pci)) is not None}
+    unexplained = [pci for pci in sorted(pci_gpus, key=_pci_order) if _pci_key(pci) not in known]
+    # An enumeration error has no PCI address to match; the PCI functions beyond those errors
+    # are GPUs NVML does not count at all.
+    beyond = unexplained[len(errors) :]
+    for pci in beyond:
+        among = "" if len(beyond) == len(unexplained) else f" (one of {', '.join(unexplained)})"
+        out.append(
+            readings.MissingGpu(
+                pci_bus_id=pci,
+                detail=(
+                    f"the PCI bus lists an NVIDIA GPU at {pci}{among} that is not among the "
+                    f"{len(enumerated) + len(errors)} GPUs NVML counts"
+                ),
+            )
+        )
+    seen = len(enumerated) + len(errors) + len(beyond)
+    short = readings.MissingGpu(
+        expected=True,
+        detail=(
+            f"the node should have {expected} GPUs; NVML counts "
+            f"{len(enumerated) + len(errors)} and the PCI bus lists {len(pci_gpus)}"
+        ),
+    )
+    out.extend([short] * max(0, expected - seen))
+    return tuple(out)
+
+
+def _pci_key(address: str) -> tuple[int, int, int, int] | None:
+    """`0000:07:00.0` and NVML's `00000000:07:00.0` alike as (domain, bus, device, function)."""
+    parts = address.strip().lower().split(":")
+    if len(parts) != 3:
+        return None
+    device, _, function = parts[2].partition(".")
+    try:
+        return int(parts[0], 16), int(parts[1], 16), int(device, 16), int(function or "0", 16)
+    except ValueError:
+        return None
+
+
+def _pci_order(address: str) -> tuple[int, int, int, int]:
+    return _pci_key(address) or (0, 0, 0, 0)
+
+
+def _take_missing(
+    absent: list[readings.MissingGpu], gpu: latching.GpuState, *, nvml_available: bool
+) -> readings.MissingGpu | None:
+    """Remove and return the missing entry that is this known GPU (by index or PCI address)."""
+    key = _pci_key(gpu.pci_bus_id)
+    for i, entry in enumerate(absent):
+        by_pci = key is not None and _pci_key(entry.pci_bus_id) == key
+        # With NVML down the index is only a PCI order, so only the address identifies it.
+        by_index = nvml_available and entry.index == gpu.index and not entry.pci_bus_id
+        if by_pci or by_index:
+            return absent.pop(i)
+    return None
+
+
+def _missing_verdict(gpu: readings.MissingGpu, taken: set[int]) -> GpuVerdict:
+    """The verdict of a GPU NVML does not enumerate; not latched (it is seen again each pass)."""
+    index = gpu.index if gpu.index is not None and gpu.index not in taken else None
+    if index is None:
+        index = next(i for i in range(heartbeat.MAX_GPUS_PER_NODE * 2) if i not in taken)
+    if gpu.error is not None:
+        finding = _nvml_error_finding(gpu.error, f": {gpu.detail}" if gpu.detail else "")
+        if gpu.error is readings.NvmlErrorKind.UNKNOWN:
+            finding = Finding(
+                "GpuNotEnumerated",
+                health.Verdict.FAILED,
+                health.Action.REBOOT_NODE,
+                f"NVML cannot enumerate the GPU: {gpu.detail}",
+            )
+    elif gpu.expected:
+        finding = Finding(
+            "GpuMissing",
+            health.Verdict.FAILED,
+            health.Action.INSPECT,
+            f"{gpu.detail}: a GPU is not even on the PCI bus (reseat or replace it)",
+        )
+    else:
+        finding = Finding(
+            "GpuMissing",
+            health.Verdict.FAILED,
+            health.Action.REBOOT_NODE,
+            f"{gpu.detail}: it fell off or failed to initialise before NVML started",
+        )
+    where = gpu.pci_bus_id or f"index-{index}"
+    reason = heartbeat.Reason(
+        code=finding.code,
+        verdict=finding.verdict,
+        action=finding.action,
+        message=finding.message[:1024],
+    )
+    return GpuVerdict(
+        uuid=f"unenumerated-{where}",
+        index=index,
+        verdict=finding.verdict,
+        action=finding.action,
+        reasons=(reason,),
+        pci_bus_id=gpu.pci_bus_id,
+    )
 
 
 def reset_observed(previous: latching.GpuState, snapshot: readings.GpuSnapshot) -> bool:
@@ -247,7 +406,8 @@ def reset_observed(previous: latching.GpuState, snapshot: readings.GpuSnapshot) 
     """
     if snapshot.nvml_error is not None:
         return False
-    if previous.last_nvml_error is not None:
+    if previous.last_nvml_error not in (None, readings.NvmlErrorKind.HOST_SIDE):
+        # A host-side error ending (driver reloaded, cgroup fixed) is no GPU reset.
         return True
     for before, after in (
         (previous.last_ecc_sbe_volatile, snapshot.ecc_sbe_volatile),
@@ -659,36 +819,9 @@ def _level_findings(
     findings: list[Finding] = []
     error = snapshot.nvml_error
     detail = f": {snapshot.nvml_error_detail}" if snapshot.nvml_error_detail else ""
-    if error in (readings.NvmlErrorKind.GPU_IS_LOST, readings.NvmlErrorKind.GPU_NOT_FOUND):
-        findings.append(
-            Finding(
-                "GpuLost",
-                health.Verdict.FAILED,
-                health.Action.REBOOT_NODE,
-                f"NVML reports the GPU lost ({error}){detail}",
-            )
-        )
-        return findings, {}
-    if error is readings.NvmlErrorKind.RESET_REQUIRED:
-        findings.append(
-            Finding(
-                "GpuResetRequired",
-                health.Verdict.FAILED,
-                health.Action.RESET_GPU,
-                f"NVML says the GPU needs a reset{detail}",
-            )
-        )
-        return findings, {}
-    if error is readings.NvmlErrorKind.UNKNOWN:
-        findings.append(
-            Finding(
-                "NvmlError",
-                health.Verdict.FAILED,
-                health.Action.RESET_GPU,
-                f"NVML returned an unexpected error{detail}",
-            )
-        )
-        return findings, {}
+    if error is not None:
+        # Nothing else was read this pass: the error is the only finding.
+        return [_nvml_error_finding(error, detail)], {}
 
     if snapshot.remap_failure:
         findings.append(
@@ -775,6 +908,66 @@ def _level_findings(
                 )
             )
     return findings, pending
+
+
+def _nvml_error_finding(error: readings.NvmlErrorKind, detail: str) -> Finding:
+    """What an NVML error says about a GPU (nvml.h `nvmlReturn_t`, go-nvml 2f9e261).
+
+    Host-side errors (driver not loaded, library/driver mismatch, OS or cgroup blocking, host
+    memory) mean the agent cannot see: Unknown, latched never, no reset asked for. A GPU's
+    external power cables (INSUFFICIENT_POWER) are mechanical: Inspect, not a reboot.
+    """
+    kind = readings.NvmlErrorKind
+    if error in (kind.GPU_IS_LOST, kind.GPU_NOT_FOUND):
+        return Finding(
+            "GpuLost",
+            health.Verdict.FAILED,
+            health.Action.REBOOT_NODE,
+            f"NVML reports the GPU lost ({error}){detail}",
+        )
+    if error is kind.RESET_REQUIRED:
+        return Finding(
+            "GpuResetRequired",
+            health.Verdict.FAILED,
+            health.Action.RESET_GPU,
+            f"NVML says the GPU needs a reset{detail}",
+        )
+    if error is kind.HOST_SIDE:
+        return Finding(
+            "NvmlHostError",
+            health.Verdict.UNKNOWN,
+            health.Action.NONE,
+            f"the agent cannot read this GPU{detail}; the cause is on the host (driver, "
+            "library, permissions, cgroups or memory), not the GPU, so no reset is asked for",
+        )
+    if error is kind.INSUFFICIENT_POWER:
+        return Finding(
+            "GpuInsufficientPower",
+            health.Verdict.FAILED,
+            health.Action.INSPECT,
+            f"NVML says the GPU's external power cables are not properly attached{detail}; "
+            "check the power cables",
+        )
+    if error is kind.IRQ_ISSUE:
+        return Finding(
+            "GpuIrqIssue",
+            health.Verdict.FAILED,
+            health.Action.REBOOT_NODE,
+            f"the NVIDIA kernel driver detected an interrupt issue with the GPU{detail}",
+        )
+    if error is kind.CORRUPTED_INFOROM:
+        return Finding(
+            "GpuInforomCorrupted",
+            health.Verdict.FAILED,
+            health.Action.INSPECT,
+            f"NVML says the GPU's infoROM is corrupted{detail}",
+        )
+    return Finding(
+        "NvmlError",
+        health.Verdict.FAILED,
+        health.Action.RESET_GPU,
+        f"NVML returned an unexpected error{detail}",
+    )
 
 
 def _diag_findings(

@@ -208,6 +208,8 @@ def agent_env(
         "TAUGRID_AGENT_BOOT_ID_PATH": str(boot),
         "TAUGRID_AGENT_STATE_PATH": str(state_dir / "state.json"),
         "TAUGRID_AGENT_KMSG_PATH": str(kmsg),
+        # The fake GPUs are on no PCI bus; a real GPU of this host must not read as missing.
+        "TAUGRID_AGENT_PCI_DEVICES_PATH": str(state_dir / "pci-devices"),
         "TAUGRID_AGENT_DCGM_ENABLED": "false",
     }
 

@@ -78,17 +78,49 @@ _NO_SUCH_CALL = frozenset(
         NVML_ERROR_ARGUMENT_VERSION_MISMATCH,
     }
 )
+NVML_ERROR_OPERATING_SYSTEM = _abi("NVML_ERROR_OPERATING_SYSTEM", 17)
+NVML_ERROR_LIB_RM_VERSION_MISMATCH = _abi("NVML_ERROR_LIB_RM_VERSION_MISMATCH", 18)
+NVML_ERROR_MEMORY = _abi("NVML_ERROR_MEMORY", 20)
+NVML_ERROR_INSUFFICIENT_RESOURCES = _abi("NVML_ERROR_INSUFFICIENT_RESOURCES", 23)
+
+HOST_SIDE_CAUSES: dict[int, str] = {
+    pynvml.NVML_ERROR_UNINITIALIZED: "NVML was not initialised",
+    pynvml.NVML_ERROR_NO_PERMISSION: "the agent lacks the permission (run it privileged)",
+    pynvml.NVML_ERROR_DRIVER_NOT_LOADED: "the NVIDIA driver is not loaded",
+    pynvml.NVML_ERROR_LIBRARY_NOT_FOUND: "libnvidia-ml.so could not be found or loaded",
+    pynvml.NVML_ERROR_FUNCTION_NOT_FOUND: "this NVML library lacks a function the agent needs",
+    NVML_ERROR_OPERATING_SYSTEM: "the operating system or a cgroup blocks the GPU device",
+    NVML_ERROR_LIB_RM_VERSION_MISMATCH: (
+        "the NVML library and the loaded driver differ in version (a driver upgrade without "
+        "a reboot or a reload of the kernel module)"
+    ),
+    NVML_ERROR_MEMORY: "the host is out of memory",
+    NVML_ERROR_INSUFFICIENT_RESOURCES: "the host ran out of a critical resource",
+}
+"""NVML errors that say the agent cannot see, not that a GPU is bad (nvml.h:1306-1336, go-nvml
+2f9e261 `pkg/nvml/nvml.h`): no GPU reset fixes them. NO_PERMISSION and FUNCTION_NOT_FOUND
+count here only where they stop the agent from seeing a GPU at all (initialisation,
+enumeration); for one reading they mean that reading is absent."""
+
 _KINDS = {
     pynvml.NVML_ERROR_GPU_IS_LOST: readings.NvmlErrorKind.GPU_IS_LOST,
     NVML_ERROR_GPU_NOT_FOUND: readings.NvmlErrorKind.GPU_NOT_FOUND,
     pynvml.NVML_ERROR_RESET_REQUIRED: readings.NvmlErrorKind.RESET_REQUIRED,
+    pynvml.NVML_ERROR_INSUFFICIENT_POWER: readings.NvmlErrorKind.INSUFFICIENT_POWER,
+    pynvml.NVML_ERROR_IRQ_ISSUE: readings.NvmlErrorKind.IRQ_ISSUE,
+    pynvml.NVML_ERROR_CORRUPTED_INFOROM: readings.NvmlErrorKind.CORRUPTED_INFOROM,
+    **dict.fromkeys(HOST_SIDE_CAUSES, readings.NvmlErrorKind.HOST_SIDE),
 }
 # Severity order when several calls in one pass fail differently.
 _KIND_RANK = {
+    readings.NvmlErrorKind.HOST_SIDE: 0,
     readings.NvmlErrorKind.UNKNOWN: 1,
-    readings.NvmlErrorKind.RESET_REQUIRED: 2,
-    readings.NvmlErrorKind.GPU_NOT_FOUND: 3,
-    readings.NvmlErrorKind.GPU_IS_LOST: 4,
+    readings.NvmlErrorKind.CORRUPTED_INFOROM: 2,
+    readings.NvmlErrorKind.RESET_REQUIRED: 3,
+    readings.NvmlErrorKind.INSUFFICIENT_POWER: 4,
+    readings.NvmlErrorKind.IRQ_ISSUE: 5,
+    readings.NvmlErrorKind.GPU_NOT_FOUND: 6,
+    readings.NvmlErrorKind.GPU_IS_LOST: 7,
 }
 
 FI_ECC_SBE_VOL = 3
@@ -179,6 +211,11 @@ FALLBACK = object()
 class NvmlUnavailableError(Exception):
     """NVML could not be initialised (no driver, no library); the agent reports GPUs Unknown."""
 
+    def __init__(self, message: str, code: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        """The NVML error code, when NVML answered with one."""
+
 
 @dataclasses.dataclass
 class Device:
@@ -204,6 +241,8 @@ class Probe:
     driver_version: str = ""
     enumeration_errors: dict[int, str] = dataclasses.field(default_factory=dict)
     """GPU index -> why it could not be enumerated at start."""
+    enumeration_kinds: dict[int, readings.NvmlErrorKind] = dataclasses.field(default_factory=dict)
+    """GPU index -> what its enumeration error says (`classify_enumeration`)."""
     memory_version: int | None = None
     """Which nvmlMemory struct the driver answers (2, or 1 on a driver/pynvml without v2)."""
     clock_reasons_call: str = ""
@@ -215,20 +254,29 @@ class Probe:
         try:
             pynvml.nvmlInit()
         except pynvml.NVMLError as err:
-            msg = f"NVML initialisation failed: {err}"
-            raise NvmlUnavailableError(msg) from err
+            raise NvmlUnavailableError(unavailable_why("initialisation", err), err.value) from err
         self._started = True
-        self.driver_version = _text(pynvml.nvmlSystemGetDriverVersion())
+        try:
+            self.driver_version = _text(pynvml.nvmlSystemGetDriverVersion())
+            count = pynvml.nvmlDeviceGetCount()
+        except pynvml.NVMLError as err:
+            # Initialised but unable to count GPUs (a driver/library mismatch answers here):
+            # the agent cannot see, and says why, rather than dying.
+            self.shutdown()
+            raise NvmlUnavailableError(unavailable_why("GPU count", err), err.value) from err
         self.devices = []
         self.enumeration_errors = {}
-        for index in range(pynvml.nvmlDeviceGetCount()):
+        self.enumeration_kinds = {}
+        for index in range(count):
             try:
                 self.devices.append(self._device(index))
             except pynvml.NVMLError as err:
-                # A GPU that cannot even be enumerated is reported through the state file's
-                # memory of it (the verdict core treats a known GPU that vanished as lost).
+                # A GPU that cannot even be enumerated (GPU_IS_LOST, INSUFFICIENT_POWER,
+                # IRQ_ISSUE at nvmlDeviceGetHandleByIndex, nvml.h:4653-4656) is a finding of
+                # its own, keyed by its index (`verdicts.missing_gpus`).
                 self._count("identity", err)
                 self.enumeration_errors[index] = str(err)
+                self.enumeration_kinds[index] = classify_enumeration(err)
 
     def rediscover(self) -> list[Device]:
         """Try again to enumerate the GPUs that failed at start; return those that now answer.
@@ -242,8 +290,10 @@ class Probe:
                 device = self._device(index)
             except pynvml.NVMLError as err:
                 self.enumeration_errors[index] = str(err)
+                self.enumeration_kinds[index] = classify_enumeration(err)
                 continue
             del self.enumeration_errors[index]
+            self.enumeration_kinds.pop(index, None)
             found.append(device)
         if found:
             self.devices = sorted([*self.devices, *found], key=lambda d: d.index)
@@ -459,6 +509,26 @@ def classify(err: pynvml.NVMLError) -> readings.NvmlErrorKind | None:
     if code in _ABSENT:
         return None
     return _KINDS.get(code, readings.NvmlErrorKind.UNKNOWN)
+
+
+def classify_enumeration(err: pynvml.NVMLError) -> readings.NvmlErrorKind:
+    """Map an error of enumerating a GPU (handle, UUID, PCI info) to what it says.
+
+    Unlike a reading, an absent answer here is no answer at all: NO_PERMISSION and
+    FUNCTION_NOT_FOUND mean the agent cannot see the GPU (host-side), anything unlisted is
+    UNKNOWN.
+    """
+    code = int(err.value)
+    if code in HOST_SIDE_CAUSES:
+        return readings.NvmlErrorKind.HOST_SIDE
+    return _KINDS.get(code, readings.NvmlErrorKind.UNKNOWN)
+
+
+def unavailable_why(step: str, err: pynvml.NVMLError) -> str:
+    """Say why NVML cannot be used, naming the cause nvml.h gives for the code."""
+    cause = HOST_SIDE_CAUSES.get(int(err.value))
+    text = f"NVML {step} failed: {err} (NVML error {int(err.value)})"
+    return f"{text}: {cause}; no GPU reset fixes this" if cause else text
 
 
 def _error_name(err: pynvml.NVMLError) -> str:
