@@ -210,7 +210,7 @@ class Control(Protocol):
         """Reset the GPU as ``nvidia-smi -r`` would."""
 
     def reset_required(self, gpu: Gpu) -> None:
-        """Make readings return RESET_REQUIRED until a reset."""
+        """Mark the GPU as needing a reset (field 230 reads GPU_RESET) until a reset."""
 
     def ecc_uncorrected(self, gpu: Gpu, count: int) -> None:
         """Add uncorrected ECC errors and queue a DoubleBitEccError event."""
@@ -285,7 +285,7 @@ class ControlBase(abc.ABC):
         self.send(f"reset {gpu}")
 
     def reset_required(self, gpu: Gpu) -> None:
-        """Make readings return RESET_REQUIRED until a reset."""
+        """Mark the GPU as needing a reset (field 230 reads GPU_RESET) until a reset."""
         self.send(f"reset_required {gpu}")
 
     def ecc_uncorrected(self, gpu: Gpu, count: int) -> None:

@@ -370,6 +370,19 @@ static void push_event_locked(unsigned int gpu, unsigned long long type, unsigne
     }
 }
 
+/* Wake every waiter, so one whose set holds a GPU that was just lost returns GPU_IS_LOST. */
+static void wake_sets_locked(void) {
+    for (unsigned int s = 0; s < MAX_SETS; s++)
+        if (g_sets[s].in_use) pthread_cond_broadcast(&g_sets[s].cond);
+}
+
+/* Whether a GPU registered on this set has fallen off the bus. */
+static int set_has_lost_locked(const struct event_set_s *set) {
+    for (unsigned int i = 0; i < g_count; i++)
+        if (set->mask[i] != 0 && g_gpus[i].v.lost) return 1;
+    return 0;
+}
+
 static void clear_queues_locked(void) {
     for (unsigned int s = 0; s < MAX_SETS; s++) {
         g_sets[s].head = 0;
@@ -687,11 +700,13 @@ static int exec_gpu_cmd(const tokens_t *t, int gpu, char *reply, size_t rlen) {
         if (need_args(t, 2, "lost GPU", reply, rlen) != 0) return -1;
         v->lost = 1;
         push_event_locked((unsigned)gpu, EVT_XID, 79);
+        wake_sets_locked();
         return 0;
     }
     if (strcmp(cmd, "reset_required") == 0) {
         if (need_args(t, 2, "reset_required GPU", reply, rlen) != 0) return -1;
         v->reset_required = 1;
+        if (v->recovery_action == 0) push_event_locked((unsigned)gpu, EVT_RECOVERY_ACTION, 1);
         return 0;
     }
     if (strcmp(cmd, "reset") == 0) {
@@ -1277,8 +1292,14 @@ EXPORT long fake_nvml_layout(const char *name) {
         return r_;                      \
     } while (0)
 
-/* Lock, check init, resolve the handle and apply overrides, lost and reset-required. */
+/* Lock, check init, resolve the handle and apply overrides and lost.
+ *
+ * A GPU that needs a reset keeps answering: nvml.h documents NVML_ERROR_RESET_REQUIRED only for
+ * a few setters (persistence/scheduler state, :11401, :11631; none of which the fake exports),
+ * never for a reading. It says so through NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (field 230, R565+)
+ * and a GpuRecoveryAction event, as a real R565+ driver does. */
 static nvmlReturn_t device_check(const char *function, nvmlDevice_t dev, int health, gpu_values_t **v) {
+    (void)health;
     if (g_refcount == 0) return NVML_ERROR_UNINITIALIZED;
     if (dev == NULL || dev < &g_gpus[0] || dev >= &g_gpus[g_count] ||
         (size_t)((char *)dev - (char *)&g_gpus[0]) % sizeof(g_gpus[0]) != 0)
@@ -1286,12 +1307,11 @@ static nvmlReturn_t device_check(const char *function, nvmlDevice_t dev, int hea
     nvmlReturn_t forced = rc_check(function, (int)dev->index);
     if (forced != NVML_SUCCESS) return forced;
     if (dev->v.lost) return NVML_ERROR_GPU_IS_LOST;
-    if (health && dev->v.reset_required) return NVML_ERROR_RESET_REQUIRED;
     *v = &dev->v;
     return NVML_SUCCESS;
 }
 
-/* Identity calls (health 0) still answer when a reset is required; readings (health 1) do not. */
+/* `health` marks readings apart from identity calls; both answer for a reset-required GPU. */
 #define BEGIN_DEVICE(dev, health)                                             \
     gpu_values_t *v = NULL;                                                   \
     pthread_mutex_lock(&g_lock);                                              \
@@ -1816,7 +1836,8 @@ static nvmlReturn_t field_value(const gpu_values_t *v, nvmlFieldValue_t *f) {
         /* NVML_FI_DEV_GET_GPU_RECOVERY_ACTION arrived with R565, with Xid 154. */
         if (g_branch < 565) return NVML_ERROR_NOT_SUPPORTED;
         is64 = 0;
-        u32 = v->recovery_action;
+        /* A GPU that needs a reset and has no other action set says GPU_RESET (1). */
+        u32 = v->recovery_action ? v->recovery_action : (v->reset_required ? 1u : 0u);
         break;
     default: return NVML_ERROR_NOT_SUPPORTED;
     }
@@ -1901,11 +1922,15 @@ static nvmlReturn_t event_wait(const char *function, nvmlEventSet_t set, nvmlEve
         deadline.tv_nsec -= 1000000000L;
     }
     g_waiters++;
-    while (set->in_use && set->count == 0 && timeout_ms > 0) {
+    while (set->in_use && set->count == 0 && !set_has_lost_locked(set) && timeout_ms > 0) {
         if (pthread_cond_timedwait(&set->cond, &g_lock, &deadline) == ETIMEDOUT) break;
     }
     g_waiters--;
     if (!set->in_use) UNLOCK_RETURN(NVML_ERROR_UNINITIALIZED);
+    /* nvml.h:9994: the wait returns GPU_IS_LOST "if a GPU has fallen off the bus": once the
+     * events queued before (Xid 79) are taken, a set holding a lost GPU answers that, until
+     * the GPU is reset or a new set is made without it. */
+    if (set->count == 0 && set_has_lost_locked(set)) UNLOCK_RETURN(NVML_ERROR_GPU_IS_LOST);
     if (set->count == 0) UNLOCK_RETURN(NVML_ERROR_TIMEOUT);
     *data = set->queue[set->head];
     set->head = (set->head + 1) % QUEUE_CAP;

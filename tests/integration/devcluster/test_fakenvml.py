@@ -432,16 +432,28 @@ def test_lost_gpu_answers_gpu_is_lost_to_every_call(
 
 
 @pytest.mark.parametrize(("call", "identity"), DEVICE_CALLS)
-def test_reset_required_fails_readings_but_not_identity(
+def test_reset_required_answers_every_call(
     fake: fakenvml.InProcessControl, call: Reader, identity: bool
 ) -> None:
-    """A GPU needing a reset still names itself but raises ResetRequired from readings."""
+    """A GPU needing a reset still answers identity and readings alike: nvml.h documents
+    RESET_REQUIRED only for a few setters (nvml.h:11401, 11631), never for a reading."""
     fake.reset_required(3)
-    if identity:
+    try:
         call(handle(3))
-    else:
-        with pytest.raises(pynvml.NVMLError_ResetRequired):
-            call(handle(3))
+        outcome = "answered"
+    except pynvml.NVMLError as err:
+        outcome = type(err).__name__
+    assert (outcome, identity) == ("answered", identity)
+
+
+def test_reset_required_reads_as_recovery_action_gpu_reset(fake: fakenvml.InProcessControl) -> None:
+    """A GPU needing a reset says so where R565+ drivers do: field 230 reads GPU_RESET (1),
+    and a reset brings it back to NONE (0)."""
+    fake.reset_required(3)
+    before = pynvml.nvmlDeviceGetFieldValues(handle(3), [230])[0]
+    fake.reset(3)
+    after = pynvml.nvmlDeviceGetFieldValues(handle(3), [230])[0]
+    assert (before.nvmlReturn, before.value.uiVal, after.value.uiVal) == (0, 1, 0)
 
 
 def test_reset_brings_a_faulted_gpu_back(fake: fakenvml.InProcessControl) -> None:
@@ -629,13 +641,14 @@ def drain(es: Any, gpus: dict[int | None, int]) -> list[tuple[int, int, int]]:
     """Return every queued event as (gpu index, type, data), using a handle map made earlier.
 
     A lost GPU refuses nvmlDeviceGetIndex, so events are matched by handle address, as an
-    agent that keeps its handles would.
+    agent that keeps its handles would. A set holding a lost GPU ends with GPU_IS_LOST
+    instead of a timeout (nvml.h:9994).
     """
     events: list[tuple[int, int, int]] = []
     while True:
         try:
             data = pynvml.nvmlEventSetWait_v2(es, 0)
-        except pynvml.NVMLError_Timeout:
+        except (pynvml.NVMLError_Timeout, pynvml.NVMLError_GpuIsLost):
             return events
         events.append((gpus[address(data.device)], data.eventType, data.eventData))
 
@@ -668,6 +681,44 @@ def test_lost_gpu_queues_xid_79(fake: fakenvml.InProcessControl, event_set: Any)
     gpus = gpu_map()
     fake.lost(5)
     assert drain(event_set, gpus) == [(5, pynvml.nvmlEventTypeXidCriticalError, 79)]
+
+
+def test_a_set_holding_a_lost_gpu_waits_with_gpu_is_lost(
+    fake: fakenvml.InProcessControl, event_set: Any
+) -> None:
+    """nvml.h:9994: once the queued Xid 79 is taken, the wait answers GPU_IS_LOST (at once, not
+    after the timeout) until the GPU is reset; then it times out as usual."""
+    pynvml.nvmlDeviceRegisterEvents(handle(5), pynvml.nvmlEventTypeXidCriticalError, event_set)
+    fake.lost(5)
+    first = pynvml.nvmlEventSetWait_v2(event_set, 0)
+    with pytest.raises(pynvml.NVMLError_GpuIsLost):
+        pynvml.nvmlEventSetWait_v2(event_set, 120_000)
+    fake.reset(5)
+    with pytest.raises(pynvml.NVMLError_Timeout):
+        pynvml.nvmlEventSetWait_v2(event_set, 0)
+    assert (first.eventType, first.eventData) == (pynvml.nvmlEventTypeXidCriticalError, 79)
+
+
+def test_a_waiter_blocked_on_a_set_wakes_when_its_gpu_is_lost(
+    fake: fakenvml.InProcessControl, event_set: Any
+) -> None:
+    """A GPU lost while a thread blocks wakes it even where the set did not ask for Xids."""
+    pynvml.nvmlDeviceRegisterEvents(handle(2), pynvml.nvmlEventTypeDoubleBitEccError, event_set)
+    outcome: list[str] = []
+
+    def wait() -> None:
+        try:
+            pynvml.nvmlEventSetWait_v2(event_set, 120_000)
+            outcome.append("event")
+        except pynvml.NVMLError as err:
+            outcome.append(type(err).__name__)
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    poll(lambda: fake.waiters() == 1, "the thread to block in nvmlEventSetWait_v2")
+    fake.lost(2)
+    thread.join(30)
+    assert outcome == ["NVMLError_GpuIsLost"]
 
 
 def test_registering_an_unsupported_type_is_refused(
