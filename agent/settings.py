@@ -187,6 +187,12 @@ class Settings(pydantic_settings.BaseSettings):
             raise ValueError(msg)
         return value
 
+    @pydantic.field_validator("pci_devices_path", mode="before")
+    @classmethod
+    def _empty_is_off(cls, value: object) -> object:
+        # An empty variable turns the check off; Path("") would read the working directory.
+        return None if isinstance(value, str) and not value.strip() else value
+
     @pydantic.field_validator("node_name")
     @classmethod
     def _lowercase_node(cls, value: str) -> str:

@@ -13,7 +13,7 @@ import pathlib
 import pynvml
 import pytest
 
-from agent import latching, readings, snapshots, verdicts
+from agent import latching, readings, settings, snapshots, verdicts
 from agent.probing import nvml, pci
 from controller.fleet import state as fleet_state
 from shared import fastheartbeat, health
@@ -263,3 +263,19 @@ def test_the_pci_bus_lists_nvidia_gpus_only(tmp_path: pathlib.Path) -> None:
 def test_an_unreadable_pci_bus_is_no_finding(tmp_path: pathlib.Path) -> None:
     """No sysfs (a container without it) gives None: the check is off, nothing is missing."""
     assert pci.nvidia_gpus(tmp_path / "absent") is None
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        pytest.param("", None, id="an empty variable turns the PCI check off, not the cwd"),
+        pytest.param("/host/sys/bus/pci/devices", pathlib.Path("/host/sys/bus/pci/devices"),
+                     id="a path is where the PCI functions are read"),
+    ],
+)  # fmt: skip
+def test_the_pci_path_setting(
+    monkeypatch: pytest.MonkeyPatch, raw: str, expected: pathlib.Path | None
+) -> None:
+    """`TAUGRID_AGENT_PCI_DEVICES_PATH` is a path or off."""
+    monkeypatch.setenv("TAUGRID_AGENT_PCI_DEVICES_PATH", raw)
+    assert settings.Settings(node_name="n").pci_devices_path == expected
