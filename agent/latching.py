@@ -138,7 +138,7 @@ def waiting_for_diag(state: NodeState) -> dt.datetime | None:
 
 def diag_after_reset_due(
     state: NodeState,
-    last_diag_at: dt.datetime | None,
+    last_diag: readings.DiagResult | None,
     *,
     runs_since_reset: int,
     retry_after_s: float,
@@ -147,20 +147,29 @@ def diag_after_reset_due(
     """When the automatic level-1 diagnostic after a reset is due; None when it is not needed.
 
     Due at once after the latest reset that waits for one. If a run since then did not clear
-    the fault (Fabric Manager still training after a reboot: DCGM fails every GPU's software
-    test with a CONFIG error, which latches nothing and is gone a minute later), it is due
-    again `retry_after_s` after that run, until `max_runs` runs since the reset have been
-    made. A fault the diagnostic finds on the GPU again re-latches without a reset observed,
-    so nothing waits and no retry follows.
+    the fault although the waiting GPUs themselves passed (Fabric Manager still training after
+    a reboot: DCGM fails the software test with a CONFIG error of no entity, which latches
+    nothing and is gone a minute later), or the run itself failed (dcgmi timed out), it is due
+    again `retry_after_s` after that run, until `max_runs` runs since the reset have been made.
+    A run that fails a waiting GPU itself found something: no retry.
     """
     latest = waiting_for_diag(state)
     if latest is None:
         return None
-    if last_diag_at is None or last_diag_at < latest:
+    if last_diag is None or last_diag.finished_at < latest:
         return latest
     if runs_since_reset >= max_runs:
         return None
-    return last_diag_at + dt.timedelta(seconds=retry_after_s)
+    waiting = {
+        gpu.index
+        for gpu in state.gpus.values()
+        if any(f.reset_observed_at is not None for f in gpu.latched)
+    }
+    outcome = {g.gpu_index: g.status for g in last_diag.gpus}
+    passed = (readings.DiagStatus.PASS, readings.DiagStatus.SKIP)
+    if not last_diag.error and any(outcome.get(i) not in passed for i in waiting):
+        return None
+    return last_diag.finished_at + dt.timedelta(seconds=retry_after_s)
 
 
 def release(

@@ -693,7 +693,7 @@ class Monitor:
             self._reset_waiting, self._diag_runs_since_reset = waiting, 0
         due = latching.diag_after_reset_due(
             self._state,
-            self._last_diag.finished_at if self._last_diag else None,
+            self._last_diag,
             runs_since_reset=self._diag_runs_since_reset,
             retry_after_s=self._settings.diag_retry_after_reset_s,
             max_runs=self._settings.diag_retries_after_reset,

@@ -440,6 +440,41 @@ async def test_a_failing_automatic_diagnostic_keeps_the_latch(
     assert "XidUncontainedEcc" in latched_codes(view, gpu), "no second diagnostic clears it"
 
 
+async def test_fabric_manager_training_after_a_reset_is_waited_out(
+    make_rig: Callable[..., Awaitable[Rig]],
+    dcgmi: pathlib.Path,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: pathlib.Path,
+) -> None:
+    """The automatic level 1 meets Fabric Manager still training (DCGM 4.6: every GPU printed
+    Fail, a CONFIG error of no entity): no GPU latches for a person, the reset GPU keeps
+    waiting, and the run the agent makes again later passes and clears it."""
+    monkeypatch.setenv("FAKE_DCGMI_DIAG", str(FIXTURES / "diag4.6_l1_fm_training.json"))
+    rig = await make_rig(diag_retry_after_reset_s=0.3)
+    gpu = 3
+    await rig.until(lambda v: v.events_registered == 8 and v.dcgm_status.available, "events")
+    rig.control.ecc_corrected(gpu, 1)
+    rig.control.xid(gpu, 95)
+    await rig.until(lambda v: verdict_of(v, gpu) == FAILED_RESET, "the Xid 95 verdict")
+    rig.control.reset(gpu)
+    view = await rig.until(
+        lambda v: v.last_diag is not None and bool(v.last_diag.node_findings),
+        "the Fabric Manager run folded",
+    )
+    assert (verdict_of(view, gpu), latched_codes(view, gpu)) == (
+        FAILED_RESET, {"XidUncontainedEcc"}
+    )  # fmt: skip
+    assert {verdict_of(view, i) for i in range(8) if i != gpu} == {
+        (health.Verdict.DEGRADED, health.Action.NONE)
+    }
+    assert all(not latched_codes(view, i) for i in range(8) if i != gpu)
+    monkeypatch.setenv("FAKE_DCGMI_DIAG", str(FIXTURES / "diag4_pass.json"))
+    view = await rig.until(
+        lambda v: {verdict_of(v, i) for i in range(8)} == {HEALTHY}, "cleared by the retry"
+    )
+    assert (tmp_path / "dcgmi.log").read_text().count("diag -r 1 -j") >= 2
+
+
 def register_fails_as_lost(control: fakenvml.InProcessControl, gpu: int) -> None:
     """The GPU falls off the bus between enumeration and event registration."""
     control.set_rc("nvmlDeviceRegisterEvents", gpu, 15)

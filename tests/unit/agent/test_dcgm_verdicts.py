@@ -191,7 +191,7 @@ def test_after_a_reboot_fabric_manager_training_waits_for_the_next_run() -> None
         F, A.RESET_GPU, ["XidUncontainedEcc"]
     )  # fmt: skip
     assert latching.diag_after_reset_due(
-        state, training.finished_at, runs_since_reset=1, retry_after_s=60, max_runs=10
+        state, training, runs_since_reset=1, retry_after_s=60, max_runs=10
     ) == training.finished_at + dt.timedelta(seconds=60)
     passing = readings.DiagResult(
         level=1,
@@ -314,17 +314,38 @@ def test_the_error_table_is_dcgms(code: int, name: str, severity: dcgmerrors.Sev
     assert dcgmerrors.ERRORS[code] == (name, severity)
 
 
+P, FAIL = readings.DiagStatus.PASS, readings.DiagStatus.FAIL
+
+
+def run_at(seconds: float, gpu0: readings.DiagStatus = P, error: str = "") -> readings.DiagResult:
+    """A level-1 run that finished `seconds` after the reset, GPU 0 with `gpu0`, node-wide FM
+    training (CONFIG) when GPU 0 passed."""
+    at = T0 + dt.timedelta(seconds=seconds)
+    fm = readings.DiagFinding(test="software", status=FAIL, severity=5, severities=(5,))
+    return readings.DiagResult(
+        level=1, started_at=at, finished_at=at, overall=FAIL, error=error,
+        gpus=() if error else (readings.GpuDiag(gpu_index=0, status=gpu0),),
+        node_findings=(fm,) if gpu0 is P and not error else (),
+    )  # fmt: skip
+
+
 @pytest.mark.parametrize(
-    ("last_run_s", "runs", "expected_s"),
+    ("last", "runs", "expected_s"),
     [
         pytest.param(None, 0, 0.0, id="no run since the reset: due at the reset"),
-        pytest.param(-5.0, 0, 0.0, id="a run before the reset does not count: due at the reset"),
-        pytest.param(30.0, 1, 90.0, id="a run after the reset left it: again a minute on"),
-        pytest.param(30.0, 10, None, id="after ten runs it stops retrying"),
+        pytest.param(run_at(-5.0), 0, 0.0,
+                     id="a run before the reset does not count: due at the reset"),
+        pytest.param(run_at(30.0), 1, 90.0,
+                     id="the GPU passed, FM training (node-wide) kept it: again a minute on"),
+        pytest.param(run_at(30.0, error="dcgmi diag -r 1 -j timed out after 120 s"), 1, 90.0,
+                     id="a run that itself failed: again a minute on"),
+        pytest.param(run_at(30.0, gpu0=FAIL), 1, None,
+                     id="the run failed the GPU itself: it found something, no retry"),
+        pytest.param(run_at(30.0), 10, None, id="after ten runs it stops retrying"),
     ],
 )  # fmt: skip
 def test_the_diagnostic_after_a_reset_is_retried_a_while(
-    last_run_s: float | None, runs: int, expected_s: float | None
+    last: readings.DiagResult | None, runs: int, expected_s: float | None
 ) -> None:
     """The post-reset level-1 run is retried after a delay while the fault still waits."""
     fault = latching.LatchedFault(
@@ -335,7 +356,6 @@ def test_the_diagnostic_after_a_reset_is_retried_a_while(
     state = latching.NodeState(
         gpus={"GPU-0": latching.GpuState(uuid="GPU-0", index=0, latched=(fault,))}
     )
-    last = None if last_run_s is None else T0 + dt.timedelta(seconds=last_run_s)
     due = latching.diag_after_reset_due(
         state, last, runs_since_reset=runs, retry_after_s=60, max_runs=10
     )
