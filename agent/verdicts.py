@@ -194,6 +194,15 @@ def evaluate_node(
         verdict = _missing_verdict(gpu_missing, taken)
         taken.add(verdict.index)
         verdicts.append(verdict)
+    if not inputs.nvml_available and not verdicts:
+        # Blind and knowing of no GPU (no state file, no PCI listing): still say so, or the
+        # node would read as one with no GPUs, which the controller calls healthy.
+        blind = readings.MissingGpu(
+            index=0,
+            error=readings.NvmlErrorKind.HOST_SIDE,
+            detail=inputs.nvml_detail or "NVML is not initialised or not answering",
+        )
+        verdicts.append(_missing_verdict(blind, taken, uuid="unenumerated-nvml"))
     kmsg_seq = None if new_boot else state.kmsg_seq
     kmsg_seqs = [e.kmsg_seq for e in inputs.xids if e.kmsg_seq is not None]
     if inputs.kmsg_seq is not None:
@@ -352,7 +361,7 @@ def _take_missing(
     return None
 
 
-def _missing_verdict(gpu: readings.MissingGpu, taken: set[int]) -> GpuVerdict:
+def _missing_verdict(gpu: readings.MissingGpu, taken: set[int], *, uuid: str = "") -> GpuVerdict:
     """The verdict of a GPU NVML does not enumerate; not latched (it is seen again each pass)."""
     index = gpu.index if gpu.index is not None and gpu.index not in taken else None
     if index is None:
@@ -388,7 +397,7 @@ def _missing_verdict(gpu: readings.MissingGpu, taken: set[int]) -> GpuVerdict:
         message=finding.message[:1024],
     )
     return GpuVerdict(
-        uuid=f"unenumerated-{where}",
+        uuid=uuid or f"unenumerated-{where}",
         index=index,
         verdict=finding.verdict,
         action=finding.action,

@@ -197,6 +197,17 @@ def test_nvml_down_on_a_fresh_node_is_unknown_per_pci_gpu() -> None:
     assert state.gpus == {}
 
 
+def test_nvml_down_knowing_no_gpu_still_reports_unknown() -> None:
+    """No state file and no PCI listing: one Unknown report naming the cause, not a node with
+    no GPUs (which the controller would call healthy)."""
+    why = nvml.unavailable_why("initialisation", pynvml.NVMLError(18))
+    _, out = evaluate((), nvml_available=False, nvml_detail=why)
+    assert [(v.uuid, v.verdict, v.action) for v in out.values()] == [
+        ("unenumerated-nvml", U, A.NONE)
+    ]
+    assert "version" in out[0].reasons[0].message
+
+
 def test_nvml_down_names_the_cause_on_known_gpus() -> None:
     """A known GPU reads Unknown with the reason NVML cannot start, not a generic text."""
     state, _ = evaluate((snapshot(0),))
