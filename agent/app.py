@@ -127,7 +127,9 @@ def gpus_document(
                 "index": v.index,
                 "uuid": v.uuid,
                 "name": snap.name if snap else "",
-                "pciBusId": snap.pci_bus_id if snap else (state.pci_bus_id if state else ""),
+                "pciBusId": (
+                    snap.pci_bus_id if snap else (state.pci_bus_id if state else v.pci_bus_id)
+                ),
                 "verdict": str(v.verdict),
                 "action": str(v.action),
                 "reasons": [r.model_dump(mode="json", by_alias=True) for r in v.reasons],
