@@ -48,6 +48,58 @@ def job(meta: dict[str, Any], **pod: Any) -> dict[str, Any]:
             "spec": {"suspend": True, "template": {"spec": {**PLAIN_POD, **pod}}}}  # fmt: skip
 
 
+def main(name: str = "main", **container: Any) -> dict[str, Any]:
+    """A run container, changed by `container`."""
+    return {"name": name, "image": "registry.example/x@sha256:" + "1" * 64, **container}
+
+
+def indexed(obj: dict[str, Any]) -> dict[str, Any]:
+    """The Job as an Indexed Job (a pytorch run's kind)."""
+    return {**obj, "spec": {**obj["spec"], "completionMode": "Indexed", "completions": 1}}
+
+
+def annotated(obj: dict[str, Any], annotations: dict[str, str]) -> dict[str, Any]:
+    """The Job with `annotations` on its pod template."""
+    template = {**obj["spec"]["template"], "metadata": {"annotations": annotations}}
+    return {**obj, "spec": {**obj["spec"], "template": template}}
+
+
+ESCAPED_POD: dict[str, Any] = {
+    "restartPolicy": "Never", "serviceAccountName": "builder", "hostNetwork": True,
+    "containers": [main(securityContext={"privileged": True},
+                        volumeMounts=[{"name": "root", "mountPath": "/host"}])],
+    "volumes": [{"name": "root", "hostPath": {"path": "/"}}],
+}  # fmt: skip
+"""A pod that is privileged, host-networked, mounts the node's root and runs as another
+ServiceAccount with its token (review 3, finding 2's RayJob submitter)."""
+
+
+def rayjob(
+    meta: dict[str, Any], *, cluster: bool = True, submitter: dict[str, Any] | None = None,
+    autoscaler: dict[str, Any] | None = None, worker: dict[str, Any] | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """A suspended RayJob: its own RayCluster of plain pods (or a clusterSelector onto
+    someone's), optionally a submitter template and an autoscaler sidecar."""
+    spec: dict[str, Any] = {"suspend": True, "entrypoint": "python x.py",
+                            "shutdownAfterJobFinishes": True,
+                            "submissionMode": "K8sJobMode"}  # fmt: skip
+    if cluster:
+        spec["rayClusterSpec"] = {
+            "headGroupSpec": {"rayStartParams": {}, "template": {"spec": PLAIN_POD}},
+            "workerGroupSpecs": [{"groupName": "w", "replicas": 1, "minReplicas": 1,
+                                  "maxReplicas": 1, "rayStartParams": {},
+                                  "template": {"spec": worker or PLAIN_POD}}],
+        }  # fmt: skip
+        if autoscaler is not None:
+            spec["rayClusterSpec"]["autoscalerOptions"] = autoscaler
+    else:
+        spec["clusterSelector"] = {"ray.io/cluster": "theirs"}
+    if submitter is not None:
+        spec["submitterPodTemplate"] = {"spec": submitter}
+    return {"apiVersion": "ray.io/v1", "kind": "RayJob", "metadata": {"name": "r-a1", **meta},
+            "spec": spec}  # fmt: skip
+
+
 def runlog(meta: dict[str, Any]) -> dict[str, Any]:
     spec = {"run": "r", "attempt": 1, "worker": 0, "pod": "r-a1-x", "container": "main",
             "capturedAt": "2026-01-01T00:00:00Z", "complete": True, "truncated": False,
@@ -136,6 +188,7 @@ JOBS = f"/apis/batch/v1/namespaces/{RUNS}/jobs"
 RUNLOGS = f"/apis/taugrid.dev/v1alpha1/namespaces/{RUNS}/taurunlogs"
 CONFIGMAPS = f"/api/v1/namespaces/{RUNS}/configmaps"
 SECRETS = f"/api/v1/namespaces/{RUNS}/secrets"
+RAYJOBS = f"/apis/ray.io/v1/namespaces/{RUNS}/rayjobs"
 
 
 @pytest.mark.parametrize(
@@ -164,6 +217,69 @@ SECRETS = f"/api/v1/namespaces/{RUNS}/secrets"
         pytest.param("POST", JOBS, job(OURS, containers=[{
             "name": "main", "image": "x", "securityContext": {"privileged": True}}]), "policy",
                      id="a privileged container is refused"),
+        pytest.param("POST", JOBS, job(OURS, containers=[main(env=[{"name": "K", "valueFrom": {
+            "secretKeyRef": {"name": "db", "key": "password"}}}])]), "policy",
+                     id="env secretKeyRef of a Secret the namespace does not list is refused"),
+        pytest.param("POST", JOBS, job(OURS, containers=[main(envFrom=[{
+            "secretRef": {"name": "db"}}])]), "policy",
+                     id="envFrom secretRef of a Secret the namespace does not list is refused"),
+        pytest.param("POST", JOBS, job(OURS, volumes=[{"name": "p", "projected": {"sources": [
+            {"secret": {"name": "db"}}]}}]), "policy", id="a projected Secret is refused"),
+        pytest.param("POST", JOBS, job(OURS, containers=[main(securityContext={
+            "capabilities": {"add": ["NET_ADMIN"]}})]), "policy",
+                     id="an added capability is refused"),
+        pytest.param("POST", JOBS, job(OURS, containers=[main(securityContext={
+            "capabilities": {"drop": ["ALL"]}})]), "allowed",
+                     id="dropping capabilities is allowed"),
+        pytest.param("POST", JOBS, job(OURS, containers=[main(ports=[{
+            "containerPort": 80, "hostPort": 80}])]), "policy", id="a hostPort is refused"),
+        pytest.param("POST", JOBS, job(OURS, securityContext={"runAsUser": 0}), "policy",
+                     id="a pod-level runAsUser 0 is refused"),
+        pytest.param("POST", JOBS, job(OURS, containers=[main(securityContext={
+            "runAsUser": 0})]), "policy", id="a container-level runAsUser 0 is refused"),
+        pytest.param("POST", JOBS, job(OURS, securityContext={"runAsUser": 1000}), "allowed",
+                     id="a non-root runAsUser is allowed"),
+        pytest.param("POST", JOBS, job(OURS, securityContext={
+            "seccompProfile": {"type": "Unconfined"}}), "policy",
+                     id="an Unconfined seccomp profile is refused"),
+        pytest.param("POST", JOBS, job(OURS, containers=[main(securityContext={
+            "appArmorProfile": {"type": "Unconfined"}})]), "policy",
+                     id="an Unconfined AppArmor profile is refused"),
+        pytest.param("POST", JOBS, job(OURS, containers=[main(securityContext={
+            "allowPrivilegeEscalation": True})]), "policy",
+                     id="allowPrivilegeEscalation true is refused"),
+        pytest.param("POST", JOBS, job(OURS, hostUsers=False, containers=[main(securityContext={
+            "procMount": "Unmasked"})]), "policy", id="an Unmasked procMount is refused"),
+        pytest.param("POST", JOBS, job(OURS, securityContext={"sysctls": [
+            {"name": "net.ipv4.ip_local_port_range", "value": "1024 65000"}]}), "policy",
+                     id="a sysctl is refused"),
+        pytest.param("POST", JOBS, job(OURS, initContainers=[main(name="init", securityContext={
+            "privileged": True})]), "policy", id="a privileged init container is refused"),
+        pytest.param("POST", JOBS, job(OURS, initContainers=[main(name="init", envFrom=[{
+            "secretRef": {"name": "db"}}])]), "policy",
+                     id="an init container's envFrom secretRef is refused"),
+        pytest.param("POST", JOBS, indexed(job(OURS, hostPID=True)), "policy",
+                     id="an Indexed Job sharing the node's PID namespace is refused"),
+        pytest.param("POST", JOBS, annotated(job(OURS), {
+            "container.apparmor.security.beta.kubernetes.io/main": "unconfined"}), "policy",
+                     id="an AppArmor annotation on the pod template is refused"),
+        pytest.param("POST", RAYJOBS, rayjob(OURS, submitter=PLAIN_POD), "allowed",
+                     id="a run's RayJob with its own cluster and a plain submitter is allowed"),
+        pytest.param("POST", RAYJOBS, rayjob(OURS, cluster=False, submitter=ESCAPED_POD), "policy",
+                     id="a RayJob without rayClusterSpec whose submitter escapes is refused"),
+        pytest.param("POST", RAYJOBS, rayjob(OURS, cluster=False), "policy",
+                     id="a RayJob without rayClusterSpec (onto somebody's cluster) is refused"),
+        pytest.param("POST", RAYJOBS, rayjob(OURS, submitter=ESCAPED_POD), "policy",
+                     id="a RayJob whose submitter template escapes is refused"),
+        pytest.param("POST", RAYJOBS, rayjob(OURS, submitter={
+            **PLAIN_POD, "serviceAccountName": "builder"}), "policy",
+                     id="a RayJob submitter with another ServiceAccount is refused"),
+        pytest.param("POST", RAYJOBS, rayjob(OURS, autoscaler={
+            "image": "x", "securityContext": {"privileged": True}}), "policy",
+                     id="a RayJob with an autoscaler sidecar is refused"),
+        pytest.param("POST", RAYJOBS, rayjob(OURS, worker={**PLAIN_POD, "containers": [main(
+            env=[{"name": "K", "valueFrom": {"secretKeyRef": {"name": "db", "key": "k"}}}])]}),
+                     "policy", id="a RayJob worker reading an unlisted Secret is refused"),
         pytest.param("POST", CONFIGMAPS, configmap(OURS), "allowed",
                      id="a run's checkpoint ConfigMap is allowed"),
         pytest.param("POST", CONFIGMAPS, configmap({}), "policy",
@@ -258,14 +374,15 @@ async def test_the_controller_may_set_only_the_leader_label_and_only_on_its_own_
     assert expected == answers
 
 
-@pytest_asyncio.fixture
-async def node(
-    k8s: client.ApiClient, dev_cluster: cluster.Cluster, bin_dir: pathlib.Path, namespace: str
-) -> AsyncIterator[str]:
-    """A fake node carrying somebody else's taint."""
+@contextlib.asynccontextmanager
+async def fake_node(
+    k8s: client.ApiClient, dev_cluster: cluster.Cluster, bin_dir: pathlib.Path, prefix: str,
+    labels: dict[str, str],
+) -> AsyncIterator[str]:  # fmt: skip
+    """A fake node with `labels`, carrying somebody else's taint."""
     (name,) = await asyncio.to_thread(
-        dev_cluster.ensure_nodes, bin_dir, 1, prefix=f"p-{namespace}"[:50].rstrip("-") + "-",
-        labels={"taugrid.dev/test-fleet": namespace},
+        dev_cluster.ensure_nodes, bin_dir, 1, prefix=prefix[:50].rstrip("-") + "-",
+        labels=labels,
     )  # fmt: skip
     core = client.CoreV1Api(k8s)
     await core.patch_node(name, {"spec": {"taints": [
@@ -274,6 +391,17 @@ async def node(
         yield name
     finally:
         await core.delete_node(name)
+
+
+@pytest_asyncio.fixture
+async def node(
+    k8s: client.ApiClient, dev_cluster: cluster.Cluster, bin_dir: pathlib.Path, namespace: str,
+    release: releasekit.Release,
+) -> AsyncIterator[str]:  # fmt: skip
+    """A fake node the release manages (its managedNodeSelector selects it)."""
+    labels = {"taugrid.dev/test-fleet": release.namespace}
+    async with fake_node(k8s, dev_cluster, bin_dir, f"p-{namespace}", labels) as name:
+        yield name
 
 
 OUR_TAINT = {"key": "taugrid.dev/gpu-unhealthy", "effect": "NoSchedule"}
@@ -303,6 +431,54 @@ async def test_on_a_node_the_controller_may_change_only_its_own_marks(
     ]
     answers = [await controller.send("PATCH", p, b, content_type=t) for p, b, t in cases]
     expected = ["allowed"] * 3 + ["policy"] * 4
+    assert expected == answers
+
+
+async def test_the_controller_never_puts_a_noexecute_taint_on_a_node(
+    node: str, controller: Impersonated
+) -> None:
+    """Even on a node it manages, a NoExecute taint of ours (which would evict every pod
+    without a toleration, past PDBs) is refused; our NoSchedule taint is allowed."""
+    path, merge = f"/api/v1/nodes/{node}", "application/merge-patch+json"
+    evict = {"key": "taugrid.dev/gpu-unhealthy", "effect": "NoExecute"}
+    answers = [
+        await controller.send("PATCH", path, {"spec": {"taints": [THEIR_TAINT, evict]}},
+                              content_type=merge),
+        await controller.send("PATCH", path, {"spec": {"taints": [THEIR_TAINT, OUR_TAINT]}},
+                              content_type=merge),
+    ]  # fmt: skip
+    expected = ["policy", "allowed"]
+    assert expected == answers
+
+
+@pytest.mark.parametrize(
+    "labels",
+    [
+        pytest.param({"taugrid.dev/managed": "false"}, id="a node labelled managed=false"),
+        pytest.param({"taugrid.dev/managed": "False"}, id="a node labelled managed=False"),
+        pytest.param({}, id="a node outside the release's managedNodeSelector"),
+    ],
+)
+async def test_the_controller_may_not_taint_or_cordon_a_node_it_does_not_manage(  # noqa: PLR0917  (pytest fixtures)
+    k8s: client.ApiClient, dev_cluster: cluster.Cluster, bin_dir: pathlib.Path, namespace: str,
+    release: releasekit.Release, controller: Impersonated, labels: dict[str, str],
+) -> None:  # fmt: skip
+    """Our taint and the cordon are refused on a node the release does not manage (as the
+    fleet decides: the selector, then the opt-out label); our annotation alone is not a
+    taint and stays allowed, as does its removal of nothing."""
+    selected = {"taugrid.dev/test-fleet": release.namespace} if labels else {}
+    async with fake_node(k8s, dev_cluster, bin_dir, f"u-{namespace}",
+                         {**selected, **labels}) as name:  # fmt: skip
+        path, merge = f"/api/v1/nodes/{name}", "application/merge-patch+json"
+        answers = [
+            await controller.send("PATCH", path, {"spec": {"taints": [THEIR_TAINT, OUR_TAINT]}},
+                                  content_type=merge),
+            await controller.send("PATCH", path, {"spec": {"unschedulable": True}},
+                                  content_type=merge),
+            await controller.send("PATCH", path, {"metadata": {"annotations": {
+                "taugrid.dev/history": "[]"}}}, content_type=merge),
+        ]  # fmt: skip
+    expected = ["policy", "policy", "allowed"]
     assert expected == answers
 
 
