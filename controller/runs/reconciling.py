@@ -137,6 +137,7 @@ class Reconciler:
         pod_annotations: Mapping[str, str] | None = None,
         manager: str = marks.DEFAULT_RUN_MANAGER,
         resume_priority_class: str = "",
+        allowed_priority_classes: Sequence[str] = (),
         pods_ready_timeout_s: float | None = None,
         checkpoints_kept: int = checkpoints.DEFAULT_KEEP,
         gate_message: Callable[[str, str], str | None] | None = None,
@@ -159,6 +160,7 @@ class Reconciler:
             render=render, ttl_after_finished_s=ttl_after_finished_s,
             pod_annotations=dict(pod_annotations or {}),
             resume_priority_class=resume_priority_class,
+            allowed_priority_classes=tuple(allowed_priority_classes),
             pods_ready_timeout_s=pods_ready_timeout_s,
         )  # fmt: skip
         self.pass_interval_s = pass_interval_s
