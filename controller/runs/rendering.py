@@ -304,7 +304,15 @@ def _rendezvous_env(
 
 
 def _user_env(spec: specs.TauSpec) -> list[dict[str, Any]]:
-    return [{"name": key, "value": value} for key, value in spec.env.items()]
+    """`env` as values, then `secretEnv` as references the kubelet resolves when it starts
+    the pod: a Secret's value is never in anything the controller writes (the chart's
+    admission policy lets a pod refer only to the Secrets the namespace lists for runs)."""
+    plain = [{"name": key, "value": value} for key, value in spec.env.items()]
+    secret = [
+        {"name": key, "valueFrom": {"secretKeyRef": {"name": ref.secret, "key": ref.key}}}
+        for key, ref in spec.secret_env.items()
+    ]
+    return plain + secret
 
 
 def _isolation_env(gpus: int) -> list[dict[str, Any]]:

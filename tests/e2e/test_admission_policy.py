@@ -23,7 +23,9 @@ import pytest
 import pytest_asyncio
 from kubernetes_asyncio import client
 
+from controller.runs import objects, rendering
 from devcluster import cluster
+from shared import spec as specs
 from tests import releasekit, support
 
 pytestmark = pytest.mark.cluster
@@ -115,10 +117,14 @@ def configmap(meta: dict[str, Any]) -> dict[str, Any]:
 class Impersonated:
     """Requests to the API server as the release's controller ServiceAccount."""
 
-    def __init__(self, dev: cluster.Cluster, user: str, http: aiohttp.ClientSession) -> None:
+    def __init__(
+        self, dev: cluster.Cluster, user: str, http: aiohttp.ClientSession,
+        groups: tuple[str, ...] | None = None,
+    ) -> None:  # fmt: skip
         self.dev = dev
         self.user = user
         self.http = http
+        self.groups = groups
 
     async def send(
         self, method: str, path: str, body: dict[str, Any], *, pod: str = "",
@@ -126,12 +132,15 @@ class Impersonated:
     ) -> str:  # fmt: skip
         """'allowed', 'rbac' (RBAC refused) or 'policy' (the admission policy refused: 403
         naming it; a policy that fails to evaluate answers 422 and fails the test)."""
-        namespace = self.user.split(":")[2]
-        headers = [
-            ("Impersonate-User", self.user), ("Impersonate-Group", "system:serviceaccounts"),
-            ("Impersonate-Group", f"system:serviceaccounts:{namespace}"),
-            ("Impersonate-Group", "system:authenticated"), ("Content-Type", content_type),
-        ]  # fmt: skip
+        groups: tuple[str, ...]
+        if self.groups is None:
+            namespace = self.user.split(":")[2]
+            groups = ("system:serviceaccounts", f"system:serviceaccounts:{namespace}",
+                      "system:authenticated")  # fmt: skip
+        else:
+            groups = self.groups
+        headers = [("Impersonate-User", self.user), ("Content-Type", content_type)]
+        headers += [("Impersonate-Group", g) for g in groups]
         if pod:
             key = urllib.parse.quote("authentication.kubernetes.io/pod-name", safe="")
             headers.append((f"Impersonate-Extra-{key}", pod))
@@ -535,3 +544,147 @@ async def test_device_taint_rules_only_for_one_nvidia_gpu_under_our_name(
     got = await support.eventually(answers, what="the DeviceTaintRule grant in force")
     expected = ["allowed", "policy", "policy", "policy"]
     assert expected == got
+
+
+# ---------------------------------------------------------------- records and secrets
+
+
+@pytest_asyncio.fixture(scope="module")
+async def researcher(
+    dev_cluster: cluster.Cluster, k8s: client.ApiClient, controller: Impersonated
+) -> AsyncIterator[Impersonated]:
+    """A person who may create TauRuns and TauRunLogs in the runs namespace (a too-wide Role
+    a platform might grant) and get one Secret, `readable`, but not `hidden`."""
+    rbac = client.RbacAuthorizationV1Api(k8s)
+    name = support.unique_name("t-researcher")
+    await rbac.create_namespaced_role(RUNS, {"metadata": {"name": name}, "rules": [
+        {"apiGroups": ["taugrid.dev"], "resources": ["tauruns", "taurunlogs"],
+         "verbs": ["create", "update", "get"]},
+        {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["readable"],
+         "verbs": ["get"]},
+    ]})  # fmt: skip
+    await rbac.create_namespaced_role_binding(RUNS, {
+        "metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": name}],
+    })  # fmt: skip
+    try:
+        yield Impersonated(dev_cluster, name, controller.http, ("system:authenticated",))
+    finally:
+        await rbac.delete_namespaced_role_binding(name, RUNS)
+        await rbac.delete_namespaced_role(name, RUNS)
+
+
+def taurun(secret_env: dict[str, dict[str, str]]) -> dict[str, Any]:
+    """A TauRun as `kubectl apply` would send it, with `secretEnv`."""
+    spec = {"name": "r", "image": "registry.example/x@sha256:" + "1" * 64, "command": ["x"],
+            "secretEnv": secret_env}  # fmt: skip
+    return {"apiVersion": "taugrid.dev/v1alpha1", "kind": "TauRun",
+            "metadata": {"name": "r"}, "spec": spec}  # fmt: skip
+
+
+TAURUNS = f"/apis/taugrid.dev/v1alpha1/namespaces/{RUNS}/tauruns"
+
+
+async def test_only_the_controller_writes_kept_logs(
+    researcher: Impersonated, controller: Impersonated
+) -> None:
+    """Review 3, finding 9: a TauRunLog owned by the run, made by a person who may create
+    TauRunLogs but not write run status, is refused; the controller's is allowed."""
+
+    async def answers() -> list[str]:
+        got = [await researcher.send("POST", RUNLOGS, runlog(OURS)),
+               await controller.send("POST", RUNLOGS, runlog(OURS))]  # fmt: skip
+        assert got[0] != "rbac", got  # the researcher's Role has reached the authorizer
+        return got
+
+    expected = ["policy", "allowed"]
+    assert expected == await support.eventually(answers, what="the researcher's Role in force")
+
+
+@pytest.mark.parametrize(
+    ("who", "secret", "expected"),
+    [
+        pytest.param("researcher", "hidden", "policy",
+                     id="a person naming a Secret they may not get is refused"),
+        pytest.param("researcher", "readable", "allowed",
+                     id="a person naming a Secret they may get is allowed"),
+        pytest.param("controller", "hidden", "allowed",
+                     id="the controller, which asked the caller's review itself, is allowed"),
+    ],
+)  # fmt: skip
+async def test_a_taurun_names_only_secrets_its_maker_may_read(
+    researcher: Impersonated, controller: Impersonated, who: str, secret: str, expected: str
+) -> None:
+    """From issue 30: a kubectl-made TauRun's secretEnv is held to what its maker may
+    `get`, as the HTTP API's SubjectAccessReview holds a submission."""
+    me = researcher if who == "researcher" else controller
+    body = taurun({"TOKEN": {"secret": secret, "key": "k"}})
+
+    async def answer() -> str:
+        got = await me.send("POST", TAURUNS, body)
+        assert got != "rbac", got
+        return got
+
+    assert expected == await support.eventually(answer, what="the researcher's Role in force")
+
+
+@contextlib.asynccontextmanager
+async def run_secrets(k8s: client.ApiClient, value: str | None) -> AsyncIterator[None]:
+    """The runs namespace's taugrid.dev/run-secrets annotation set to `value` (None: none)."""
+    core = client.CoreV1Api(k8s)
+    key = "taugrid.dev/run-secrets"
+    await core.patch_namespace(RUNS, {"metadata": {"annotations": {key: value}}})
+    try:
+        yield
+    finally:
+        await core.patch_namespace(RUNS, {"metadata": {"annotations": {key: None}}})
+
+
+def rendered(kind: str, *, dra: bool = False) -> list[dict[str, Any]]:
+    """What the controller renders for attempt 2 of a run of `kind` with secretEnv, a
+    checkpoint claim and a dataset (its real code, not a hand-made copy)."""
+    spec = specs.validate_spec({
+        "name": "r", "kind": kind, "image": "registry.example/x@sha256:" + "1" * 64,
+        "command": ["python", "train.py"], "workers": 2, "resources": {"gpus": 1},
+        "env": {"LR": "0.1"}, "secretEnv": {"HF_TOKEN": {"secret": "hf", "key": "token"}},
+        "volumes": [{"claim": "data", "mountPath": "/data", "readOnly": True}],
+        "checkpoint": {"dir": "/ckpt", "volume": "ckpt"}, "imagePullSecrets": ["pull"],
+    }).spec  # fmt: skip
+    ref = objects.RunRef(name="r", namespace=RUNS, uid=str(OWNER["uid"]))
+    ctx = rendering.AttemptContext(run=ref, attempt=2, checkpoint_configmap="r-checkpoint",
+                                   resume_from="/ckpt/1", failure_reason="NodeFailure")  # fmt: skip
+    settings = rendering.RenderSettings(controller_url="https://taugrid:8080", dra=dra,
+                                        ray_token_auth=False, ca_pem="pem")  # fmt: skip
+    return rendering.render_attempt(spec, ctx, settings)
+
+
+PATHS = {
+    "Job": JOBS, "RayJob": RAYJOBS, "Service": f"/api/v1/namespaces/{RUNS}/services",
+    "NetworkPolicy": f"/apis/networking.k8s.io/v1/namespaces/{RUNS}/networkpolicies",
+    "ResourceClaimTemplate": f"/apis/resource.k8s.io/v1/namespaces/{RUNS}/resourceclaimtemplates",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("kind", "dra"),
+    [
+        pytest.param("job", False, id="a job run"),
+        pytest.param("pytorch", False, id="a pytorch run (Indexed Job, Service, NetworkPolicy)"),
+        pytest.param("ray", False, id="a ray run (RayJob, NetworkPolicy)"),
+        pytest.param("job", True, id="a job run on DRA (ResourceClaimTemplate)"),
+    ],
+)  # fmt: skip
+async def test_the_controllers_own_renders_pass_the_policy(
+    k8s: client.ApiClient, controller: Impersonated, kind: str, dra: bool
+) -> None:
+    """Every object the controller renders for a run that reads a Secret the namespace lists
+    is allowed; with the Secret unlisted, the pod-carrying object is refused."""
+    objs = rendered(kind, dra=dra)
+    async with run_secrets(k8s, "other, hf"):
+        listed = [await controller.send("POST", PATHS[o["kind"]], o) for o in objs]
+    async with run_secrets(k8s, None):
+        unlisted = [await controller.send("POST", PATHS[o["kind"]], o) for o in objs]
+    carrying = [o["kind"] in {"Job", "RayJob"} for o in objs]
+    expected = (["allowed"] * len(objs), ["policy" if c else "allowed" for c in carrying])
+    assert expected == (listed, unlisted)

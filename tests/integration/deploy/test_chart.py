@@ -180,7 +180,7 @@ def test_defaults_render_the_core_objects_and_nothing_optional(
         "ClusterRole": 2, "ClusterRoleBinding": 3, "DaemonSet": 1, "Deployment": 1,
         "PodDisruptionBudget": 1, "Role": 1, "RoleBinding": 2, "Service": 3,
         "ServiceAccount": 2, "AdmissionCheck": 1, "WorkloadPriorityClass": 1,
-        "ValidatingAdmissionPolicy": 1, "ValidatingAdmissionPolicyBinding": 1,
+        "ValidatingAdmissionPolicy": 3, "ValidatingAdmissionPolicyBinding": 3,
     }  # fmt: skip
     kinds: dict[str, int] = {}
     for d in defaults:
@@ -407,8 +407,8 @@ def test_the_admission_policy_binds_the_controllers_service_account_and_denies()
     """The policy matches requests of the release's controller ServiceAccount only, fails
     closed, and its binding denies (not just warns or audits)."""
     docs = render(release="tg2", namespace="team-ops")
-    policy = one(docs, "ValidatingAdmissionPolicy")
-    binding = one(docs, "ValidatingAdmissionPolicyBinding")
+    policy = one(docs, "ValidatingAdmissionPolicy", "tg2-taugrid-controller")
+    binding = one(docs, "ValidatingAdmissionPolicyBinding", "tg2-taugrid-controller")
     (condition,) = policy["spec"]["matchConditions"]
     user = "system:serviceaccount:team-ops:tg2-taugrid-controller"
     expected = (f"request.userInfo.username == {json.dumps(user)}", "Fail", ["Deny"],
