@@ -488,7 +488,7 @@ def test_tau_results_prints_no_terminal_escape_sequences(
             "artifacts": [{"uri": "s3://b/m\x1b[31m.pt", "attempt": 1}]}  # fmt: skip
     tau._print_results(body, None)
     out = capsys.readouterr().out
-    expected = ([], True)
+    expected: tuple[list[str], bool] = ([], True)
     actual = ([c for c in out if (ord(c) < 0x20 and c not in "\n\t") or 0x7F <= ord(c) < 0xA0],
               "Summary: loss [2J]0;pwnedfell\n\tdone" in out)  # fmt: skip
     assert expected == actual
