@@ -123,7 +123,7 @@ class RenderSettings:
     """Namespace of the KubeRay operator, whose pods may reach a ray run's dashboard port
     (`networks.render_policy`); empty: only the run's own submitter may."""
     ray_token_auth: bool = False
-    """Render `authOptions: {mode: token}` on RayJobs (KubeRay 1.6+, Ray 2.52+): the
+    """Render `authOptions: {mode: token}` on RayJobs (KubeRay 1.5.1+, Ray 2.52+): the
     dashboard and its Jobs API then ask for the cluster's token, which KubeRay keeps."""
     ca_pem: str = ""
     """PEM bundle run pods trust for `controller_url` (read by the controller at startup):
