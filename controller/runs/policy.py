@@ -167,9 +167,17 @@ def settled(run: RunInput, plan: RunPlan) -> bool:
 def name_taken(status: records.RunStatus, message: str, now: dt.datetime) -> records.RunStatus:
     """The run ended Failed, `NameTaken`: an object of a name it needs is somebody else's
     (the executor found it; nothing of it was written)."""
+    return refused(status, "NameTaken", message, now)
+
+
+def refused(
+    status: records.RunStatus, reason: str, message: str, now: dt.datetime
+) -> records.RunStatus:
+    """The run ended Failed with `reason`: the executor met a refusal that asking again
+    cannot change (a name somebody else holds, the cluster's admission saying no)."""
     if status.phase in lifecycle.TERMINAL_PHASES:
         return status
-    ended = lifecycle.end(status, Phase.FAILED, "NameTaken", message, now=now)
+    ended = lifecycle.end(status, Phase.FAILED, reason, message, now=now)
     last = ended.last_attempt
     if last is not None and last.end_time is None:
         last = last.model_copy(update={"end_time": now, "phase": Phase.FAILED})

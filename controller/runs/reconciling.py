@@ -506,6 +506,12 @@ class Reconciler:
             log.warning("run name taken", run=f"{namespace}/{name}", problem=err.message)
             status = policy.name_taken(plan.status, err.message, self._clock())
             return await self.write_status(item, status)
+        except errors.AdmissionRefused as err:
+            # The cluster's admission refused an object of the run (the controller's policy:
+            # a Secret its namespace does not list for runs, say): no retry changes that.
+            log.warning("run refused", run=f"{namespace}/{name}", problem=err.message)
+            status = policy.refused(plan.status, "AdmissionRefused", err.message, self._clock())
+            return await self.write_status(item, status)
         for attempt in plan.started:
             self.metrics.run_attempts.labels("started").inc()
             log.info("attempt started", run=f"{namespace}/{name}", attempt=attempt)
