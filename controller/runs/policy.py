@@ -127,7 +127,29 @@ def attempt_kind(spec: specs.TauSpec) -> str:
 
 def decide_run(run: RunInput, settings: RunSettings, now: dt.datetime) -> RunPlan:
     """Decide one step of one run (see the module docstring)."""
-    return _keeping_logs(_decide(run, settings, now), run.ref)
+    return _keeping_logs(
+        _held_to_priority(run, _decide(run, settings, now), settings, now), run.ref
+    )
+
+
+def _held_to_priority(
+    run: RunInput, plan: RunPlan, settings: RunSettings, now: dt.datetime
+) -> RunPlan:
+    """The plan, unless it starts a later attempt of a spec whose priority class is not
+    allowed (changed since attempt 1, or the allowlist was): then the run ends Failed
+    `PriorityNotAllowed` and nothing is rendered. A running attempt is left to finish."""
+    if not plan.started or min(plan.started) <= 1:
+        return plan  # attempt 1 was checked before it was planned (`_decide`)
+    spec = specs.validate_spec(dict(run.spec)).spec
+    refusal = priority_refusal(spec, settings)
+    if not refusal:
+        return plan
+    before = plan.status.model_copy(
+        update={"attempts": tuple(a for a in plan.status.attempts if a.number not in plan.started),
+                "current_attempt": min(plan.started) - 1}
+    )  # fmt: skip
+    status = refused(before, "PriorityNotAllowed", refusal, now)
+    return dataclasses.replace(plan, status=status, creates=(), started=())
 
 
 def steady(run: RunInput, plan: RunPlan) -> bool:

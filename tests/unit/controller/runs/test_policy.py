@@ -524,6 +524,18 @@ def test_a_kubectl_made_run_is_held_to_the_priority_allowlist(
     assert expected == actual
 
 
+def test_a_retry_of_a_run_whose_priority_is_no_longer_allowed_ends_it() -> None:
+    """A spec patched to a disallowed class after attempt 1 (or an allowlist changed since)
+    starts no further attempt: the run ends Failed `PriorityNotAllowed`, rendering nothing."""
+    settings = dataclasses.replace(SETTINGS, allowed_priority_classes=("normal",))
+    plan = policy.decide_run(run(**failed_once("NodeFailure", priority="urgent")), settings, NOW)
+    st = plan.status
+    expected = ("Failed", "PriorityNotAllowed", (), (), 1, [1])
+    actual = (str(st.phase), st.reason, plan.creates, plan.started, st.current_attempt,
+              [a.number for a in st.attempts])  # fmt: skip
+    assert expected == actual
+
+
 def test_resuming_a_run_whose_priority_is_no_longer_allowed_is_refused() -> None:
     """A hand resume renders a new attempt, so it is held to the allowlist too."""
     settings = dataclasses.replace(SETTINGS, allowed_priority_classes=("normal",))
