@@ -688,3 +688,21 @@ async def test_the_controllers_own_renders_pass_the_policy(
     carrying = [o["kind"] in {"Job", "RayJob"} for o in objs]
     expected = (["allowed"] * len(objs), ["policy" if c else "allowed" for c in carrying])
     assert expected == (listed, unlisted)
+
+
+async def test_a_listed_secret_reaches_a_pod_only_through_secret_key_ref(
+    k8s: client.ApiClient, controller: Impersonated
+) -> None:
+    """With `db` listed for runs: one key of it as env is allowed; all of it through
+    envFrom (keys that would become variables nobody validated, NVIDIA_* among them) and a
+    Secret volume of it are refused."""
+    key_ref = {"name": "K", "valueFrom": {"secretKeyRef": {"name": "db", "key": "k"}}}
+    bodies = [
+        job(OURS, containers=[main(env=[key_ref])]),
+        job(OURS, containers=[main(envFrom=[{"secretRef": {"name": "db"}}])]),
+        job(OURS, volumes=[{"name": "s", "secret": {"secretName": "db"}}]),
+    ]
+    async with run_secrets(k8s, "db"):
+        answers = [await controller.send("POST", JOBS, b) for b in bodies]
+    expected = ["allowed", "policy", "policy"]
+    assert expected == answers
