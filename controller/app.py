@@ -228,6 +228,7 @@ def _runtime(
             ttl_after_finished_s=settings.run_ttl_after_finished_s,
             pod_annotations=settings.run_pod_annotations, manager=settings.run_manager,
             resume_priority_class=settings.resume_priority_class,
+            allowed_priority_classes=settings.allowed_priority_classes,
             pods_ready_timeout_s=settings.pods_ready_timeout_s,
             checkpoints_kept=settings.run_checkpoints_kept, gate_message=gate.message_for,
             results_limits=results.Limits(

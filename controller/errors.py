@@ -77,6 +77,13 @@ class Forbidden(ControllerError):  # noqa: N818
     default_code = "Forbidden"
 
 
+class AdmissionRefused(Forbidden):
+    """The cluster's admission (a ValidatingAdmissionPolicy, a webhook) denied an object the
+    controller asked to create: a permanent answer, not a retry."""
+
+    default_code = "AdmissionRefused"
+
+
 class NotFound(ControllerError):  # noqa: N818
     """What the call names does not exist (or is not this caller's to see)."""
 

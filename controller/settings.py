@@ -325,7 +325,7 @@ class ControllerSettings(pydantic_settings.BaseSettings):
     KubeRay; empty lets only the run's own submitter pod in."""
     ray_token_auth: bool = False
     """Render `authOptions: {mode: token}` on RayJobs, so a run's dashboard and Jobs API ask
-    for the token KubeRay keeps; needs KubeRay 1.6+ and `ray_version` 2.52.0 or later."""
+    for the token KubeRay keeps; needs KubeRay 1.5.1+ and `ray_version` 2.52.0 or later."""
     logs_wait_s: float = pydantic.Field(default=120.0, ge=0)
     """How long `GET …/logs?follow=true` waits for a run's pod to start before giving up."""
     run_manager: str = marks.DEFAULT_RUN_MANAGER

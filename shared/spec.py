@@ -127,6 +127,9 @@ _DNS1035_RE = patterns.compile_full(_DNS1035)
 _DNS1123_LABEL_RE = patterns.compile_full(_DNS1123_LABEL)
 _DNS1123_SUBDOMAIN_RE = patterns.compile_full(_DNS1123_SUBDOMAIN)
 _ENV_NAME_RE = patterns.compile_full(r"[A-Za-z_][A-Za-z0-9_]*")
+_SECRET_KEY_RE = patterns.compile_full(r"[-._a-zA-Z0-9]+")
+"""A key of a Secret's data (Kubernetes' IsConfigMapKey)."""
+MAX_SECRET_ENV = 64
 _LABEL_NAME_RE = patterns.compile_full(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
 _LABEL_VALUE_RE = patterns.compile_full(r"([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?")
 _QUANTITY_RE = patterns.compile_full(
@@ -522,6 +525,33 @@ class Retry(SpecModel):
         return parse_duration(self.backoff)
 
 
+def _check_secret_key(value: str) -> str:
+    if len(value) > 253 or not _SECRET_KEY_RE.fullmatch(value):
+        msg = f"{_short(value)} is not a Secret key: use letters, digits, '-', '_' and '.'"
+        raise ValueError(msg)
+    return value
+
+
+SecretKeyName = Annotated[
+    str,
+    pydantic.AfterValidator(_check_secret_key),
+    pydantic.Field(json_schema_extra=_string_schema(_SECRET_KEY_RE, 253)),
+]
+
+
+class SecretRef(SpecModel):
+    """One key of a Secret in the run's namespace, given to every worker as a variable.
+
+    Only the names travel: the TauRun, its evidence and the API hold `secret` and `key`,
+    never the value, which the kubelet reads when it starts the pod."""
+
+    secret: ObjectName
+    """Name of the Secret in the run's namespace. You must be allowed to `get` it, and the
+    platform team must list it in the namespace's `taugrid.dev/run-secrets` annotation."""
+    key: SecretKeyName
+    """The key in the Secret's data."""
+
+
 class Experiment(SpecModel):
     """Free-form tracking metadata, copied into the run's evidence."""
 
@@ -565,10 +595,28 @@ class TauSpec(SpecModel):
             }
         ),
     ] = {}
-    """Environment variables. Names starting TAU_ are reserved for TauGrid, and the NVIDIA
+    """Environment variables, stored as plain text in the run: anyone who may read runs in the
+    namespace reads them, so put tokens and keys in `secretEnv`. Names starting TAU_ are
+    reserved for TauGrid, and the NVIDIA
     container toolkit's device variables (`NVIDIA_VISIBLE_DEVICES`,
     `NVIDIA_DRIVER_CAPABILITIES`, `NVIDIA_MIG_CONFIG_DEVICES`, `NVIDIA_MIG_MONITOR_DEVICES`,
     `NVIDIA_IMEX_CHANNELS`) for the device plugin."""
+    secret_env: Annotated[
+        dict[str, SecretRef],
+        pydantic.Field(
+            max_length=MAX_SECRET_ENV,
+            json_schema_extra={
+                "propertyNames": {
+                    "pattern": patterns.schema(r"(?!TAU_)[A-Za-z_][A-Za-z0-9_]*"),
+                    "not": {"enum": sorted(RESERVED_ENV_NAMES)},
+                }
+            },
+        ),
+    ] = {}
+    """Environment variables read from Secrets of the run's namespace
+    (`HF_TOKEN: {secret: hf, key: token}`): only the names are stored, never the value. Use
+    it for tokens and keys; `env` is plain text that anyone who may read runs can read. The
+    same names as `env` are refused, and a name may not be in both."""
     workers: Annotated[StrictInt, pydantic.Field(ge=1, le=MAX_WORKERS)] = 1
     """Number of pods (for ray: worker pods besides the head)."""
     resources: Resources = Resources()
@@ -626,25 +674,16 @@ class TauSpec(SpecModel):
             raise ValueError(msg)
         return value
 
+    @pydantic.field_validator("secret_env")
+    @classmethod
+    def _secret_env_names(cls, value: dict[str, SecretRef]) -> dict[str, SecretRef]:
+        _check_env_names(value, "secretEnv")
+        return value
+
     @pydantic.field_validator("env")
     @classmethod
     def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
-        for key in value:
-            if not _ENV_NAME_RE.fullmatch(key):
-                msg = (
-                    f"{_short(key)} is not a valid variable name: use letters, digits and '_',"
-                    " not starting with a digit"
-                )
-                raise _FieldError(_key_field("env", key), msg)
-            if key.startswith("TAU_"):
-                msg = f"{key!r}: names starting TAU_ are reserved for TauGrid"
-                raise _FieldError(f"env.{key}", msg)
-            if key in RESERVED_ENV_NAMES:
-                msg = (
-                    f"{key!r} decides which GPUs a container gets and is set by the device plugin"
-                    " alone; ask for GPUs with resources.gpus (CUDA_VISIBLE_DEVICES is allowed)"
-                )
-                raise _FieldError(f"env.{key}", msg)
+        _check_env_names(value, "env")
         total = sum(len(k) + len(v.encode()) for k, v in value.items())
         if total > MAX_ENV_TOTAL_BYTES:
             msg = f"environment is {total} bytes; the limit is {MAX_ENV_TOTAL_BYTES}"
@@ -670,11 +709,16 @@ class TauSpec(SpecModel):
             msg = "nprocPerNode applies only to kind: pytorch"
             raise _FieldError("nprocPerNode", msg)
         if self.kind == RunKind.PYTORCH:
-            clash = sorted(RENDEZVOUS_ENV_NAMES & set(self.env))
-            if clash:
-                verb = "is" if len(clash) == 1 else "are"
-                msg = f"{', '.join(clash)} {verb} set by TauGrid for torchrun rendezvous"
-                raise _FieldError(f"env.{clash[0]}", msg)
+            for field, names in (("env", self.env), ("secretEnv", self.secret_env)):
+                clash = sorted(RENDEZVOUS_ENV_NAMES & set(names))
+                if clash:
+                    verb = "is" if len(clash) == 1 else "are"
+                    msg = f"{', '.join(clash)} {verb} set by TauGrid for torchrun rendezvous"
+                    raise _FieldError(f"{field}.{clash[0]}", msg)
+        both = sorted(set(self.env) & set(self.secret_env))
+        if both:
+            msg = f"{both[0]!r} is in env too; give each variable once"
+            raise _FieldError(f"secretEnv.{both[0]}", msg)
         seen: dict[str, int] = {}
         for index, volume in enumerate(self.volumes):
             path = _clean_path(volume.mount_path)
@@ -734,6 +778,26 @@ class TauSpec(SpecModel):
             positional = [self.name, *self.args] if self.args else []
             return ["/bin/sh", "-c", self.command, *positional]
         return [*self.command, *self.args]
+
+
+def _check_env_names(names: typing.Iterable[str], field: str) -> None:
+    """Refuse a variable name that is not one, is TauGrid's (`TAU_*`) or the device plugin's."""
+    for key in names:
+        if not _ENV_NAME_RE.fullmatch(key):
+            msg = (
+                f"{_short(key)} is not a valid variable name: use letters, digits and '_',"
+                " not starting with a digit"
+            )
+            raise _FieldError(_key_field(field, key), msg)
+        if key.startswith("TAU_"):
+            msg = f"{key!r}: names starting TAU_ are reserved for TauGrid"
+            raise _FieldError(f"{field}.{key}", msg)
+        if key in RESERVED_ENV_NAMES:
+            msg = (
+                f"{key!r} decides which GPUs a container gets and is set by the device plugin"
+                " alone; ask for GPUs with resources.gpus (CUDA_VISIBLE_DEVICES is allowed)"
+            )
+            raise _FieldError(f"{field}.{key}", msg)
 
 
 class _FieldError(ValueError):

@@ -647,13 +647,24 @@ def _number(value: Any) -> str:
     return "-" if value is None else str(value)
 
 
+_CONTROLS = dict.fromkeys([c for c in range(0x20) if c not in (0x09, 0x0A)]
+                          + [0x7F] + list(range(0x80, 0xA0)))  # fmt: skip
+
+
+def _printable(value: Any) -> str:
+    """Text a run reported, without the control characters (ESC, CSI...) that would drive
+    the terminal: the controller strips them on write, and an older one did not."""
+    return str(value).translate(_CONTROLS)
+
+
 def _print_results(body: dict[str, Any], metric: str | None) -> None:
     print(f"Run:     {body['name']} ({body.get('phase')}, attempt {body.get('attempt') or '-'})")
     exp = body.get("experiment") or {}
     if exp.get("name") or exp.get("project"):
-        print(f"Experiment: {exp.get('name') or '-'} (project {exp.get('project') or '-'})")
+        print(_printable(f"Experiment: {exp.get('name') or '-'} (project"
+                         f" {exp.get('project') or '-'})"))  # fmt: skip
     if body.get("summary"):
-        print(f"Summary: {body['summary']}")
+        print(f"Summary: {_printable(body['summary'])}")
     metrics = body.get("metrics") or []
     if metric is not None:
         (series,) = metrics
@@ -670,7 +681,8 @@ def _print_results(body: dict[str, Any], metric: str | None) -> None:
         for m in metrics:
             values = [p["value"] for p in m.get("points") or []]
             last = m.get("last") or {}
-            rows.append([m["name"], _number(last.get("value")), last.get("step"), len(values),
+            rows.append([_printable(m["name"]), _number(last.get("value")), last.get("step"),
+                         len(values),
                          _number(min(values) if values else None),
                          _number(max(values) if values else None)])  # fmt: skip
         print(_table(["METRIC", "LAST", "STEP", "POINTS", "MIN", "MAX"], rows))
@@ -678,7 +690,7 @@ def _print_results(body: dict[str, Any], metric: str | None) -> None:
     if artifacts:
         print()
         print(_table(["ARTIFACT", "SIZE", "DIGEST", "ATTEMPT"],
-                     [[a["uri"], a.get("size"), a.get("digest"), a.get("attempt")]
+                     [[_printable(a["uri"]), a.get("size"), a.get("digest"), a.get("attempt")]
                       for a in artifacts]))  # fmt: skip
         if body.get("artifactsDropped"):
             print(f"({body['artifactsDropped']} older artifacts are no longer listed)")

@@ -132,6 +132,7 @@ async def post_run(request: web.Request) -> web.StreamResponse:
             await context.allow(request, identity, "create", namespace)
         _check_priority(spec, st.settings)
         context.check_run_namespace(request, namespace)
+        await _check_secrets(request, identity, spec, namespace)
         if (leader := await serving.unless_leader(request, identity, raw)) is not None:
             outcome = "forwarded"
             return leader
@@ -211,6 +212,24 @@ def _check_priority(spec: specs.TauSpec, settings: ControllerSettings) -> None:
     if allowed and spec.priority not in allowed:
         msg = f"priority {spec.priority!r} is not allowed here; allowed: {', '.join(allowed)}"
         raise errors.Invalid(msg, field="priority", code="PriorityNotAllowed")
+
+
+async def _check_secrets(
+    request: web.Request, who: auth.Identity, spec: specs.TauSpec, namespace: str
+) -> None:
+    """Refuse a `secretEnv` naming a Secret the caller may not `get` in the namespace (403
+    naming it): the run would hand its value to the caller's code, so only someone who could
+    read it anyway may ask for it. kubectl-made TauRuns are checked by the chart's policy."""
+    for variable, ref in sorted(spec.secret_env.items()):
+        access = auth.Access(verb="get", resource="secrets", namespace=namespace, name=ref.secret)
+        try:
+            await serving.allow(request, who, access)
+        except errors.Forbidden as err:
+            msg = (
+                f"secretEnv.{variable}: {who.username} may not get Secret {ref.secret!r} in"
+                f" namespace {namespace}, so a run may not read it for you"
+            )
+            raise errors.Forbidden(msg, field=f"secretEnv.{variable}") from err
 
 
 def _annotations(who: auth.Identity, manager: str) -> dict[str, str]:
@@ -393,7 +412,7 @@ async def get_evidence(request: web.Request) -> web.StreamResponse:
         "phase": status.get("phase", str(lifecycle.Phase.PENDING)),
         **(status.get("evidence") or {}),
         "attempts": status.get("attempts") or [],
-        "keptLogs": keptlogs.index([k for k in logs_kept if keptlogs.read(k).owner_uid == ref.uid]),
+        "keptLogs": keptlogs.index([k for k in logs_kept if keptlogs.read(k).belongs_to(ref)]),
     }
     return web.json_response(body)
 
@@ -600,6 +619,7 @@ async def post_rerun(request: web.Request) -> web.StreamResponse:
         raise errors.Conflict(msg, field="name", code="NotRerunnable") from err
     spec = parsed.spec
     _check_priority(spec, serving.serving_of(request).settings)
+    await _check_secrets(request, identity, spec, namespace)
     checked = await preflight.run(ctx.store, spec, namespace)
     src = reruns.source(item, status)
     annotations = _annotations(identity, ctx.reconciler.manager)

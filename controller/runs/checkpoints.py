@@ -173,6 +173,28 @@ def latest(status: records.RunStatus) -> records.Checkpoint | None:
     return status.checkpoints[-1] if status.checkpoints else None
 
 
+def trusted(path: str, directory: str | None) -> str:
+    """`path` normalised when it lies under `directory`, else '' (start fresh).
+
+    A path read back from a TauRun's status is checked again where it is used (security
+    review 3, finding 6): status is the controller's record, but whoever may write
+    `tauruns/status` could have put any path there, and the next attempt would load it."""
+    if not path:
+        return ""
+    try:
+        return confine(path, directory)
+    except ReportError:
+        return ""
+
+
+def latest_under(status: records.RunStatus, directory: str | None) -> str:
+    """The newest checkpoint path of a TauRun status that lies under `directory`, or ''."""
+    for checkpoint in reversed(status.checkpoints):
+        if path := trusted(checkpoint.path, directory):
+            return path
+    return ""
+
+
 def wire(checkpoint: records.Checkpoint) -> dict[str, Any]:
     """A checkpoint as the API and the ConfigMap show it (camelCase, RFC 3339 time)."""
     return checkpoint.model_dump(mode="json", by_alias=True)

@@ -214,7 +214,7 @@ class LogKeeper:
         raw = await self.store.get_run_log(ref.namespace, name)
         if raw is not None:
             kept = keptlogs.read(raw)
-            if kept.complete and kept.owner_uid == ref.uid:
+            if kept.complete and kept.belongs_to(ref):
                 self._remember((ref.namespace, name))
                 return False
         return True
@@ -250,8 +250,8 @@ class LogKeeper:
                 " it is left as it is, and this worker's log is not kept"
             )
             raise errors.Conflict(msg, field="name", code="NotOurs")
-        if not keptlogs.replaces(kept, body):
-            return
+        if kept.belongs_to(ref) and not keptlogs.replaces(kept, body):
+            return  # (one owned by the run but not as we write it is replaced: not ours)
         self.elector.ensure_leader()
         if await self.store.replace_run_log(body, kept.resource_version):
             self.written += 1
@@ -265,7 +265,7 @@ class LogKeeper:
         if raw is None:
             return None
         kept = keptlogs.read(raw)
-        if kept.owner_uid != ref.uid:
+        if not kept.belongs_to(ref):
             msg = (
                 f"TauRunLog {ref.namespace}/{kept.name} does not belong to run {ref.name}; it"
                 " is not served as this run's log"

@@ -21,6 +21,12 @@ from typing import Any
 
 from controller import marks, timestamps
 from controller.runs import objects, rendering, views
+from shared import patterns
+
+_OBJECT_NAME_RE = patterns.compile_full(
+    r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+)
+"""A pod's or container's name as Kubernetes allows it (DNS-1123 subdomain, in full)."""
 
 API_VERSION = objects.TAURUN_API_VERSION
 KIND = "TauRunLog"
@@ -120,7 +126,16 @@ class Kept:
     truncated: bool
     """Older output was dropped (only the last `keep_bytes` are kept)."""
     owner_uid: str
+    """The uid of the TauRun that controls it (an owner reference with `controller: true`)."""
     resource_version: str = ""
+    labelled_run: str = ""
+    """Its `taugrid.dev/run` label."""
+
+    def belongs_to(self, run: objects.RunRef) -> bool:
+        """Whether this is `run`'s own kept log as the controller writes it: controlled by
+        the run (uid), labelled and naming it. The chart's admission policy lets only the
+        controller write TauRunLogs; this check holds where that policy is not installed."""
+        return (self.owner_uid, self.run, self.labelled_run) == (run.uid, run.name, run.name)
 
 
 def render(
@@ -160,21 +175,30 @@ def read(raw: Mapping[str, Any]) -> Kept:
     """A TauRunLog as stored (missing fields read as empty)."""
     meta = raw.get("metadata") or {}
     spec = raw.get("spec") or {}
-    owners = [o for o in meta.get("ownerReferences") or [] if o.get("kind") == "TauRun"]
+    owners = [o for o in meta.get("ownerReferences") or []
+              if o.get("kind") == "TauRun" and o.get("controller") is True]  # fmt: skip
     return Kept(
         name=str(meta.get("name", "")),
         run=str(spec.get("run", "")),
         attempt=int(spec.get("attempt") or 0),
         worker=int(spec.get("worker") or 0),
-        pod=str(spec.get("pod", "")),
-        container=str(spec.get("container", "")),
+        pod=_object_name(spec.get("pod")),
+        container=_object_name(spec.get("container")),
         log=str(spec.get("log", "")),
         captured_at=timestamps.parse(spec.get("capturedAt")),
         complete=bool(spec.get("complete")),
         truncated=bool(spec.get("truncated")),
         owner_uid=str(owners[0].get("uid", "")) if owners else "",
         resource_version=str(meta.get("resourceVersion", "")),
+        labelled_run=str((meta.get("labels") or {}).get(marks.RUN_LABEL, "")),
     )
+
+
+def _object_name(value: object) -> str:
+    """A stored pod or container name when it is one, else '': it becomes a response
+    header (`X-TauGrid-Pod`), where CR/LF would break the answer (review 3, finding 9)."""
+    text = str(value or "")
+    return text if len(text) <= 253 and _OBJECT_NAME_RE.fullmatch(text) else ""
 
 
 def replaces(old: Kept, new: Mapping[str, Any]) -> bool:

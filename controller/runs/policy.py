@@ -50,6 +50,10 @@ class RunSettings:
     pods_ready_timeout_s: float | None = None
     """Kueue's `waitForPodsReady.timeout` as the platform configured it (None: not enabled):
     what an admitted run whose pods do not run is told about its quota."""
+    allowed_priority_classes: tuple[str, ...] = ()
+    """The platform's allowlist of WorkloadPriorityClasses a spec may name (empty: any but
+    the resume class). Checked here, where every run passes, not only on the HTTP API: a
+    TauRun made with kubectl is held to it too (security review 3, finding 5)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,7 +127,29 @@ def attempt_kind(spec: specs.TauSpec) -> str:
 
 def decide_run(run: RunInput, settings: RunSettings, now: dt.datetime) -> RunPlan:
     """Decide one step of one run (see the module docstring)."""
-    return _keeping_logs(_decide(run, settings, now), run.ref)
+    return _keeping_logs(
+        _held_to_priority(run, _decide(run, settings, now), settings, now), run.ref
+    )
+
+
+def _held_to_priority(
+    run: RunInput, plan: RunPlan, settings: RunSettings, now: dt.datetime
+) -> RunPlan:
+    """The plan, unless it starts a later attempt of a spec whose priority class is not
+    allowed (changed since attempt 1, or the allowlist was): then the run ends Failed
+    `PriorityNotAllowed` and nothing is rendered. A running attempt is left to finish."""
+    if not plan.started or min(plan.started) <= 1:
+        return plan  # attempt 1 was checked before it was planned (`_decide`)
+    spec = specs.validate_spec(dict(run.spec)).spec
+    refusal = priority_refusal(spec, settings)
+    if not refusal:
+        return plan
+    before = plan.status.model_copy(
+        update={"attempts": tuple(a for a in plan.status.attempts if a.number not in plan.started),
+                "current_attempt": min(plan.started) - 1}
+    )  # fmt: skip
+    status = refused(before, "PriorityNotAllowed", refusal, now)
+    return dataclasses.replace(plan, status=status, creates=(), started=())
 
 
 def steady(run: RunInput, plan: RunPlan) -> bool:
@@ -163,9 +189,17 @@ def settled(run: RunInput, plan: RunPlan) -> bool:
 def name_taken(status: records.RunStatus, message: str, now: dt.datetime) -> records.RunStatus:
     """The run ended Failed, `NameTaken`: an object of a name it needs is somebody else's
     (the executor found it; nothing of it was written)."""
+    return refused(status, "NameTaken", message, now)
+
+
+def refused(
+    status: records.RunStatus, reason: str, message: str, now: dt.datetime
+) -> records.RunStatus:
+    """The run ended Failed with `reason`: the executor met a refusal that asking again
+    cannot change (a name somebody else holds, the cluster's admission saying no)."""
     if status.phase in lifecycle.TERMINAL_PHASES:
         return status
-    ended = lifecycle.end(status, Phase.FAILED, "NameTaken", message, now=now)
+    ended = lifecycle.end(status, Phase.FAILED, reason, message, now=now)
     last = ended.last_attempt
     if last is not None and last.end_time is None:
         last = last.model_copy(update={"end_time": now, "phase": Phase.FAILED})
@@ -183,6 +217,21 @@ def _keeping_logs(plan: RunPlan, ref: objects.RunRef) -> RunPlan:
     return dataclasses.replace(plan, keep_logs=tuple(sorted(attempts)))
 
 
+def priority_refusal(spec: specs.TauSpec, settings: RunSettings) -> str:
+    """Why the spec's priority class is not one the platform allows ('' when it is): the
+    controller's resume class (whatever the chart named it), or one outside the allowlist."""
+    if spec.priority is None:
+        return ""
+    if settings.resume_priority_class and spec.priority == settings.resume_priority_class:
+        return (
+            f"priority {spec.priority!r} is the controller's own priority class (resumed attempts)"
+        )
+    allowed = settings.allowed_priority_classes
+    if allowed and spec.priority not in allowed:
+        return f"priority {spec.priority!r} is not allowed here; allowed: {', '.join(allowed)}"
+    return ""
+
+
 def _decide(run: RunInput, settings: RunSettings, now: dt.datetime) -> RunPlan:
     st = run.status
     try:
@@ -194,6 +243,16 @@ def _decide(run: RunInput, settings: RunSettings, now: dt.datetime) -> RunPlan:
                         "message": f"the spec is not valid: {err}"}
             )  # fmt: skip
             st = lifecycle.with_phase_condition(st, Phase.FAILED, "InvalidSpec", str(err), now)
+        return RunPlan(st)
+    refusal = priority_refusal(spec, settings)
+    if refusal and st.phase not in lifecycle.TERMINAL_PHASES and st.current_attempt == 0:
+        # Before anything is rendered: a run that already started under an older allowlist
+        # is not killed by a platform's change of it (its next attempts keep their class).
+        st = st.model_copy(
+            update={"phase": Phase.FAILED, "reason": "PriorityNotAllowed", "end_time": now,
+                    "message": refusal}
+        )  # fmt: skip
+        st = lifecycle.with_phase_condition(st, Phase.FAILED, "PriorityNotAllowed", refusal, now)
         return RunPlan(st)
     if st.phase in lifecycle.TERMINAL_PHASES:
         return _finished(spec, run.ref, st, settings, now)
@@ -377,12 +436,15 @@ def decide_resume(
     except specs.SpecError as err:
         msg = f"run {run.ref.name!r} cannot be resumed: its spec is not valid ({err})"
         raise errors.Conflict(msg, field="name", code="NotResumable") from err
+    refusal = priority_refusal(spec, settings)
+    if refusal:
+        msg = f"run {run.ref.name!r} cannot be resumed: {refusal}"
+        raise errors.Conflict(msg, field="priority", code="PriorityNotAllowed")
     st = lifecycle.reopened(run.status, by=by, now=now)
+    directory = spec.checkpoint.dir if spec.checkpoint is not None else None
     if checkpoint is not None:  # what the next attempt loads lies in the run's own storage
-        directory = spec.checkpoint.dir if spec.checkpoint is not None else None
         checkpoint = checkpoints.confine(checkpoint, directory, field="checkpoint")
-    latest = checkpoints.latest(st)
-    start_from = checkpoint if checkpoint is not None else (latest.path if latest else "")
+    start_from = checkpoint if checkpoint is not None else checkpoints.latest_under(st, directory)
     st, first = _run_objects(run.ref, st, settings)
     nxt = st.current_attempt + 1
     st, created = _start(spec, run.ref, st, nxt, now=now, settings=settings, resume_from=start_from)
@@ -427,8 +489,7 @@ def _start(
     """Attempt `attempt`, recorded and rendered; it resumes from `resume_from`, else from
     the latest checkpoint (attempts after the first)."""
     if resume_from is None:
-        latest = checkpoints.latest(st) if attempt > 1 else None
-        resume_from = latest.path if latest else ""
+        resume_from = checkpoints.latest_under(st, _dir(spec)) if attempt > 1 else ""
     entry = records.AttemptRecord(
         number=attempt, object_kind=attempt_kind(spec), phase=Phase.QUEUED,
         object_name=objects.attempt_name(ref.name, attempt), created_time=now,
@@ -446,6 +507,11 @@ def _start(
     return st, _render(spec, ref, attempt, st, settings)
 
 
+def _dir(spec: specs.TauSpec) -> str | None:
+    """The run's checkpoint directory, the only place a resumed attempt may load from."""
+    return spec.checkpoint.dir if spec.checkpoint is not None else None
+
+
 def _render(
     spec: specs.TauSpec, ref: objects.RunRef, attempt: int, st: records.RunStatus,
     settings: RunSettings,
@@ -454,10 +520,9 @@ def _render(
     so re-creating a lost object renders it the same."""
     record = st.attempt(attempt)
     if record is not None and record.resume_from is not None:
-        resume_from = record.resume_from
+        resume_from = checkpoints.trusted(record.resume_from, _dir(spec))
     else:
-        latest = checkpoints.latest(st) if attempt > 1 else None
-        resume_from = latest.path if latest else ""
+        resume_from = checkpoints.latest_under(st, _dir(spec)) if attempt > 1 else ""
     previous = st.attempt(attempt - 1)
     failure = (previous.failure_class or str(previous.phase)) if previous else ""
     ctx = rendering.AttemptContext(

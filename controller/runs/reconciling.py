@@ -137,6 +137,7 @@ class Reconciler:
         pod_annotations: Mapping[str, str] | None = None,
         manager: str = marks.DEFAULT_RUN_MANAGER,
         resume_priority_class: str = "",
+        allowed_priority_classes: Sequence[str] = (),
         pods_ready_timeout_s: float | None = None,
         checkpoints_kept: int = checkpoints.DEFAULT_KEEP,
         gate_message: Callable[[str, str], str | None] | None = None,
@@ -159,6 +160,7 @@ class Reconciler:
             render=render, ttl_after_finished_s=ttl_after_finished_s,
             pod_annotations=dict(pod_annotations or {}),
             resume_priority_class=resume_priority_class,
+            allowed_priority_classes=tuple(allowed_priority_classes),
             pods_ready_timeout_s=pods_ready_timeout_s,
         )  # fmt: skip
         self.pass_interval_s = pass_interval_s
@@ -503,6 +505,12 @@ class Reconciler:
             # cannot go on without writing into it, so it ends, saying which.
             log.warning("run name taken", run=f"{namespace}/{name}", problem=err.message)
             status = policy.name_taken(plan.status, err.message, self._clock())
+            return await self.write_status(item, status)
+        except errors.AdmissionRefused as err:
+            # The cluster's admission refused an object of the run (the controller's policy:
+            # a Secret its namespace does not list for runs, say): no retry changes that.
+            log.warning("run refused", run=f"{namespace}/{name}", problem=err.message)
+            status = policy.refused(plan.status, "AdmissionRefused", err.message, self._clock())
             return await self.write_status(item, status)
         for attempt in plan.started:
             self.metrics.run_attempts.labels("started").inc()

@@ -123,7 +123,7 @@ class RenderSettings:
     """Namespace of the KubeRay operator, whose pods may reach a ray run's dashboard port
     (`networks.render_policy`); empty: only the run's own submitter may."""
     ray_token_auth: bool = False
-    """Render `authOptions: {mode: token}` on RayJobs (KubeRay 1.6+, Ray 2.52+): the
+    """Render `authOptions: {mode: token}` on RayJobs (KubeRay 1.5.1+, Ray 2.52+): the
     dashboard and its Jobs API then ask for the cluster's token, which KubeRay keeps."""
     ca_pem: str = ""
     """PEM bundle run pods trust for `controller_url` (read by the controller at startup):
@@ -304,7 +304,15 @@ def _rendezvous_env(
 
 
 def _user_env(spec: specs.TauSpec) -> list[dict[str, Any]]:
-    return [{"name": key, "value": value} for key, value in spec.env.items()]
+    """`env` as values, then `secretEnv` as references the kubelet resolves when it starts
+    the pod: a Secret's value is never in anything the controller writes (the chart's
+    admission policy lets a pod refer only to the Secrets the namespace lists for runs)."""
+    plain = [{"name": key, "value": value} for key, value in spec.env.items()]
+    secret = [
+        {"name": key, "valueFrom": {"secretKeyRef": {"name": ref.secret, "key": ref.key}}}
+        for key, ref in spec.secret_env.items()
+    ]
+    return plain + secret
 
 
 def _isolation_env(gpus: int) -> list[dict[str, Any]]:

@@ -109,6 +109,14 @@ class ArtifactReport(ReportModel):
     """`sha256:<64 hex digits>`, when known."""
 
 
+_CONTROLS = dict.fromkeys(
+    [c for c in range(0x20) if c not in {0x09, 0x0A}] + [0x7F, *range(0x80, 0xA0)]
+)
+"""Control characters a summary loses when it is stored (all but tab and newline): `tau
+results` and the web page print it, and an escape sequence (ESC, CSI) would drive the
+reader's terminal (security review 3, finding 10)."""
+
+
 class ResultReport(ReportModel):
     """One report from a run's pod: any of metrics, artifacts and a summary."""
 
@@ -130,7 +138,7 @@ class ResultReport(ReportModel):
         if value is not None and "\x00" in value:
             msg = "must not contain NUL"
             raise ValueError(msg)
-        return value
+        return None if value is None else value.translate(_CONTROLS)
 
     @pydantic.model_validator(mode="after")
     def _not_empty(self) -> ResultReport:

@@ -23,7 +23,9 @@ import pytest
 import pytest_asyncio
 from kubernetes_asyncio import client
 
+from controller.runs import objects, rendering
 from devcluster import cluster
+from shared import spec as specs
 from tests import releasekit, support
 
 pytestmark = pytest.mark.cluster
@@ -48,6 +50,58 @@ def job(meta: dict[str, Any], **pod: Any) -> dict[str, Any]:
             "spec": {"suspend": True, "template": {"spec": {**PLAIN_POD, **pod}}}}  # fmt: skip
 
 
+def main(name: str = "main", **container: Any) -> dict[str, Any]:
+    """A run container, changed by `container`."""
+    return {"name": name, "image": "registry.example/x@sha256:" + "1" * 64, **container}
+
+
+def indexed(obj: dict[str, Any]) -> dict[str, Any]:
+    """The Job as an Indexed Job (a pytorch run's kind)."""
+    return {**obj, "spec": {**obj["spec"], "completionMode": "Indexed", "completions": 1}}
+
+
+def annotated(obj: dict[str, Any], annotations: dict[str, str]) -> dict[str, Any]:
+    """The Job with `annotations` on its pod template."""
+    template = {**obj["spec"]["template"], "metadata": {"annotations": annotations}}
+    return {**obj, "spec": {**obj["spec"], "template": template}}
+
+
+ESCAPED_POD: dict[str, Any] = {
+    "restartPolicy": "Never", "serviceAccountName": "builder", "hostNetwork": True,
+    "containers": [main(securityContext={"privileged": True},
+                        volumeMounts=[{"name": "root", "mountPath": "/host"}])],
+    "volumes": [{"name": "root", "hostPath": {"path": "/"}}],
+}  # fmt: skip
+"""A pod that is privileged, host-networked, mounts the node's root and runs as another
+ServiceAccount with its token (review 3, finding 2's RayJob submitter)."""
+
+
+def rayjob(
+    meta: dict[str, Any], *, cluster: bool = True, submitter: dict[str, Any] | None = None,
+    autoscaler: dict[str, Any] | None = None, worker: dict[str, Any] | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """A suspended RayJob: its own RayCluster of plain pods (or a clusterSelector onto
+    someone's), optionally a submitter template and an autoscaler sidecar."""
+    spec: dict[str, Any] = {"suspend": True, "entrypoint": "python x.py",
+                            "shutdownAfterJobFinishes": True,
+                            "submissionMode": "K8sJobMode"}  # fmt: skip
+    if cluster:
+        spec["rayClusterSpec"] = {
+            "headGroupSpec": {"rayStartParams": {}, "template": {"spec": PLAIN_POD}},
+            "workerGroupSpecs": [{"groupName": "w", "replicas": 1, "minReplicas": 1,
+                                  "maxReplicas": 1, "rayStartParams": {},
+                                  "template": {"spec": worker or PLAIN_POD}}],
+        }  # fmt: skip
+        if autoscaler is not None:
+            spec["rayClusterSpec"]["autoscalerOptions"] = autoscaler
+    else:
+        spec["clusterSelector"] = {"ray.io/cluster": "theirs"}
+    if submitter is not None:
+        spec["submitterPodTemplate"] = {"spec": submitter}
+    return {"apiVersion": "ray.io/v1", "kind": "RayJob", "metadata": {"name": "r-a1", **meta},
+            "spec": spec}  # fmt: skip
+
+
 def runlog(meta: dict[str, Any]) -> dict[str, Any]:
     spec = {"run": "r", "attempt": 1, "worker": 0, "pod": "r-a1-x", "container": "main",
             "capturedAt": "2026-01-01T00:00:00Z", "complete": True, "truncated": False,
@@ -63,10 +117,14 @@ def configmap(meta: dict[str, Any]) -> dict[str, Any]:
 class Impersonated:
     """Requests to the API server as the release's controller ServiceAccount."""
 
-    def __init__(self, dev: cluster.Cluster, user: str, http: aiohttp.ClientSession) -> None:
+    def __init__(
+        self, dev: cluster.Cluster, user: str, http: aiohttp.ClientSession,
+        groups: tuple[str, ...] | None = None,
+    ) -> None:  # fmt: skip
         self.dev = dev
         self.user = user
         self.http = http
+        self.groups = groups
 
     async def send(
         self, method: str, path: str, body: dict[str, Any], *, pod: str = "",
@@ -74,12 +132,15 @@ class Impersonated:
     ) -> str:  # fmt: skip
         """'allowed', 'rbac' (RBAC refused) or 'policy' (the admission policy refused: 403
         naming it; a policy that fails to evaluate answers 422 and fails the test)."""
-        namespace = self.user.split(":")[2]
-        headers = [
-            ("Impersonate-User", self.user), ("Impersonate-Group", "system:serviceaccounts"),
-            ("Impersonate-Group", f"system:serviceaccounts:{namespace}"),
-            ("Impersonate-Group", "system:authenticated"), ("Content-Type", content_type),
-        ]  # fmt: skip
+        groups: tuple[str, ...]
+        if self.groups is None:
+            namespace = self.user.split(":")[2]
+            groups = ("system:serviceaccounts", f"system:serviceaccounts:{namespace}",
+                      "system:authenticated")  # fmt: skip
+        else:
+            groups = self.groups
+        headers = [("Impersonate-User", self.user), ("Content-Type", content_type)]
+        headers += [("Impersonate-Group", g) for g in groups]
         if pod:
             key = urllib.parse.quote("authentication.kubernetes.io/pod-name", safe="")
             headers.append((f"Impersonate-Extra-{key}", pod))
@@ -136,6 +197,7 @@ JOBS = f"/apis/batch/v1/namespaces/{RUNS}/jobs"
 RUNLOGS = f"/apis/taugrid.dev/v1alpha1/namespaces/{RUNS}/taurunlogs"
 CONFIGMAPS = f"/api/v1/namespaces/{RUNS}/configmaps"
 SECRETS = f"/api/v1/namespaces/{RUNS}/secrets"
+RAYJOBS = f"/apis/ray.io/v1/namespaces/{RUNS}/rayjobs"
 
 
 @pytest.mark.parametrize(
@@ -164,6 +226,69 @@ SECRETS = f"/api/v1/namespaces/{RUNS}/secrets"
         pytest.param("POST", JOBS, job(OURS, containers=[{
             "name": "main", "image": "x", "securityContext": {"privileged": True}}]), "policy",
                      id="a privileged container is refused"),
+        pytest.param("POST", JOBS, job(OURS, containers=[main(env=[{"name": "K", "valueFrom": {
+            "secretKeyRef": {"name": "db", "key": "password"}}}])]), "policy",
+                     id="env secretKeyRef of a Secret the namespace does not list is refused"),
+        pytest.param("POST", JOBS, job(OURS, containers=[main(envFrom=[{
+            "secretRef": {"name": "db"}}])]), "policy",
+                     id="envFrom secretRef of a Secret the namespace does not list is refused"),
+        pytest.param("POST", JOBS, job(OURS, volumes=[{"name": "p", "projected": {"sources": [
+            {"secret": {"name": "db"}}]}}]), "policy", id="a projected Secret is refused"),
+        pytest.param("POST", JOBS, job(OURS, containers=[main(securityContext={
+            "capabilities": {"add": ["NET_ADMIN"]}})]), "policy",
+                     id="an added capability is refused"),
+        pytest.param("POST", JOBS, job(OURS, containers=[main(securityContext={
+            "capabilities": {"drop": ["ALL"]}})]), "allowed",
+                     id="dropping capabilities is allowed"),
+        pytest.param("POST", JOBS, job(OURS, containers=[main(ports=[{
+            "containerPort": 80, "hostPort": 80}])]), "policy", id="a hostPort is refused"),
+        pytest.param("POST", JOBS, job(OURS, securityContext={"runAsUser": 0}), "policy",
+                     id="a pod-level runAsUser 0 is refused"),
+        pytest.param("POST", JOBS, job(OURS, containers=[main(securityContext={
+            "runAsUser": 0})]), "policy", id="a container-level runAsUser 0 is refused"),
+        pytest.param("POST", JOBS, job(OURS, securityContext={"runAsUser": 1000}), "allowed",
+                     id="a non-root runAsUser is allowed"),
+        pytest.param("POST", JOBS, job(OURS, securityContext={
+            "seccompProfile": {"type": "Unconfined"}}), "policy",
+                     id="an Unconfined seccomp profile is refused"),
+        pytest.param("POST", JOBS, job(OURS, containers=[main(securityContext={
+            "appArmorProfile": {"type": "Unconfined"}})]), "policy",
+                     id="an Unconfined AppArmor profile is refused"),
+        pytest.param("POST", JOBS, job(OURS, containers=[main(securityContext={
+            "allowPrivilegeEscalation": True})]), "policy",
+                     id="allowPrivilegeEscalation true is refused"),
+        pytest.param("POST", JOBS, job(OURS, hostUsers=False, containers=[main(securityContext={
+            "procMount": "Unmasked"})]), "policy", id="an Unmasked procMount is refused"),
+        pytest.param("POST", JOBS, job(OURS, securityContext={"sysctls": [
+            {"name": "net.ipv4.ip_local_port_range", "value": "1024 65000"}]}), "policy",
+                     id="a sysctl is refused"),
+        pytest.param("POST", JOBS, job(OURS, initContainers=[main(name="init", securityContext={
+            "privileged": True})]), "policy", id="a privileged init container is refused"),
+        pytest.param("POST", JOBS, job(OURS, initContainers=[main(name="init", envFrom=[{
+            "secretRef": {"name": "db"}}])]), "policy",
+                     id="an init container's envFrom secretRef is refused"),
+        pytest.param("POST", JOBS, indexed(job(OURS, hostPID=True)), "policy",
+                     id="an Indexed Job sharing the node's PID namespace is refused"),
+        pytest.param("POST", JOBS, annotated(job(OURS), {
+            "container.apparmor.security.beta.kubernetes.io/main": "unconfined"}), "policy",
+                     id="an AppArmor annotation on the pod template is refused"),
+        pytest.param("POST", RAYJOBS, rayjob(OURS, submitter=PLAIN_POD), "allowed",
+                     id="a run's RayJob with its own cluster and a plain submitter is allowed"),
+        pytest.param("POST", RAYJOBS, rayjob(OURS, cluster=False, submitter=ESCAPED_POD), "policy",
+                     id="a RayJob without rayClusterSpec whose submitter escapes is refused"),
+        pytest.param("POST", RAYJOBS, rayjob(OURS, cluster=False), "policy",
+                     id="a RayJob without rayClusterSpec (onto somebody's cluster) is refused"),
+        pytest.param("POST", RAYJOBS, rayjob(OURS, submitter=ESCAPED_POD), "policy",
+                     id="a RayJob whose submitter template escapes is refused"),
+        pytest.param("POST", RAYJOBS, rayjob(OURS, submitter={
+            **PLAIN_POD, "serviceAccountName": "builder"}), "policy",
+                     id="a RayJob submitter with another ServiceAccount is refused"),
+        pytest.param("POST", RAYJOBS, rayjob(OURS, autoscaler={
+            "image": "x", "securityContext": {"privileged": True}}), "policy",
+                     id="a RayJob with an autoscaler sidecar is refused"),
+        pytest.param("POST", RAYJOBS, rayjob(OURS, worker={**PLAIN_POD, "containers": [main(
+            env=[{"name": "K", "valueFrom": {"secretKeyRef": {"name": "db", "key": "k"}}}])]}),
+                     "policy", id="a RayJob worker reading an unlisted Secret is refused"),
         pytest.param("POST", CONFIGMAPS, configmap(OURS), "allowed",
                      id="a run's checkpoint ConfigMap is allowed"),
         pytest.param("POST", CONFIGMAPS, configmap({}), "policy",
@@ -258,14 +383,15 @@ async def test_the_controller_may_set_only_the_leader_label_and_only_on_its_own_
     assert expected == answers
 
 
-@pytest_asyncio.fixture
-async def node(
-    k8s: client.ApiClient, dev_cluster: cluster.Cluster, bin_dir: pathlib.Path, namespace: str
-) -> AsyncIterator[str]:
-    """A fake node carrying somebody else's taint."""
+@contextlib.asynccontextmanager
+async def fake_node(
+    k8s: client.ApiClient, dev_cluster: cluster.Cluster, bin_dir: pathlib.Path, prefix: str,
+    labels: dict[str, str],
+) -> AsyncIterator[str]:  # fmt: skip
+    """A fake node with `labels`, carrying somebody else's taint."""
     (name,) = await asyncio.to_thread(
-        dev_cluster.ensure_nodes, bin_dir, 1, prefix=f"p-{namespace}"[:50].rstrip("-") + "-",
-        labels={"taugrid.dev/test-fleet": namespace},
+        dev_cluster.ensure_nodes, bin_dir, 1, prefix=prefix[:50].rstrip("-") + "-",
+        labels=labels,
     )  # fmt: skip
     core = client.CoreV1Api(k8s)
     await core.patch_node(name, {"spec": {"taints": [
@@ -274,6 +400,17 @@ async def node(
         yield name
     finally:
         await core.delete_node(name)
+
+
+@pytest_asyncio.fixture
+async def node(
+    k8s: client.ApiClient, dev_cluster: cluster.Cluster, bin_dir: pathlib.Path, namespace: str,
+    release: releasekit.Release,
+) -> AsyncIterator[str]:  # fmt: skip
+    """A fake node the release manages (its managedNodeSelector selects it)."""
+    labels = {"taugrid.dev/test-fleet": release.namespace}
+    async with fake_node(k8s, dev_cluster, bin_dir, f"p-{namespace}", labels) as name:
+        yield name
 
 
 OUR_TAINT = {"key": "taugrid.dev/gpu-unhealthy", "effect": "NoSchedule"}
@@ -303,6 +440,54 @@ async def test_on_a_node_the_controller_may_change_only_its_own_marks(
     ]
     answers = [await controller.send("PATCH", p, b, content_type=t) for p, b, t in cases]
     expected = ["allowed"] * 3 + ["policy"] * 4
+    assert expected == answers
+
+
+async def test_the_controller_never_puts_a_noexecute_taint_on_a_node(
+    node: str, controller: Impersonated
+) -> None:
+    """Even on a node it manages, a NoExecute taint of ours (which would evict every pod
+    without a toleration, past PDBs) is refused; our NoSchedule taint is allowed."""
+    path, merge = f"/api/v1/nodes/{node}", "application/merge-patch+json"
+    evict = {"key": "taugrid.dev/gpu-unhealthy", "effect": "NoExecute"}
+    answers = [
+        await controller.send("PATCH", path, {"spec": {"taints": [THEIR_TAINT, evict]}},
+                              content_type=merge),
+        await controller.send("PATCH", path, {"spec": {"taints": [THEIR_TAINT, OUR_TAINT]}},
+                              content_type=merge),
+    ]  # fmt: skip
+    expected = ["policy", "allowed"]
+    assert expected == answers
+
+
+@pytest.mark.parametrize(
+    "labels",
+    [
+        pytest.param({"taugrid.dev/managed": "false"}, id="a node labelled managed=false"),
+        pytest.param({"taugrid.dev/managed": "False"}, id="a node labelled managed=False"),
+        pytest.param({}, id="a node outside the release's managedNodeSelector"),
+    ],
+)
+async def test_the_controller_may_not_taint_or_cordon_a_node_it_does_not_manage(  # noqa: PLR0917  (pytest fixtures)
+    k8s: client.ApiClient, dev_cluster: cluster.Cluster, bin_dir: pathlib.Path, namespace: str,
+    release: releasekit.Release, controller: Impersonated, labels: dict[str, str],
+) -> None:  # fmt: skip
+    """Our taint and the cordon are refused on a node the release does not manage (as the
+    fleet decides: the selector, then the opt-out label); our annotation alone is not a
+    taint and stays allowed, as does its removal of nothing."""
+    selected = {"taugrid.dev/test-fleet": release.namespace} if labels else {}
+    async with fake_node(k8s, dev_cluster, bin_dir, f"u-{namespace}",
+                         {**selected, **labels}) as name:  # fmt: skip
+        path, merge = f"/api/v1/nodes/{name}", "application/merge-patch+json"
+        answers = [
+            await controller.send("PATCH", path, {"spec": {"taints": [THEIR_TAINT, OUR_TAINT]}},
+                                  content_type=merge),
+            await controller.send("PATCH", path, {"spec": {"unschedulable": True}},
+                                  content_type=merge),
+            await controller.send("PATCH", path, {"metadata": {"annotations": {
+                "taugrid.dev/history": "[]"}}}, content_type=merge),
+        ]  # fmt: skip
+    expected = ["policy", "policy", "allowed"]
     assert expected == answers
 
 
@@ -359,3 +544,165 @@ async def test_device_taint_rules_only_for_one_nvidia_gpu_under_our_name(
     got = await support.eventually(answers, what="the DeviceTaintRule grant in force")
     expected = ["allowed", "policy", "policy", "policy"]
     assert expected == got
+
+
+# ---------------------------------------------------------------- records and secrets
+
+
+@pytest_asyncio.fixture(scope="module")
+async def researcher(
+    dev_cluster: cluster.Cluster, k8s: client.ApiClient, controller: Impersonated
+) -> AsyncIterator[Impersonated]:
+    """A person who may create TauRuns and TauRunLogs in the runs namespace (a too-wide Role
+    a platform might grant) and get one Secret, `readable`, but not `hidden`."""
+    rbac = client.RbacAuthorizationV1Api(k8s)
+    name = support.unique_name("t-researcher")
+    await rbac.create_namespaced_role(RUNS, {"metadata": {"name": name}, "rules": [
+        {"apiGroups": ["taugrid.dev"], "resources": ["tauruns", "taurunlogs"],
+         "verbs": ["create", "update", "get"]},
+        {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["readable"],
+         "verbs": ["get"]},
+    ]})  # fmt: skip
+    await rbac.create_namespaced_role_binding(RUNS, {
+        "metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": name}],
+    })  # fmt: skip
+    try:
+        yield Impersonated(dev_cluster, name, controller.http, ("system:authenticated",))
+    finally:
+        await rbac.delete_namespaced_role_binding(name, RUNS)
+        await rbac.delete_namespaced_role(name, RUNS)
+
+
+def taurun(secret_env: dict[str, dict[str, str]]) -> dict[str, Any]:
+    """A TauRun as `kubectl apply` would send it, with `secretEnv`."""
+    spec = {"name": "r", "image": "registry.example/x@sha256:" + "1" * 64, "command": ["x"],
+            "secretEnv": secret_env}  # fmt: skip
+    return {"apiVersion": "taugrid.dev/v1alpha1", "kind": "TauRun",
+            "metadata": {"name": "r"}, "spec": spec}  # fmt: skip
+
+
+TAURUNS = f"/apis/taugrid.dev/v1alpha1/namespaces/{RUNS}/tauruns"
+
+
+async def test_only_the_controller_writes_kept_logs(
+    researcher: Impersonated, controller: Impersonated
+) -> None:
+    """Review 3, finding 9: a TauRunLog owned by the run, made by a person who may create
+    TauRunLogs but not write run status, is refused; the controller's is allowed."""
+
+    async def answers() -> list[str]:
+        got = [await researcher.send("POST", RUNLOGS, runlog(OURS)),
+               await controller.send("POST", RUNLOGS, runlog(OURS))]  # fmt: skip
+        assert got[0] != "rbac", got  # the researcher's Role has reached the authorizer
+        return got
+
+    expected = ["policy", "allowed"]
+    assert expected == await support.eventually(answers, what="the researcher's Role in force")
+
+
+@pytest.mark.parametrize(
+    ("who", "secret", "expected"),
+    [
+        pytest.param("researcher", "hidden", "policy",
+                     id="a person naming a Secret they may not get is refused"),
+        pytest.param("researcher", "readable", "allowed",
+                     id="a person naming a Secret they may get is allowed"),
+        pytest.param("controller", "hidden", "allowed",
+                     id="the controller, which asked the caller's review itself, is allowed"),
+    ],
+)  # fmt: skip
+async def test_a_taurun_names_only_secrets_its_maker_may_read(
+    researcher: Impersonated, controller: Impersonated, who: str, secret: str, expected: str
+) -> None:
+    """From issue 30: a kubectl-made TauRun's secretEnv is held to what its maker may
+    `get`, as the HTTP API's SubjectAccessReview holds a submission."""
+    me = researcher if who == "researcher" else controller
+    body = taurun({"TOKEN": {"secret": secret, "key": "k"}})
+
+    async def answer() -> str:
+        got = await me.send("POST", TAURUNS, body)
+        assert got != "rbac", got
+        return got
+
+    assert expected == await support.eventually(answer, what="the researcher's Role in force")
+
+
+@contextlib.asynccontextmanager
+async def run_secrets(k8s: client.ApiClient, value: str | None) -> AsyncIterator[None]:
+    """The runs namespace's taugrid.dev/run-secrets annotation set to `value` (None: none)."""
+    core = client.CoreV1Api(k8s)
+    key = "taugrid.dev/run-secrets"
+    await core.patch_namespace(RUNS, {"metadata": {"annotations": {key: value}}})
+    try:
+        yield
+    finally:
+        await core.patch_namespace(RUNS, {"metadata": {"annotations": {key: None}}})
+
+
+def rendered(kind: str, *, dra: bool = False) -> list[dict[str, Any]]:
+    """What the controller renders for attempt 2 of a run of `kind` with secretEnv, a
+    checkpoint claim and a dataset (its real code, not a hand-made copy)."""
+    spec = specs.validate_spec({
+        "name": "r", "kind": kind, "image": "registry.example/x@sha256:" + "1" * 64,
+        "command": ["python", "train.py"], "workers": 2, "resources": {"gpus": 1},
+        "env": {"LR": "0.1"}, "secretEnv": {"HF_TOKEN": {"secret": "hf", "key": "token"}},
+        "volumes": [{"claim": "data", "mountPath": "/data", "readOnly": True}],
+        "checkpoint": {"dir": "/ckpt", "volume": "ckpt"}, "imagePullSecrets": ["pull"],
+    }).spec  # fmt: skip
+    ref = objects.RunRef(name="r", namespace=RUNS, uid=str(OWNER["uid"]))
+    ctx = rendering.AttemptContext(run=ref, attempt=2, checkpoint_configmap="r-checkpoint",
+                                   resume_from="/ckpt/1", failure_reason="NodeFailure")  # fmt: skip
+    settings = rendering.RenderSettings(controller_url="https://taugrid:8080", dra=dra,
+                                        ray_token_auth=False, ca_pem="pem")  # fmt: skip
+    return rendering.render_attempt(spec, ctx, settings)
+
+
+PATHS = {
+    "Job": JOBS, "RayJob": RAYJOBS, "Service": f"/api/v1/namespaces/{RUNS}/services",
+    "NetworkPolicy": f"/apis/networking.k8s.io/v1/namespaces/{RUNS}/networkpolicies",
+    "ResourceClaimTemplate": f"/apis/resource.k8s.io/v1/namespaces/{RUNS}/resourceclaimtemplates",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("kind", "dra"),
+    [
+        pytest.param("job", False, id="a job run"),
+        pytest.param("pytorch", False, id="a pytorch run (Indexed Job, Service, NetworkPolicy)"),
+        pytest.param("ray", False, id="a ray run (RayJob, NetworkPolicy)"),
+        pytest.param("job", True, id="a job run on DRA (ResourceClaimTemplate)"),
+    ],
+)  # fmt: skip
+async def test_the_controllers_own_renders_pass_the_policy(
+    k8s: client.ApiClient, controller: Impersonated, kind: str, dra: bool
+) -> None:
+    """Every object the controller renders for a run that reads a Secret the namespace lists
+    is allowed; with the Secret unlisted, the pod-carrying object is refused."""
+    objs = rendered(kind, dra=dra)
+    async with run_secrets(k8s, "other, hf"):
+        listed = [await controller.send("POST", PATHS[o["kind"]], o) for o in objs]
+    async with run_secrets(k8s, None):
+        unlisted = [await controller.send("POST", PATHS[o["kind"]], o) for o in objs]
+    carrying = [o["kind"] in {"Job", "RayJob"} for o in objs]
+    expected = (["allowed"] * len(objs), ["policy" if c else "allowed" for c in carrying])
+    assert expected == (listed, unlisted)
+
+
+async def test_a_listed_secret_reaches_a_pod_only_through_secret_key_ref(
+    k8s: client.ApiClient, controller: Impersonated
+) -> None:
+    """With `db` listed for runs: one key of it as env is allowed; all of it through
+    envFrom (keys that would become variables nobody validated, NVIDIA_* among them) and a
+    Secret volume of it are refused."""
+    key_ref = {"name": "K", "valueFrom": {"secretKeyRef": {"name": "db", "key": "k"}}}
+    bodies = [
+        job(OURS, containers=[main(env=[key_ref])]),
+        job(OURS, containers=[main(envFrom=[{"secretRef": {"name": "db"}}])]),
+        job(OURS, volumes=[{"name": "s", "secret": {"secretName": "db"}}]),
+    ]
+    async with run_secrets(k8s, "db"):
+        answers = [await controller.send("POST", JOBS, b) for b in bodies]
+    expected = ["allowed", "policy", "policy"]
+    assert expected == answers

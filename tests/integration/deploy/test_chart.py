@@ -180,7 +180,7 @@ def test_defaults_render_the_core_objects_and_nothing_optional(
         "ClusterRole": 2, "ClusterRoleBinding": 3, "DaemonSet": 1, "Deployment": 1,
         "PodDisruptionBudget": 1, "Role": 1, "RoleBinding": 2, "Service": 3,
         "ServiceAccount": 2, "AdmissionCheck": 1, "WorkloadPriorityClass": 1,
-        "ValidatingAdmissionPolicy": 1, "ValidatingAdmissionPolicyBinding": 1,
+        "ValidatingAdmissionPolicy": 3, "ValidatingAdmissionPolicyBinding": 3,
     }  # fmt: skip
     kinds: dict[str, int] = {}
     for d in defaults:
@@ -407,8 +407,8 @@ def test_the_admission_policy_binds_the_controllers_service_account_and_denies()
     """The policy matches requests of the release's controller ServiceAccount only, fails
     closed, and its binding denies (not just warns or audits)."""
     docs = render(release="tg2", namespace="team-ops")
-    policy = one(docs, "ValidatingAdmissionPolicy")
-    binding = one(docs, "ValidatingAdmissionPolicyBinding")
+    policy = one(docs, "ValidatingAdmissionPolicy", "tg2-taugrid-controller")
+    binding = one(docs, "ValidatingAdmissionPolicyBinding", "tg2-taugrid-controller")
     (condition,) = policy["spec"]["matchConditions"]
     user = "system:serviceaccount:team-ops:tg2-taugrid-controller"
     expected = (f"request.userInfo.username == {json.dumps(user)}", "Fail", ["Deny"],
@@ -1137,3 +1137,38 @@ def test_the_readme_documents_every_value() -> None:
     assert undocumented == set()
     unknown = {d for d in documented if not any(p == d or p.startswith(f"{d}.") for p in leaves)}
     assert unknown == set()
+
+
+@pytest.mark.parametrize(
+    ("selector", "expected"),
+    [
+        pytest.param("", "true", id="an empty selector manages every node"),
+        pytest.param("pool=a", '("pool" in L && L["pool"] == "a")', id="equality"),
+        pytest.param("pool==a,!spot", '("pool" in L && L["pool"] == "a") && !("spot" in L)',
+                     id="double equals and a label that must be absent"),
+        pytest.param("zone!=x,gpu", '(!("zone" in L) || L["zone"] != "x") && ("gpu" in L)',
+                     id="inequality holds when the label is absent; a bare key must exist"),
+        pytest.param("pool in (a, b),tier notin (spot)",
+                     '("pool" in L && L["pool"] in ["a","b"]) && '
+                     '(!("tier" in L) || !(L["tier"] in ["spot"]))', id="set-based terms"),
+    ],
+)  # fmt: skip
+def test_the_managed_node_selector_becomes_the_policys_managed_node(
+    selector: str, expected: str
+) -> None:
+    """Review 3, finding 2: the admission policy's "a node this release manages" is the
+    controller's managedNodeSelector, term by term, and never labelled managed=false."""
+    policy = one(render({"controller": {"managedNodeSelector": selector}}),
+                 "ValidatingAdmissionPolicy", "taugrid-controller")  # fmt: skip
+    (managed,) = [v["expression"] for v in policy["spec"]["variables"]
+                  if v["name"] == "managedNode"]  # fmt: skip
+    opt_out = 'variables.nodeLabels[?"taugrid.dev/managed"].orValue("").lowerAscii() != "false"'
+    assert f"{opt_out} && ({expected})" == managed.replace("variables.nodeLabels", "L").replace(
+        "L[?", "variables.nodeLabels[?"
+    )
+
+
+def test_a_selector_term_the_policy_cannot_say_fails_the_install() -> None:
+    """A selector the chart cannot translate is refused rather than left unchecked."""
+    with pytest.raises(chart.ChartError, match="managedNodeSelector"):
+        render({"controller": {"managedNodeSelector": "a=b=c"}})

@@ -472,3 +472,23 @@ def test_tau_warns_before_sending_a_token_over_plain_http_to_another_host(
     """The warning comes when the client is made, before anything is sent."""
     _tau_client().Client(url, token)
     assert warned == ("warning: sending your token over plain http://" in capsys.readouterr().err)
+
+
+def test_tau_results_prints_no_terminal_escape_sequences(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Review 3, finding 10: a summary, metric name or artifact URI that a run reported with
+    escape sequences (as an older controller stored them) is printed without its control
+    characters; tab and newline stay."""
+    tau = _tau_client()
+    body = {"name": "r", "phase": "Succeeded", "attempt": 1,
+            "summary": "loss \x1b[2J\x1b]0;pwned\x07fell\n\tdone\x9b",
+            "metrics": [{"name": "lo\x1bss", "points": [{"step": 1, "value": 0.5}],
+                         "last": {"step": 1, "value": 0.5}}],
+            "artifacts": [{"uri": "s3://b/m\x1b[31m.pt", "attempt": 1}]}  # fmt: skip
+    tau._print_results(body, None)
+    out = capsys.readouterr().out
+    expected: tuple[list[str], bool] = ([], True)
+    actual = ([c for c in out if (ord(c) < 0x20 and c not in "\n\t") or 0x7F <= ord(c) < 0xA0],
+              "Summary: loss [2J]0;pwnedfell\n\tdone" in out)  # fmt: skip
+    assert expected == actual

@@ -1204,3 +1204,44 @@ def _patterns(node: object) -> list[str]:
 def test_declared_namespaces_are_found_without_parsing(body: bytes, expected: list[str]) -> None:
     """The namespaces a body may declare, from one scan of its bytes (M3: authorise first)."""
     assert expected == specs.declared_namespaces(body)
+
+
+@pytest.mark.parametrize(
+    ("extra", "field", "words"),
+    [
+        pytest.param("secretEnv: {TAU_TOKEN: {secret: s, key: k}}\n", "secretEnv.TAU_TOKEN",
+                     "reserved", id="a TAU_ secretEnv name is reserved"),
+        pytest.param("secretEnv: {NVIDIA_VISIBLE_DEVICES: {secret: s, key: k}}\n",
+                     "secretEnv.NVIDIA_VISIBLE_DEVICES", "device plugin",
+                     id="a device variable from a Secret is refused"),
+        pytest.param("secretEnv: {1X: {secret: s, key: k}}\n", "secretEnv.1X",
+                     "variable name", id="a secretEnv name that is not a variable is refused"),
+        pytest.param("secretEnv: {X: {secret: Bad_Name, key: k}}\n", "secretEnv.X.secret",
+                     "object name", id="a Secret name that is not one is refused"),
+        pytest.param('secretEnv: {X: {secret: s, key: "k\\n"}}\n', "secretEnv.X.key",
+                     "Secret key", id="a key with a trailing newline is refused (full match)"),
+        pytest.param("secretEnv: {X: {secret: s}}\n", "secretEnv.X.key", "required",
+                     id="a reference without its key is refused"),
+        pytest.param("secretEnv: {X: {secret: s, key: k, value: v}}\n", "secretEnv.X.value",
+                     "unknown field", id="a value beside the reference is refused"),
+        pytest.param("env: {X: a}\nsecretEnv: {X: {secret: s, key: k}}\n", "secretEnv.X",
+                     "in env too", id="a name in env and secretEnv both is refused"),
+        pytest.param("kind: pytorch\nsecretEnv: {MASTER_ADDR: {secret: s, key: k}}\n",
+                     "secretEnv.MASTER_ADDR", "rendezvous",
+                     id="a pytorch rendezvous name from a Secret is refused"),
+    ],
+)  # fmt: skip
+def test_secret_env_is_refused_naming_the_field(extra: str, field: str, words: str) -> None:
+    """Issue 30: `secretEnv` names are validated as `env` names are, its Secret names and
+    keys in full; a refusal names the field."""
+    with pytest.raises(specs.SpecError) as caught:
+        _parse(extra)
+    problems = [(p.field, words in p.message) for p in caught.value.problems]
+    assert (field, True) in problems, problems
+
+
+def test_secret_env_keeps_only_names_on_the_wire() -> None:
+    """The wire form (the TauRun's spec) carries the Secret's name and key, nothing more."""
+    spec = _parse("secretEnv: {HF_TOKEN: {secret: hf, key: token}}\n")
+    expected = {"HF_TOKEN": {"secret": "hf", "key": "token"}}
+    assert expected == specs.spec_to_wire(spec)["secretEnv"]

@@ -154,3 +154,43 @@ map). Keys are snake_case setting names; maps and lists are JSON, as pydantic-se
   value: {{ if or (kindIs "map" $value) (kindIs "slice" $value) }}{{ toJson $value | quote }}{{ else }}{{ toString $value | quote }}{{ end }}
 {{- end }}
 {{- end -}}
+
+{{- /*
+controller.managedNodeSelector as a CEL expression over `variables.nodeLabels` (the
+admission policy's "a node this release manages"): each term of the Kubernetes label
+selector grammar (k=v, k==v, k!=v, k, !k, k in (a,b), k notin (a,b)) becomes one clause,
+all joined by &&; an empty selector is `true` (every node, as TAUGRID_CONTROLLER_NODE_SELECTOR
+means). A term the grammar does not know fails the install rather than widening the policy.
+*/ -}}
+{{- define "taugrid.managedNodeCel" -}}
+{{- $clauses := list -}}
+{{- range (regexFindAll "[^,(]+(\\([^)]*\\))?" (default "" .Values.controller.managedNodeSelector) -1) -}}
+{{- $t := trim . -}}
+{{- if $t -}}
+{{- if regexMatch "^\\S+\\s+notin\\s*\\(.*\\)$" $t -}}
+{{- $k := regexReplaceAll "^(\\S+)\\s+notin\\s*\\((.*)\\)$" $t "${1}" -}}
+{{- $vs := list -}}{{- range splitList "," (regexReplaceAll "^(\\S+)\\s+notin\\s*\\((.*)\\)$" $t "${2}") -}}{{- $vs = append $vs (trim .) -}}{{- end -}}
+{{- $clauses = append $clauses (printf "(!(%s in variables.nodeLabels) || !(variables.nodeLabels[%s] in %s))" (toJson $k) (toJson $k) (toJson $vs)) -}}
+{{- else if regexMatch "^\\S+\\s+in\\s*\\(.*\\)$" $t -}}
+{{- $k := regexReplaceAll "^(\\S+)\\s+in\\s*\\((.*)\\)$" $t "${1}" -}}
+{{- $vs := list -}}{{- range splitList "," (regexReplaceAll "^(\\S+)\\s+in\\s*\\((.*)\\)$" $t "${2}") -}}{{- $vs = append $vs (trim .) -}}{{- end -}}
+{{- $clauses = append $clauses (printf "(%s in variables.nodeLabels && variables.nodeLabels[%s] in %s)" (toJson $k) (toJson $k) (toJson $vs)) -}}
+{{- else if regexMatch "^[^=!\\s]+\\s*!=\\s*[^=!\\s]*$" $t -}}
+{{- $k := trim (regexReplaceAll "^([^=!\\s]+)\\s*!=\\s*([^=!\\s]*)$" $t "${1}") -}}
+{{- $v := trim (regexReplaceAll "^([^=!\\s]+)\\s*!=\\s*([^=!\\s]*)$" $t "${2}") -}}
+{{- $clauses = append $clauses (printf "(!(%s in variables.nodeLabels) || variables.nodeLabels[%s] != %s)" (toJson $k) (toJson $k) (toJson $v)) -}}
+{{- else if regexMatch "^[^=!\\s]+\\s*==?\\s*[^=!\\s]*$" $t -}}
+{{- $k := trim (regexReplaceAll "^([^=!\\s]+)\\s*==?\\s*([^=!\\s]*)$" $t "${1}") -}}
+{{- $v := trim (regexReplaceAll "^([^=!\\s]+)\\s*==?\\s*([^=!\\s]*)$" $t "${2}") -}}
+{{- $clauses = append $clauses (printf "(%s in variables.nodeLabels && variables.nodeLabels[%s] == %s)" (toJson $k) (toJson $k) (toJson $v)) -}}
+{{- else if regexMatch "^![^=!\\s]+$" $t -}}
+{{- $clauses = append $clauses (printf "!(%s in variables.nodeLabels)" (toJson (trimPrefix "!" $t))) -}}
+{{- else if regexMatch "^[^=!\\s]+$" $t -}}
+{{- $clauses = append $clauses (printf "(%s in variables.nodeLabels)" (toJson $t)) -}}
+{{- else -}}
+{{- fail (printf "controller.managedNodeSelector: %q is not a label selector term" $t) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if $clauses -}}{{ join " && " $clauses }}{{- else -}}true{{- end -}}
+{{- end -}}

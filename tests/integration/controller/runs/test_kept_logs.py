@@ -155,3 +155,40 @@ async def test_kept_logs_need_pods_log_and_are_never_someone_elses(
     await support.eventually(refused, what="the keeper to refuse the planted TauRunLog")
     obj = await kept(env, "other-a1-w0")
     assert obj["spec"]["log"] == "planted\n"
+
+
+@pytest.mark.controller(run_log_capture_interval_s=3600)
+async def test_a_kept_log_is_served_only_as_the_controller_writes_it_and_never_breaks_headers(
+    env: Env,
+) -> None:
+    """Review 3, finding 9: a TauRunLog that the run controls but that is not labelled as the
+    controller labels its own is not served (409); once it is, a CR/LF planted in its pod
+    name never reaches the `X-TauGrid-Pod` header (before: aiohttp refused it, a 500)."""
+    assert (await env.submit(job_spec("forged")))[0] == 201
+    custom = client.CustomObjectsApi(env.api)
+    uid = (await custom.get_namespaced_custom_object(
+        *TAURUNLOG, env.namespace, "tauruns", "forged"))["metadata"]["uid"]  # fmt: skip
+    owner = {"apiVersion": "taugrid.dev/v1alpha1", "kind": "TauRun", "name": "forged",
+             "uid": uid, "controller": True}  # fmt: skip
+    forged = {
+        "apiVersion": "taugrid.dev/v1alpha1", "kind": "TauRunLog",
+        "metadata": {"name": "forged-a1-w0", "namespace": env.namespace,
+                     "ownerReferences": [owner]},
+        "spec": {"run": "forged", "attempt": 1, "worker": 0, "pod": "p\r\nX-Evil: 1",
+                 "container": "main", "complete": True, "log": "planted\n"},
+    }  # fmt: skip
+    await custom.create_namespaced_custom_object(*TAURUNLOG, env.namespace, "taurunlogs", forged)
+    url = f"{env.url}/v1/runs/{env.namespace}/forged/logs"
+    answers = []
+    for labels in (None, {"taugrid.dev/run": "forged"}):
+        if labels:
+            await custom.patch_namespaced_custom_object(
+                *TAURUNLOG, env.namespace, "taurunlogs", "forged-a1-w0",
+                {"metadata": {"labels": labels}}, _content_type="application/merge-patch+json",
+            )  # fmt: skip
+        async with env.http.get(url, headers=env.headers(), params={"kept": "true"}) as resp:
+            answers.append(
+                (resp.status, resp.headers.get("X-TauGrid-Pod"), "X-Evil" in resp.headers)
+            )
+    expected = [(409, None, False), (200, "", False)]
+    assert expected == answers

@@ -381,3 +381,40 @@ async def test_a_namespace_this_install_does_not_run_work_in_is_refused(
     expected: tuple[int, str, str, list[Any]] = (403, "NamespaceNotServed", "namespace", [])
     actual = (status, body["error"]["code"], body["error"]["field"], runs["items"])
     assert expected == actual
+
+
+# ---------------------------------------------------------------------- secrets into runs
+SECRET_VALUE = "hf_s3cr3t-never-stored"
+
+
+async def test_secret_env_needs_get_on_the_secret_and_stores_only_its_name(env: Env) -> None:
+    """Issue 30: `secretEnv` is refused (403 naming the variable) when the caller may not
+    `get` the Secret; allowed, the run, its Job and its evidence carry the Secret's name and
+    key, never its value."""
+    core = client.CoreV1Api(env.api)
+    for name in ("readable", "hidden"):
+        await core.create_namespaced_secret(
+            env.namespace, {"metadata": {"name": name}, "stringData": {"token": SECRET_VALUE}}
+        )
+    rules = [*RESEARCHER_RULES, {"apiGroups": [""], "resources": ["secrets"],
+                                 "resourceNames": ["readable"], "verbs": ["get"]}]  # fmt: skip
+    token = await make_token(env.api, env.namespace, "reader", rules)
+
+    def spec(name: str, secret: str) -> dict[str, Any]:
+        return job_spec(name, secretEnv={"HF_TOKEN": {"secret": secret, "key": "token"}})
+
+    refused, answer = await env.submit(spec("theirs", "hidden"), token=token)
+    created, run = await env.submit(spec("mine", "readable"), token=token)
+    assert (refused, answer["error"]["field"], created) == (403, "secretEnv.HF_TOKEN", 201), (
+        answer, run,
+    )  # fmt: skip
+    job = await read_job(env.api, env.namespace, "mine-a1")
+    (ref,) = [e for e in job["spec"]["template"]["spec"]["containers"][0]["env"]
+              if e["name"] == "HF_TOKEN"]  # fmt: skip
+    taurun = await client.CustomObjectsApi(env.api).get_namespaced_custom_object(
+        "taugrid.dev", "v1alpha1", env.namespace, "tauruns", "mine"
+    )
+    _, evidence = await env.get(f"/v1/runs/{env.namespace}/mine/evidence")
+    stored = [str(taurun), str(job), str(evidence), str(run)]
+    expected = ({"secretKeyRef": {"name": "readable", "key": "token"}}, [False] * 4)
+    assert expected == (ref["valueFrom"], [SECRET_VALUE in s for s in stored])

@@ -27,6 +27,13 @@ STATUS_422 = json.dumps({
                      id="a 400 without a Status is still a refusal"),
         pytest.param(403, '{"message": "forbidden"}', errors.Forbidden, "",
                      id="a 403 says the controller may not create there"),
+        pytest.param(403, '{"message": "jobs.batch \\"r-a1\\" is forbidden:'
+                     " ValidatingAdmissionPolicy 'p' with binding 'p' denied request: no\"}",
+                     errors.AdmissionRefused, "",
+                     id="a 403 of an admission policy is a permanent refusal"),
+        pytest.param(403, '{"message": "admission webhook \\"w\\" denied the request: no"}',
+                     errors.AdmissionRefused, "",
+                     id="a 403 of an admission webhook is a permanent refusal"),
         pytest.param(500, "etcd timeout", errors.Unavailable, "",
                      id="a 500 of the API server is retryable, not ours"),
     ],

@@ -463,6 +463,89 @@ def test_a_resume_may_name_only_a_checkpoint_in_the_runs_own_directory(
     assert caught.value.field == "checkpoint"
 
 
+@pytest.mark.parametrize(
+    ("paths", "expected"),
+    [
+        pytest.param(["/ckpt/1", "/etc/shadow"], "/ckpt/1",
+                     id="a forged newest path outside the dir gives way to the last good one"),
+        pytest.param(["/ckpt/../etc/passwd"], "", id="a path climbing out with .. starts fresh"),
+        pytest.param(["/ckpt/1", "/ckpt/2"], "/ckpt/2", id="the newest path under the dir is used"),
+    ],
+)  # fmt: skip
+def test_the_next_attempt_loads_only_a_checkpoint_under_the_runs_directory(
+    paths: list[str], expected: str
+) -> None:
+    """Security review 3, finding 6: a checkpoint path read back from status (which a writer
+    of `tauruns/status` could have set) is checked at use, on a retry and on a resume."""
+    saved = [{"attempt": 1, "step": i, "path": p, "time": ts(i)} for i, p in enumerate(paths)]
+    retried = policy.decide_run(
+        run(status=status_with(checkpoints=saved),
+            **failed_once("NodeFailure", checkpoint={"dir": "/ckpt"})), SETTINGS, NOW,
+    )  # fmt: skip
+    failed = status_with(phase="Failed", endTime=ts(9), objectsDeleted=True, checkpoints=saved)
+    resumed = policy.decide_resume(
+        run(status=failed, spec=spec_with(checkpoint={"dir": "/ckpt"})), SETTINGS, NOW,
+        checkpoint=None, by="ada",
+    )  # fmt: skip
+    actual = [
+        _env(next(o for o in plan.creates if o["kind"] == "Job"))["TAU_RESUME_FROM"]
+        for plan in (retried, resumed)
+    ]
+    assert [expected, expected] == actual
+
+
+@pytest.mark.parametrize(
+    ("priority", "allowed", "reason"),
+    [
+        pytest.param("urgent", ("normal",), "PriorityNotAllowed",
+                     id="a class outside the platform's allowlist fails the run"),
+        pytest.param(marks.RESUME_PRIORITY_CLASS, (), "InvalidSpec",
+                     id="the resume class fails the run as an invalid spec"),
+        pytest.param("team-resume", (), "PriorityNotAllowed",
+                     id="the resume class under the chart's own name fails the run"),
+        pytest.param("normal", ("normal",), "Submitted", id="an allowed class is submitted"),
+    ],
+)  # fmt: skip
+def test_a_kubectl_made_run_is_held_to_the_priority_allowlist(
+    priority: str, allowed: tuple[str, ...], reason: str
+) -> None:
+    """Security review 3, finding 5: the allowlist is enforced where every run passes, not
+    only on the HTTP API; a refused run fails with the reason in its status and renders
+    nothing."""
+    settings = dataclasses.replace(
+        SETTINGS, allowed_priority_classes=allowed, resume_priority_class="team-resume"
+    )
+    fresh = run(status=records.RunStatus(), spec=spec_with(priority=priority),
+                attempt_object=None)  # fmt: skip
+    plan = policy.decide_run(fresh, settings, NOW)
+    refused = reason != "Submitted"
+    expected = (reason, refused, refused)
+    actual = (plan.status.reason, not plan.creates, priority in plan.status.message)
+    assert expected == actual
+
+
+def test_a_retry_of_a_run_whose_priority_is_no_longer_allowed_ends_it() -> None:
+    """A spec patched to a disallowed class after attempt 1 (or an allowlist changed since)
+    starts no further attempt: the run ends Failed `PriorityNotAllowed`, rendering nothing."""
+    settings = dataclasses.replace(SETTINGS, allowed_priority_classes=("normal",))
+    plan = policy.decide_run(run(**failed_once("NodeFailure", priority="urgent")), settings, NOW)
+    st = plan.status
+    expected = ("Failed", "PriorityNotAllowed", (), (), 1, [1])
+    actual = (str(st.phase), st.reason, plan.creates, plan.started, st.current_attempt,
+              [a.number for a in st.attempts])  # fmt: skip
+    assert expected == actual
+
+
+def test_resuming_a_run_whose_priority_is_no_longer_allowed_is_refused() -> None:
+    """A hand resume renders a new attempt, so it is held to the allowlist too."""
+    settings = dataclasses.replace(SETTINGS, allowed_priority_classes=("normal",))
+    failed = status_with(phase="Failed", endTime=ts(9), objectsDeleted=True)
+    with pytest.raises(errors.Conflict) as caught:
+        policy.decide_resume(run(status=failed, spec=spec_with(priority="urgent")), settings,
+                             NOW, checkpoint=None, by="ada")  # fmt: skip
+    assert caught.value.field == "priority"
+
+
 def test_resuming_a_cancelled_run_clears_its_cancel() -> None:
     """The cancel annotation would cancel the resumed attempt again: the plan removes it."""
     cancelled = status_with(phase="Cancelled", endTime=ts(9))
@@ -494,7 +577,9 @@ def test_the_next_attempt_carries_the_failure_and_the_latest_checkpoint() -> Non
     """Attempt 2 starts from the newest checkpoint with the failure named in its env, and
     attempt 1's record keeps its class and exit code."""
     saved = status_with(checkpoints=[{"attempt": 1, "step": 200, "path": "/c/2", "time": ts(5)}])
-    plan = policy.decide_run(run(status=saved, **failed_once("NodeFailure")), SETTINGS, NOW)
+    plan = policy.decide_run(
+        run(status=saved, **failed_once("NodeFailure", checkpoint={"dir": "/c"})), SETTINGS, NOW
+    )
     job = next(o for o in plan.creates if o["kind"] == "Job")
     env = _env(job)
     first = plan.status.attempts[0]

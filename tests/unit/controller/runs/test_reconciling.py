@@ -232,6 +232,32 @@ async def test_a_name_held_by_somebody_elses_object_ends_the_run_and_leaves_it_a
     assert expected == actual
 
 
+class RefusingStore(FakeStore):
+    """The API server's admission denies every Job (as the chart's policy denies one that
+    reads a Secret its namespace does not list)."""
+
+    async def create(self, obj: dict[str, Any]) -> bool:
+        if obj["kind"] == "Job":
+            msg = (
+                "the cluster's admission refused the Job: … denied request: run pods read a Secret"
+            )
+            raise errors.AdmissionRefused(msg)
+        return await super().create(obj)
+
+
+async def test_a_run_the_clusters_admission_refuses_ends_saying_why() -> None:
+    """A kubectl-made run whose Job the admission policy denies ends Failed
+    `AdmissionRefused` with the policy's words, instead of asking again on every pass."""
+    store = RefusingStore()
+    store.add_run(SPEC)
+    run = await _reconciler(store).reconcile_now("team", "demo")
+    assert run is not None
+    expected = ("Failed", "AdmissionRefused", True)
+    actual = (run["status"]["phase"], run["status"]["reason"],
+              "run pods read a Secret" in run["status"]["message"])  # fmt: skip
+    assert expected == actual
+
+
 async def test_a_checkpoint_outside_the_runs_directory_is_refused_and_not_kept() -> None:
     """A report of `/etc/passwd` or one climbing out with `..` is a 422 naming `path`;
     `/c/./x/../200` is kept as `/c/200`."""

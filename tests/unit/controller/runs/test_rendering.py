@@ -725,3 +725,18 @@ def test_an_api_server_refusal_names_the_tau_yaml_field(
 ) -> None:
     """A 422 from the API server becomes a 422 naming what the researcher wrote."""
     assert expected == rendering.spec_field(kind, field)
+
+
+@pytest.mark.parametrize("kind", ["job", "pytorch", "ray"])
+def test_secret_env_renders_references_in_every_pod_never_a_value(kind: str) -> None:
+    """Issue 30: each `secretEnv` variable is a `secretKeyRef` in every container of every
+    pod the run has (the kubelet reads the value); `env` stays plain values beside it."""
+    spec = _spec(
+        f"name: demo\nkind: {kind}\nimage: r/x{DIGEST}\ncommand: [python, t.py]\nworkers: 2\n"
+        "env: {LR: '0.1'}\nsecretEnv: {HF_TOKEN: {secret: hf, key: token}}\n"
+    )
+    pods = [p for obj in _render(spec) for p in _pod_specs(obj)]
+    envs = [_env(c) for p in pods for c in p["containers"]]
+    expected = [({"secretKeyRef": {"name": "hf", "key": "token"}}, "0.1")] * len(envs)
+    assert expected == [(e["HF_TOKEN"], e["LR"]) for e in envs]
+    assert pods

@@ -186,3 +186,18 @@ def test_merged_results_survive_the_status_round_trip() -> None:
     merged = results.merge(None, [loss(1), report(summary="s")], T0, results.Limits())
     status = records.RunStatus(results=merged)
     assert records.read(records.wire(status)) == status
+
+
+@pytest.mark.parametrize(
+    ("summary", "expected"),
+    [
+        pytest.param("\x1b[2Jcleared", "[2Jcleared", id="ESC of a CSI sequence is dropped"),
+        pytest.param("t\x1b]0;title\x07x", "t]0;titlex", id="an OSC title sequence is disarmed"),
+        pytest.param("a\x9bb\x7fc", "abc", id="C1 CSI and DEL are dropped"),
+        pytest.param("line 1\n\tline 2", "line 1\n\tline 2", id="newline and tab stay"),
+    ],
+)  # fmt: skip
+def test_a_summary_is_stored_without_control_characters(summary: str, expected: str) -> None:
+    """Review 3, finding 10: what `tau results` and the web page print cannot drive a
+    terminal, whatever a run's pod reported."""
+    assert expected == results.parse_report({"attempt": 1, "summary": summary}).summary
