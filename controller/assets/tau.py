@@ -86,9 +86,11 @@ TERMINAL = ("Succeeded", "Failed", "Cancelled")
 class TauError(Exception):
     """An answer that ends the command: message for people, code for scripts."""
 
-    def __init__(self, message: str, code: int) -> None:
+    def __init__(self, message: str, code: int, status: int = 0) -> None:
         super().__init__(message)
         self.code = code
+        self.status = status
+        """The controller's HTTP status, when it answered (0 when not)."""
 
 
 def _exit_code(status: int) -> int:
@@ -251,9 +253,8 @@ class Client:
             resp = self.opener.open(req, timeout=None if stream else self.timeout)
         except urllib.error.HTTPError as err:
             error = self._error(err.code, err.read())
-            if err.code == 401:
-                error = TauError(f"{error}\n{unauthorised_hint(bool(self.token))}", error.code)
-            raise error from None
+            hint = f"\n{unauthorised_hint(bool(self.token))}" if err.code == 401 else ""
+            raise TauError(f"{error}{hint}", error.code, err.code) from None
         except (urllib.error.URLError, OSError) as err:
             reason = getattr(err, "reason", err)
             raise TauError(unreachable_message(self.url, reason), EXIT_UNAVAILABLE) from None
@@ -1517,7 +1518,7 @@ def cmd_login(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         try:
             client.request("GET", "/v1/runs", query={"namespace": namespace})
         except TauError as err:
-            if err.code != EXIT_FORBIDDEN or "401" in str(err) or "token" in str(err).lower():
+            if err.status != 403:  # a 403 is a token the controller knows, RBAC narrower
                 raise TauError(f"{err}\nnothing was saved (--no-check saves anyway)",
                                err.code) from None  # fmt: skip
     values = {"url": client.url, "token": token, "ca-file": ca_file,
