@@ -1069,7 +1069,7 @@ def artifact_plan(artifacts: list[dict[str, Any]], directory: str) -> list[tuple
                 hint = f"tau fetches http(s) only: use the tool of the {scheme}:// store"
             plan.append((uri, "", hint))
             continue
-        leaf = urllib.parse.unquote(parts.path.rsplit("/", 1)[-1])
+        leaf = urllib.parse.unquote(parts.path).rsplit("/", 1)[-1]
         leaf = "".join(c for c in leaf if c not in "/\\\0:").strip(". ") or f"artifact-{number}"
         name, n = leaf, 1
         while name in taken:
