@@ -1251,7 +1251,7 @@ def cmd_rerun(client: Client, args: argparse.Namespace) -> int:
         print(f"warning: {warning}", file=sys.stderr)
     print(f"run {run['name']} submitted to queue {run['queue']} in namespace {run['namespace']}"
           f" (a rerun of {args.run}): {run['phase']}")  # fmt: skip
-    print(f"follow it with: tau status {run['name']}  |  tau logs -f {run['name']}")
+    print(follow_up(run["name"], run["namespace"]))
     return EXIT_OK
 
 

@@ -260,3 +260,13 @@ def test_options_before_the_verb_are_not_undone_by_the_verb(
     code = stub.tau_client().main(["--url", controller.url, "--token", "t", "status", "x"])
     expected = (0, "Bearer t")
     assert expected == (code, controller.seen[-1].authorization)
+
+
+def test_a_rerun_names_the_namespace_to_follow_it_in(
+    controller: stub.Controller, home: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`tau rerun` prints the same follow-up line, with the new run's namespace."""
+    answer = {**stub.run_json("x-r1", "team-a"), "warnings": []}
+    controller.routes[("POST", "/v1/runs/team-a/x/rerun")] = (201, answer, {})
+    stub.tau_client().main(["--url", controller.url, "-n", "team-a", "rerun", "x"])
+    assert "tau status x-r1 -n team-a  |  tau logs -f x-r1 -n team-a\n" in capsys.readouterr().out

@@ -6,6 +6,7 @@ import importlib
 import json
 import os
 import pathlib
+import shlex
 import shutil
 import subprocess
 import sys
@@ -119,3 +120,25 @@ def test_the_client_parses_the_same_on_python_3_8() -> None:
                             check=False)  # fmt: skip
     expected = (results[1], 0)
     assert expected == (results[0], helped.returncode)
+
+
+def _documented_lines() -> list[str]:
+    """The `tau …` lines of docs/researcher.md's command reference (its sh blocks under
+    "Get the client" and "Submit and follow"), comments cut off."""
+    text = (ROOT / "docs" / "researcher.md").read_text()
+    section = text[text.index("## Get the client") : text.index("## What the phases mean")]
+    lines = []
+    for block in section.split("```sh\n")[1:]:
+        for line in block.split("```", 1)[0].splitlines():
+            command = line.split("  #", 1)[0].strip()
+            if command.startswith("tau ") and "--help" not in command:
+                lines.append(command)
+    return lines
+
+
+@pytest.mark.parametrize("line", _documented_lines())
+def test_every_documented_command_parses(line: str) -> None:
+    """The docs' commands are ones this tau reads (argparse exits 2 on anything else)."""
+    argv = [a.replace('"$TAU_URL"', "https://c") for a in shlex.split(line)[1:]]
+    args = stub.tau_client().parse(argv)
+    assert args.verb in argv
