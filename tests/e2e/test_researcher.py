@@ -301,9 +301,9 @@ async def test_tau_follows_the_specs_namespace_and_reads_every_workers_recent_li
         env={**os.environ, "TAU_URL": env.url, "TAU_TOKEN": env.token,
              "TAU_NAMESPACE": "elsewhere", "XDG_CONFIG_HOME": str(tmp_path)},
     )  # fmt: skip
-    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    submitted, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode == 0, err.decode()
-    assert f"tau status two -n {env.namespace}" in out.decode()
+    assert f"tau status two -n {env.namespace}" in submitted.decode()
 
     pods = sorted(p["metadata"]["name"] for p in await run_pods(env, "two", count=2))
     old = dt.datetime.now(dt.UTC) - dt.timedelta(hours=2)
@@ -323,6 +323,6 @@ async def test_tau_follows_the_specs_namespace_and_reads_every_workers_recent_li
         assert "new 1" in out, out
         return out
 
-    out = await support.eventually(logs, what="tau logs of both workers", interval_s=1)
-    lines = sorted(line for line in out.splitlines() if line)
-    assert lines in (["[w0] new 0", "[w1] new 1"], ["[w0] new 1", "[w1] new 0"]), out
+    printed = await support.eventually(logs, what="tau logs of both workers", interval_s=1)
+    lines = sorted(line for line in printed.splitlines() if line)
+    assert lines in (["[w0] new 0", "[w1] new 1"], ["[w0] new 1", "[w1] new 0"]), printed
