@@ -1443,7 +1443,8 @@ def write_config(path: pathlib.Path, values: Mapping[str, str]) -> None:
     part = path.with_name(path.name + ".part")
     fd = os.open(str(part), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
-        os.fchmod(fd, 0o600)
+        if hasattr(os, "fchmod"):  # POSIX: an old file of wider mode is narrowed too
+            os.fchmod(fd, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write("# written by `tau login`; holds your token: keep it to yourself\n")
             parser_.write(f)
@@ -1484,11 +1485,10 @@ def settings_of(
 def _read_secret(args: argparse.Namespace) -> str:
     """The token to keep: `--token -` (or none given and stdin not a terminal) reads stdin,
     `--token-file F` reads F, a terminal is asked without echo."""
-    from_stdin = args.token == "-"  # noqa: S105  ("-" means stdin, not a password)
-    if from_stdin or (not args.token and not args.token_file and not sys.stdin.isatty()):
-        return sys.stdin.read(64 * 1024).strip()
     if args.token or args.token_file:
         return token_of(args)
+    if not sys.stdin.isatty():
+        return sys.stdin.read(64 * 1024).strip()
     return getpass.getpass("token (input hidden): ").strip()
 
 
@@ -1753,8 +1753,11 @@ def parser() -> argparse.ArgumentParser:
 
 
 def token_of(args: argparse.Namespace) -> str:
-    """The token: --token / TAU_TOKEN, else the contents of --token-file / TAU_TOKEN_FILE
-    (a run pod's projected token, which the kubelet rotates: read at each start)."""
+    """The token: --token / TAU_TOKEN (`-`: read from stdin), else the contents of
+    --token-file / TAU_TOKEN_FILE (a run pod's projected token, which the kubelet rotates:
+    read at each start)."""
+    if args.token == "-":  # noqa: S105  ("-" means stdin, not a password)
+        return sys.stdin.read(64 * 1024).strip()
     if args.token or not args.token_file:
         return str(args.token)
     try:

@@ -142,3 +142,52 @@ def test_every_documented_command_parses(line: str) -> None:
     argv = [a.replace('"$TAU_URL"', "https://c") for a in shlex.split(line)[1:]]
     args = stub.tau_client().parse(argv)
     assert args.verb in argv
+
+
+SMOKE = [
+    ["run", "tau.yaml", "-n", "team-a"],
+    ["run", "tau.yaml", "--gpus", "2", "--name", "n2"],
+    ["run", "--image", "i", "--name", "x", "--", "python", "-u", "t.py"],
+    ["status", "r"],
+    ["logs", "r", "--all-workers", "--since", "5m"],
+    ["results", "r"],
+    ["nodes"],
+    ["--token", "-", "fleet"],
+    ["login", "--no-check", "--token", "-"],
+]
+
+
+def test_the_verbs_answer_the_same_on_python_3_8(tmp_path: pathlib.Path) -> None:
+    """Each verb, run by Python 3.8 against a stand-in controller, prints what this
+    interpreter's run prints and exits the same (so no 3.9+ call hides in a verb)."""
+    python38 = _python38()
+    if python38 is None:
+        pytest.skip("no Python 3.8 on this machine")
+    (tmp_path / "tau.yaml").write_text("name: mnist\nimage: i\ncommand: [c]\n")
+    server = stub.Controller()
+    run = stub.run_json("r", "default", attempt=1, spec={"workers": 2})
+    server.routes[("GET", "/v1/runs/default/r")] = (200, run, {})
+    server.routes[("GET", "/v1/runs/default/r/logs")] = (200, b"a\nb\n", {"Content-Type": "t/p"})
+    server.routes[("GET", "/v1/runs/default/r/results")] = (
+        200, {"name": "r", "metrics": [], "artifacts": [{"uri": "s3://b/m"}], "summary": "s"}, {},
+    )  # fmt: skip
+    server.routes[("GET", "/v1/nodes")] = (200, {"items": []}, {})
+    server.routes[("GET", "/v1/fleet")] = (200, {"breaker": {}, "states": {}}, {})
+    answers = []
+    try:
+        for number, python in enumerate((python38, sys.executable)):
+            config = tmp_path / f"config-{number}"
+            for argv in SMOKE:
+                done = subprocess.run(
+                    [python, str(stub.TAU), *argv], capture_output=True, text=True, check=False,
+                    cwd=tmp_path, input="tok\n",
+                    env={"PATH": os.environ["PATH"], "TAU_URL": server.url,
+                         "XDG_CONFIG_HOME": str(config)},
+                )  # fmt: skip
+                out = done.stdout.replace(str(config), "CONFIG")
+                answers.append((argv, done.returncode, out, done.stderr.replace(python, "PY")))
+    finally:
+        server.close()
+    half = len(SMOKE)
+    expected = (answers[half:], [0] * half)
+    assert expected == (answers[:half], [a[1] for a in answers[half:]])
