@@ -151,6 +151,12 @@ def unauthorised_hint(sent_token: bool) -> str:
     )
 
 
+FORBIDDEN_HINT = (
+    "\nThe controller knows your token, but Kubernetes RBAC does not allow this call for it:"
+    " ask your platform team for the role (researchers and on-call have different ones)."
+)
+
+
 def unreachable_message(url: str, reason: Any) -> str:
     """`cannot reach URL: why`, and what to do about it: trust the controller's CA, use the
     name its certificate carries, or check the address."""
@@ -253,7 +259,9 @@ class Client:
             resp = self.opener.open(req, timeout=None if stream else self.timeout)
         except urllib.error.HTTPError as err:
             error = self._error(err.code, err.read())
-            hint = f"\n{unauthorised_hint(bool(self.token))}" if err.code == 401 else ""
+            hint = {401: f"\n{unauthorised_hint(bool(self.token))}", 403: FORBIDDEN_HINT}.get(
+                err.code, ""
+            )
             raise TauError(f"{error}{hint}", error.code, err.code) from None
         except (urllib.error.URLError, OSError) as err:
             reason = getattr(err, "reason", err)
@@ -575,12 +583,19 @@ def cmd_run(client: Client, args: argparse.Namespace) -> int:
         content_type = "application/json"
     headers = {"Content-Type": content_type, "Idempotency-Key": secrets.token_hex(16)}
     try:
-        _, run = client.request("POST", "/v1/runs", body, headers=headers, query=query)
+        try:
+            _, run = client.request("POST", "/v1/runs", body, headers=headers, query=query)
+        except TauError as err:
+            if err.code != EXIT_UNAVAILABLE or "cannot reach" not in str(err):
+                raise
+            time.sleep(1.0)  # the same Idempotency-Key makes the retry safe
+            _, run = client.request("POST", "/v1/runs", body, headers=headers, query=query)
     except TauError as err:
-        if err.code != EXIT_UNAVAILABLE or "cannot reach" not in str(err):
+        if err.status != 409:
             raise
-        time.sleep(1.0)  # the same Idempotency-Key makes the retry safe
-        _, run = client.request("POST", "/v1/runs", body, headers=headers, query=query)
+        again = f"tau run {args.file} --generate-name" if args.file else "tau run --name NEW ..."
+        raise TauError(f"{err}\nto submit it again under a new name: {again} (or --name NEW)",
+                       err.code, err.status) from None  # fmt: skip
     if args.json:
         print(json.dumps(run, indent=2))
         return EXIT_OK

@@ -270,3 +270,15 @@ def test_a_rerun_names_the_namespace_to_follow_it_in(
     controller.routes[("POST", "/v1/runs/team-a/x/rerun")] = (201, answer, {})
     stub.tau_client().main(["--url", controller.url, "-n", "team-a", "rerun", "x"])
     assert "tau status x-r1 -n team-a  |  tau logs -f x-r1 -n team-a\n" in capsys.readouterr().out
+
+
+def test_a_taken_name_says_how_to_submit_again(
+    controller: stub.Controller, home: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The 409 for a name in use ends with the command that submits the file again."""
+    taken = {"error": {"code": "AlreadyExists", "message": "a run named 'mnist' exists",
+                       "field": "name"}}  # fmt: skip
+    controller.routes[("POST", "/v1/runs")] = (409, taken, {})
+    code = stub.tau_client().main(["--url", controller.url, "run", "tau.yaml"])
+    expected = (6, True)
+    assert expected == (code, "tau run tau.yaml --generate-name" in capsys.readouterr().err)

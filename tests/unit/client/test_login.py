@@ -245,3 +245,15 @@ def test_an_unreachable_controller_says_what_to_check(
     err = capsys.readouterr().err
     expected = (7, True, True)
     assert expected == (code, "TAU_URL" in err, "port-forward" in err)
+
+
+def test_a_403_says_it_is_rbac_not_the_token(
+    controller: stub.Controller, home: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Exit 4 with the controller's message, and that the role is what is missing."""
+    body = {"error": {"code": "Forbidden", "message": "u may not get nodes"}}
+    controller.routes[("GET", "/v1/nodes")] = (403, body, {})
+    code = stub.tau_client().main(["--url", controller.url, "--token", "t", "nodes"])
+    err = capsys.readouterr().err
+    expected = (4, True, True)
+    assert expected == (code, "u may not get nodes" in err, "RBAC" in err)
