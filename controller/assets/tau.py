@@ -567,7 +567,6 @@ def _name_suffix(args: argparse.Namespace) -> str:
 
 
 def cmd_run(client: Client, args: argparse.Namespace) -> int:
-    check_run_grammar(args)
     query = _namespace_query(args)
     suffix = _name_suffix(args)
     if args.file:
@@ -1808,6 +1807,8 @@ def main(argv: list[str] | None = None) -> int:
         config = read_config(config_path(env))
         if args.verb == "login":
             return cmd_login(args, env)
+        if args.verb == "run":
+            check_run_grammar(args)  # before anything else can fail: say what the line lacks
         spec_ns = None
         if getattr(args, "file", None) and not args.namespace:
             spec_ns = declared_namespace(_spec_body(args.file)[0])

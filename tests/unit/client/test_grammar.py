@@ -282,3 +282,12 @@ def test_a_taken_name_says_how_to_submit_again(
     code = stub.tau_client().main(["--url", controller.url, "run", "tau.yaml"])
     expected = (6, True)
     assert expected == (code, "tau run tau.yaml --generate-name" in capsys.readouterr().err)
+
+
+def test_a_line_without_its_image_is_named_before_a_missing_url(
+    home: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A newcomer with no TAU_URL yet still learns first what the line itself lacks."""
+    code = stub.tau_client().main(["run", "--gpus", "1", "--", "python", "t.py"])
+    expected = (2, True)
+    assert expected == (code, "add --image IMAGE" in capsys.readouterr().err)
