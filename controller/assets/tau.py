@@ -1509,7 +1509,10 @@ def _read_secret(args: argparse.Namespace) -> str:
 def cmd_login(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     """Check the controller answers, then keep URL, CA and token in the config file."""
     path = config_path(env)
-    old = read_config(path)
+    try:
+        old = read_config(path)
+    except TauError:  # login is how a broken config file is replaced
+        old = {}
     url = args.url
     if not url:
         raise TauError("tau login --url URL (the controller's address, from your platform team)",
@@ -1804,9 +1807,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(sys.argv[1:] if argv is None else list(argv))
     env = os.environ
     try:
-        config = read_config(config_path(env))
         if args.verb == "login":
             return cmd_login(args, env)
+        config = read_config(config_path(env))
         if args.verb == "run":
             check_run_grammar(args)  # before anything else can fail: say what the line lacks
         spec_ns = None

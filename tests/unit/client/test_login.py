@@ -161,6 +161,18 @@ def test_login_no_check_saves_anyway(home: pathlib.Path, monkeypatch: pytest.Mon
     assert expected == (code, (home / "config" / "tau" / "config").exists())
 
 
+def test_login_replaces_a_broken_config(
+    controller: stub.Controller, home: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The file tau cannot read is the one `tau login` writes anew."""
+    path = home / "config" / "tau" / "config"
+    path.parent.mkdir(parents=True)
+    path.write_text("url = no section header\n")
+    code = _login(monkeypatch, "--url", controller.url, "--token", "-")
+    expected = (0, controller.url)
+    assert expected == (code, stub.tau_client().read_config(path).get("url"))
+
+
 def test_an_unreadable_config_is_named(
     home: pathlib.Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
