@@ -68,6 +68,7 @@ import re
 import secrets
 import ssl
 import sys
+import textwrap
 import threading
 import time
 import urllib.error
@@ -1596,8 +1597,10 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="verb", required=True, metavar="VERB")
 
     def verb(name: str, summary: str, description: str = "") -> argparse.ArgumentParser:
+        paragraphs = (description or summary).split("\n\n")  # prose wrapped, examples kept
+        text = "\n\n".join(p if p.startswith("  ") else textwrap.fill(p, 79) for p in paragraphs)
         return sub.add_parser(
-            name, parents=[common], help=summary, description=description or summary,
+            name, parents=[common], help=summary, description=text,
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )  # fmt: skip
 
