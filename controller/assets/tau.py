@@ -1522,15 +1522,7 @@ def cmd_login(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     if not token:
         raise TauError("no token given: pass --token - and paste it, or --token-file F",
                        EXIT_USAGE)  # fmt: skip
-    ca_file = ""
-    if args.ca_file:
-        ssl_context(args.ca_file)  # refuses a file that is not a CA bundle
-        ca_file = str(path.parent / "ca.crt")
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        pem = pathlib.Path(args.ca_file).read_bytes()
-        if pathlib.Path(args.ca_file).resolve() != pathlib.Path(ca_file).resolve():
-            pathlib.Path(ca_file).write_bytes(pem)
-    client = Client(url, token, ca_file=ca_file)
+    client = Client(url, token, ca_file=args.ca_file)  # refuses a file that is no CA bundle
     if not args.no_check:
         namespace = args.namespace or old.get("namespace") or "default"
         try:
@@ -1539,6 +1531,12 @@ def cmd_login(args: argparse.Namespace, env: Mapping[str, str]) -> int:
             if err.status != 403:  # a 403 is a token the controller knows, RBAC narrower
                 raise TauError(f"{err}\nnothing was saved (--no-check saves anyway)",
                                err.code) from None  # fmt: skip
+    ca_file = ""
+    if args.ca_file:  # a copy beside the config, so the download may go
+        ca_file = str(path.parent / "ca.crt")
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if pathlib.Path(args.ca_file).resolve() != pathlib.Path(ca_file).resolve():
+            pathlib.Path(ca_file).write_bytes(pathlib.Path(args.ca_file).read_bytes())
     values = {"url": client.url, "token": token, "ca-file": ca_file,
               "namespace": args.namespace or old.get("namespace", "")}  # fmt: skip
     write_config(path, values)

@@ -148,10 +148,12 @@ def test_login_saves_nothing_that_does_not_work(  # noqa: PLR0917 - parametrized
     url = controller.url if status else "http://127.0.0.1:9"
     refusal = {"error": {"code": "Unauthorized", "message": "token expired"}}
     controller.routes[("GET", "/v1/runs")] = (401, refusal, {})
-    got = _login(monkeypatch, "--url", url, "--token", "-")
+    ca, _ = _ca(home)
+    got = _login(monkeypatch, "--url", url, "--token", "-", "--ca-file", str(ca))
     err = capsys.readouterr().err
-    expected = (code, False, True)
-    assert expected == (got, (home / "config" / "tau" / "config").exists(), "nothing" in err)
+    kept = sorted(p.name for p in (home / "config").rglob("*"))
+    expected: tuple[int, list[str], bool] = (code, [], True)
+    assert expected == (got, kept, "nothing" in err)
 
 
 def test_login_no_check_saves_anyway(home: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
