@@ -677,12 +677,21 @@ class RunStore:
 
     # ------------------------------------------------------------------ logs
     async def stream_log(
-        self, namespace: str, pod: str, container: str, *, follow: bool, tail_lines: int | None
+        self,
+        namespace: str,
+        pod: str,
+        container: str,
+        *,
+        follow: bool,
+        tail_lines: int | None,
+        since_seconds: int | None = None,
     ) -> AsyncIterator[bytes]:
         """Yield a container's log as it is written (through the API server)."""
         kwargs: dict[str, Any] = {"container": container, "follow": follow}
         if tail_lines is not None:
             kwargs["tail_lines"] = tail_lines
+        if since_seconds is not None:
+            kwargs["since_seconds"] = since_seconds
         resp = await self._logs.read_namespaced_pod_log(
             pod, namespace, _preload_content=False, **kwargs
         )

@@ -129,8 +129,10 @@ async def _stream(request: web.Request, namespace: str, name: str) -> web.Stream
     pod_name = str(pod["metadata"]["name"])
     resp = web.StreamResponse(headers={"Content-Type": "text/plain; charset=utf-8",
                                        "X-TauGrid-Pod": pod_name})  # fmt: skip
-    chunks = ctx.store.stream_log(namespace, pod_name, container, follow=follow,
-                                  tail_lines=tail_lines)  # fmt: skip
+    chunks = ctx.store.stream_log(
+        namespace, pod_name, container, follow=follow, tail_lines=tail_lines,
+        since_seconds=query.since_seconds,
+    )  # fmt: skip
     try:
         first = await anext(chunks, b"")
     except Exception as err:

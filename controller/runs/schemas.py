@@ -24,6 +24,8 @@ from shared import spec as specs
 MAX_ATTEMPT = 10_000
 """Attempts a log query may name; far beyond `retry.maxAttempts` and any number of resumes."""
 MAX_TAIL_LINES = 100_000
+MAX_SINCE_S = 366 * 24 * 3600
+"""`sinceSeconds` of a log call: a year, beyond any pod's life; catches a unit mix-up."""
 
 
 class Wire(pydantic.BaseModel):
@@ -97,6 +99,9 @@ class LogsQuery(Params):
     """Which worker, from 0 (ray: 0 is the head)."""
     tail: Annotated[int, pydantic.Field(ge=0, le=MAX_TAIL_LINES)] | None = None
     """Only the last N lines."""
+    since_seconds: Annotated[int, pydantic.Field(ge=1, le=MAX_SINCE_S)] | None = None
+    """Only lines the container wrote in the last N seconds (`tau logs --since`). A kept tail
+    (the pod is gone) has no times and is served whole."""
     kept: bool = False
     """Serve the tail the controller kept of the worker's log, even while its pod lives."""
 

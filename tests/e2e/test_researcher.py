@@ -4,6 +4,7 @@ local control plane, with real Kueue, the Job controller, KWOK pods and KubeRay.
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import os
 import pathlib
 import sys
@@ -280,3 +281,48 @@ async def test_tau_logs_of_a_pod_on_a_kwok_node_says_so_and_exits_not_found(
     assert code == 5, err
     assert "a node KWOK simulates" in err
     assert '"kind"' not in err
+
+
+async def test_tau_follows_the_specs_namespace_and_reads_every_workers_recent_lines(
+    env: kit.Env, dev_cluster: cluster.Cluster, tmp_path: pathlib.Path
+) -> None:
+    """A tau.yaml that names its namespace goes there even with TAU_NAMESPACE set elsewhere,
+    and the printed follow-up carries `-n`; `tau logs --all-workers --since 1h` prints each
+    worker's lines prefixed, without the lines older than an hour (the API server's
+    sinceSeconds, through the controller, on KWOK's kubelet log endpoint)."""
+    spec = tmp_path / "tau.yaml"
+    spec.write_text(
+        f"name: two\nnamespace: {env.namespace}\nimage: {kit.IMAGE}\ncommand: python t.py\n"
+        "workers: 2\nresources: {gpus: 1, cpu: 1, memory: 1Gi}\nqueue: q\n"
+    )
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, str(TAU), "run", str(spec),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "TAU_URL": env.url, "TAU_TOKEN": env.token,
+             "TAU_NAMESPACE": "elsewhere", "XDG_CONFIG_HOME": str(tmp_path)},
+    )  # fmt: skip
+    submitted, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, err.decode()
+    assert f"tau status two -n {env.namespace}" in submitted.decode()
+
+    pods = sorted(p["metadata"]["name"] for p in await run_pods(env, "two", count=2))
+    old = dt.datetime.now(dt.UTC) - dt.timedelta(hours=2)
+    for index, pod in enumerate(pods):
+        with cluster.pod_log_file(dev_cluster, env.namespace, pod, "main") as path:
+            path.write_text(cluster.cri_log_line(f"old {index}", now=old))
+            cluster.append_log(path, f"new {index}")
+            await client.CustomObjectsApi(env.api).create_namespaced_custom_object(
+                *KWOK_LOGS, env.namespace, "logs",
+                cluster.kwok_logs_object(env.namespace, pod, "main", path),
+            )  # fmt: skip
+
+    async def logs() -> str:
+        code, out, err = await tau(env, "logs", "two", "--all-workers", "--since", "1h")
+        assert code == 0, err
+        assert "new 0" in out, out
+        assert "new 1" in out, out
+        return out
+
+    printed = await support.eventually(logs, what="tau logs of both workers", interval_s=1)
+    lines = sorted(line for line in printed.splitlines() if line)
+    assert lines in (["[w0] new 0", "[w1] new 1"], ["[w0] new 1", "[w1] new 0"]), printed

@@ -309,7 +309,8 @@ def test_tau_prints_exactly_this(argv: list[str], expected: str, answering: str)
     ends with a newline, so what follows (a warning, the prompt) starts on a line of its own."""
     done = subprocess.run(
         [sys.executable, str(TAU), *argv], capture_output=True, text=True, check=False,
-        env={"TAU_URL": answering, "TAU_TOKEN": "t", "PATH": os.environ["PATH"]},
+        env={"TAU_URL": answering, "TAU_TOKEN": "t", "PATH": os.environ["PATH"],
+             "XDG_CONFIG_HOME": "/nonexistent"},
     )  # fmt: skip
     assert (0, "", expected) == (done.returncode, done.stderr, done.stdout)
 
@@ -317,7 +318,8 @@ def test_tau_prints_exactly_this(argv: list[str], expected: str, answering: str)
 def _tau(url: str, *argv: str, cwd: pathlib.Path | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, str(TAU), *argv], capture_output=True, text=True, check=False, cwd=cwd,
-        env={"TAU_URL": url, "TAU_TOKEN": "t", "PATH": os.environ["PATH"]},
+        env={"TAU_URL": url, "TAU_TOKEN": "t", "PATH": os.environ["PATH"],
+             "XDG_CONFIG_HOME": "/nonexistent"},
     )  # fmt: skip
 
 
