@@ -57,6 +57,9 @@ class Policy:
     dcgm_present: bool = False
     nvlink5_decode_window_s: float = 300.0
     """How long an Xid 144-150 without its kernel-log decode stays Degraded/Inspect-pending."""
+    slowdown_window_s: float = 600.0
+    slowdown_rate_per_min: float = 0.6
+    """HW slowdown is Degraded only at this rate of minutes seen over the window (gpud's)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -223,6 +226,8 @@ def _on_new_boot(gpu: latching.GpuState, now: dt.datetime) -> latching.GpuState:
             "last_nvml_error": None,
             "last_recovery_action": None,
             "last_nvlinks_down": (),
+            "last_reset_at": now,
+            "slowdown_minutes": {},
         }
     )
 
@@ -292,13 +297,14 @@ def evaluate_gpu(
     if reset_observed(previous, snapshot):
         state = state.model_copy(
             update={
+                "last_reset_at": now,
                 "latched": tuple(
                     f.model_copy(update={"reset_observed_at": now})
                     if f.clears_when is latching.ClearingCondition.RESET_THEN_DIAG
                     and f.reset_observed_at is None
                     else f
                     for f in state.latched
-                )
+                ),
             }
         )
     diag_passed_at: dt.datetime | None = None
@@ -345,7 +351,16 @@ def evaluate_gpu(
             if bucket == "XID_154_EVAL":
                 app_xids.append(latching.XidOccurrence(xid=event.xid, at=event.at, detail=text))
             elif bucket == "RESET_GPU":
-                findings.append(_reset_finding(event, entry.reason, text, reset_xids, policy))
+                findings.append(
+                    _reset_finding(
+                        event,
+                        entry.reason,
+                        text,
+                        reset_xids,
+                        policy,
+                        last_reset_at=state.last_reset_at,
+                    )
+                )
                 reset_xids.append(latching.XidOccurrence(xid=event.xid, at=event.at))
             continue
         if not counted:
@@ -354,7 +369,9 @@ def evaluate_gpu(
                 if finding is not None:
                     findings.append(finding)
             continue
-        finding = _xid_finding(event, snapshot, reset_xids, policy)
+        finding = _xid_finding(
+            event, snapshot, reset_xids, policy, last_reset_at=state.last_reset_at
+        )
         if finding is not None:
             findings.append(finding)
         if entry.xid_class is xid.XidClass.APPLICATION:
@@ -392,6 +409,8 @@ def evaluate_gpu(
         )
     level, pending = _level_findings(state, snapshot, gpu_health, policy, now)
     findings.extend(level)
+    slowdowns, slowdown_minutes = _slowdown_findings(state, snapshot, policy, now)
+    findings.extend(slowdowns)
     findings.extend(_node_health_findings(node_health))
     if diag is not None:
         # A finding that latches is folded once; one that does not stays visible for as long
@@ -445,6 +464,7 @@ def evaluate_gpu(
             "app_xids": tuple(app_xids),
             "nvlink5_pending": tuple(nvlink5_pending),
             "pending_since": pending,
+            "slowdown_minutes": slowdown_minutes,
             "nvlinks_seen_up": tuple(sorted(nvlinks_up)),
             "xid_counts": counts,
             "last_ecc_dbe": dbe if dbe is not None else state.last_ecc_dbe,
@@ -514,6 +534,8 @@ def _xid_finding(
     snapshot: readings.GpuSnapshot,
     reset_xids: Sequence[latching.XidOccurrence],
     policy: Policy,
+    *,
+    last_reset_at: dt.datetime | None = None,
 ) -> Finding | None:
     entry = xid.lookup(event.xid)
     label = f"Xid {event.xid} ({entry.mnemonic}): {entry.description}"
@@ -526,7 +548,9 @@ def _xid_finding(
     if entry.xid_class is xid.XidClass.INSPECT:
         return Finding(entry.reason, health.Verdict.FAILED, health.Action.INSPECT, label, event.xid)
     if entry.xid_class is xid.XidClass.RESET:
-        return _reset_finding(event, entry.reason, label, reset_xids, policy)
+        return _reset_finding(
+            event, entry.reason, label, reset_xids, policy, last_reset_at=last_reset_at
+        )
     if event.xid == 48:
         if snapshot.remap_failure:
             return Finding(
@@ -574,21 +598,34 @@ def _reset_finding(
     label: str,
     reset_xids: Sequence[latching.XidOccurrence],
     policy: Policy,
+    *,
+    last_reset_at: dt.datetime | None = None,
 ) -> Finding:
-    """A reset-class Xid: ResetGPU, or RebootNode when the same Xid came back within the window."""
+    """A reset-class Xid: ResetGPU, or RebootNode when it came back after a reset in the window.
+
+    NVIDIA's catalog says RESET_GPU for these and escalates only when the reset did not hold.
+    Their lines come in bursts (one per channel, process or link, or one per RPC timeout as
+    Xid 119 does), so a repeat with no reset observed in between is the same incident: it
+    stays ResetGPU. Only an occurrence from before the last observed reset (or reboot) makes
+    this one a repeat.
+    """
     repeats = [
         o
         for o in reset_xids
-        if o.xid == event.xid and 0 <= _age_s(event.at, o.at) <= policy.escalation_window_s
+        if o.xid == event.xid
+        and 0 <= _age_s(event.at, o.at) <= policy.escalation_window_s
+        and last_reset_at is not None
+        and o.at < last_reset_at
     ]
-    if repeats:
+    if repeats and last_reset_at is not None:
         hours = policy.escalation_window_s / 3600
         return Finding(
             "XidRepeated",
             health.Verdict.FAILED,
             health.Action.REBOOT_NODE,
             f"{label}; seen again within {hours:g} h (first at "
-            f"{repeats[0].at.isoformat()}), a reset did not hold",
+            f"{repeats[0].at.isoformat()}) after the reset observed at "
+            f"{last_reset_at.isoformat()}: the reset did not hold",
             event.xid,
         )
     return Finding(reason, health.Verdict.FAILED, health.Action.RESET_GPU, label, event.xid)
@@ -751,32 +788,54 @@ def _level_findings(
             )
         )
 
-    pending: dict[str, dt.datetime] = {}
-    reasons = snapshot.clock_event_reasons or 0
+    return findings, {}
+
+
+def _slowdown_findings(
+    state: latching.GpuState, snapshot: readings.GpuSnapshot, policy: Policy, now: dt.datetime
+) -> tuple[list[Finding], dict[str, tuple[dt.datetime, ...]]]:
+    """HW thermal and power-brake slowdown: a warning while seen, Degraded at a sustained rate.
+
+    DCGM rates both MONITOR ("can perform workload, but needs to be monitored") and its health
+    watch WARN; power brake is asserted from outside the GPU (the power supply, the facility).
+    So neither is a fault: seen, it is a Healthy reason; only a rate over a window (gpud's
+    hw-slowdown: 10 minutes, at least 0.6 events a minute, one event a minute at most) keeps
+    new work off, Degraded with no action. Nothing latches: it clears when the rate drops.
+    """
+    findings: list[Finding] = []
+    kept: dict[str, tuple[dt.datetime, ...]] = {}
+    minute = now.replace(second=0, microsecond=0)
     for bit, code, what in (
         (CLOCK_EVENT_HW_THERMAL_SLOWDOWN, "HwThermalSlowdown", "hardware thermal slowdown"),
         (CLOCK_EVENT_HW_POWER_BRAKE_SLOWDOWN, "HwPowerBrakeSlowdown", "hardware power-brake"),
     ):
-        if snapshot.clock_event_reasons is None:
-            # Not read this pass: keep the window open rather than restart it.
-            if code in state.pending_since:
-                pending[code] = state.pending_since[code]
-            continue
-        if not reasons & bit:
-            continue
-        since = state.pending_since.get(code, now)
-        pending[code] = since
-        if _age_s(now, since) >= policy.debounce_s:
+        seen = [
+            m
+            for m in state.slowdown_minutes.get(code, ())
+            if _age_s(now, m) < policy.slowdown_window_s
+        ]
+        active = snapshot.clock_event_reasons is not None and bool(
+            snapshot.clock_event_reasons & bit
+        )
+        if active and minute not in seen:
+            seen.append(minute)
+        if seen:
+            kept[code] = tuple(seen)
+        window_min = policy.slowdown_window_s / 60
+        rate = len(seen) / window_min if window_min else 0.0
+        text = (
+            f"{what}: seen in {len(seen)} of the last {window_min:g} minutes "
+            f"({rate:.2f}/min; sustained from {policy.slowdown_rate_per_min:g}/min)"
+        )
+        if seen and rate >= policy.slowdown_rate_per_min:
             findings.append(
-                Finding(
-                    code,
-                    health.Verdict.DEGRADED,
-                    health.Action.INSPECT,
-                    f"{what} active since {since.isoformat()} "
-                    f"(longer than the {policy.debounce_s:g} s debounce window)",
-                )
+                Finding(code, health.Verdict.DEGRADED, health.Action.NONE, f"{text}, sustained")
             )
-    return findings, pending
+        elif active:
+            findings.append(
+                Finding(code, health.Verdict.HEALTHY, health.Action.NONE, f"{text}, a warning")
+            )
+    return findings, kept
 
 
 def _diag_findings(

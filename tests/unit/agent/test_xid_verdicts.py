@@ -124,9 +124,15 @@ def test_an_undecoded_nvlink5_xid_never_escalates_to_a_reboot() -> None:
 
 
 def test_a_decoded_reset_repeat_escalates_like_any_reset_class_xid() -> None:
-    """A RESET_GPU decode seen again inside the escalation window asks for a reboot."""
+    """A RESET_GPU decode back after an observed reset, inside the window, asks for a reboot."""
     _, out = run(
-        [Pass(0), Pass(1, (line(LINK_DOWN_RESET, 1),)), Pass(3600, (line(LINK_DOWN_RESET, 3600),))]
+        [
+            Pass(0),
+            Pass(1, (line(LINK_DOWN_RESET, 1),)),
+            Pass(2, fields={"ecc_sbe_volatile": 3}),
+            Pass(10),
+            Pass(3600, (line(LINK_DOWN_RESET, 3600),)),
+        ]
     )
     assert (out.verdict, out.action) == (F, A.REBOOT_NODE)
     assert "XidRepeated" in codes(out)
