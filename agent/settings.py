@@ -56,6 +56,10 @@ class Settings(pydantic_settings.BaseSettings):
     """Latched-fault state file on a hostPath, so latches survive agent restarts."""
     kmsg_path: pathlib.Path | None = pathlib.Path("/dev/kmsg")
     """Kernel log to read `NVRM: Xid` lines from (back to boot); None turns the source off."""
+    kmsg_boot_lookback_s: float = pydantic.Field(default=7200.0, ge=0)
+    """After a reboot seen through the state file, replay this boot's kernel log only this far
+    back (NVSentinel's bootLookbackWindow, 2 h); 0 is no limit. With no state file the agent
+    starts at the tail of the kernel log."""
 
     gauge_interval_s: float = pydantic.Field(default=1.0, gt=0)
     """Cheap-gauge tier period (temperature, power, utilisation, clocks); 1 s like dcgm-exporter
