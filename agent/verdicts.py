@@ -129,6 +129,8 @@ def evaluate_node(
         if e.value == "Failure"
     )
 
+    unseen = _unseen_gpu_findings(inputs.xids) if inputs.nvml_available and inputs.snapshots else []
+
     verdicts: list[GpuVerdict] = []
     seen: set[str] = set()
     for snapshot in sorted(inputs.snapshots, key=lambda s: s.index):
@@ -148,6 +150,7 @@ def evaluate_node(
             now=now,
             twins=twins_by_index.get(snapshot.index, ()),
             driver_version=inputs.driver_version,
+            node_findings=unseen,
         )
         gpus[snapshot.uuid] = gpu
         verdicts.append(verdict)
@@ -288,6 +291,7 @@ def evaluate_gpu(
     node_health: Sequence[readings.EntityHealth] = (),
     twins: Iterable[readings.XidEvent] = (),
     driver_version: str = "",
+    node_findings: Sequence[Finding] = (),
 ) -> tuple[latching.GpuState, GpuVerdict]:
     """Apply the fault table to one GPU; return its new state and verdict."""
     state = previous.model_copy(
@@ -372,6 +376,9 @@ def evaluate_gpu(
         finding = _xid_finding(
             event, snapshot, reset_xids, policy, last_reset_at=state.last_reset_at
         )
+        if event.xid == 154 and snapshot.recovery_action is None:
+            # NVML cannot read field 230 (or has not yet): the line's "to 0xN" stands in.
+            finding = _recovery_finding(event.recovery_action, "the Xid 154 kernel-log line")
         if finding is not None:
             findings.append(finding)
         if entry.xid_class is xid.XidClass.APPLICATION:
@@ -412,6 +419,7 @@ def evaluate_gpu(
     slowdowns, slowdown_minutes = _slowdown_findings(state, snapshot, policy, now)
     findings.extend(slowdowns)
     findings.extend(_node_health_findings(node_health))
+    findings.extend(node_findings)
     if diag is not None:
         # A finding that latches is folded once; one that does not stays visible for as long
         # as this is the last diagnostic.
@@ -590,6 +598,36 @@ def _xid_finding(
     # Xid 154 is read through the recovery-action field (a level finding); IGNORE-class Xids
     # (157 among them: NVIDIA says workloads may still run) and unlisted ones are counted only.
     return None
+
+
+def _unseen_gpu_findings(events: Iterable[readings.XidEvent]) -> list[Finding]:
+    """Kernel-log Xids for a PCI address NVML does not enumerate: a GPU the agent cannot see.
+
+    NVSentinel attributes such a line by its PCI address alone. Whatever the catalog says for
+    the Xid, a GPU outside NVML can be neither reset nor checked through it, and a reboot is
+    what brings a GPU back onto the bus: a node finding, Failed/RebootNode on every GPU,
+    cleared by a new boot. Application and ignore-class Xids stay counts.
+    """
+    out: list[Finding] = []
+    for event in events:
+        if event.gpu_index is not None or not event.pci_bus_id:
+            continue
+        entry = xid.lookup(event.xid)
+        if entry.xid_class in (xid.XidClass.APPLICATION, xid.XidClass.IGNORE):
+            continue
+        if entry.xid_class is xid.XidClass.NVLINK5 or event.xid == 154:
+            continue
+        out.append(
+            Finding(
+                "XidOnUnseenGpu",
+                health.Verdict.FAILED,
+                health.Action.REBOOT_NODE,
+                f"Xid {event.xid} ({entry.mnemonic}) on PCI {event.pci_bus_id}, a GPU NVML "
+                f"does not enumerate: {entry.description}"[:1024],
+                event.xid,
+            )
+        )
+    return out
 
 
 def _reset_finding(

@@ -34,8 +34,10 @@ _XID = re.compile(
 # Xid 144-150 (R565+): `<Xid>, <unit> <Fatal|Nonfatal> XC<n> i<n> Link <nn> (<IntrInfo>
 # <ErrorStatus> <debug words...>)`, NVIDIA's "WORKFLOW_NVLINK5_ERR" bucket text; some
 # drivers print the registers in brackets.
+# Drivers that know the process print `, pid=<n>, name=<comm>` before the unit (NVSentinel's
+# reXidNVL5Pattern, gpud's RegexNVRMXidExtended).
 _NVLINK5 = re.compile(
-    r"\A,\s*(?P<unit>[A-Za-z0-9_/]+)\b.*?[(\[]\s*"
+    r"\A,\s*(?:pid=[^,]*,\s*)?(?:name=[^,]*,\s*)?(?P<unit>[A-Za-z0-9_/]+)\b.*?[(\[]\s*"
     r"(?P<regs>0x[0-9A-Fa-f]{1,8}(?:\s+0x[0-9A-Fa-f]{1,16})*)\s*[)\]]"
 )
 # Xid 154: `GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)`.

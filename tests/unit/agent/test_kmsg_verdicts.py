@@ -167,3 +167,83 @@ def test_hw_slowdown_warns_and_degrades_only_at_a_sustained_rate(
         assert codes(out) == set()
     else:
         assert code in codes(out)
+
+
+# Real lines: NVSentinel health-monitors/syslog-health-monitor/pkg/xid parser tests (found through
+# the code index; the Xid 79 text is the driver's, as in gpud's sxid/README.md).
+NVL5_PID = (
+    "NVRM: Xid (PCI:0000:00:1e): 145, pid=4, name=<unknown>, RLW_SRC_TRACK Fatal XC0 i1 Link 00 "
+    "(0x00000001 0x00000002)"
+)
+NVL5_PID_RAY = (
+    "NVRM: Xid (PCI:0018:01:00): 145, pid=876767, name=ray::WorkerDict, RLW_RXPIPE Nonfatal XC0 "
+    "i0 Link 13 (0x0409a0c2 0x00000008 0x00000001 0x00000000 0x00100000 0x00000004)"
+)
+
+
+@pytest.mark.parametrize(
+    ("message", "unit", "intr_info"),
+    [
+        pytest.param(NVL5_PID, "RLW_SRC_TRACK", 0x1, id="pid and name before the unit"),
+        pytest.param(NVL5_PID_RAY, "RLW_RXPIPE", 0x0409A0C2, id="a name with colons"),
+    ],
+)
+def test_nvlink5_unit_parses_after_pid_and_name(message: str, unit: str, intr_info: int) -> None:
+    """NVSentinel's reXidNVL5Pattern: the optional `, pid=…, name=…` is not the unit."""
+    detail = kmsg.parse_detail(message)
+    assert (detail.unit, detail.intr_info) == (unit, intr_info)
+
+
+def _line(message: str, t: float) -> readings.XidEvent:
+    record = kmsg.Record(seq=int(t) + 1, timestamp_us=int(t * 1e6), message=message)
+    event = kmsg.to_event(record, gpus_by_pci={(0, 7, 0): 0}, boot_time=tv.T0)
+    assert event is not None
+    return event
+
+
+@pytest.mark.parametrize(
+    ("message", "verdict", "action", "code"),
+    [
+        pytest.param("NVRM: Xid (PCI:0000:5d:00): 79, pid=1234, name=python3, GPU has fallen off "
+                     "the bus.", F, A.REBOOT_NODE, "XidOnUnseenGpu",
+                     id="xid 79 on a GPU NVML does not list fails the node"),
+        pytest.param("NVRM: Xid (PCI:0000:5d:00): 119, pid=2024380, name=nvidia-smi, Timeout "
+                     "after 6s of waiting for RPC response from GPU4 GSP!", F, A.REBOOT_NODE,
+                     "XidOnUnseenGpu", id="a reset-class xid on an unseen GPU cannot be reset"),
+        pytest.param("NVRM: Xid (PCI:0000:5d:00): 13, pid=9, name=a.out, Graphics Exception",
+                     H, A.NONE, None, id="an application xid on an unseen GPU stays a count"),
+    ],
+)  # fmt: skip
+def test_an_xid_on_a_gpu_nvml_does_not_list_is_a_node_fault(
+    message: str, verdict: health.Verdict, action: health.Action, code: str | None
+) -> None:
+    """A kernel-log Xid whose PCI address NVML does not enumerate is not dropped."""
+    event = _line(message, 1)
+    assert event.gpu_index is None
+    gpu, out = fold([Pass(_at(0)), Pass(_at(1), (event,)), Pass(_at(60))])
+    assert (out.verdict, out.action) == (verdict, action)
+    if code is not None:
+        assert code in codes(out)
+        assert [f.code for f in gpu.latched] == [code]
+
+
+@pytest.mark.parametrize(
+    ("fields", "action"),
+    [
+        pytest.param({"recovery_action": None}, A.RESET_GPU,
+                     id="field 230 unread: the line's GPU Reset Required stands in"),
+        pytest.param({"recovery_action": 0}, A.NONE,
+                     id="NVML reads the field: NVML decides, not the line"),
+    ],
+)  # fmt: skip
+def test_a_first_seen_kernel_log_xid_154_stands_in_for_nvml(
+    fields: dict[str, object], action: health.Action
+) -> None:
+    """An Xid 154 line seen before any NVML event carries the recovery action NVML cannot read."""
+    event = _line(
+        "NVRM: Xid (PCI:0000:07:00): 154, GPU recovery action changed from 0x0 (None) to 0x1 "
+        "(GPU Reset Required)",
+        1,
+    )
+    _, out = fold([Pass(_at(0), fields=fields), Pass(_at(1), (event,), fields=fields)])
+    assert out.action == action
