@@ -127,6 +127,8 @@ class NodeState(heartbeat.WireModel):
     gpus: dict[str, GpuState] = pydantic.Field(default_factory=dict)
     """Keyed by GPU UUID."""
     kmsg_seq: int | None = None
+    sxid_counts: dict[int, int] = pydantic.Field(default_factory=dict)
+    """NVSwitch SXids seen (fatal and non-fatal), cumulative (`taugrid_nvswitch_sxid_total`)."""
     """The last kernel-log record sequence number folded in during `boot_id`."""
 
 

@@ -104,6 +104,7 @@ class Monitor:
         self._nvml_retry_at = 0.0
         self._kmsg_seq: int | None = None
         self._kmsg_replay = kmsg.Replay(tail=False)
+        self._sxids: list[readings.SxidEvent] = []
         self._state_problem = ""
         self._state_write_error = ""
         self._registration_retry_at = 0.0
@@ -409,6 +410,9 @@ class Monitor:
                 self._kmsg_seq = max(item.seq, self._kmsg_seq or 0)
                 event = kmsg.to_event(item, gpus_by_pci=by_pci, boot_time=self._boot_time)
                 not_before = self._kmsg_replay.not_before
+                sxid = kmsg.to_sxid(item, boot_time=self._boot_time)
+                if sxid is not None and (not_before is None or sxid.at >= not_before):
+                    self._sxids.append(sxid)
                 if event is not None and not_before is not None and event.at < not_before:
                     continue
                 if event is not None:
@@ -507,11 +511,13 @@ class Monitor:
                 kmsg_seq=self._kmsg_seq,
                 twins=deduped.twins,
                 driver_version=self.view.driver_version,
+                sxids=tuple(self._sxids),
             ),
             policy,
             now,
         )
         self._maybe_retry_registration(snapshots)
+        self._sxids.clear()
         if state != self._state:
             self._state = state
             await self._save(state)

@@ -102,6 +102,8 @@ class Inputs:
     144-150 line is the only carrier of the decode NVIDIA's table needs."""
     driver_version: str = ""
     """The driver's version string; it tells the NVLink5 IntrInfo encoding (R575+: V2)."""
+    sxids: Sequence[readings.SxidEvent] = ()
+    """New NVSwitch SXid kernel-log lines: a fatal one is a node finding."""
 
 
 def evaluate_node(
@@ -130,6 +132,7 @@ def evaluate_node(
     )
 
     unseen = _unseen_gpu_findings(inputs.xids) if inputs.nvml_available and inputs.snapshots else []
+    unseen.extend(_sxid_findings(inputs.sxids))
 
     verdicts: list[GpuVerdict] = []
     seen: set[str] = set()
@@ -186,8 +189,19 @@ def evaluate_node(
         kmsg_seqs.append(inputs.kmsg_seq)
     if kmsg_seqs:
         kmsg_seq = max([*kmsg_seqs, *([kmsg_seq] if kmsg_seq is not None else [])])
+    kmsg_seqs.extend(e.kmsg_seq for e in inputs.sxids if e.kmsg_seq is not None)
+    if kmsg_seqs:
+        kmsg_seq = max([*kmsg_seqs, *([kmsg_seq] if kmsg_seq is not None else [])])
+    sxid_counts = dict(state.sxid_counts)
+    for sxid_event in inputs.sxids:
+        sxid_counts[sxid_event.sxid] = sxid_counts.get(sxid_event.sxid, 0) + 1
     new_state = state.model_copy(
-        update={"boot_id": inputs.boot_id, "gpus": gpus, "kmsg_seq": kmsg_seq}
+        update={
+            "boot_id": inputs.boot_id,
+            "gpus": gpus,
+            "kmsg_seq": kmsg_seq,
+            "sxid_counts": sxid_counts,
+        }
     )
     return new_state, tuple(sorted(verdicts, key=lambda v: v.index))
 
@@ -598,6 +612,32 @@ def _xid_finding(
     # Xid 154 is read through the recovery-action field (a level finding); IGNORE-class Xids
     # (157 among them: NVIDIA says workloads may still run) and unlisted ones are counted only.
     return None
+
+
+def _sxid_findings(events: Iterable[readings.SxidEvent]) -> list[Finding]:
+    """A fatal NVSwitch SXid quarantines the node: Failed/RebootNode on every GPU.
+
+    NVSentinel treats a fatal SXid as fatal (CONTACT_SUPPORT), gpud asks for a reboot (the
+    Fabric Manager guide's REBOOT_SYSTEM for 20034, 24007) and DCGM rates DCGM_FR_SXID_ERROR
+    ISOLATE. An NVSwitch is not a GPU the agent can reset, and a reboot re-trains the fabric,
+    so RebootNode, cleared by a new boot; a fatal SXid again after it latches again. Non-fatal
+    SXids are counted only.
+    """
+    fatal = [e for e in events if e.fatal]
+    if not fatal:
+        return []
+    text = "; ".join(
+        f"nvswitch{e.switch} SXid {e.sxid}" + (f" link {e.link}" if e.link is not None else "")
+        for e in fatal
+    )
+    return [
+        Finding(
+            "NvSwitchFatalSxid",
+            health.Verdict.FAILED,
+            health.Action.REBOOT_NODE,
+            f"fatal NVSwitch error, node-wide: {text}"[:1024],
+        )
+    ]
 
 
 def _unseen_gpu_findings(events: Iterable[readings.XidEvent]) -> list[Finding]:

@@ -46,6 +46,15 @@ _RECOVERY = re.compile(
 )
 
 
+# NVSwitch: `nvidia-nvswitch1: SXid (PCI:0000:06:00.0): 20034, Fatal, Link 48 LTSSM Fault Up`
+# (gpud sxid/README.md, NVSentinel pkg/sxid). The same SXid's `Severity …` and `Data {…}`
+# follow-up lines carry no severity word and are not counted again.
+_SXID = re.compile(
+    r"nvidia-nvswitch(?P<switch>[0-9]{1,4}): SXid \(PCI:(?P<pci>[0-9A-Fa-f:.]+)\): "
+    r"(?P<sxid>[0-9]{1,10}), (?P<sev>Fatal|Non-fatal)(?:, Link (?P<link>[0-9]{1,4}))?"
+)
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Record:
     """One kernel-log record."""
@@ -170,6 +179,23 @@ def replay_from(
     if state_boot_id == boot_id or lookback_s <= 0:
         return Replay(tail=False)
     return Replay(tail=False, not_before=started_at - dt.timedelta(seconds=lookback_s))
+
+
+def to_sxid(record: Record, *, boot_time: dt.datetime) -> readings.SxidEvent | None:
+    """Turn an NVSwitch SXid record into an event (None for anything else)."""
+    match = _SXID.search(record.message)
+    if match is None:
+        return None
+    return readings.SxidEvent(
+        sxid=int(match["sxid"]),
+        fatal=match["sev"] == "Fatal",
+        at=boot_time + dt.timedelta(microseconds=record.timestamp_us),
+        switch=int(match["switch"]),
+        pci_bus_id=match["pci"],
+        link=int(match["link"]) if match["link"] else None,
+        message=record.message[:1024],
+        kmsg_seq=record.seq,
+    )
 
 
 def boot_time_now() -> dt.datetime:

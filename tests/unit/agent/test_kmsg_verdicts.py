@@ -247,3 +247,67 @@ def test_a_first_seen_kernel_log_xid_154_stands_in_for_nvml(
     )
     _, out = fold([Pass(_at(0), fields=fields), Pass(_at(1), (event,), fields=fields)])
     assert out.action == action
+
+
+_RAW = re.compile(r"\[\s*(?P<ts>[0-9]+\.[0-9]+)\] (?P<msg>.*)")
+
+
+def raw_dmesg(name: str) -> list[kmsg.Record]:
+    """A raw `dmesg` capture ([seconds since boot] message) as kernel-log records."""
+    out: list[kmsg.Record] = []
+    for seq, text in enumerate((FIXTURES / name).read_text().splitlines()):
+        match = _RAW.fullmatch(text)
+        if match is not None:
+            out.append(kmsg.Record(seq, int(float(match["ts"]) * 1e6), match["msg"]))
+    return out
+
+
+def test_gpud_sxid_20034_log_reads_the_fatal_lines_once() -> None:
+    """gpud's real log: four fatal 20034 lines; the Severity and Data follow-ups add none."""
+    sxids = [
+        s for r in raw_dmesg("dmesg-with-sxid-20034.log") if (s := kmsg.to_sxid(r, boot_time=tv.T0))
+    ]
+    assert [(s.switch, s.sxid, s.fatal, s.link) for s in sxids] == [
+        (1, 20034, True, 48),
+        (0, 20034, True, 63),
+        (2, 20034, True, 37),
+        (0, 20034, True, 62),
+    ]
+
+
+# gpud components/accelerator/nvidia/sxid/sxid.go comments (4a8de33): real lines.
+NON_FATAL = (
+    "nvidia-nvswitch3: SXid (PCI:0000:05:00.0): 12028, Non-fatal, Link 32 egress non-posted "
+    "PRIV error (First)"
+)
+FATAL = "nvidia-nvswitch0: SXid (PCI:0000:00:00.0): 20034, Fatal, Link 30 LTSSM Fault Up"
+
+
+@pytest.mark.parametrize(
+    ("messages", "verdict", "action", "counts"),
+    [
+        pytest.param([FATAL], F, A.REBOOT_NODE, {20034: 1},
+                     id="a fatal sxid quarantines the node for a reboot"),
+        pytest.param([NON_FATAL, NON_FATAL], H, A.NONE, {12028: 2},
+                     id="non-fatal sxids are counted only"),
+    ],
+)  # fmt: skip
+def test_nvswitch_sxid_is_a_node_finding(
+    messages: list[str], verdict: health.Verdict, action: health.Action, counts: dict[int, int]
+) -> None:
+    """A fatal SXid fails every GPU of the node (RebootNode, until a new boot); counted always."""
+    sxids = tuple(
+        s
+        for i, m in enumerate(messages)
+        if (s := kmsg.to_sxid(kmsg.Record(i + 1, 1_000_000, m), boot_time=tv.T0))
+    )
+    state = latching.NodeState()
+    for p, extra in ((Pass(_at(0)), ()), (Pass(_at(1)), sxids), (Pass(_at(60)), ())):
+        inputs = verdicts.Inputs(boot_id=tv.BOOT, snapshots=(tv.snap(p.at),), sxids=extra)
+        state, out = verdicts.evaluate_node(state, inputs, tv.POLICY, p.at)
+    assert (out[0].verdict, out[0].action) == (verdict, action)
+    assert state.sxid_counts == counts
+    assert state.kmsg_seq == len(messages)
+    after_reboot = verdicts.Inputs(boot_id="boot-2", snapshots=(tv.snap(_at(120)),))
+    _, out = verdicts.evaluate_node(state, after_reboot, tv.POLICY, _at(120))
+    assert (out[0].verdict, out[0].action) == (H, A.NONE)
