@@ -356,6 +356,25 @@ def evaluate_gpu(
         entry = xid.lookup(event.xid)
         if entry.xid_class is xid.XidClass.NVLINK5:
             outcome = _nvlink5_outcome(event, entry, r575)
+            if outcome is None and event.intr_info is not None:
+                # The line carries the registers and no row of NVIDIA's decode matches them:
+                # nothing says it needs an action (NVSentinel: NONE). Shown, counted, no
+                # verdict change; a pending NVML twin is resolved by it.
+                nvlink5_pending = _drop_first(nvlink5_pending, event.xid)
+                transient.append(
+                    heartbeat.Reason(
+                        code="XidNvLink5Unmatched",
+                        verdict=health.Verdict.HEALTHY,
+                        action=health.Action.NONE,
+                        message=(
+                            f"Xid {event.xid} ({entry.mnemonic}): {_undecoded_why(event)}; "
+                            "NVIDIA's table names no action for it"
+                        )[:1024],
+                        xid=event.xid,
+                        since=event.at,
+                    )
+                )
+                continue
             if outcome is None:
                 if counted:
                     nvlink5_pending.append(

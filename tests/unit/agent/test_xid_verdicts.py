@@ -97,8 +97,8 @@ def codes(verdict: verdicts.GpuVerdict) -> set[str]:
                      "XidNvLinkRlwError",
                      id="a decoded XID_154_EVAL line says restart the app, the 154 decides"),
         pytest.param([Pass(0), Pass(1, (line(f"145, RLW_REMAP Nonfatal {UNLISTED}", 1),))],
-                     D, A.INSPECT, "XidNvLink5Undecoded",
-                     id="a line no row of the decode matches stays pending"),
+                     H, A.NONE, "XidNvLink5Unmatched",
+                     id="a line no row of the decode matches names no action, as NVSentinel"),
         pytest.param([Pass(0), Pass(1, (line(TREX, 1),))],
                      H, A.NONE, None, id="147 is ignored"),
     ],
@@ -150,7 +150,7 @@ def test_a_v2_line_from_an_r575_driver_is_read_with_the_v2_patterns() -> None:
         [Pass(0), Pass(1, (line(V2_REMAP, 1),))],
         driver=R570,
     )  # fmt: skip
-    assert "XidNvLink5Undecoded" in codes(earlier)
+    assert "XidNvLink5Unmatched" in codes(earlier)
     assert state.nvlink5_pending == ()
 
 
