@@ -112,6 +112,11 @@ class GpuState(heartbeat.WireModel):
     last_recovery_action: int | None = None
     last_nvlinks_down: tuple[int, ...] = ()
     """Links that were down at the last read; one coming back up shows a reset."""
+    last_reset_at: dt.datetime | None = None
+    """When a reset (or a reboot) of this GPU was last observed: a reset-class Xid escalates
+    only when it comes back after one, the rung below having been tried (NVIDIA's catalog)."""
+    slowdown_minutes: dict[str, tuple[dt.datetime, ...]] = pydantic.Field(default_factory=dict)
+    """HW slowdown by code: the minutes (truncated) it was seen in, inside the rate window."""
 
 
 class NodeState(heartbeat.WireModel):
@@ -122,6 +127,8 @@ class NodeState(heartbeat.WireModel):
     gpus: dict[str, GpuState] = pydantic.Field(default_factory=dict)
     """Keyed by GPU UUID."""
     kmsg_seq: int | None = None
+    sxid_counts: dict[int, int] = pydantic.Field(default_factory=dict)
+    """NVSwitch SXids seen (fatal and non-fatal), cumulative (`taugrid_nvswitch_sxid_total`)."""
     """The last kernel-log record sequence number folded in during `boot_id`."""
 
 

@@ -194,6 +194,14 @@ def render(
             lines.append(f"taugrid_gpu_xid_total{_labels(labels)} {count}")
 
     lines.append(
+        "# HELP taugrid_nvswitch_sxid_total NVSwitch SXids seen in the kernel log per SXid, "
+        "cumulative (fatal and non-fatal)."
+    )
+    lines.append("# TYPE taugrid_nvswitch_sxid_total counter")
+    for code, count in sorted(view.state.sxid_counts.items()):
+        lines.append(f"taugrid_nvswitch_sxid_total{_labels([('sxid', str(code))])} {count}")
+
+    lines.append(
         "# HELP taugrid_gpu_probe_duration_seconds Duration of the last probe pass per tier."
     )
     lines.append("# TYPE taugrid_gpu_probe_duration_seconds gauge")

@@ -103,6 +103,8 @@ class Monitor:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._nvml_retry_at = 0.0
         self._kmsg_seq: int | None = None
+        self._kmsg_replay = kmsg.Replay(tail=False)
+        self._sxids: list[readings.SxidEvent] = []
         self._state_problem = ""
         self._state_write_error = ""
         self._registration_retry_at = 0.0
@@ -135,6 +137,12 @@ class Monitor:
             )
         self._state_problem = loaded.problem
         self._state = loaded.state
+        self._kmsg_replay = kmsg.replay_from(
+            state_boot_id=loaded.state.boot_id,
+            boot_id=self.view.boot_id,
+            started_at=self._clock(),
+            lookback_s=self._settings.kmsg_boot_lookback_s,
+        )
         await self._start_nvml()
         if self._dcgm_usable:
             await self.dcgm_step()
@@ -187,7 +195,9 @@ class Monitor:
         )
         self._watcher.start()
         if self._settings.kmsg_path is not None and self._kmsg is None:
-            self._kmsg = kmsg.Reader(self._settings.kmsg_path, self._deliver)
+            self._kmsg = kmsg.Reader(
+                self._settings.kmsg_path, self._deliver, tail=self._kmsg_replay.tail
+            )
             self._kmsg.start()
         log.info("nvml_started", gpus=len(self._probe.devices), driver=self._probe.driver_version)
 
@@ -402,6 +412,12 @@ class Monitor:
                     continue
                 self._kmsg_seq = max(item.seq, self._kmsg_seq or 0)
                 event = kmsg.to_event(item, gpus_by_pci=by_pci, boot_time=self._boot_time)
+                not_before = self._kmsg_replay.not_before
+                sxid = kmsg.to_sxid(item, boot_time=self._boot_time)
+                if sxid is not None and (not_before is None or sxid.at >= not_before):
+                    self._sxids.append(sxid)
+                if event is not None and not_before is not None and event.at < not_before:
+                    continue
                 if event is not None:
                     events.append(event)
                 continue
@@ -517,11 +533,13 @@ class Monitor:
                 kmsg_seq=self._kmsg_seq,
                 twins=deduped.twins,
                 driver_version=self.view.driver_version,
+                sxids=tuple(self._sxids),
             ),
             policy,
             now,
         )
         self._maybe_retry_registration(snapshots)
+        self._sxids.clear()
         if state != self._state:
             self._state = state
             await self._save(state)

@@ -128,6 +128,19 @@ class XidEvent(heartbeat.WireModel):
     """Xid 154: the recovery action the kernel-log line says it changed to."""
 
 
+class SxidEvent(heartbeat.WireModel):
+    """One NVSwitch SXid kernel-log line: `nvidia-nvswitchN: SXid (PCI:…): NNNNN, Fatal, Link L`."""
+
+    sxid: int
+    fatal: bool
+    at: dt.datetime
+    switch: int | None = None
+    pci_bus_id: str = ""
+    link: int | None = None
+    message: str = ""
+    kmsg_seq: int | None = None
+
+
 class DiagStatus(enum.StrEnum):
     """A DCGM diagnostic outcome for one GPU (DCGM's own strings, normalised)."""
 

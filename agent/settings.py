@@ -63,6 +63,10 @@ class Settings(pydantic_settings.BaseSettings):
     expected_gpu_count: int = pydantic.Field(default=0, ge=0, le=64)
     """How many GPUs the node should have (the device plugin's count; 0 = not known). Fewer
     seen through NVML and the PCI bus together is a missing-GPU fault."""
+    kmsg_boot_lookback_s: float = pydantic.Field(default=7200.0, ge=0)
+    """After a reboot seen through the state file, replay this boot's kernel log only this far
+    back (NVSentinel's bootLookbackWindow, 2 h); 0 is no limit. With no state file the agent
+    starts at the tail of the kernel log."""
 
     gauge_interval_s: float = pydantic.Field(default=1.0, gt=0)
     """Cheap-gauge tier period (temperature, power, utilisation, clocks); 1 s like dcgm-exporter

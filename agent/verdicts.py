@@ -55,6 +55,9 @@ class Policy:
     dcgm_present: bool = False
     nvlink5_decode_window_s: float = 300.0
     """How long an Xid 144-150 without its kernel-log decode stays Degraded/Inspect-pending."""
+    slowdown_window_s: float = 600.0
+    slowdown_rate_per_min: float = 0.6
+    """HW slowdown is Degraded only at this rate of minutes seen over the window (gpud's)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -103,6 +106,8 @@ class Inputs:
     """Why NVML cannot be used, when `nvml_available` is False (the cause, named)."""
     missing: Sequence[readings.MissingGpu] = ()
     """GPUs the node has that NVML does not give the agent (`missing_gpus`)."""
+    sxids: Sequence[readings.SxidEvent] = ()
+    """New NVSwitch SXid kernel-log lines: a fatal one is a node finding."""
 
 
 def evaluate_node(
@@ -130,6 +135,9 @@ def evaluate_node(
         if e.value == "Failure"
     )
 
+    unseen = _unseen_gpu_findings(inputs.xids) if inputs.nvml_available and inputs.snapshots else []
+    unseen.extend(_sxid_findings(inputs.sxids))
+
     verdicts: list[GpuVerdict] = []
     seen: set[str] = set()
     for snapshot in sorted(inputs.snapshots, key=lambda s: s.index):
@@ -149,6 +157,7 @@ def evaluate_node(
             now=now,
             twins=twins_by_index.get(snapshot.index, ()),
             driver_version=inputs.driver_version,
+            node_findings=unseen,
         )
         gpus[snapshot.uuid] = gpu
         verdicts.append(verdict)
@@ -209,8 +218,19 @@ def evaluate_node(
         kmsg_seqs.append(inputs.kmsg_seq)
     if kmsg_seqs:
         kmsg_seq = max([*kmsg_seqs, *([kmsg_seq] if kmsg_seq is not None else [])])
+    kmsg_seqs.extend(e.kmsg_seq for e in inputs.sxids if e.kmsg_seq is not None)
+    if kmsg_seqs:
+        kmsg_seq = max([*kmsg_seqs, *([kmsg_seq] if kmsg_seq is not None else [])])
+    sxid_counts = dict(state.sxid_counts)
+    for sxid_event in inputs.sxids:
+        sxid_counts[sxid_event.sxid] = sxid_counts.get(sxid_event.sxid, 0) + 1
     new_state = state.model_copy(
-        update={"boot_id": inputs.boot_id, "gpus": gpus, "kmsg_seq": kmsg_seq}
+        update={
+            "boot_id": inputs.boot_id,
+            "gpus": gpus,
+            "kmsg_seq": kmsg_seq,
+            "sxid_counts": sxid_counts,
+        }
     )
     return new_state, tuple(sorted(verdicts, key=lambda v: v.index))
 
@@ -252,6 +272,8 @@ def _on_new_boot(gpu: latching.GpuState, now: dt.datetime) -> latching.GpuState:
             "last_nvml_error": None,
             "last_recovery_action": None,
             "last_nvlinks_down": (),
+            "last_reset_at": now,
+            "slowdown_minutes": {},
         }
     )
 
@@ -450,6 +472,7 @@ def evaluate_gpu(
     node_health: Sequence[readings.EntityHealth] = (),
     twins: Iterable[readings.XidEvent] = (),
     driver_version: str = "",
+    node_findings: Sequence[Finding] = (),
 ) -> tuple[latching.GpuState, GpuVerdict]:
     """Apply the fault table to one GPU; return its new state and verdict."""
     state = previous.model_copy(
@@ -459,13 +482,14 @@ def evaluate_gpu(
     if reset_observed(previous, snapshot):
         state = state.model_copy(
             update={
+                "last_reset_at": now,
                 "latched": tuple(
                     f.model_copy(update={"reset_observed_at": now})
                     if f.clears_when is latching.ClearingCondition.RESET_THEN_DIAG
                     and f.reset_observed_at is None
                     else f
                     for f in state.latched
-                )
+                ),
             }
         )
     diag_passed_at: dt.datetime | None = None
@@ -499,6 +523,25 @@ def evaluate_gpu(
         entry = xid.lookup(event.xid)
         if entry.xid_class is xid.XidClass.NVLINK5:
             outcome = _nvlink5_outcome(event, entry, r575)
+            if outcome is None and event.intr_info is not None:
+                # The line carries the registers and no row of NVIDIA's decode matches them:
+                # nothing says it needs an action (NVSentinel: NONE). Shown, counted, no
+                # verdict change; a pending NVML twin is resolved by it.
+                nvlink5_pending = _drop_first(nvlink5_pending, event.xid)
+                transient.append(
+                    heartbeat.Reason(
+                        code="XidNvLink5Unmatched",
+                        verdict=health.Verdict.HEALTHY,
+                        action=health.Action.NONE,
+                        message=(
+                            f"Xid {event.xid} ({entry.mnemonic}): {_undecoded_why(event)}; "
+                            "NVIDIA's table names no action for it"
+                        )[:1024],
+                        xid=event.xid,
+                        since=event.at,
+                    )
+                )
+                continue
             if outcome is None:
                 if counted:
                     nvlink5_pending.append(
@@ -512,7 +555,16 @@ def evaluate_gpu(
             if bucket == "XID_154_EVAL":
                 app_xids.append(latching.XidOccurrence(xid=event.xid, at=event.at, detail=text))
             elif bucket == "RESET_GPU":
-                findings.append(_reset_finding(event, entry.reason, text, reset_xids, policy))
+                findings.append(
+                    _reset_finding(
+                        event,
+                        entry.reason,
+                        text,
+                        reset_xids,
+                        policy,
+                        last_reset_at=state.last_reset_at,
+                    )
+                )
                 reset_xids.append(latching.XidOccurrence(xid=event.xid, at=event.at))
             continue
         if not counted:
@@ -521,7 +573,12 @@ def evaluate_gpu(
                 if finding is not None:
                     findings.append(finding)
             continue
-        finding = _xid_finding(event, snapshot, reset_xids, policy)
+        finding = _xid_finding(
+            event, snapshot, reset_xids, policy, last_reset_at=state.last_reset_at
+        )
+        if event.xid == 154 and snapshot.recovery_action is None:
+            # NVML cannot read field 230 (or has not yet): the line's "to 0xN" stands in.
+            finding = _recovery_finding(event.recovery_action, "the Xid 154 kernel-log line")
         if finding is not None:
             findings.append(finding)
         if entry.xid_class is xid.XidClass.APPLICATION:
@@ -559,7 +616,10 @@ def evaluate_gpu(
         )
     level, pending = _level_findings(state, snapshot, gpu_health, policy, now)
     findings.extend(level)
+    slowdowns, slowdown_minutes = _slowdown_findings(state, snapshot, policy, now)
+    findings.extend(slowdowns)
     findings.extend(_node_health_findings(node_health))
+    findings.extend(node_findings)
     if diag is not None:
         # A finding that latches is folded once; one that does not stays visible for as long
         # as this is the last diagnostic.
@@ -612,6 +672,7 @@ def evaluate_gpu(
             "app_xids": tuple(app_xids),
             "nvlink5_pending": tuple(nvlink5_pending),
             "pending_since": pending,
+            "slowdown_minutes": slowdown_minutes,
             "nvlinks_seen_up": tuple(sorted(nvlinks_up)),
             "xid_counts": counts,
             "last_ecc_dbe": dbe if dbe is not None else state.last_ecc_dbe,
@@ -681,6 +742,8 @@ def _xid_finding(
     snapshot: readings.GpuSnapshot,
     reset_xids: Sequence[latching.XidOccurrence],
     policy: Policy,
+    *,
+    last_reset_at: dt.datetime | None = None,
 ) -> Finding | None:
     entry = xid.lookup(event.xid)
     label = f"Xid {event.xid} ({entry.mnemonic}): {entry.description}"
@@ -693,7 +756,9 @@ def _xid_finding(
     if entry.xid_class is xid.XidClass.INSPECT:
         return Finding(entry.reason, health.Verdict.FAILED, health.Action.INSPECT, label, event.xid)
     if entry.xid_class is xid.XidClass.RESET:
-        return _reset_finding(event, entry.reason, label, reset_xids, policy)
+        return _reset_finding(
+            event, entry.reason, label, reset_xids, policy, last_reset_at=last_reset_at
+        )
     if event.xid == 48:
         if snapshot.remap_failure:
             return Finding(
@@ -735,27 +800,96 @@ def _xid_finding(
     return None
 
 
+def _sxid_findings(events: Iterable[readings.SxidEvent]) -> list[Finding]:
+    """A fatal NVSwitch SXid quarantines the node: Failed/RebootNode on every GPU.
+
+    NVSentinel treats a fatal SXid as fatal (CONTACT_SUPPORT), gpud asks for a reboot (the
+    Fabric Manager guide's REBOOT_SYSTEM for 20034, 24007) and DCGM rates DCGM_FR_SXID_ERROR
+    ISOLATE. An NVSwitch is not a GPU the agent can reset, and a reboot re-trains the fabric,
+    so RebootNode, cleared by a new boot; a fatal SXid again after it latches again. Non-fatal
+    SXids are counted only.
+    """
+    fatal = [e for e in events if e.fatal]
+    if not fatal:
+        return []
+    text = "; ".join(
+        f"nvswitch{e.switch} SXid {e.sxid}" + (f" link {e.link}" if e.link is not None else "")
+        for e in fatal
+    )
+    return [
+        Finding(
+            "NvSwitchFatalSxid",
+            health.Verdict.FAILED,
+            health.Action.REBOOT_NODE,
+            f"fatal NVSwitch error, node-wide: {text}"[:1024],
+        )
+    ]
+
+
+def _unseen_gpu_findings(events: Iterable[readings.XidEvent]) -> list[Finding]:
+    """Kernel-log Xids for a PCI address NVML does not enumerate: a GPU the agent cannot see.
+
+    NVSentinel attributes such a line by its PCI address alone. Whatever the catalog says for
+    the Xid, a GPU outside NVML can be neither reset nor checked through it, and a reboot is
+    what brings a GPU back onto the bus: a node finding, Failed/RebootNode on every GPU,
+    cleared by a new boot. Application and ignore-class Xids stay counts.
+    """
+    out: list[Finding] = []
+    for event in events:
+        if event.gpu_index is not None or not event.pci_bus_id:
+            continue
+        entry = xid.lookup(event.xid)
+        if entry.xid_class in (xid.XidClass.APPLICATION, xid.XidClass.IGNORE):
+            continue
+        if entry.xid_class is xid.XidClass.NVLINK5 or event.xid == 154:
+            continue
+        out.append(
+            Finding(
+                "XidOnUnseenGpu",
+                health.Verdict.FAILED,
+                health.Action.REBOOT_NODE,
+                f"Xid {event.xid} ({entry.mnemonic}) on PCI {event.pci_bus_id}, a GPU NVML "
+                f"does not enumerate: {entry.description}"[:1024],
+                event.xid,
+            )
+        )
+    return out
+
+
 def _reset_finding(
     event: readings.XidEvent,
     reason: str,
     label: str,
     reset_xids: Sequence[latching.XidOccurrence],
     policy: Policy,
+    *,
+    last_reset_at: dt.datetime | None = None,
 ) -> Finding:
-    """A reset-class Xid: ResetGPU, or RebootNode when the same Xid came back within the window."""
+    """A reset-class Xid: ResetGPU, or RebootNode when it came back after a reset in the window.
+
+    NVIDIA's catalog says RESET_GPU for these and escalates only when the reset did not hold.
+    Their lines come in bursts (one per channel, process or link, or one per RPC timeout as
+    Xid 119 does), so a repeat with no reset observed in between is the same incident: it
+    stays ResetGPU. Only an occurrence from before the last observed reset (or reboot) makes
+    this one a repeat.
+    """
     repeats = [
         o
         for o in reset_xids
-        if o.xid == event.xid and 0 <= _age_s(event.at, o.at) <= policy.escalation_window_s
+        if o.xid == event.xid
+        and 0 <= _age_s(event.at, o.at) <= policy.escalation_window_s
+        and last_reset_at is not None
+        and o.at < last_reset_at
     ]
-    if repeats:
+    if repeats and last_reset_at is not None:
         hours = policy.escalation_window_s / 3600
         return Finding(
             "XidRepeated",
             health.Verdict.FAILED,
             health.Action.REBOOT_NODE,
             f"{label}; seen again within {hours:g} h (first at "
-            f"{repeats[0].at.isoformat()}), a reset did not hold",
+            f"{repeats[0].at.isoformat()}) after the reset observed at "
+            f"{last_reset_at.isoformat()}: the reset did not hold",
             event.xid,
         )
     return Finding(reason, health.Verdict.FAILED, health.Action.RESET_GPU, label, event.xid)
@@ -891,32 +1025,54 @@ def _level_findings(
             )
         )
 
-    pending: dict[str, dt.datetime] = {}
-    reasons = snapshot.clock_event_reasons or 0
+    return findings, {}
+
+
+def _slowdown_findings(
+    state: latching.GpuState, snapshot: readings.GpuSnapshot, policy: Policy, now: dt.datetime
+) -> tuple[list[Finding], dict[str, tuple[dt.datetime, ...]]]:
+    """HW thermal and power-brake slowdown: a warning while seen, Degraded at a sustained rate.
+
+    DCGM rates both MONITOR ("can perform workload, but needs to be monitored") and its health
+    watch WARN; power brake is asserted from outside the GPU (the power supply, the facility).
+    So neither is a fault: seen, it is a Healthy reason; only a rate over a window (gpud's
+    hw-slowdown: 10 minutes, at least 0.6 events a minute, one event a minute at most) keeps
+    new work off, Degraded with no action. Nothing latches: it clears when the rate drops.
+    """
+    findings: list[Finding] = []
+    kept: dict[str, tuple[dt.datetime, ...]] = {}
+    minute = now.replace(second=0, microsecond=0)
     for bit, code, what in (
         (CLOCK_EVENT_HW_THERMAL_SLOWDOWN, "HwThermalSlowdown", "hardware thermal slowdown"),
         (CLOCK_EVENT_HW_POWER_BRAKE_SLOWDOWN, "HwPowerBrakeSlowdown", "hardware power-brake"),
     ):
-        if snapshot.clock_event_reasons is None:
-            # Not read this pass: keep the window open rather than restart it.
-            if code in state.pending_since:
-                pending[code] = state.pending_since[code]
-            continue
-        if not reasons & bit:
-            continue
-        since = state.pending_since.get(code, now)
-        pending[code] = since
-        if _age_s(now, since) >= policy.debounce_s:
+        seen = [
+            m
+            for m in state.slowdown_minutes.get(code, ())
+            if _age_s(now, m) < policy.slowdown_window_s
+        ]
+        active = snapshot.clock_event_reasons is not None and bool(
+            snapshot.clock_event_reasons & bit
+        )
+        if active and minute not in seen:
+            seen.append(minute)
+        if seen:
+            kept[code] = tuple(seen)
+        window_min = policy.slowdown_window_s / 60
+        rate = len(seen) / window_min if window_min else 0.0
+        text = (
+            f"{what}: seen in {len(seen)} of the last {window_min:g} minutes "
+            f"({rate:.2f}/min; sustained from {policy.slowdown_rate_per_min:g}/min)"
+        )
+        if seen and rate >= policy.slowdown_rate_per_min:
             findings.append(
-                Finding(
-                    code,
-                    health.Verdict.DEGRADED,
-                    health.Action.INSPECT,
-                    f"{what} active since {since.isoformat()} "
-                    f"(longer than the {policy.debounce_s:g} s debounce window)",
-                )
+                Finding(code, health.Verdict.DEGRADED, health.Action.NONE, f"{text}, sustained")
             )
-    return findings, pending
+        elif active:
+            findings.append(
+                Finding(code, health.Verdict.HEALTHY, health.Action.NONE, f"{text}, a warning")
+            )
+    return findings, kept
 
 
 def _nvml_error_finding(error: readings.NvmlErrorKind, detail: str) -> Finding:

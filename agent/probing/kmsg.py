@@ -1,8 +1,11 @@
-"""The kernel log as a second Xid source: `NVRM: Xid` lines from `/dev/kmsg`, read back to boot.
+"""The kernel log as a second Xid source: `NVRM: Xid` lines from `/dev/kmsg`.
 
-Reading from the start of the ring buffer recovers Xids raised while the agent was down; the
-verdict core keeps the last folded record's sequence number per boot, so a restart does not
-count them twice. The path is a setting: tests feed a regular file or a FIFO in the same
+Where the state file knows this boot, reading from the start of the ring buffer recovers Xids
+raised while the agent was down; the verdict core keeps the last folded record's sequence
+number per boot, so a restart does not count them twice. Where it does not (a first install, a
+state file moved aside) the agent starts at the tail, and after a reboot it reads this boot's
+records only within a lookback window (`replay_from`, NVSentinel's `handleBootIDChange`).
+The path is a setting: tests feed a regular file or a FIFO in the same
 `priority,sequence,timestamp_us,flags;message` record format.
 """
 
@@ -31,13 +34,24 @@ _XID = re.compile(
 # Xid 144-150 (R565+): `<Xid>, <unit> <Fatal|Nonfatal> XC<n> i<n> Link <nn> (<IntrInfo>
 # <ErrorStatus> <debug words...>)`, NVIDIA's "WORKFLOW_NVLINK5_ERR" bucket text; some
 # drivers print the registers in brackets.
+# Drivers that know the process print `, pid=<n>, name=<comm>` before the unit (NVSentinel's
+# reXidNVL5Pattern, gpud's RegexNVRMXidExtended).
 _NVLINK5 = re.compile(
-    r"\A,\s*(?P<unit>[A-Za-z0-9_/]+)\b.*?[(\[]\s*"
+    r"\A,\s*(?:pid=[^,]*,\s*)?(?:name=[^,]*,\s*)?(?P<unit>[A-Za-z0-9_/]+)\b.*?[(\[]\s*"
     r"(?P<regs>0x[0-9A-Fa-f]{1,8}(?:\s+0x[0-9A-Fa-f]{1,16})*)\s*[)\]]"
 )
 # Xid 154: `GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)`.
 _RECOVERY = re.compile(
     r"recovery action changed from 0x[0-9A-Fa-f]+ \([^)]*\) to 0x(?P<to>[0-9A-Fa-f]+)"
+)
+
+
+# NVSwitch: `nvidia-nvswitch1: SXid (PCI:0000:06:00.0): 20034, Fatal, Link 48 LTSSM Fault Up`
+# (gpud sxid/README.md, NVSentinel pkg/sxid). The same SXid's `Severity …` and `Data {…}`
+# follow-up lines carry no severity word and are not counted again.
+_SXID = re.compile(
+    r"nvidia-nvswitch(?P<switch>[0-9]{1,4}): SXid \(PCI:(?P<pci>[0-9A-Fa-f:.]+)\): "
+    r"(?P<sxid>[0-9]{1,10}), (?P<sev>Fatal|Non-fatal)(?:, Link (?P<link>[0-9]{1,4}))?"
 )
 
 
@@ -139,6 +153,51 @@ def to_event(
     )
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Replay:
+    """Where reading starts: at the tail, or at the head skipping records before `not_before`."""
+
+    tail: bool
+    not_before: dt.datetime | None = None
+
+
+def replay_from(
+    *, state_boot_id: str, boot_id: str, started_at: dt.datetime, lookback_s: float
+) -> Replay:
+    """Decide how much of the ring buffer to replay at start (NVSentinel's syslog monitor).
+
+    - The state knows this boot: replay it all; the folded sequence number skips what was seen.
+    - The state knows another boot (a reboot seen through its boot id): replay this boot's
+      records, but only those within `lookback_s` of the start (0: no limit), so a node that
+      stayed down for a long service does not re-report what an operator already fixed.
+    - No state (a first install, or a state file moved aside): start at the tail. An Xid
+      already in the buffer may have been cleared by a reset we can never observe, and a fleet
+      rollout must not quarantine every node whose buffer still holds one.
+    """
+    if not state_boot_id:
+        return Replay(tail=True)
+    if state_boot_id == boot_id or lookback_s <= 0:
+        return Replay(tail=False)
+    return Replay(tail=False, not_before=started_at - dt.timedelta(seconds=lookback_s))
+
+
+def to_sxid(record: Record, *, boot_time: dt.datetime) -> readings.SxidEvent | None:
+    """Turn an NVSwitch SXid record into an event (None for anything else)."""
+    match = _SXID.search(record.message)
+    if match is None:
+        return None
+    return readings.SxidEvent(
+        sxid=int(match["sxid"]),
+        fatal=match["sev"] == "Fatal",
+        at=boot_time + dt.timedelta(microseconds=record.timestamp_us),
+        switch=int(match["switch"]),
+        pci_bus_id=match["pci"],
+        link=int(match["link"]) if match["link"] else None,
+        message=record.message[:1024],
+        kmsg_seq=record.seq,
+    )
+
+
 def boot_time_now() -> dt.datetime:
     """Estimate the wall-clock time of boot on the clock kmsg timestamps use (monotonic)."""
     return dt.datetime.now(dt.UTC) - dt.timedelta(seconds=time.monotonic())
@@ -153,9 +212,15 @@ class Reader:
     """
 
     def __init__(
-        self, path: pathlib.Path, deliver: Callable[[Record], None], *, poll_s: float = 0.2
+        self,
+        path: pathlib.Path,
+        deliver: Callable[[Record], None],
+        *,
+        poll_s: float = 0.2,
+        tail: bool = False,
     ) -> None:
         self._path = path
+        self._tail = tail
         self._deliver = deliver
         self._poll_s = poll_s
         self._stop = threading.Event()
@@ -184,6 +249,9 @@ class Reader:
     def _read_device(self) -> None:
         fd = os.open(self._path, os.O_RDONLY)
         try:
+            if self._tail:
+                # /dev/kmsg: SEEK_END moves past the last record (Documentation/ABI, dev-kmsg).
+                os.lseek(fd, 0, os.SEEK_END)
             while not self._stop.is_set():
                 try:
                     chunk = os.read(fd, 8192)
@@ -197,6 +265,8 @@ class Reader:
 
     def _read_lines(self) -> None:
         with self._path.open(encoding="utf-8", errors="replace") as fh:
+            if self._tail and self._path.is_file():
+                fh.seek(0, os.SEEK_END)
             buffer = ""
             while not self._stop.is_set():
                 line = fh.readline()

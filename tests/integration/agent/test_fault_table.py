@@ -185,8 +185,6 @@ ROWS = [
                  id="RESET_REQUIRED fails until a reset"),
     pytest.param(inject_nvlink, D, A.RESET_GPU, clear_reset, "reset",
                  id="an NVLink going down degrades until a reset"),
-    pytest.param(inject_thermal, D, A.INSPECT, clear_thermal, "release",
-                 id="persisting thermal slowdown degrades until a manual release"),
 ]  # fmt: skip
 
 
@@ -250,13 +248,61 @@ async def test_application_xid_is_counted_and_keeps_the_gpu_healthy(rig: Rig) ->
     assert metric_value(view, "DCGM_FI_DEV_XID_ERRORS", gpu=str(GPU)) == 13
 
 
-async def test_same_reset_xid_twice_escalates_to_a_reboot(rig: Rig) -> None:
-    """Xid 95 twice inside the escalation window asks for a reboot."""
+async def test_same_reset_xid_back_after_a_reset_escalates_to_a_reboot(rig: Rig) -> None:
+    """Xid 95 twice with no reset between is one incident; back after a reset, a reboot."""
     await rig.registered()
     rig.control.xid(GPU, 95)
     await rig.until(lambda v: gpu_verdict(v) == (F, A.RESET_GPU))
     rig.control.xid(GPU, 95)
+    view = await rig.until(
+        lambda v: any(g.index == GPU and g.xid_counts.get(95) == 2 for g in v.state.gpus.values())
+    )
+    for _ in range(3):
+        view = await rig.monitor.probe_once()
+    assert gpu_verdict(view) == (F, A.RESET_GPU), "a burst without a reset is not a repeat"
+    rig.control.ecc_corrected(GPU, 1)  # so that the reset shows: volatile counters go to zero
+    await rig.until(lambda v: any(s.index == GPU and s.ecc_sbe_volatile for s in v.snapshots))
+    rig.control.reset(GPU)
+    await rig.until(lambda v: gpu_verdict(v) == (health.Verdict.HEALTHY, A.NONE))
+    rig.control.xid(GPU, 95)
     await rig.until(lambda v: gpu_verdict(v) == (F, A.REBOOT_NODE))
+
+
+async def test_thermal_slowdown_warns_and_needs_no_release(rig: Rig) -> None:
+    """HW thermal slowdown is DCGM MONITOR: a Healthy reason while on, gone when it stops."""
+    await rig.registered()
+    inject_thermal(rig.control)
+    view = await rig.until(
+        lambda v: any(
+            r.code == "HwThermalSlowdown" for g in v.verdicts if g.index == GPU for r in g.reasons
+        )
+    )
+    assert gpu_verdict(view) == (health.Verdict.HEALTHY, A.NONE)
+    clear_thermal(rig.control)
+    view = await rig.until(lambda v: fixed(v) and v.taken_at is not None)
+    view = await rig.monitor.probe_once()
+    assert gpu_verdict(view) == (health.Verdict.HEALTHY, A.NONE)
+    uuid = next(v.uuid for v in view.verdicts if v.index == GPU)
+    assert view.state.gpus[uuid].latched == ()
+
+
+async def test_a_fresh_state_file_does_not_replay_old_kernel_log_xids(rig: Rig) -> None:
+    """A first install (no state file) starts at the kernel log's tail: an old Xid 119 already
+    in the buffer, cleared long ago, is not replayed; one appended later still counts."""
+    view = await rig.until(lambda v: bool(v.snapshots))
+    pci = next(s.pci_bus_id for s in view.snapshots if s.index == GPU)[4:-2]
+    await rig.monitor.stop()
+    rig.config.state_path.unlink(missing_ok=True)
+    rig.kmsg.write_text(f"3,7,1000,-;NVRM: Xid (PCI:{pci}): 119, Timeout after 6s of waiting\n")
+    rig.monitor = monitoring.Monitor(rig.config)
+    await rig.monitor.start(loops=False)
+    for _ in range(3):
+        view = await rig.monitor.probe_once()
+    assert gpu_verdict(view) == (health.Verdict.HEALTHY, A.NONE)
+    ts = int(time.monotonic() * 1_000_000)
+    with rig.kmsg.open("a") as fh:
+        fh.write(f"3,8,{ts},-;NVRM: Xid (PCI:{pci}): 119, Timeout after 6s of waiting\n")
+    await rig.until(lambda v: gpu_verdict(v) == (F, A.RESET_GPU))
 
 
 async def test_kmsg_xids_from_before_the_restart_are_not_counted_twice(rig: Rig) -> None:

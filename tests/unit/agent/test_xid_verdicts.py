@@ -97,8 +97,8 @@ def codes(verdict: verdicts.GpuVerdict) -> set[str]:
                      "XidNvLinkRlwError",
                      id="a decoded XID_154_EVAL line says restart the app, the 154 decides"),
         pytest.param([Pass(0), Pass(1, (line(f"145, RLW_REMAP Nonfatal {UNLISTED}", 1),))],
-                     D, A.INSPECT, "XidNvLink5Undecoded",
-                     id="a line no row of the decode matches stays pending"),
+                     H, A.NONE, "XidNvLink5Unmatched",
+                     id="a line no row of the decode matches names no action, as NVSentinel"),
         pytest.param([Pass(0), Pass(1, (line(TREX, 1),))],
                      H, A.NONE, None, id="147 is ignored"),
     ],
@@ -124,9 +124,15 @@ def test_an_undecoded_nvlink5_xid_never_escalates_to_a_reboot() -> None:
 
 
 def test_a_decoded_reset_repeat_escalates_like_any_reset_class_xid() -> None:
-    """A RESET_GPU decode seen again inside the escalation window asks for a reboot."""
+    """A RESET_GPU decode back after an observed reset, inside the window, asks for a reboot."""
     _, out = run(
-        [Pass(0), Pass(1, (line(LINK_DOWN_RESET, 1),)), Pass(3600, (line(LINK_DOWN_RESET, 3600),))]
+        [
+            Pass(0),
+            Pass(1, (line(LINK_DOWN_RESET, 1),)),
+            Pass(2, fields={"ecc_sbe_volatile": 3}),
+            Pass(10),
+            Pass(3600, (line(LINK_DOWN_RESET, 3600),)),
+        ]
     )
     assert (out.verdict, out.action) == (F, A.REBOOT_NODE)
     assert "XidRepeated" in codes(out)
@@ -144,7 +150,7 @@ def test_a_v2_line_from_an_r575_driver_is_read_with_the_v2_patterns() -> None:
         [Pass(0), Pass(1, (line(V2_REMAP, 1),))],
         driver=R570,
     )  # fmt: skip
-    assert "XidNvLink5Undecoded" in codes(earlier)
+    assert "XidNvLink5Unmatched" in codes(earlier)
     assert state.nvlink5_pending == ()
 
 

@@ -219,3 +219,65 @@ def test_reader_reports_an_unreadable_path(tmp_path: pathlib.Path) -> None:
     reader.start()
     reader.stop(DEADLINE_S)
     assert "cannot read" in reader.error
+
+
+START = dt.datetime(2026, 5, 1, 12, 0, tzinfo=dt.UTC)
+
+
+@pytest.mark.parametrize(
+    ("state_boot", "lookback_s", "expected"),
+    [
+        pytest.param("", 7200.0, kmsg.Replay(tail=True),
+                     id="a first install or a moved-aside state file starts at the tail"),
+        pytest.param("boot-1", 7200.0, kmsg.Replay(tail=False),
+                     id="a restart on the boot the state knows replays it all"),
+        pytest.param("boot-0", 7200.0,
+                     kmsg.Replay(tail=False, not_before=START - dt.timedelta(hours=2)),
+                     id="after a reboot this boot is replayed within the lookback window"),
+        pytest.param("boot-0", 0.0, kmsg.Replay(tail=False),
+                     id="a zero lookback replays the whole boot after a reboot"),
+    ],
+)  # fmt: skip
+def test_replay_from_follows_nvsentinels_boot_handling(
+    state_boot: str, lookback_s: float, expected: kmsg.Replay
+) -> None:
+    """No replay without state; all of a known boot; a bounded window after a reboot."""
+    got = kmsg.replay_from(
+        state_boot_id=state_boot, boot_id="boot-1", started_at=START, lookback_s=lookback_s
+    )
+    assert got == expected
+
+
+def test_reader_at_the_tail_skips_what_was_there(tmp_path: pathlib.Path) -> None:
+    """A tail reader delivers only records appended after it started (a nine-day-old Xid 119
+    already in the buffer is not replayed)."""
+    path = tmp_path / "kmsg"
+    path.write_text("3,7,777600000000,-;NVRM: Xid (PCI:0000:9b:00): 119, Timeout after 6s\n")
+    got: list[kmsg.Record] = []
+    lock = threading.Lock()
+
+    def deliver(record: kmsg.Record) -> None:
+        with lock:
+            got.append(record)
+
+    reader = kmsg.Reader(path, deliver, poll_s=0.01, tail=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + DEADLINE_S
+        seq = 8
+        # The thread opens the file when it gets to run: append until one record comes.
+        while True:
+            with lock:
+                if got:
+                    break
+            with path.open("a") as fh:
+                fh.write(f"6,{seq},777700000000,-;NVRM: loading NVIDIA UNIX x86_64 Module\n")
+            seq += 1
+            assert time.monotonic() < deadline, "no appended record came"
+            time.sleep(0.02)
+    finally:
+        reader.stop()
+    with lock:
+        seqs = [r.seq for r in got]
+    assert seqs
+    assert 7 not in seqs
