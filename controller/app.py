@@ -146,6 +146,8 @@ def _runtime(
             bound_token_ttl_s=settings.bound_token_cache_max_s,
             access_ttl_s=settings.auth_cache_ttl_s,
             max_reviews=settings.reviews_in_flight_max,
+            access_per_identity=settings.access_reviews_per_identity,
+            access_max=settings.access_reviews_in_flight_max,
         )
         # The install namespace's pods, watched: agent IPs, and deletions that retire the
         # tokens bound to them (so those are not re-reviewed every bound_token_cache_max_s).

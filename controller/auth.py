@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import collections
 import dataclasses
 import hashlib
 import json
@@ -217,6 +218,45 @@ def bearer_token(header: str | None) -> str:
     return token
 
 
+class AccessCap:
+    """SubjectAccessReviews in flight, at most `per_identity` for one username and `total`
+    on this replica: past either, the call is refused 429 at once, naming the limit, rather
+    than queueing reviews for the API server (pure: no I/O, no clock)."""
+
+    def __init__(self, *, per_identity: int, total: int) -> None:
+        self.per_identity = per_identity
+        self.total = total
+        self.held: collections.Counter[str] = collections.Counter()
+
+    @property
+    def in_flight(self) -> int:
+        """Reviews taken and not yet released, over every username."""
+        return self.held.total()
+
+    def take(self, username: str) -> None:
+        """Count one review for `username`; TooManyRequests when a limit is reached."""
+        if self.held[username] >= self.per_identity:
+            msg = (
+                f"{username} already has {self.held[username]} access reviews in flight, the"
+                f" most one caller may have at once (access_reviews_per_identity"
+                f" {self.per_identity}); retry shortly"
+            )
+            raise errors.TooManyRequests(msg, code="TooMany")
+        if self.in_flight >= self.total:
+            msg = (
+                f"this replica has {self.total} access reviews in flight, its most"
+                f" (access_reviews_in_flight_max {self.total}); retry shortly"
+            )
+            raise errors.TooManyRequests(msg, code="TooMany")
+        self.held[username] += 1
+
+    def release(self, username: str) -> None:
+        """One review of `username` answered (or failed)."""
+        self.held[username] -= 1
+        if self.held[username] <= 0:
+            del self.held[username]
+
+
 class Authenticator:
     """Authenticate bearer tokens and authorise calls, with caches in front of the reviews."""
 
@@ -228,6 +268,8 @@ class Authenticator:
         bound_token_ttl_s: float = 60.0,
         access_ttl_s: float = 60.0,
         max_reviews: int = 64,
+        access_per_identity: int = 8,
+        access_max: int = 64,
         pod_alive: Callable[[str], bool] = lambda _uid: False,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -239,6 +281,10 @@ class Authenticator:
         self.max_reviews = max_reviews
         """TokenReviews in flight at once; a token that needs one past it is answered 503."""
         self.reviewing = 0
+        self.access_reviews = AccessCap(per_identity=access_per_identity, total=access_max)
+        """SubjectAccessReviews in flight, per username and in all (security review 3,
+        finding 1): an answer not cached costs a review, and a caller naming a new
+        namespace each request would otherwise make as many at once as it sends."""
         self._token_ttl_s = token_ttl_s
         self._bound_token_ttl_s = bound_token_ttl_s
         self._access_ttl_s = access_ttl_s
@@ -318,11 +364,19 @@ class Authenticator:
             self.tokens.drop(key)
 
     async def authorize(self, identity: Identity, access: Access) -> None:
-        """Raise Forbidden unless Kubernetes RBAC allows the access."""
-        key = (identity, access)
+        """Raise Forbidden unless Kubernetes RBAC allows the access; TooManyRequests when the
+        answer is not cached and the caller (or this replica) has its most reviews in flight."""
+
+        async def review() -> bool:
+            self.access_reviews.take(identity.username)
+            try:
+                return await self._reviewer.review_access(identity, access)
+            finally:
+                self.access_reviews.release(identity.username)
+
         allowed = await self.access.get(
-            key,
-            lambda: self._reviewer.review_access(identity, access),
+            access_key(identity, access),
+            review,
             lambda ok: self._access_ttl_s if ok else min(self._access_ttl_s, NEGATIVE_TTL_S),
         )
         if not allowed:
@@ -333,6 +387,13 @@ class Authenticator:
             group = f".{access.group}" if access.group else ""
             msg = f"{identity.username} may not {access.verb} {res}{group}{where}"
             raise errors.Forbidden(msg)
+
+
+def access_key(identity: Identity, access: Access) -> Hashable:
+    """What an access answer is cached under: everything the SubjectAccessReview is asked
+    (user, uid, groups, extra; verb, group, resource, subresource, namespace, name), so one
+    answer is never reused for a question that differs in any of them."""
+    return (identity, access)
 
 
 def agent_username(namespace: str, service_account: str) -> str:

@@ -206,6 +206,13 @@ class ControllerSettings(pydantic_settings.BaseSettings):
     """TokenReviews this replica has in flight at once; a caller whose token needs one past
     it is answered 503 `ReviewBusy` at once and retries, rather than queueing reviews the API
     server cannot answer in time (they would fail, go uncached and be asked again)."""
+    access_reviews_per_identity: int = pydantic.Field(default=8, ge=1)
+    """SubjectAccessReviews one username may have in flight on a replica (answers not yet
+    cached); a call that needs one past it is answered 429 naming this limit. A caller naming
+    a new `?namespace=` in every request buys one review each, so this bounds what one
+    caller can make the API server do at once (security review 3, finding 1)."""
+    access_reviews_in_flight_max: int = pydantic.Field(default=64, ge=1)
+    """SubjectAccessReviews a replica has in flight at once, over all callers; past it 429."""
     max_body_bytes: int = pydantic.Field(default=1 << 20, gt=0)
     """Request bodies above this are refused with 413 (DESIGN.md section 4: 1 MiB)."""
     handler_timeout_s: float = pydantic.Field(default=30.0, gt=0)
