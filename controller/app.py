@@ -106,6 +106,12 @@ def review_rates(settings: ControllerSettings) -> budget.Rates:
     )
 
 
+def _reviewed(
+    m: metrics.ControllerMetrics, kind: auth.ReviewKind, cached: bool, outcome: auth.ReviewOutcome
+) -> None:
+    m.auth_cache.labels(kind.value, str(cached).lower(), outcome.value).inc()
+
+
 def _seen(m: metrics.ControllerMetrics, cls: budget.WriteClass, waited_s: float) -> None:
     m.api_writes.labels(cls.label).inc()
     m.api_write_wait.labels(cls.label).observe(waited_s)
@@ -148,6 +154,7 @@ def _runtime(
             max_reviews=settings.reviews_in_flight_max,
             access_per_identity=settings.access_reviews_per_identity,
             access_max=settings.access_reviews_in_flight_max,
+            observe=functools.partial(_reviewed, m),
         )
         # The install namespace's pods, watched: agent IPs, and deletions that retire the
         # tokens bound to them (so those are not re-reviewed every bound_token_cache_max_s).

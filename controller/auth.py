@@ -16,6 +16,7 @@ import base64
 import binascii
 import collections
 import dataclasses
+import enum
 import hashlib
 import json
 import random
@@ -218,6 +219,40 @@ def bearer_token(header: str | None) -> str:
     return token
 
 
+class ReviewKind(enum.StrEnum):
+    """Which review a call needed (the `kind` label of `taugrid_auth_reviews`)."""
+
+    TOKEN = "token"  # noqa: S105  (a label, not a secret)
+    ACCESS = "access"
+
+
+class ReviewOutcome(enum.StrEnum):
+    """How a review ended (the `outcome` label of `taugrid_auth_reviews`)."""
+
+    ALLOWED = "allowed"
+    """The token was accepted, or the access allowed."""
+    DENIED = "denied"
+    """The token was rejected, or the access refused."""
+    SHED = "shed"
+    """Not asked: a cap or a rate said no first (429, 503 `ReviewBusy`)."""
+    FAILED = "failed"
+    """The API server could not be asked in time."""
+
+
+def outcome_of(err: Exception) -> ReviewOutcome:
+    """The outcome of a review that raised `err`: refused by our own limits, or failed."""
+    if isinstance(err, errors.TooManyRequests):
+        return ReviewOutcome.SHED
+    if isinstance(err, errors.Unavailable) and err.code == "ReviewBusy":
+        return ReviewOutcome.SHED
+    return ReviewOutcome.FAILED
+
+
+Observe = Callable[[ReviewKind, bool, ReviewOutcome], None]
+"""Told each review's kind, whether the cache answered (or a review in flight did), and its
+outcome (metrics)."""
+
+
 class AccessCap:
     """SubjectAccessReviews in flight, at most `per_identity` for one username and `total`
     on this replica: past either, the call is refused 429 at once, naming the limit, rather
@@ -272,8 +307,10 @@ class Authenticator:
         access_max: int = 64,
         pod_alive: Callable[[str], bool] = lambda _uid: False,
         clock: Callable[[], float] = time.time,
+        observe: Observe | None = None,
     ) -> None:
         self._reviewer = reviewer
+        self._observe = observe
         self.pod_alive = pod_alive
         """Whether a pod (by UID) exists and its deletion will reach `forget_pod`: a token
         bound to such a pod is kept as long as any token, others `bound_token_ttl_s`."""
@@ -328,7 +365,10 @@ class Authenticator:
                 limit = min(limit, expiry - EXPIRY_MARGIN_S - self._clock())
             return max(limit, 0.0)
 
+        asked: list[bool] = []
+
         async def review() -> Identity | None:
+            asked.append(True)
             if before_review is not None:
                 before_review()
             if self.reviewing >= self.max_reviews:
@@ -343,13 +383,23 @@ class Authenticator:
             finally:
                 self.reviewing -= 1
 
-        identity = await self.tokens.get(key, review, ttl)
+        try:
+            identity = await self.tokens.get(key, review, ttl)
+        except Exception as err:
+            self._seen(ReviewKind.TOKEN, not asked, outcome_of(err))
+            raise
+        verdict = ReviewOutcome.DENIED if identity is None else ReviewOutcome.ALLOWED
+        self._seen(ReviewKind.TOKEN, not asked, verdict)
         if identity is not None and identity.pod_uid and self.pod_alive(identity.pod_uid):
             self._remember(identity.pod_uid, key)  # only watched pods are ever forgotten
         if identity is None:
             msg = "token rejected by the API server (expired, revoked or wrong audience)"
             raise errors.Unauthenticated(msg)
         return identity
+
+    def _seen(self, kind: ReviewKind, cached: bool, outcome: ReviewOutcome) -> None:
+        if self._observe is not None:
+            self._observe(kind, cached, outcome)
 
     def _remember(self, uid: str, key: Hashable) -> None:
         keys = self._by_pod.setdefault(uid, set())
@@ -367,18 +417,27 @@ class Authenticator:
         """Raise Forbidden unless Kubernetes RBAC allows the access; TooManyRequests when the
         answer is not cached and the caller (or this replica) has its most reviews in flight."""
 
+        asked: list[bool] = []
+
         async def review() -> bool:
+            asked.append(True)
             self.access_reviews.take(identity.username)
             try:
                 return await self._reviewer.review_access(identity, access)
             finally:
                 self.access_reviews.release(identity.username)
 
-        allowed = await self.access.get(
-            access_key(identity, access),
-            review,
-            lambda ok: self._access_ttl_s if ok else min(self._access_ttl_s, NEGATIVE_TTL_S),
-        )
+        try:
+            allowed = await self.access.get(
+                access_key(identity, access),
+                review,
+                lambda ok: self._access_ttl_s if ok else min(self._access_ttl_s, NEGATIVE_TTL_S),
+            )
+        except Exception as err:
+            self._seen(ReviewKind.ACCESS, not asked, outcome_of(err))
+            raise
+        verdict = ReviewOutcome.ALLOWED if allowed else ReviewOutcome.DENIED
+        self._seen(ReviewKind.ACCESS, not asked, verdict)
         if not allowed:
             where = f" in namespace {access.namespace}" if access.namespace else ""
             res = (

@@ -16,6 +16,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 from kubernetes_asyncio import client
+from prometheus_client import parser
 
 from devcluster import cluster
 from tests import apiproxy, runskit, support
@@ -55,6 +56,17 @@ async def _list(http: aiohttp.ClientSession, url: str, token: str, namespace: st
         return resp.status, resp.headers.get("Retry-After"), message
 
 
+def _reviews(text: str, kind: str, cached: str, outcome: str) -> float:
+    """One sample of `taugrid_auth_reviews_total` from the controller's /metrics, 0 when absent."""
+    for family in parser.text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "taugrid_auth_reviews_total" and sample.labels == {
+                "kind": kind, "cached": cached, "outcome": outcome,
+            }:  # fmt: skip
+                return float(sample.value)
+    return 0.0
+
+
 async def test_new_namespaces_per_call_cost_at_most_the_caps_and_the_lease_keeps_renewing(
     dev_cluster: cluster.Cluster, k8s: client.ApiClient, namespace: str, tmp_path: pathlib.Path
 ) -> None:
@@ -63,7 +75,8 @@ async def test_new_namespaces_per_call_cost_at_most_the_caps_and_the_lease_keeps
     is small (10/s, burst 5) and whose reviews have their own (1/s). Exactly 80 calls are
     429 at once, with Retry-After and the limit named; no more than 100 reviews are ever in
     flight, nor reach the API server in the end; while they are held, the Lease's renewTime keeps
-    advancing and the replica never stops leading; afterwards every slot is free again."""
+    advancing and the replica never stops leading; afterwards every slot is free again, and
+    `taugrid_auth_reviews_total` counts the 80 shed."""
     tokens = [
         await runskit.make_token(k8s, namespace, f"flooder-{i}", runskit.RESEARCHER_RULES)
         for i in range(CALLERS)
@@ -113,6 +126,8 @@ async def test_new_namespaces_per_call_cost_at_most_the_caps_and_the_lease_keeps
             reached = proxy.count("POST", SAR) - before
             leading = (elector.is_leader(), elector.transitions - transitions)
             again = await _list(http, ctl.url, tokens[0], namespace)
+            async with http.get(f"{ctl.url}/metrics") as resp:
+                shed_metric = _reviews(await resp.text(), "access", "false", "shed")
     finally:
         await ctl.stop()
         await proxy.close()
@@ -122,8 +137,8 @@ async def test_new_namespaces_per_call_cost_at_most_the_caps_and_the_lease_keeps
         for _, r, m in too_many
     )
     held = CALLERS * CALLS_EACH - IN_FLIGHT_MAX
-    expected = (held, held, True, IN_FLIGHT_MAX, True, (True, 0), 200, 0)
+    expected = (held, held, True, IN_FLIGHT_MAX, True, (True, 0), 200, 0, held)
     assert expected == (
         len(shed), len(too_many), named, in_flight, reached <= IN_FLIGHT_MAX, leading,
-        again[0], authn.access_reviews.in_flight,
+        again[0], authn.access_reviews.in_flight, shed_metric,
     )  # fmt: skip

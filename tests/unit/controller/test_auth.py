@@ -472,3 +472,55 @@ async def test_a_flood_of_new_namespaces_costs_at_most_the_cap_in_reviews() -> N
         reviewer.access_reviews,
         a.access_reviews.in_flight,
     )
+
+
+@pytest.mark.parametrize(
+    ("err", "expected"),
+    [
+        pytest.param(errors.TooManyRequests("over the cap", code="TooMany"),
+                     auth.ReviewOutcome.SHED, id="a cap's 429 is shed"),
+        pytest.param(errors.Unavailable("busy", code="ReviewBusy"), auth.ReviewOutcome.SHED,
+                     id="too many token reviews in flight is shed"),
+        pytest.param(auth.ReviewUnavailable("TokenReview failed: HTTP 500"),
+                     auth.ReviewOutcome.FAILED, id="the API server refusing is failed"),
+        pytest.param(TimeoutError("waited"), auth.ReviewOutcome.FAILED,
+                     id="a review that timed out is failed"),
+    ],
+)  # fmt: skip
+def test_a_review_that_raised_is_shed_or_failed(
+    err: Exception, expected: auth.ReviewOutcome
+) -> None:
+    """Refused by our own limits (shed) is told apart from the API server not answering."""
+    assert expected == auth.outcome_of(err)
+
+
+async def test_every_review_is_told_by_kind_cache_and_outcome() -> None:
+    """`taugrid_auth_reviews` is fed: a token reviewed then cached, a rejected token, an
+    access allowed then cached, an access refused, and one shed by the cap."""
+    seen: list[tuple[str, bool, str]] = []
+    reviewer = CountingReviewer({"good": ALICE}, {("alice", "list")})
+    a = auth.Authenticator(
+        reviewer, access_per_identity=1, clock=Clock(),
+        observe=lambda kind, cached, outcome: seen.append((kind, cached, outcome)),
+    )  # fmt: skip
+    who = await a.authenticate("Bearer good")
+    await a.authenticate("Bearer good")
+    with pytest.raises(errors.Unauthenticated):
+        await a.authenticate("Bearer bad")
+    await a.authorize(who, LIST_RUNS)
+    await a.authorize(who, LIST_RUNS)
+    with pytest.raises(errors.Forbidden):
+        await a.authorize(who, dataclasses.replace(LIST_RUNS, verb="delete"))
+    reviewer.access_gate = asyncio.Event()
+    held = asyncio.create_task(a.authorize(who, dataclasses.replace(LIST_RUNS, namespace="x")))
+    await asyncio.sleep(0)
+    with pytest.raises(errors.TooManyRequests):
+        await a.authorize(who, dataclasses.replace(LIST_RUNS, namespace="y"))
+    reviewer.access_gate.set()
+    await held
+    expected = [
+        ("token", False, "allowed"), ("token", True, "allowed"), ("token", False, "denied"),
+        ("access", False, "allowed"), ("access", True, "allowed"), ("access", False, "denied"),
+        ("access", False, "shed"), ("access", False, "allowed"),
+    ]  # fmt: skip
+    assert expected == seen
