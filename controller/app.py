@@ -96,6 +96,22 @@ def write_rates(settings: ControllerSettings) -> budget.Rates:
     )
 
 
+def review_rates(settings: ControllerSettings) -> budget.Rates:
+    """The reviews' own budget (chart `controller.apiReviews`): a review that waited longer
+    than an API call may take fails as a timed-out call would."""
+    return budget.Rates(
+        rate_per_s=settings.api_reviews_per_s,
+        burst=settings.api_review_burst,
+        max_wait_s=settings.api_timeout_s,
+    )
+
+
+def _reviewed(
+    m: metrics.ControllerMetrics, kind: auth.ReviewKind, cached: bool, outcome: auth.ReviewOutcome
+) -> None:
+    m.auth_cache.labels(kind.value, str(cached).lower(), outcome.value).inc()
+
+
 def _seen(m: metrics.ControllerMetrics, cls: budget.WriteClass, waited_s: float) -> None:
     m.api_writes.labels(cls.label).inc()
     m.api_write_wait.labels(cls.label).observe(waited_s)
@@ -114,9 +130,11 @@ def _runtime(
         # researchers' reads and writes on a fourth; log streams, which hold a connection
         # while they last, on a fifth as large as the stream cap.
         # One API write budget for all five: what protects the API server is the replica's
-        # total, served lease first (controller.budget).
+        # total, served lease first (controller.budget); reviews, which any caller can cause,
+        # spend a budget of their own (security review 3, finding 1).
         m = metrics.make_metrics()
-        limiter = ratelimit.Limiter(write_rates(settings), observe=functools.partial(_seen, m))
+        limiter = ratelimit.Limiter(write_rates(settings), reviews=review_rates(settings),
+                                    observe=functools.partial(_seen, m))  # fmt: skip
         m.api_writes_waiting.set_function(lambda: limiter.waiting)
         timeout_s = settings.api_timeout_s
         make = functools.partial(
@@ -134,6 +152,9 @@ def _runtime(
             bound_token_ttl_s=settings.bound_token_cache_max_s,
             access_ttl_s=settings.auth_cache_ttl_s,
             max_reviews=settings.reviews_in_flight_max,
+            access_per_identity=settings.access_reviews_per_identity,
+            access_max=settings.access_reviews_in_flight_max,
+            observe=functools.partial(_reviewed, m),
         )
         # The install namespace's pods, watched: agent IPs, and deletions that retire the
         # tokens bound to them (so those are not re-reviewed every bound_token_cache_max_s).

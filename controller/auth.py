@@ -14,7 +14,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import collections
 import dataclasses
+import enum
 import hashlib
 import json
 import random
@@ -217,6 +219,79 @@ def bearer_token(header: str | None) -> str:
     return token
 
 
+class ReviewKind(enum.StrEnum):
+    """Which review a call needed (the `kind` label of `taugrid_auth_reviews`)."""
+
+    TOKEN = "token"  # noqa: S105  (a label, not a secret)
+    ACCESS = "access"
+
+
+class ReviewOutcome(enum.StrEnum):
+    """How a review ended (the `outcome` label of `taugrid_auth_reviews`)."""
+
+    ALLOWED = "allowed"
+    """The token was accepted, or the access allowed."""
+    DENIED = "denied"
+    """The token was rejected, or the access refused."""
+    SHED = "shed"
+    """Not asked: a cap or a rate said no first (429, 503 `ReviewBusy`)."""
+    FAILED = "failed"
+    """The API server could not be asked in time."""
+
+
+def outcome_of(err: Exception) -> ReviewOutcome:
+    """The outcome of a review that raised `err`: refused by our own limits, or failed."""
+    if isinstance(err, errors.TooManyRequests):
+        return ReviewOutcome.SHED
+    if isinstance(err, errors.Unavailable) and err.code == "ReviewBusy":
+        return ReviewOutcome.SHED
+    return ReviewOutcome.FAILED
+
+
+Observe = Callable[[ReviewKind, bool, ReviewOutcome], None]
+"""Told each review's kind, whether the cache answered (or a review in flight did), and its
+outcome (metrics)."""
+
+
+class AccessCap:
+    """SubjectAccessReviews in flight, at most `per_identity` for one username and `total`
+    on this replica: past either, the call is refused 429 at once, naming the limit, rather
+    than queueing reviews for the API server (pure: no I/O, no clock)."""
+
+    def __init__(self, *, per_identity: int, total: int) -> None:
+        self.per_identity = per_identity
+        self.total = total
+        self.held: collections.Counter[str] = collections.Counter()
+
+    @property
+    def in_flight(self) -> int:
+        """Reviews taken and not yet released, over every username."""
+        return self.held.total()
+
+    def take(self, username: str) -> None:
+        """Count one review for `username`; TooManyRequests when a limit is reached."""
+        if self.held[username] >= self.per_identity:
+            msg = (
+                f"{username} already has {self.held[username]} access reviews in flight, the"
+                f" most one caller may have at once (access_reviews_per_identity"
+                f" {self.per_identity}); retry shortly"
+            )
+            raise errors.TooManyRequests(msg, code="TooMany")
+        if self.in_flight >= self.total:
+            msg = (
+                f"this replica has {self.total} access reviews in flight, its most"
+                f" (access_reviews_in_flight_max {self.total}); retry shortly"
+            )
+            raise errors.TooManyRequests(msg, code="TooMany")
+        self.held[username] += 1
+
+    def release(self, username: str) -> None:
+        """One review of `username` answered (or failed)."""
+        self.held[username] -= 1
+        if self.held[username] <= 0:
+            del self.held[username]
+
+
 class Authenticator:
     """Authenticate bearer tokens and authorise calls, with caches in front of the reviews."""
 
@@ -228,10 +303,14 @@ class Authenticator:
         bound_token_ttl_s: float = 60.0,
         access_ttl_s: float = 60.0,
         max_reviews: int = 64,
+        access_per_identity: int = 8,
+        access_max: int = 64,
         pod_alive: Callable[[str], bool] = lambda _uid: False,
         clock: Callable[[], float] = time.time,
+        observe: Observe | None = None,
     ) -> None:
         self._reviewer = reviewer
+        self._observe = observe
         self.pod_alive = pod_alive
         """Whether a pod (by UID) exists and its deletion will reach `forget_pod`: a token
         bound to such a pod is kept as long as any token, others `bound_token_ttl_s`."""
@@ -239,6 +318,10 @@ class Authenticator:
         self.max_reviews = max_reviews
         """TokenReviews in flight at once; a token that needs one past it is answered 503."""
         self.reviewing = 0
+        self.access_reviews = AccessCap(per_identity=access_per_identity, total=access_max)
+        """SubjectAccessReviews in flight, per username and in all (security review 3,
+        finding 1): an answer not cached costs a review, and a caller naming a new
+        namespace each request would otherwise make as many at once as it sends."""
         self._token_ttl_s = token_ttl_s
         self._bound_token_ttl_s = bound_token_ttl_s
         self._access_ttl_s = access_ttl_s
@@ -282,7 +365,10 @@ class Authenticator:
                 limit = min(limit, expiry - EXPIRY_MARGIN_S - self._clock())
             return max(limit, 0.0)
 
+        asked: list[bool] = []
+
         async def review() -> Identity | None:
+            asked.append(True)
             if before_review is not None:
                 before_review()
             if self.reviewing >= self.max_reviews:
@@ -297,13 +383,23 @@ class Authenticator:
             finally:
                 self.reviewing -= 1
 
-        identity = await self.tokens.get(key, review, ttl)
+        try:
+            identity = await self.tokens.get(key, review, ttl)
+        except Exception as err:
+            self._seen(ReviewKind.TOKEN, not asked, outcome_of(err))
+            raise
+        verdict = ReviewOutcome.DENIED if identity is None else ReviewOutcome.ALLOWED
+        self._seen(ReviewKind.TOKEN, not asked, verdict)
         if identity is not None and identity.pod_uid and self.pod_alive(identity.pod_uid):
             self._remember(identity.pod_uid, key)  # only watched pods are ever forgotten
         if identity is None:
             msg = "token rejected by the API server (expired, revoked or wrong audience)"
             raise errors.Unauthenticated(msg)
         return identity
+
+    def _seen(self, kind: ReviewKind, cached: bool, outcome: ReviewOutcome) -> None:
+        if self._observe is not None:
+            self._observe(kind, cached, outcome)
 
     def _remember(self, uid: str, key: Hashable) -> None:
         keys = self._by_pod.setdefault(uid, set())
@@ -318,13 +414,30 @@ class Authenticator:
             self.tokens.drop(key)
 
     async def authorize(self, identity: Identity, access: Access) -> None:
-        """Raise Forbidden unless Kubernetes RBAC allows the access."""
-        key = (identity, access)
-        allowed = await self.access.get(
-            key,
-            lambda: self._reviewer.review_access(identity, access),
-            lambda ok: self._access_ttl_s if ok else min(self._access_ttl_s, NEGATIVE_TTL_S),
-        )
+        """Raise Forbidden unless Kubernetes RBAC allows the access; TooManyRequests when the
+        answer is not cached and the caller (or this replica) has its most reviews in flight."""
+
+        asked: list[bool] = []
+
+        async def review() -> bool:
+            asked.append(True)
+            self.access_reviews.take(identity.username)
+            try:
+                return await self._reviewer.review_access(identity, access)
+            finally:
+                self.access_reviews.release(identity.username)
+
+        try:
+            allowed = await self.access.get(
+                access_key(identity, access),
+                review,
+                lambda ok: self._access_ttl_s if ok else min(self._access_ttl_s, NEGATIVE_TTL_S),
+            )
+        except Exception as err:
+            self._seen(ReviewKind.ACCESS, not asked, outcome_of(err))
+            raise
+        verdict = ReviewOutcome.ALLOWED if allowed else ReviewOutcome.DENIED
+        self._seen(ReviewKind.ACCESS, not asked, verdict)
         if not allowed:
             where = f" in namespace {access.namespace}" if access.namespace else ""
             res = (
@@ -333,6 +446,13 @@ class Authenticator:
             group = f".{access.group}" if access.group else ""
             msg = f"{identity.username} may not {access.verb} {res}{group}{where}"
             raise errors.Forbidden(msg)
+
+
+def access_key(identity: Identity, access: Access) -> Hashable:
+    """What an access answer is cached under: everything the SubjectAccessReview is asked
+    (user, uid, groups, extra; verb, group, resource, subresource, namespace, name), so one
+    answer is never reused for a question that differs in any of them."""
+    return (identity, access)
 
 
 def agent_username(namespace: str, service_account: str) -> str:

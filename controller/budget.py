@@ -9,14 +9,20 @@ rare). When the budget is spent, writes wait, and the waiting ones are served by
 
     Lease < Review < Node < Run < Event < Eviction
 
-(the lease first: losing it stops everything; then the TokenReviews and access reviews that
-authenticate heartbeats; then node and device quarantine; then runs and admission; then
+(the lease first: losing it stops everything; reviews, below, wait in a budget of their own;
+then node and device quarantine; then runs and admission; then
 Events; evictions last). Strict priority would starve the tail during a long storm, so a
 waiter is promoted one class for every `aging_s` it has waited: its rank is
 `class × aging_s + arrival time`, an order that does not change while waiters age together,
 so a heap keeps it. Evictions also pass a pace of their own (`eviction_per_s`, as
 kube-controller-manager's node eviction rate does), so a storm's drain never takes the whole
 budget whatever the other classes do.
+
+TokenReviews and SubjectAccessReviews do not spend this budget: any authenticated caller
+can cause them (a fresh `?namespace=` buys one access review), so a flood of callers would
+otherwise queue the Lease renewal and the quarantine writes behind itself (security review 3,
+finding 1). They have a budget of their own (`pool_of`, chart `controller.apiReviews`),
+served by a `Budget` of its own, so they never draw from, nor outrank, what is here.
 
 This module is pure (the time is passed in); `controller.kube.ratelimit` classes each request
 and is the asyncio side the clients await.
@@ -35,6 +41,7 @@ class WriteClass(enum.IntEnum):
 
     LEASE = 0
     REVIEW = 1
+    """Only ever queued in the reviews' own budget (`pool_of`): it outranks nothing else."""
     NODE = 2
     RUN = 3
     EVENT = 4
@@ -44,6 +51,20 @@ class WriteClass(enum.IntEnum):
     def label(self) -> str:
         """The metric label."""
         return self.name.lower()
+
+
+class Pool(enum.StrEnum):
+    """Which budget a write spends: the replica's writes, or the reviews' own."""
+
+    WRITES = "writes"
+    REVIEWS = "reviews"
+
+
+def pool_of(cls: WriteClass) -> Pool:
+    """The budget a write of `cls` spends: reviews (which any authenticated caller can cause)
+    their own, everything else the shared one, so no caller can delay the Lease renewal or
+    a quarantine write by making the controller review (security review 3, finding 1)."""
+    return Pool.REVIEWS if cls is WriteClass.REVIEW else Pool.WRITES
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

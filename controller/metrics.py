@@ -136,8 +136,9 @@ def make_metrics() -> ControllerMetrics:
         ),
         auth_cache=prom.Counter(
             "taugrid_auth_reviews",
-            "Token and access reviews, by kind and whether the cache answered.",
-            ["kind", "cached"],
+            "Token and access reviews, by kind, whether the cache answered, and outcome"
+            " (allowed, denied, shed by a cap or rate, failed).",
+            ["kind", "cached", "outcome"],
             registry=r,
         ),
         runs=prom.Gauge(

@@ -169,8 +169,8 @@ class ControllerSettings(pydantic_settings.BaseSettings):
     api_writes_per_s: float = pydantic.Field(default=100.0, gt=0)
     """The API write budget of this replica, refilled per second (client-side, like
     client-go's QPS): every POST, PUT, PATCH and DELETE we send spends one token, and writes
-    that find none wait, served lease first, then reviews, node and device writes, runs,
-    Events, evictions (`controller.budget`)."""
+    that find none wait, served lease first, then node and device writes, runs, Events,
+    evictions (`controller.budget`). Reviews spend `api_reviews_per_s` instead."""
     api_write_burst: int = pydantic.Field(default=300, ge=1)
     """Writes this replica may send at once before the rate applies (client-go's burst)."""
     api_write_aging_s: float = pydantic.Field(default=2.0, gt=0)
@@ -179,6 +179,13 @@ class ControllerSettings(pydantic_settings.BaseSettings):
     """Evictions per second at most, within the budget: a big drain is paced."""
     api_eviction_burst: int = pydantic.Field(default=40, ge=1)
     """Evictions at once before their pace applies."""
+    api_reviews_per_s: float = pydantic.Field(default=50.0, gt=0)
+    """The reviews' own budget, refilled per second: TokenReviews and SubjectAccessReviews
+    (which any authenticated caller can cause) never spend the write budget above, so a flood
+    of them never delays the Lease renewal or a quarantine write (security review 3,
+    finding 1). Reviews past it wait, at most `api_timeout_s`."""
+    api_review_burst: int = pydantic.Field(default=100, ge=1)
+    """Reviews this replica may send at once before `api_reviews_per_s` applies."""
     log_streams_per_identity: int = pydantic.Field(default=4, ge=1)
     """Concurrent `logs` calls one identity may hold open on a replica; more are 429. Four
     lets a researcher follow a multi-worker run's workers side by side."""
@@ -199,6 +206,13 @@ class ControllerSettings(pydantic_settings.BaseSettings):
     """TokenReviews this replica has in flight at once; a caller whose token needs one past
     it is answered 503 `ReviewBusy` at once and retries, rather than queueing reviews the API
     server cannot answer in time (they would fail, go uncached and be asked again)."""
+    access_reviews_per_identity: int = pydantic.Field(default=8, ge=1)
+    """SubjectAccessReviews one username may have in flight on a replica (answers not yet
+    cached); a call that needs one past it is answered 429 naming this limit. A caller naming
+    a new `?namespace=` in every request buys one review each, so this bounds what one
+    caller can make the API server do at once (security review 3, finding 1)."""
+    access_reviews_in_flight_max: int = pydantic.Field(default=64, ge=1)
+    """SubjectAccessReviews a replica has in flight at once, over all callers; past it 429."""
     max_body_bytes: int = pydantic.Field(default=1 << 20, gt=0)
     """Request bodies above this are refused with 413 (DESIGN.md section 4: 1 MiB)."""
     handler_timeout_s: float = pydantic.Field(default=30.0, gt=0)

@@ -14,6 +14,7 @@ we send waits for the replica's API write budget, served by priority (lease firs
 from __future__ import annotations
 
 import pathlib
+import time
 import urllib.parse
 from collections.abc import Iterable
 from typing import Any
@@ -21,6 +22,7 @@ from typing import Any
 import aiohttp
 from kubernetes_asyncio import client, config
 
+from controller import budget
 from controller.kube import ratelimit
 from shared import kubetoken
 
@@ -71,14 +73,37 @@ class TimedApiClient(client.ApiClient):  # type: ignore[misc]  # an untyped base
         _request_timeout: Any = None,
     ) -> Any:
         """Send one request with its timeout (kubernetes_asyncio calls this for every call)."""
-        if _request_timeout is None:
-            _request_timeout = timeout_for(query_params, self.timeout_s)
         if self.limiter is not None:
             cls = ratelimit.classify(method, urllib.parse.urlsplit(url).path)
             if cls is not None:
-                await self.limiter.acquire(cls)
+                _request_timeout = await _spend(self.limiter, cls, _request_timeout)
+        if _request_timeout is None:
+            _request_timeout = timeout_for(query_params, self.timeout_s)
         return await super().request(method, url, query_params, headers, post_params, body,
                                      _preload_content, _request_timeout)  # fmt: skip
+
+
+async def _spend(limiter: ratelimit.Limiter, cls: budget.WriteClass, request_timeout: Any) -> Any:
+    """Wait for the budget of a write of `cls`. A caller that gave its own deadline in seconds
+    (the Lease's, within the renew deadline) has the wait counted inside it: the request gets
+    what is left, and a wait past it fails as a timed-out call would (security review 3,
+    finding 1: the wait was outside the Lease's deadline). Returns the request's timeout."""
+    if not isinstance(request_timeout, int | float) or isinstance(request_timeout, bool):
+        await limiter.acquire(cls)
+        return request_timeout
+    started = time.monotonic()
+    await limiter.acquire(cls, max_wait_s=float(request_timeout))
+    return remaining_timeout(float(request_timeout), time.monotonic() - started)
+
+
+def remaining_timeout(deadline_s: float, waited_s: float) -> float:
+    """What is left of a call's deadline for the request after it waited `waited_s` for the
+    budget (never quite 0: aiohttp reads 0 as no timeout)."""
+    return max(deadline_s - waited_s, MIN_REQUEST_S)
+
+
+MIN_REQUEST_S = 0.001
+"""The least timeout a request is sent with."""
 
 
 async def make_client(

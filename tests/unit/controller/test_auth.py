@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import json
 
 import pytest
@@ -31,6 +32,7 @@ class CountingReviewer:
         self.token_reviews = 0
         self.access_reviews = 0
         self.gate: asyncio.Event | None = None
+        self.access_gate: asyncio.Event | None = None
 
     async def review_token(self, token: str, audiences: tuple[str, ...]) -> auth.Identity | None:
         self.token_reviews += 1
@@ -40,6 +42,8 @@ class CountingReviewer:
 
     async def review_access(self, identity: auth.Identity, access: auth.Access) -> bool:
         self.access_reviews += 1
+        if self.access_gate is not None:
+            await self.access_gate.wait()
         return (identity.username, access.verb) in self.allowed
 
 
@@ -379,3 +383,144 @@ async def test_reviews_past_the_cap_are_shed_not_queued() -> None:
     third = await a.authenticate("Bearer t2")
     expected = ("ReviewBusy", 2, "user-2", 0)
     assert expected == (refused.value.code, asked_while_busy, third.username, a.reviewing)
+
+
+ALICE = auth.Identity("alice", uid="u-1", groups=("researchers",))
+LIST_RUNS = auth.Access("list", "tauruns", group="taugrid.dev", namespace="team-a")
+
+
+@pytest.mark.parametrize(
+    ("identity", "access", "same"),
+    [
+        pytest.param(ALICE, LIST_RUNS, True, id="the same question is the same answer"),
+        pytest.param(ALICE, dataclasses.replace(LIST_RUNS, namespace="team-b"), False,
+                     id="another namespace is another question"),
+        pytest.param(ALICE, dataclasses.replace(LIST_RUNS, verb="create"), False,
+                     id="another verb is another question"),
+        pytest.param(ALICE, dataclasses.replace(LIST_RUNS, resource="taurunlogs"), False,
+                     id="another resource is another question"),
+        pytest.param(ALICE, dataclasses.replace(LIST_RUNS, subresource="status"), False,
+                     id="another subresource is another question"),
+        pytest.param(ALICE, dataclasses.replace(LIST_RUNS, name="train"), False,
+                     id="another name is another question"),
+        pytest.param(dataclasses.replace(ALICE, username="bob"), LIST_RUNS, False,
+                     id="another user is another question"),
+        pytest.param(dataclasses.replace(ALICE, groups=("researchers", "admins")), LIST_RUNS,
+                     False, id="other groups are another question"),
+    ],
+)  # fmt: skip
+def test_access_answers_are_kept_per_whole_question(
+    identity: auth.Identity, access: auth.Access, same: bool
+) -> None:
+    """The cache key holds everything the SubjectAccessReview asks, nothing less."""
+    assert same == (auth.access_key(identity, access) == auth.access_key(ALICE, LIST_RUNS))
+
+
+@pytest.mark.parametrize(
+    ("taken", "next_user", "limit"),
+    [
+        pytest.param(["alice", "alice"], "alice", "access_reviews_per_identity 2",
+                     id="a caller at its own cap is refused naming it"),
+        pytest.param(["alice", "bob", "carol"], "dave", "access_reviews_in_flight_max 3",
+                     id="a replica at its cap refuses a newcomer naming it"),
+    ],
+)  # fmt: skip
+def test_access_reviews_past_a_cap_are_429_naming_the_limit(
+    taken: list[str], next_user: str, limit: str
+) -> None:
+    """Per username and per replica; nothing is counted for the refused call."""
+    cap = auth.AccessCap(per_identity=2, total=3)
+    for user in taken:
+        cap.take(user)
+    with pytest.raises(errors.TooManyRequests, match=limit):
+        cap.take(next_user)
+    assert len(taken) == cap.in_flight
+
+
+def test_a_released_review_frees_its_slot() -> None:
+    """Once answered, the caller may ask again; nothing is remembered of a caller at 0."""
+    cap = auth.AccessCap(per_identity=1, total=3)
+    cap.take("alice")
+    cap.release("alice")
+    cap.take("alice")
+    cap.release("alice")
+    assert (cap.in_flight, dict(cap.held)) == (0, {})
+
+
+async def test_a_flood_of_new_namespaces_costs_at_most_the_cap_in_reviews() -> None:
+    """Security review 3, finding 1: fifty calls at once, each naming a new namespace, ask
+    the API server at most the per-identity cap; the rest are 429 at once; repeats of a
+    cached question cost nothing, and the slots are free again afterwards."""
+    reviewer = CountingReviewer({}, {("alice", "list")})
+    reviewer.access_gate = asyncio.Event()
+    a = auth.Authenticator(reviewer, access_per_identity=4, access_max=64, clock=Clock())
+    calls = [
+        asyncio.create_task(a.authorize(ALICE, dataclasses.replace(LIST_RUNS, namespace=f"ns-{i}")))
+        for i in range(50)
+    ]
+    await asyncio.sleep(0)
+    asked_at_once = reviewer.access_reviews
+    reviewer.access_gate.set()
+    outcomes = await asyncio.gather(*calls, return_exceptions=True)
+    refused = [o for o in outcomes if isinstance(o, errors.TooManyRequests)]
+    for _ in range(10):
+        await a.authorize(ALICE, dataclasses.replace(LIST_RUNS, namespace="ns-0"))
+    expected = (4, 46, 4, 0)
+    assert expected == (
+        asked_at_once,
+        len(refused),
+        reviewer.access_reviews,
+        a.access_reviews.in_flight,
+    )
+
+
+@pytest.mark.parametrize(
+    ("err", "expected"),
+    [
+        pytest.param(errors.TooManyRequests("over the cap", code="TooMany"),
+                     auth.ReviewOutcome.SHED, id="a cap's 429 is shed"),
+        pytest.param(errors.Unavailable("busy", code="ReviewBusy"), auth.ReviewOutcome.SHED,
+                     id="too many token reviews in flight is shed"),
+        pytest.param(auth.ReviewUnavailable("TokenReview failed: HTTP 500"),
+                     auth.ReviewOutcome.FAILED, id="the API server refusing is failed"),
+        pytest.param(TimeoutError("waited"), auth.ReviewOutcome.FAILED,
+                     id="a review that timed out is failed"),
+    ],
+)  # fmt: skip
+def test_a_review_that_raised_is_shed_or_failed(
+    err: Exception, expected: auth.ReviewOutcome
+) -> None:
+    """Refused by our own limits (shed) is told apart from the API server not answering."""
+    assert expected == auth.outcome_of(err)
+
+
+async def test_every_review_is_told_by_kind_cache_and_outcome() -> None:
+    """`taugrid_auth_reviews` is fed: a token reviewed then cached, a rejected token, an
+    access allowed then cached, an access refused, and one shed by the cap."""
+    seen: list[tuple[str, bool, str]] = []
+    reviewer = CountingReviewer({"good": ALICE}, {("alice", "list")})
+    a = auth.Authenticator(
+        reviewer, access_per_identity=1, clock=Clock(),
+        observe=lambda kind, cached, outcome: seen.append((kind, cached, outcome)),
+    )  # fmt: skip
+    who = await a.authenticate("Bearer good")
+    await a.authenticate("Bearer good")
+    with pytest.raises(errors.Unauthenticated):
+        await a.authenticate("Bearer bad")
+    await a.authorize(who, LIST_RUNS)
+    await a.authorize(who, LIST_RUNS)
+    with pytest.raises(errors.Forbidden):
+        await a.authorize(who, dataclasses.replace(LIST_RUNS, verb="delete"))
+    reviewer.access_gate = asyncio.Event()
+    held = asyncio.create_task(a.authorize(who, dataclasses.replace(LIST_RUNS, namespace="x")))
+    await asyncio.sleep(0)
+    with pytest.raises(errors.TooManyRequests):
+        await a.authorize(who, dataclasses.replace(LIST_RUNS, namespace="y"))
+    reviewer.access_gate.set()
+    await held
+    expected = [
+        ("token", False, "allowed"), ("token", True, "allowed"), ("token", False, "denied"),
+        ("access", False, "allowed"), ("access", True, "allowed"), ("access", False, "denied"),
+        ("access", False, "shed"), ("access", False, "allowed"),
+    ]  # fmt: skip
+    assert expected == seen

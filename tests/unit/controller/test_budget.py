@@ -169,3 +169,23 @@ def test_every_write_is_granted_once_and_the_rate_is_never_exceeded(
     for start in times:
         assert sum(start <= x < start + 1.0 for x in times) <= burst + rates.rate_per_s + 1
         assert sum(start <= x < start + 1.0 for x in evictions) <= 2 + 5 + 1
+
+
+@pytest.mark.parametrize(
+    ("cls", "expected"),
+    [
+        pytest.param(WriteClass.REVIEW, budget.Pool.REVIEWS,
+                     id="a review spends the reviews' own budget"),
+        pytest.param(WriteClass.LEASE, budget.Pool.WRITES, id="the lease spends the write budget"),
+        pytest.param(WriteClass.NODE, budget.Pool.WRITES,
+                     id="a node write spends the write budget"),
+        pytest.param(WriteClass.RUN, budget.Pool.WRITES, id="a run write spends the write budget"),
+        pytest.param(WriteClass.EVENT, budget.Pool.WRITES, id="an Event spends the write budget"),
+        pytest.param(WriteClass.EVICTION, budget.Pool.WRITES,
+                     id="an eviction spends the write budget"),
+    ],
+)  # fmt: skip
+def test_only_reviews_spend_the_reviews_budget(cls: WriteClass, expected: budget.Pool) -> None:
+    """Security review 3, finding 1: the reviews any caller can cause never draw from the
+    budget of the Lease and of quarantine."""
+    assert expected == budget.pool_of(cls)

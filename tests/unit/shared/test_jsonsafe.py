@@ -70,3 +70,31 @@ def test_a_syntax_error_is_located() -> None:
         jsonsafe.load(b'{\n  "a": }')
     expected = (2, 8)
     assert expected == (caught.value.line, caught.value.column)
+
+
+@pytest.mark.parametrize(
+    ("raw", "refused"),
+    [
+        pytest.param(_nested(jsonsafe.MAX_DEPTH), False, id="nesting at the limit passes"),
+        pytest.param(_nested(jsonsafe.MAX_DEPTH + 1), True, id="one level more is refused"),
+        pytest.param(b"[" * 100_000 + b"]" * 100_000, True,
+                     id="a hundred thousand levels are refused without recursing"),
+        pytest.param(b'{"entries": [' + b"[" * 100_000 + b"]" * 100_000 + b"]}", True,
+                     id="deep nesting inside a field is refused"),
+        pytest.param(b'["' + b"[" * 100 + b'\\"{{{"]', False,
+                     id="brackets inside strings, escaped quotes too, do not count"),
+        pytest.param(b'{"a": [1, {"b": [[], {}]}], "c": "x"}', False,
+                     id="an ordinary document passes"),
+        pytest.param(b"[" * 100_000, True, id="brackets that never close are refused"),
+    ],
+)  # fmt: skip
+def test_raw_depth_is_bounded_before_any_parser(raw: bytes, refused: bool) -> None:
+    """Security review 3, finding 12: what the peer endpoint checks before msgspec, which
+    recursed into 100,000 `[` (RecursionError, a 500)."""
+    message = ""
+    try:
+        jsonsafe.check_raw_depth(raw)
+    except jsonsafe.JsonError as err:
+        message = str(err)
+    named = f"at most {jsonsafe.MAX_DEPTH} levels" in message or "do not pair up" in message
+    assert refused == named, message

@@ -8,7 +8,7 @@ import pytest
 
 from controller import budget
 from controller.budget import WriteClass
-from controller.kube import ratelimit
+from controller.kube import client, ratelimit
 
 
 @pytest.mark.parametrize(
@@ -99,3 +99,51 @@ async def test_a_write_that_waits_past_the_bound_fails_like_a_timed_out_call() -
     with pytest.raises(TimeoutError, match="API write budget"):
         await limiter.acquire(WriteClass.EVENT)
     assert limiter.waiting == 0
+
+
+async def test_a_flood_of_reviews_neither_spends_nor_delays_the_lease_and_node_writes() -> None:
+    """Security review 3, finding 1: with the reviews' budget spent and a thousand reviews
+    waiting, a lease renewal and a node write still go at once, from the write budget."""
+    clock = [0.0]  # no token refills unless the test moves the clock
+    limiter = ratelimit.Limiter(
+        budget.Rates(rate_per_s=1, burst=2),
+        reviews=budget.Rates(rate_per_s=1, burst=1),
+        clock=lambda: clock[0],
+    )
+    await limiter.acquire(WriteClass.REVIEW)  # spends the reviews' burst
+    reviews = [asyncio.create_task(limiter.acquire(WriteClass.REVIEW)) for _ in range(1000)]
+    await asyncio.sleep(0)
+    assert limiter.waiting == 1000
+    await asyncio.wait_for(limiter.acquire(WriteClass.LEASE), timeout=5)
+    await asyncio.wait_for(limiter.acquire(WriteClass.NODE), timeout=5)
+    assert len(limiter.queues[budget.Pool.REVIEWS]) == 1000
+    assert len(limiter.queue) == 0
+    for task in reviews:
+        task.cancel()
+    await asyncio.gather(*reviews, return_exceptions=True)
+    assert limiter.waiting == 0
+
+
+async def test_a_callers_own_deadline_bounds_its_wait_for_the_budget() -> None:
+    """The Lease's wait for the budget counts inside its renew deadline: a write given a
+    deadline shorter than the budget's `max_wait_s` gives up at that deadline."""
+    limiter = ratelimit.Limiter(budget.Rates(rate_per_s=0.001, burst=1, max_wait_s=3600))
+    await limiter.acquire(WriteClass.RUN)
+    with pytest.raises(TimeoutError, match=r"waited 0\.05 s for the API write budget"):
+        await limiter.acquire(WriteClass.LEASE, max_wait_s=0.05)
+    assert limiter.waiting == 0
+
+
+@pytest.mark.parametrize(
+    ("deadline_s", "waited_s", "expected"),
+    [
+        pytest.param(5.0, 0.0, 5.0, id="no wait leaves the whole deadline"),
+        pytest.param(5.0, 2.0, 3.0, id="the wait is taken off the deadline"),
+        pytest.param(5.0, 5.0, client.MIN_REQUEST_S, id="an exhausted deadline is never 0"),
+    ],
+)  # fmt: skip
+def test_the_request_gets_what_is_left_of_its_deadline(
+    deadline_s: float, waited_s: float, expected: float
+) -> None:
+    """The request after the budget wait is sent with the rest of the caller's deadline."""
+    assert pytest.approx(expected) == client.remaining_timeout(deadline_s, waited_s)
