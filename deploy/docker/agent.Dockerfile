@@ -48,7 +48,7 @@ COPY agent/ agent/
 # The wheel declares every console script; drop the two whose packages are not here.
 RUN --mount=type=cache,target=/root/.cache/uv \
     uv sync --frozen --no-dev --no-editable \
-    && rm -f /opt/venv/bin/taugrid /opt/venv/bin/taugrid-controller
+    && rm -f /opt/venv/bin/tau /opt/venv/bin/taugrid /opt/venv/bin/taugrid-controller
 
 # ---------------------------------------------------------------- runtime
 FROM ${PYTHON_IMAGE} AS runtime

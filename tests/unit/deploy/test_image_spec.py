@@ -91,7 +91,7 @@ def test_a_malformed_spec_is_refused_naming_the_field(change: Any, message: str)
 def test_an_image_drops_the_console_scripts_of_packages_it_leaves_out() -> None:
     """The console scripts whose package an image leaves out are removed from its venv."""
     agent = SPEC.image("agent")
-    assert PROJECT.dropped_scripts(agent) == ["taugrid", "taugrid-controller"]
+    assert PROJECT.dropped_scripts(agent) == ["tau", "taugrid", "taugrid-controller"]
     assert PROJECT.absent_packages(agent) == ["controller", "devcluster"]
 
 
