@@ -1108,6 +1108,42 @@ def test_the_monitoring_templates_load_their_files_verbatim(
     assert not objects(without_api, "PrometheusRule")
 
 
+RUNBOOKS = "https://git.example.com/org/taugrid/blob/v0.1.0"
+
+
+@pytest.mark.parametrize(
+    ("base", "prefix"),
+    [
+        ("", "docs/oncall.md#"),
+        (RUNBOOKS, f"{RUNBOOKS}/docs/oncall.md#"),
+        (RUNBOOKS + "/", f"{RUNBOOKS}/docs/oncall.md#"),
+    ],
+    ids=["without a base the links stay relative",
+         "with a base every runbook link is absolute",
+         "a base with a trailing slash makes no double slash"],
+)  # fmt: skip
+def test_the_alert_runbook_links_use_the_runbook_base_url(base: str, prefix: str) -> None:
+    """Each alert of the shipped files/alerts.yaml links its own section of docs/oncall.md,
+    under prometheusRule.runbookBaseUrl when it is set (a pager cannot open a relative path);
+    Prometheus' own templates in the rules stay untouched."""
+    values = {"prometheusRule": {"enabled": True, "runbookBaseUrl": base}}
+    rule = one(render(values, api_versions=EVERY_API), "PrometheusRule")
+    alerts = [r for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r]
+    assert alerts
+    links = {r["alert"]: r["annotations"]["runbook_url"] for r in alerts}
+    assert links == {name: prefix + name.lower() for name in links}
+    assert "{{ $labels." in json.dumps(rule["spec"])
+
+
+@pytest.mark.parametrize("base", ["docs.example.com/taugrid", "/docs", "ftp://x/y"],
+                         ids=["no scheme", "a path", "not http"])  # fmt: skip
+def test_a_runbook_base_url_that_is_not_absolute_fails_the_install(base: str) -> None:
+    """A base that would still give dead links fails the render, naming the value."""
+    values = {"prometheusRule": {"enabled": True, "runbookBaseUrl": base}}
+    with pytest.raises(chart.ChartError, match=r"prometheusRule\.runbookBaseUrl"):
+        render(values, api_versions=EVERY_API)
+
+
 def test_service_monitors_need_the_prometheus_operator() -> None:
     """serviceMonitor.enabled renders nothing on a cluster without monitoring.coreos.com/v1."""
     assert not objects(render({"serviceMonitor": {"enabled": True}}), "ServiceMonitor")
