@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from devcluster import cluster, node, stack
 from shared import spec as specs
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
@@ -358,3 +359,14 @@ def test_without_a_checkpoint_dir_it_says_what_to_add(tmp_path: pathlib.Path) ->
     done = _train(env, "--steps", "1")
     assert done.returncode == 2
     assert "checkpoint: {dir:" in done.stderr
+
+
+def test_the_real_node_example_runs_the_script_in_the_run_image_on_the_real_node() -> None:
+    """examples/real-node.yaml, the README quickstart's run, names the real node's queue, the
+    run image under the name `up` gives it there, a claim `up` creates, and the script."""
+    parsed = specs.parse_spec((EXAMPLES / "real-node.yaml").read_bytes()).spec
+    assert parsed.queue == stack.REAL_NODE_QUEUE
+    assert f"docker.io/{parsed.image}" == node.RUN_IMAGE_ALIAS
+    assert parsed.checkpoint is not None
+    assert parsed.checkpoint.volume in cluster.EXAMPLE_CLAIMS
+    assert SCRIPT.name in " ".join(parsed.command)
