@@ -1108,6 +1108,43 @@ def test_the_monitoring_templates_load_their_files_verbatim(
     assert not objects(without_api, "PrometheusRule")
 
 
+CA_PEM = "-----BEGIN CERTIFICATE-----\nMIIBfake\n-----END CERTIFICATE-----\n"
+
+
+def test_the_ca_bundle_is_published_as_a_configmap_every_user_may_read() -> None:
+    """tls.caBundle becomes ConfigMap `taugrid-ca` (ca.crt) in the release namespace, and the
+    only grant made for it is `get` on that one ConfigMap to every authenticated user."""
+    docs = render({"tls": {"caBundle": CA_PEM}})
+    cm = one(docs, "ConfigMap", "taugrid-ca")
+    role = one(docs, "Role", "taugrid-ca-reader")
+    binding = one(docs, "RoleBinding", "taugrid-ca-reader")
+    assert (cm["metadata"]["namespace"], cm["data"]) == (NAMESPACE, {"ca.crt": CA_PEM})
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["configmaps"],
+                              "resourceNames": ["taugrid-ca"], "verbs": ["get"]}]  # fmt: skip
+    assert binding["subjects"] == [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group",
+                                    "name": "system:authenticated"}]  # fmt: skip
+    assert binding["roleRef"]["name"] == "taugrid-ca-reader"
+
+
+def test_without_a_ca_bundle_no_configmap_or_grant_is_made(
+    defaults: list[dict[str, Any]],
+) -> None:
+    """By default nothing about the CA is rendered (GET /ca.crt serves it)."""
+    names = {d["metadata"]["name"] for d in defaults}
+    assert not {"taugrid-ca", "taugrid-ca-reader"} & names
+
+
+@pytest.mark.parametrize(
+    "bundle",
+    [CA_PEM + "-----BEGIN PRIVATE KEY-----\nMIIE\n-----END PRIVATE KEY-----\n", "not a pem"],
+    ids=["a private key in the bundle fails", "something that is no certificate fails"],
+)
+def test_a_ca_bundle_that_is_not_just_certificates_fails_the_install(bundle: str) -> None:
+    """What every authenticated user could read must never carry a key."""
+    with pytest.raises(chart.ChartError, match=r"tls\.caBundle"):
+        render({"tls": {"caBundle": bundle}})
+
+
 RUNBOOKS = "https://git.example.com/org/taugrid/blob/v0.1.0"
 
 
