@@ -1108,6 +1108,25 @@ def test_the_monitoring_templates_load_their_files_verbatim(
     assert not objects(without_api, "PrometheusRule")
 
 
+@pytest.mark.parametrize(
+    ("values", "ttl_s", "keep_kib"),
+    [({}, 86400.0, 256), ({"runTtlAfterFinishedS": 7200, "runLogKeepKiB": 512}, 7200.0, 512)],
+    ids=["by default a run's logs live a day and 256 KiB of each is kept",
+         "both are chart values the controller reads"],
+)  # fmt: skip
+def test_the_log_lifetimes_are_chart_values(
+    values: dict[str, Any], ttl_s: float, keep_kib: int
+) -> None:
+    """controller.runTtlAfterFinishedS and controller.runLogKeepKiB reach the controller's
+    settings through its environment (docs/researcher.md states the defaults)."""
+    env = env_of(one(render({"controller": values}), "Deployment"))
+    settings = controller_settings.ControllerSettings.model_validate(
+        {"run_ttl_after_finished_s": env["TAUGRID_CONTROLLER_RUN_TTL_AFTER_FINISHED_S"],
+         "run_log_keep_kib": env["TAUGRID_CONTROLLER_RUN_LOG_KEEP_KIB"]}
+    )  # fmt: skip
+    assert (settings.run_ttl_after_finished_s, settings.run_log_keep_kib) == (ttl_s, keep_kib)
+
+
 CA_PEM = "-----BEGIN CERTIFICATE-----\nMIIBfake\n-----END CERTIFICATE-----\n"
 
 
