@@ -34,6 +34,7 @@ TOKEN = "tau-run-token-for-demo"
 NAMESPACE = "team-a"
 RUN = "llama-ft"
 CHECKPOINTS = f"/v1/runs/{NAMESPACE}/{RUN}/checkpoints"
+RESULTS = f"/v1/runs/{NAMESPACE}/{RUN}/results"
 DEADLINE_S = 30.0
 
 
@@ -46,6 +47,8 @@ class FakeController:
     """Answer this many POSTs with 503 first (a leader failover)."""
     reports: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     latest_asked: int = 0
+    results: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    """The result reports (`POST …/results`), answered 202 as the controller does."""
     token: str = TOKEN
     rotate: pathlib.Path | None = None
     """After the first report, write a new token into this file and accept only that one
@@ -96,6 +99,12 @@ def _handler(fake: FakeController) -> type[http.server.BaseHTTPRequestHandler]:
 
         def do_POST(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+            if self.path == RESULTS:
+                if self._authorised():
+                    with fake.lock:
+                        fake.results.append(body)
+                    self._send(202, {"accepted": True})
+                return
             if self.path != CHECKPOINTS:
                 self._error(404, "NotFound", self.path)
                 return
@@ -214,6 +223,22 @@ def test_a_fresh_run_saves_then_reports_each_checkpoint(
     assert {r["attempt"] for r in fake.snapshot()} == {1}
     assert [_state(r["path"])["step"] for r in fake.snapshot()] == [2, 4, 5]
     assert "fresh start" in done.stderr
+
+
+def test_each_checkpoint_and_the_end_report_the_loss_as_a_result(
+    controller: tuple[str, FakeController], tmp_path: pathlib.Path
+) -> None:
+    """`tau results` of the quickstart's run shows something: the loss at each reported
+    checkpoint, for the run's attempt, and a summary at the end."""
+    url, fake = controller
+    done = _train(_env(url, tmp_path / "ckpt"), "--steps", "5", "--save-every", "2")
+    assert done.returncode == 0, done.stderr
+    with fake.lock:
+        results = list(fake.results)
+    assert [r["metrics"][0]["step"] for r in results] == [2, 4, 5, 5]
+    assert {r["attempt"] for r in results} == {1}
+    assert {r["metrics"][0]["name"] for r in results} == {"loss"}
+    assert results[-1]["summary"].startswith("trained to step 5; final loss ")
 
 
 @pytest.mark.parametrize(
