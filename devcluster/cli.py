@@ -210,6 +210,7 @@ def _inject_command(args: argparse.Namespace) -> list[str]:
 def _welcome(c: cluster.Cluster, bin_dir: pathlib.Path) -> str:
     token_file = c.state / RESEARCHER_TOKEN_FILE
     token_file.touch(mode=0o600)
+    token_file.chmod(0o600)  # a file left by an older `up` keeps its mode otherwise
     token_file.write_text(stack.researcher_token(c, bin_dir) + "\n")
     run_image = ""
     images_file = node.Paths.of(c.state).images
