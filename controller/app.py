@@ -64,7 +64,7 @@ def make_app(
         client_max_size=settings.max_body_bytes,
     )
     fleet_api.add_routes(app)
-    pages.add_routes(app)
+    pages.add_routes(app, ca_file=settings.tls_ca_file)
     openapi.add_route(app, settings)
     runs_api.add_routes(app)
     app.cleanup_ctx.append(_runtime(settings, reviewer))

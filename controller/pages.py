@@ -3,12 +3,15 @@
 `/healthz` (the process answers), `/readyz` (started, not shutting down, the node cache
 synced), `/metrics` (the controller's own registry), `/` (the web page, with a strict
 content security policy), `/tau` (the `tau` client script, with its SHA-256 in the
-`X-Tau-SHA256` and `Repr-Digest` headers) and `/tau.sha256` (that digest in `sha256sum`'s
-format, so `sha256sum -c` checks a download).
+`X-Tau-SHA256` and `Repr-Digest` headers), `/tau.sha256` (that digest in `sha256sum`'s
+format, so `sha256sum -c` checks a download) and `/ca.crt` (the CA that issued the
+controller's certificate, so nobody needs read access to the TLS Secret, which also holds
+the private key).
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import pathlib
@@ -18,15 +21,17 @@ import prometheus_client
 import pydantic
 from aiohttp import web
 
-from controller import serving
+from controller import errors, serving
 
 ASSETS = pathlib.Path(__file__).resolve().parent / "assets"
 WEB_PAGE = ASSETS / "index.html"
 CLIENT_SCRIPT = ASSETS / "tau.py"
 
 
-def add_routes(app: web.Application) -> None:
-    """Register health, metrics, the web page and the client script."""
+def add_routes(app: web.Application, *, ca_file: str = "") -> None:
+    """Register health, metrics, the web page, the client script and the CA (`ca_file`:
+    the settings' `tls_ca_file`)."""
+    app.router.add_get("/ca.crt", ca_certificate(ca_file))
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", get_metrics)
@@ -173,3 +178,39 @@ def client_script(
         return web.Response(body=line, content_type="text/plain", charset="utf-8")
 
     return get_client, get_client_digest
+
+
+def ca_certificate(ca_file: str) -> serving.Handler:
+    """Return the handler serving the PEM bundle at `ca_file`, read at each request: a CA
+    that cert-manager rotates is served as the replicas trust it, without a restart. A CA is
+    public by nature, so the handler needs no token: a researcher or on-call engineer fetches
+    it before having anything to verify with (checking it against the fingerprint the
+    platform team hands out)."""
+
+    @serving.operation(
+        "getCACertificate", tag=TAG, auth=serving.Auth.NONE, errors=(404, 503),
+        replies={200: serving.Reply("The CA bundle (PEM).", media_type="application/x-pem-file",
+                                    schema=TEXT)},
+    )  # fmt: skip
+    async def get_ca(request: web.Request) -> web.StreamResponse:
+        """The CA that issued the controller's certificate, PEM (`curl -o ca.crt URL/ca.crt`)."""
+        if not ca_file:
+            msg = (
+                "this controller has no CA to publish (tls_ca_file is not set): it serves"
+                " plain HTTP, or a certificate your system already trusts"
+            )
+            raise errors.NotFound(msg, code="NoCA")
+        try:
+            pem = await asyncio.to_thread(pathlib.Path(ca_file).read_bytes)
+        except OSError as err:
+            msg = f"the CA file {ca_file} cannot be read now: {err.strerror}"
+            raise errors.Unavailable(msg, code="CAUnreadable") from None
+        headers = {
+            "Content-Type": "application/x-pem-file",
+            "Content-Disposition": 'attachment; filename="ca.crt"',
+            "X-Content-Type-Options": "nosniff",
+            "Cache-Control": "no-cache",
+        }
+        return web.Response(body=pem, headers=headers)
+
+    return get_ca

@@ -310,9 +310,10 @@ class ControllerSettings(pydantic_settings.BaseSettings):
     run_pass_interval_s: float = pydantic.Field(default=2.0, gt=0)
     """Upper bound between two full passes of the run reconciler (it lists TauRuns, their
     objects, Workloads and pods). Submissions and cancels are reconciled at once, not here."""
-    run_ttl_after_finished_s: float | None = pydantic.Field(default=3600.0, ge=0)
+    run_ttl_after_finished_s: float | None = pydantic.Field(default=86400.0, ge=0)
     """A finished run's Jobs/RayJobs (and so its pods) are deleted this long after it ended;
-    the TauRun and its evidence stay. An hour leaves time to read logs. None keeps them."""
+    the TauRun and its evidence stay. A day lets a researcher read a night run's live logs in
+    the morning (an hour did not). None keeps them."""
     run_pod_annotations: dict[str, str] = {}
     """Annotations added to every pod of every run, for cluster tooling (the dev cluster's
     KWOK reads `kwok.taugrid.dev/run-for` from here)."""
@@ -376,10 +377,10 @@ class ControllerSettings(pydantic_settings.BaseSettings):
     """Artifacts kept per run; past it the oldest go (the newest is usually the model)."""
     run_results_pending_max: int = pydantic.Field(default=4096, ge=1)
     """Points, artifacts and summaries of one run waiting to be written; more is 429."""
-    run_log_keep_kib: int = pydantic.Field(default=64, ge=1, le=512)
+    run_log_keep_kib: int = pydantic.Field(default=256, ge=1, le=512)
     """KiB of each worker's log kept in its TauRunLog (the tail), so a failed attempt's last
-    lines outlive its pods. 64 KiB is a few thousand lines; at most 512 (etcd's object limit
-    is 1.5 MiB)."""
+    lines outlive its pods. 256 KiB is several thousand lines and stays under etcd's 1.5 MiB
+    object limit even when JSON escaping doubles it; at most 512 (chart runLogKeepKiB)."""
     run_log_capture_interval_s: float = pydantic.Field(default=30.0, gt=0)
     """How often the tail of every running worker's log is kept (one tail read per worker).
     A pod that vanishes without warning loses at most this much of its last output; an

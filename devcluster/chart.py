@@ -73,9 +73,12 @@ def template(
     """Render the chart offline and return its objects (empty documents dropped).
 
     `api_versions` stands in for the cluster's discovery: optional templates gated on an API
-    (ServiceMonitor, PrometheusRule) render only when it is listed.
+    (ServiceMonitor, PrometheusRule) render only when it is listed. The Kubernetes version is
+    the dev cluster's: offline, Helm would assume v1.20, which the chart's `kubeVersion`
+    refuses.
     """
-    argv = [str(helm_binary(bin_dir)), "template", release, str(chart_dir), "-n", namespace]
+    argv = [str(helm_binary(bin_dir)), "template", release, str(chart_dir), "-n", namespace,
+            "--kube-version", build.K8S_VERSION]  # fmt: skip
     for version in api_versions:
         argv += ["--api-versions", version]
     if include_crds:
@@ -91,7 +94,8 @@ def lint(
     bin_dir: pathlib.Path | None = None,
 ) -> str:
     """Lint the chart strictly (warnings fail); return Helm's report."""
-    argv = [str(helm_binary(bin_dir)), "lint", str(chart_dir), "--strict"]
+    argv = [str(helm_binary(bin_dir)), "lint", str(chart_dir), "--strict",
+            "--kube-version", build.K8S_VERSION]  # fmt: skip
     return _run(argv, values)
 
 

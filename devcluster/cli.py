@@ -8,6 +8,7 @@ import argparse
 import asyncio
 import contextlib
 import fcntl
+import json
 import pathlib
 import sys
 from collections.abc import Iterator, Sequence
@@ -207,23 +208,51 @@ def _inject_command(args: argparse.Namespace) -> list[str]:
 
 
 def _welcome(c: cluster.Cluster, bin_dir: pathlib.Path) -> str:
-    token = stack.researcher_token(c, bin_dir)
-    url = stack.controller_url()
-    oncall = '-H "Authorization: Bearer $(kubectl -n taugrid-system create token oncall)"'
-    submit = "-H \"Authorization: Bearer $TAU_TOKEN\" -H 'Content-Type: application/yaml'"
-    return "\n".join(
-        [
-            "",
-            f"TauGrid controller: {url}   (web page: {url}/, client: {url}/tau)",
-            f"on-call:   curl -s {oncall} {url}/v1/nodes",
-            "researcher token (ServiceAccount default/researcher, 24 h):",
-            f"  export TAU_URL={url} TAU_NAMESPACE=default TAU_TOKEN={token}",
-            "first run:",
-            f"  curl -s -X POST {submit} \\",
-            f"    --data-binary @examples/job.yaml {url}/v1/runs",
-            "inject a fault:  taugrid dev inject gpu-node-0 --gpu 3 --xid 79",
+    token_file = c.state / RESEARCHER_TOKEN_FILE
+    token_file.touch(mode=0o600)
+    token_file.chmod(0o600)  # a file left by an older `up` keeps its mode otherwise
+    token_file.write_text(stack.researcher_token(c, bin_dir) + "\n")
+    run_image = ""
+    images_file = node.Paths.of(c.state).images
+    if node.recorded(c) and images_file.exists():
+        built = json.loads(images_file.read_text()).get("run", "")
+        run_image = f"{node.RUN_IMAGE_ALIAS} (= {built})"
+    return welcome_text(stack.controller_url(), token_file, run_image, bin_dir / "kubectl")
+
+
+RESEARCHER_TOKEN_FILE = "researcher.token"  # noqa: S105  (a file name, not a secret)
+"""Where `up` keeps a 24 h token of ServiceAccount default/researcher, for `tau login`."""
+
+
+def welcome_text(url: str, token_file: pathlib.Path, run_image: str, kubectl: pathlib.Path) -> str:
+    """What `up` prints last: the `tau` lines of the README's quickstart. A run on a KWOK
+    node executes no code, so the first run named is the real node's, in its run image."""
+    oncall = f"{kubectl} -n taugrid-system create token oncall --duration=8h"
+    lines = [
+        "",
+        f"TauGrid controller: {url}   (web page: {url}/)",
+        f"researcher token (ServiceAccount default/researcher, 24 h): {token_file}",
+        f"  .venv/bin/tau login --url {url} --token - < {token_file}",
+    ]
+    if run_image:
+        lines += [
+            f"first run, on the real node, in the run image {run_image}:",
+            "  .venv/bin/tau run examples/real-node.yaml --generate-name",
+            (
+                "  .venv/bin/tau status NAME --wait && .venv/bin/tau logs NAME"
+                " && .venv/bin/tau results NAME"
+            ),
         ]
-    )
+    else:
+        lines += ["no real node: every run lands on a KWOK node"]
+    lines += [
+        "a run on a KWOK (simulated) node executes no code: its pod succeeds after 2 s:",
+        "  .venv/bin/tau run examples/job.yaml --generate-name",
+        f"on-call:   {oncall} \\",
+        f"             | .venv/bin/tau login --url {url} --token -   (then: tau nodes, tau fleet)",
+        "inject a fault:  .venv/bin/taugrid dev inject gpu-node-0 --gpu 3 --xid 79",
+    ]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -343,6 +343,7 @@ class Cluster:
             self._start_kuberay(bin_dir)
             self._bootstrap_queues(bin_dir, nodes + dra_nodes)
             self.apply(bin_dir, example_volumes(self.state / "volumes"))
+            example_volume_dirs(self.state / "volumes")
         except BaseException:
             out("start failed; stopping what was started")
             self.table.stop_all()
@@ -749,6 +750,16 @@ def example_volumes(root: pathlib.Path, namespace: str = "default") -> list[dict
                      "volumeName": volume, "resources": {"requests": {"storage": size}}},
         })  # fmt: skip
     return out
+
+
+def example_volume_dirs(root: pathlib.Path, namespace: str = "default") -> None:
+    """Make the example volumes' host directories writable by anyone: on the real node a run
+    image's user (65532) writes its checkpoints there (examples/real-node.yaml), and a
+    directory the kubelet creates for `DirectoryOrCreate` is root's, mode 0755."""
+    for claim in EXAMPLE_CLAIMS:
+        path = root / namespace / claim
+        path.mkdir(parents=True, exist_ok=True)
+        path.chmod(0o777)
 
 
 def _dev_cluster_queue(nodes: int) -> dict[str, Any]:

@@ -39,6 +39,9 @@ from devcluster import build, cluster, fakenvml, images, netns, pki, processes, 
 
 NODE_NAME = "real-node"
 TAINT_KEY = "taugrid.dev/real-node"
+RUN_IMAGE_ALIAS = "docker.io/taugrid/run:dev"
+"""A second name of the run image in the node's containerd, so a tau.yaml can name it
+without the build's hash (examples/real-node.yaml); nothing is ever pulled."""
 TAINT = {"key": TAINT_KEY, "value": "true", "effect": "NoSchedule"}
 """KWOK-shaped tests never land here: only what tolerates this taint does."""
 NODE_LABEL = TAINT_KEY
@@ -418,6 +421,7 @@ class RealNode:
         present = set(self._ctr("images", "ls", "-q").stdout.split())
         wanted = [archive for ref, archive in built.values() if ref not in present]
         images.import_archives(self.bin / "ctr", self.paths.socket, wanted)
+        self._ctr("images", "tag", "--force", built["run"][0], RUN_IMAGE_ALIAS)
         self._say(out, f"imported {len(wanted)} images ({len(built) - len(wanted)} present)",
                   started)  # fmt: skip
         self.cluster.apply(self.bin, NODE_RBAC)

@@ -17,6 +17,8 @@ It stands in for your `train.py`: the "model" is a few numbers and a step takes
    exit with 143 within the pod's grace period (60 s by default). Not 0: a pod of a Job
    that exits 0 counts as a success, and the run would end Succeeded half-trained.
 4. A report answered 409 means a newer attempt exists: this one is over, so stop.
+5. Beside each checkpoint report, and at the end with a summary, report the loss as a result
+   (`POST …/results`, best effort) for `tau results`.
 
 Standard library only (Python 3.8 or newer), so it runs in any image; `tau checkpoint
 --step N --path P` does the same reporting from a shell. With several workers only rank 0
@@ -80,7 +82,9 @@ class Controller:
         self.token_file = env.get("TAU_TOKEN_FILE", "")
         namespace = env.get("TAU_NAMESPACE") or "default"
         self.run = env.get("TAU_RUN", "")
-        self.path = f"/v1/runs/{namespace}/{urllib.parse.quote(self.run, safe='')}/checkpoints"
+        run_path = f"/v1/runs/{namespace}/{urllib.parse.quote(self.run, safe='')}"
+        self.path = run_path + "/checkpoints"
+        self.results_path = run_path + "/results"
         self.retries = retries
         self.backoff_s = backoff_s
         ca_file = env.get("TAU_CA_FILE", "")
@@ -142,6 +146,20 @@ class Controller:
         """Report a checkpoint that is safely on disk."""
         report = {"attempt": attempt, "step": step, "path": path}
         self._with_retries("POST", self.path, report, retries=self.retries)
+
+    def report_results(self, attempt: int, step: int, loss: float, summary: str = "") -> None:
+        """Report the loss at this step (and a summary) for `tau results`: best effort, one
+        retry, never a reason to stop training; a 409 is left to the next checkpoint report."""
+        report: dict[str, Any] = {
+            "attempt": attempt,
+            "metrics": [{"name": "loss", "value": loss, "step": step}],
+        }
+        if summary:
+            report["summary"] = summary
+        try:
+            self._with_retries("POST", self.results_path, report, retries=1)
+        except (RefusedError, SupersededError, UnreachableError) as err:
+            log(f"results at step {step} not reported: {err}")
 
     def latest(self) -> str | None:
         """Return the path of the newest reported checkpoint; None when there is none or the
@@ -302,6 +320,8 @@ def main(argv: list[str] | None = None) -> int:
                 # The file is on disk and the next report names a newer one; keep training.
                 log(f"checkpoint {path} saved but not reported: {err}")
                 return
+            if state["loss"] is not None:
+                controller.report_results(attempt, state["step"], state["loss"])
         log(f"checkpoint at step {state['step']}: {path}")
 
     try:
@@ -322,6 +342,9 @@ def main(argv: list[str] | None = None) -> int:
         log(f"stopped at step {state['step']} on SIGTERM; the next start resumes from here")
         return EXIT_SIGTERM
     log(f"done at step {state['step']}, loss {state['loss']}")
+    if controller.enabled and rank == 0 and state["loss"] is not None:
+        summary = f"trained to step {state['step']}; final loss {state['loss']}"
+        controller.report_results(attempt, state["step"], state["loss"], summary)
     return 0
 
 

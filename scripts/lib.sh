@@ -12,7 +12,7 @@ need() {  # need TOOL "how to install it"
 }
 
 check_prerequisites() {
-  need python3 "Python 3.11 or newer (Debian: apt-get install python3)"
+  need python3 "Python 3.11 or newer (Debian: apt-get install python3 python3-venv)"
   python3 -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' || {
     echo "error: Python $(python3 -V 2>&1) is too old: install Python 3.11 or newer" >&2; exit 2; }
   need go "Go 1.26 or newer (https://go.dev/doc/install)"
@@ -70,11 +70,44 @@ stage_end() {
   fi
 }
 
+uv_version_of() {  # uv_version_of UV: the version a uv binary reports, empty if none
+  "$1" --version 2>/dev/null | cut -d' ' -f2 || true
+}
+
+uv_bootstrap() {
+  # Put uv $UV_VERSION first on PATH: the one already there when it is that version, else
+  # one in a private venv under the cache ($TAUGRID_CACHE, default ~/.cache/taugrid).
+  # Never `pip install` into the system Python: PEP 668 refuses it on Debian 12 and Ubuntu
+  # >= 23.04 ("externally-managed-environment"), and Debian's python3 has no pip anyway.
+  if command -v uv >/dev/null 2>&1 && [ "$(uv_version_of uv)" = "$UV_VERSION" ]; then
+    return 0
+  fi
+  local venv="${TAUGRID_CACHE:-$HOME/.cache/taugrid}/uv-$UV_VERSION"
+  if [ "$(uv_version_of "$venv/bin/uv")" != "$UV_VERSION" ]; then
+    echo "[setup] installing uv $UV_VERSION into $venv"
+    rm -rf "$venv"
+    if ! python3 -m venv "$venv" >/dev/null 2>&1 && [ "$(id -u)" = 0 ] \
+        && command -v apt-get >/dev/null 2>&1; then
+      rm -rf "$venv"
+      echo "[setup] installing python3-venv (Debian's python3 makes no venv without it)"
+      DEBIAN_FRONTEND=noninteractive apt-get update -qq
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3-venv
+      python3 -m venv "$venv" >/dev/null 2>&1 || true
+    fi
+    if ! "$venv/bin/python" -m pip --version >/dev/null 2>&1; then
+      rm -rf "$venv"
+      echo "error: python3 -m venv failed: install python3-venv" \
+        "(Debian/Ubuntu: apt-get install python3-venv)" >&2
+      exit 2
+    fi
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "uv==$UV_VERSION"
+  fi
+  PATH="$venv/bin:$PATH"
+  export PATH
+}
+
 python_env() {
   # uv installs the locked dependency set (uv.lock) into .venv; CI never drifts.
-  if ! command -v uv >/dev/null 2>&1 || [ "$(uv --version | cut -d' ' -f2)" != "$UV_VERSION" ]; then
-    echo "[setup] installing uv $UV_VERSION"
-    python3 -m pip install --quiet --disable-pip-version-check "uv==$UV_VERSION"
-  fi
+  uv_bootstrap
   (cd "$ROOT" && uv sync --frozen --quiet)
 }

@@ -178,3 +178,39 @@ async def test_the_controller_writes_nothing_in_its_own_namespace_but_its_pods_l
         assert expected == got
 
     await support.eventually(answered, what="RBAC answers in the release namespace")
+
+
+CA_PEM = "-----BEGIN CERTIFICATE-----\nMIIBfake\n-----END CERTIFICATE-----\n"
+
+
+async def test_the_published_ca_is_readable_by_any_user_and_nothing_else_is(
+    dev_cluster: cluster.Cluster, bin_dir: pathlib.Path, namespace: str, k8s: client.ApiClient
+) -> None:
+    """With tls.caBundle the release namespace holds ConfigMap `taugrid-ca`, which a user with
+    no role at all may get (researchers and on-call fetch the CA without the TLS Secret),
+    while that user still may not read any other ConfigMap or Secret there."""
+    rel = releasekit.Release(support.unique_name("taugrid-ca", max_len=30), namespace)
+    values = {**rel.values(), "tls": {"caBundle": CA_PEM}}
+    await asyncio.to_thread(
+        chart.install, dev_cluster.kubeconfig, rel.name, namespace, values,
+        skip_crds=True, bin_dir=bin_dir,
+    )  # fmt: skip
+    try:
+        cm = await client.CoreV1Api(k8s).read_namespaced_config_map("taugrid-ca", namespace)
+        assert cm.data == {"ca.crt": CA_PEM}
+
+        async def answered() -> None:
+            rows = [("get", "configmap/taugrid-ca"), ("get", "configmap/kube-root-ca.crt"),
+                    ("list", "configmaps"), ("get", "secrets")]  # fmt: skip
+            got = []
+            for verb, res in rows:
+                args = (verb, res, "-n", namespace)
+                got.append(await asyncio.to_thread(can_i, dev_cluster, bin_dir, "someone", *args))
+            assert got == [True, False, False, False]
+
+        await support.eventually(answered, what="the CA readable, nothing else")
+    finally:
+        await asyncio.to_thread(
+            chart.uninstall, dev_cluster.kubeconfig, rel.name, namespace, wait=True,
+            bin_dir=bin_dir,
+        )  # fmt: skip

@@ -1108,6 +1108,98 @@ def test_the_monitoring_templates_load_their_files_verbatim(
     assert not objects(without_api, "PrometheusRule")
 
 
+@pytest.mark.parametrize(
+    ("values", "ttl_s", "keep_kib"),
+    [({}, 86400.0, 256), ({"runTtlAfterFinishedS": 7200, "runLogKeepKiB": 512}, 7200.0, 512)],
+    ids=["by default a run's logs live a day and 256 KiB of each is kept",
+         "both are chart values the controller reads"],
+)  # fmt: skip
+def test_the_log_lifetimes_are_chart_values(
+    values: dict[str, Any], ttl_s: float, keep_kib: int
+) -> None:
+    """controller.runTtlAfterFinishedS and controller.runLogKeepKiB reach the controller's
+    settings through its environment (docs/researcher.md states the defaults)."""
+    env = env_of(one(render({"controller": values}), "Deployment"))
+    settings = controller_settings.ControllerSettings.model_validate(
+        {"run_ttl_after_finished_s": env["TAUGRID_CONTROLLER_RUN_TTL_AFTER_FINISHED_S"],
+         "run_log_keep_kib": env["TAUGRID_CONTROLLER_RUN_LOG_KEEP_KIB"]}
+    )  # fmt: skip
+    assert (settings.run_ttl_after_finished_s, settings.run_log_keep_kib) == (ttl_s, keep_kib)
+
+
+CA_PEM = "-----BEGIN CERTIFICATE-----\nMIIBfake\n-----END CERTIFICATE-----\n"
+
+
+def test_the_ca_bundle_is_published_as_a_configmap_every_user_may_read() -> None:
+    """tls.caBundle becomes ConfigMap `taugrid-ca` (ca.crt) in the release namespace, and the
+    only grant made for it is `get` on that one ConfigMap to every authenticated user."""
+    docs = render({"tls": {"caBundle": CA_PEM}})
+    cm = one(docs, "ConfigMap", "taugrid-ca")
+    role = one(docs, "Role", "taugrid-ca-reader")
+    binding = one(docs, "RoleBinding", "taugrid-ca-reader")
+    assert (cm["metadata"]["namespace"], cm["data"]) == (NAMESPACE, {"ca.crt": CA_PEM})
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["configmaps"],
+                              "resourceNames": ["taugrid-ca"], "verbs": ["get"]}]  # fmt: skip
+    assert binding["subjects"] == [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group",
+                                    "name": "system:authenticated"}]  # fmt: skip
+    assert binding["roleRef"]["name"] == "taugrid-ca-reader"
+
+
+def test_without_a_ca_bundle_no_configmap_or_grant_is_made(
+    defaults: list[dict[str, Any]],
+) -> None:
+    """By default nothing about the CA is rendered (GET /ca.crt serves it)."""
+    names = {d["metadata"]["name"] for d in defaults}
+    assert not {"taugrid-ca", "taugrid-ca-reader"} & names
+
+
+@pytest.mark.parametrize(
+    "bundle",
+    [CA_PEM + "-----BEGIN PRIVATE KEY-----\nMIIE\n-----END PRIVATE KEY-----\n", "not a pem"],
+    ids=["a private key in the bundle fails", "something that is no certificate fails"],
+)
+def test_a_ca_bundle_that_is_not_just_certificates_fails_the_install(bundle: str) -> None:
+    """What every authenticated user could read must never carry a key."""
+    with pytest.raises(chart.ChartError, match=r"tls\.caBundle"):
+        render({"tls": {"caBundle": bundle}})
+
+
+RUNBOOKS = "https://git.example.com/org/taugrid/blob/v0.1.0"
+
+
+@pytest.mark.parametrize(
+    ("base", "prefix"),
+    [
+        ("", "docs/oncall.md#"),
+        (RUNBOOKS, f"{RUNBOOKS}/docs/oncall.md#"),
+        (RUNBOOKS + "/", f"{RUNBOOKS}/docs/oncall.md#"),
+    ],
+    ids=["without a base the links stay relative",
+         "with a base every runbook link is absolute",
+         "a base with a trailing slash makes no double slash"],
+)  # fmt: skip
+def test_the_alert_runbook_links_use_the_runbook_base_url(base: str, prefix: str) -> None:
+    """Each alert of the shipped files/alerts.yaml links its own section of docs/oncall.md,
+    under prometheusRule.runbookBaseUrl when it is set (a pager cannot open a relative path);
+    Prometheus' own templates in the rules stay untouched."""
+    values = {"prometheusRule": {"enabled": True, "runbookBaseUrl": base}}
+    rule = one(render(values, api_versions=EVERY_API), "PrometheusRule")
+    alerts = [r for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r]
+    assert alerts
+    links = {r["alert"]: r["annotations"]["runbook_url"] for r in alerts}
+    assert links == {name: prefix + name.lower() for name in links}
+    assert "{{ $labels." in json.dumps(rule["spec"])
+
+
+@pytest.mark.parametrize("base", ["docs.example.com/taugrid", "/docs", "ftp://x/y"],
+                         ids=["no scheme", "a path", "not http"])  # fmt: skip
+def test_a_runbook_base_url_that_is_not_absolute_fails_the_install(base: str) -> None:
+    """A base that would still give dead links fails the render, naming the value."""
+    values = {"prometheusRule": {"enabled": True, "runbookBaseUrl": base}}
+    with pytest.raises(chart.ChartError, match=r"prometheusRule\.runbookBaseUrl"):
+        render(values, api_versions=EVERY_API)
+
+
 def test_service_monitors_need_the_prometheus_operator() -> None:
     """serviceMonitor.enabled renders nothing on a cluster without monitoring.coreos.com/v1."""
     assert not objects(render({"serviceMonitor": {"enabled": True}}), "ServiceMonitor")

@@ -10,7 +10,7 @@ import subprocess
 import pytest
 from aiohttp import test_utils, web
 
-from controller import pages
+from controller import pages, serving
 
 TAU = pathlib.Path(__file__).resolve().parents[3] / "controller" / "assets" / "tau.py"
 
@@ -60,3 +60,47 @@ async def test_the_client_and_its_digest_need_no_token(path: str) -> None:
         status = (await http.get(path)).status
     expected = 200
     assert expected == status
+
+
+# ---------------------------------------------------------------------- the CA
+PEM_A = b"-----BEGIN CERTIFICATE-----\nMIIBfake-A\n-----END CERTIFICATE-----\n"
+PEM_B = b"-----BEGIN CERTIFICATE-----\nMIIBfake-B\n-----END CERTIFICATE-----\n"
+
+
+def _ca_app(ca_file: str) -> web.Application:
+    app = web.Application(middlewares=[serving.make_middleware(5.0)])
+    pages.add_routes(app, ca_file=ca_file)
+    return app
+
+
+async def test_the_ca_is_served_without_a_token_and_follows_a_rotation(
+    tmp_path: pathlib.Path,
+) -> None:
+    """`GET /ca.crt` answers the bytes of the controller's CA file to a caller with no token,
+    and a CA replaced on disk (cert-manager renewing it) is what the next request gets."""
+    ca = tmp_path / "ca.crt"
+    ca.write_bytes(PEM_A)
+    async with test_utils.TestClient(test_utils.TestServer(_ca_app(str(ca)))) as http:
+        first = await http.get("/ca.crt")
+        first_body = await first.read()
+        ca.write_bytes(PEM_B)
+        second_body = await (await http.get("/ca.crt")).read()
+    expected = (200, "application/x-pem-file", PEM_A, PEM_B)
+    assert expected == (first.status, first.content_type, first_body, second_body)
+
+
+@pytest.mark.parametrize(
+    ("configured", "status", "code"),
+    [("", 404, "NoCA"), ("missing/ca.crt", 503, "CAUnreadable")],
+    ids=["a controller without a CA says it has none",
+         "an unreadable CA file is a 503 naming the file, not a 500"],
+)  # fmt: skip
+async def test_without_a_readable_ca_the_answer_says_why(
+    tmp_path: pathlib.Path, configured: str, status: int, code: str
+) -> None:
+    """No CA configured is a 404 that says so; a file that cannot be read now is a 503."""
+    ca_file = str(tmp_path / configured) if configured else ""
+    async with test_utils.TestClient(test_utils.TestServer(_ca_app(ca_file))) as http:
+        resp = await http.get("/ca.crt")
+        body = await resp.json()
+    assert (resp.status, body["error"]["code"]) == (status, code)

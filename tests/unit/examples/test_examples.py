@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from devcluster import cluster, node, stack
 from shared import spec as specs
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
@@ -33,6 +34,7 @@ TOKEN = "tau-run-token-for-demo"
 NAMESPACE = "team-a"
 RUN = "llama-ft"
 CHECKPOINTS = f"/v1/runs/{NAMESPACE}/{RUN}/checkpoints"
+RESULTS = f"/v1/runs/{NAMESPACE}/{RUN}/results"
 DEADLINE_S = 30.0
 
 
@@ -45,6 +47,8 @@ class FakeController:
     """Answer this many POSTs with 503 first (a leader failover)."""
     reports: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     latest_asked: int = 0
+    results: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    """The result reports (`POST …/results`), answered 202 as the controller does."""
     token: str = TOKEN
     rotate: pathlib.Path | None = None
     """After the first report, write a new token into this file and accept only that one
@@ -95,6 +99,12 @@ def _handler(fake: FakeController) -> type[http.server.BaseHTTPRequestHandler]:
 
         def do_POST(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+            if self.path == RESULTS:
+                if self._authorised():
+                    with fake.lock:
+                        fake.results.append(body)
+                    self._send(202, {"accepted": True})
+                return
             if self.path != CHECKPOINTS:
                 self._error(404, "NotFound", self.path)
                 return
@@ -213,6 +223,22 @@ def test_a_fresh_run_saves_then_reports_each_checkpoint(
     assert {r["attempt"] for r in fake.snapshot()} == {1}
     assert [_state(r["path"])["step"] for r in fake.snapshot()] == [2, 4, 5]
     assert "fresh start" in done.stderr
+
+
+def test_each_checkpoint_and_the_end_report_the_loss_as_a_result(
+    controller: tuple[str, FakeController], tmp_path: pathlib.Path
+) -> None:
+    """`tau results` of the quickstart's run shows something: the loss at each reported
+    checkpoint, for the run's attempt, and a summary at the end."""
+    url, fake = controller
+    done = _train(_env(url, tmp_path / "ckpt"), "--steps", "5", "--save-every", "2")
+    assert done.returncode == 0, done.stderr
+    with fake.lock:
+        results = list(fake.results)
+    assert [r["metrics"][0]["step"] for r in results] == [2, 4, 5, 5]
+    assert {r["attempt"] for r in results} == {1}
+    assert {r["metrics"][0]["name"] for r in results} == {"loss"}
+    assert results[-1]["summary"].startswith("trained to step 5; final loss ")
 
 
 @pytest.mark.parametrize(
@@ -358,3 +384,14 @@ def test_without_a_checkpoint_dir_it_says_what_to_add(tmp_path: pathlib.Path) ->
     done = _train(env, "--steps", "1")
     assert done.returncode == 2
     assert "checkpoint: {dir:" in done.stderr
+
+
+def test_the_real_node_example_runs_the_script_in_the_run_image_on_the_real_node() -> None:
+    """examples/real-node.yaml, the README quickstart's run, names the real node's queue, the
+    run image under the name `up` gives it there, a claim `up` creates, and the script."""
+    parsed = specs.parse_spec((EXAMPLES / "real-node.yaml").read_bytes()).spec
+    assert parsed.queue == stack.REAL_NODE_QUEUE
+    assert f"docker.io/{parsed.image}" == node.RUN_IMAGE_ALIAS
+    assert parsed.checkpoint is not None
+    assert parsed.checkpoint.volume in cluster.EXAMPLE_CLAIMS
+    assert SCRIPT.name in " ".join(parsed.command)
