@@ -466,9 +466,21 @@ class Quarantiner:
                     failed=outcome.failed,
                 )
             if outcome.evicted:
+                # The node's Event (in `default`) names no pod: pods of many tenants share a
+                # node. Each evicted pod is told in its own namespace instead.
+                n = len(outcome.evicted)
                 await self.writer.event(
-                    raw, "Evicted", f"evicted GPU pods: {', '.join(outcome.evicted)}", warning=True
+                    raw,
+                    "Evicted",
+                    f"evicted {n} GPU pod{'s' if n != 1 else ''}; each has an Event of its own",
+                    warning=True,
                 )
+                for pod in outcome.evicted_pods:
+                    await self.writer.pod_event(
+                        pod,
+                        "Evicted",
+                        f"evicted from node {action.node}: TauGrid quarantined its GPUs",
+                    )
         return True
 
     def _record(
