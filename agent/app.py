@@ -1,7 +1,9 @@
 """The composition root: `make_app(settings)` wires the monitor, reporter and HTTP API.
 
 Endpoints (DESIGN.md section 4): `/metrics`, `/healthz`, `/readyz`, `GET /v1/gpus`,
-`POST /v1/diag?level=1|2|3` and `POST /v1/release` (both authenticated).
+`POST /v1/diag?level=1|2|3` and `POST /v1/release` (both authenticated). Pod names (which
+tenant holds which GPU) are shown only to an authorised caller: on `/v1/gpus` to the on-call
+right, on `/metrics` to a scrape allowed `get nodes/metrics` (security review 3, finding 3).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import contextlib
 import dataclasses
 import datetime as dt
 import re
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -36,6 +39,7 @@ SETTINGS = web.AppKey("settings", settings.Settings)
 MONITOR = web.AppKey("monitor", monitoring.Monitor)
 REPORTER = web.AppKey("reporter", reporting.Reporter)
 AUTHENTICATOR = web.AppKey("authenticator", auth.Authenticator)
+GATE = web.AppKey("gate", auth.Gate)
 LIFECYCLE = web.AppKey("lifecycle", Lifecycle)
 DIAG_TASKS: web.AppKey[set[asyncio.Task[Any]]] = web.AppKey("diag_tasks")
 
@@ -55,8 +59,11 @@ async def errors(
     try:
         return await handler(request)
     except auth.AuthError as err:
-        code = "Unauthorized" if err.status == 401 else "Forbidden"
-        return _error(err.status, code, err.message)
+        code = {401: "Unauthorized", 429: "TooManyRequests"}.get(err.status, "Forbidden")
+        resp = _error(err.status, code, err.message)
+        if err.status == 429:
+            resp.headers["Retry-After"] = "1"
+        return resp
     except web.HTTPException:
         raise
     except asyncio.CancelledError:
@@ -75,7 +82,8 @@ async def handle_metrics(request: web.Request) -> web.Response:
         export_dcgm=cfg.export_dcgm_families,
         hostname_label=cfg.hostname_label,
         host_label=cfg.host_label,
-        pod_labels=cfg.pod_labels,
+        pod_labels=cfg.pod_labels
+        and await _may(request, verb=cfg.auth_metrics_verb, subresource="metrics"),
     )
     return web.Response(body=text.encode(), headers={"Content-Type": metrics.CONTENT_TYPE})
 
@@ -100,9 +108,17 @@ async def handle_readyz(request: web.Request) -> web.Response:
 
 
 def gpus_document(
-    view: snapshots.View, reporter: reporting.Reporter | None, *, dcgm_enabled: bool
+    view: snapshots.View,
+    reporter: reporting.Reporter | None,
+    *,
+    dcgm_enabled: bool,
+    show_pods: bool = True,
 ) -> dict[str, Any]:
-    """Build the `/v1/gpus` document an on-call engineer reads."""
+    """Build the `/v1/gpus` document an on-call engineer reads.
+
+    `show_pods` false leaves every GPU's `pods` empty: which tenant holds a GPU is for the
+    on-call role only, never for anyone who can merely reach the node.
+    """
     by_index = {s.index: s for s in view.snapshots}
     diag_by_index = {g.gpu_index: g for g in view.last_diag.gpus} if view.last_diag else {}
     health_by_index = {g.gpu_index: g for g in view.last_health.gpus} if view.last_health else {}
@@ -121,7 +137,7 @@ def gpus_document(
         ]
         diag = diag_by_index.get(v.index)
         gpu_health = health_by_index.get(v.index)
-        holders = view.pods.sharing.get(v.uuid, ())
+        holders = view.pods.sharing.get(v.uuid, ()) if show_pods else ()
         gpus.append(
             {
                 "index": v.index,
@@ -178,6 +194,7 @@ def gpus_document(
         "kernelLog": {"error": view.kmsg_detail},
         "podAttribution": {
             "enabled": view.attribution_status.enabled,
+            "podsShown": show_pods,
             "detail": view.attribution_status.detail,
             "socket": view.attribution_status.socket,
             "refreshedAt": _iso(view.attribution_status.refreshed_at),
@@ -211,19 +228,43 @@ def _iso(at: dt.datetime | None) -> str | None:
 
 
 async def handle_gpus(request: web.Request) -> web.Response:
-    """`GET /v1/gpus`."""
+    """`GET /v1/gpus`: open to all, but pod names only with an on-call token."""
+    cfg = request.app[SETTINGS]
     doc = gpus_document(
         request.app[MONITOR].view,
         request.app.get(REPORTER),
-        dcgm_enabled=request.app[SETTINGS].dcgm_enabled,
+        dcgm_enabled=cfg.dcgm_enabled,
+        show_pods=await _may(request, verb=cfg.auth_verb),
     )
     return web.json_response(doc)
 
 
-async def _authorize(request: web.Request) -> auth.Identity:
+async def _authorize(
+    request: web.Request, *, verb: str = "", subresource: str = ""
+) -> auth.Identity:
+    """Authenticate and authorise the caller through the gate (cache, then per-source limit)."""
     cfg = request.app[SETTINGS]
     token = auth.bearer(request.headers.get("Authorization"))
-    return await request.app[AUTHENTICATOR].authorize(token, verb=cfg.auth_verb, node=cfg.node_name)
+    return await request.app[GATE].authorize(
+        token,
+        verb=verb or cfg.auth_verb,
+        node=cfg.node_name,
+        subresource=subresource,
+        source=request.remote or "",
+        now=time.monotonic(),
+    )
+
+
+async def _may(request: web.Request, *, verb: str, subresource: str = "") -> bool:
+    """Whether the caller holds a right that widens an open read; no token asks nothing."""
+    if "Authorization" not in request.headers:
+        return False
+    try:
+        await _authorize(request, verb=verb, subresource=subresource)
+    except auth.AuthError as err:
+        log.info("read_narrowed", path=request.path, status=err.status, reason=err.message)
+        return False
+    return True
 
 
 def _flag(request: web.Request, name: str) -> bool:
@@ -329,8 +370,10 @@ class _Unavailable:
     def __init__(self, reason: str) -> None:
         self._reason = reason
 
-    async def authorize(self, token: str, *, verb: str, node: str) -> auth.Identity:
-        del token, verb, node
+    async def authorize(
+        self, token: str, *, verb: str, node: str, subresource: str = ""
+    ) -> auth.Identity:
+        del token, verb, node, subresource
         raise auth.AuthError(401, f"authentication is unavailable: {self._reason}")
 
 
@@ -349,6 +392,15 @@ def make_app(
     app[MONITOR] = monitor or monitoring.Monitor(config)
 
     async def auth_ctx(app: web.Application) -> AsyncIterator[None]:
+        async for _ in _authenticators(app):
+            app[GATE] = auth.Gate(
+                app[AUTHENTICATOR],
+                auth.RateLimiter(rate_per_s=config.auth_rate_per_s, burst=config.auth_burst),
+                ttl_s=config.auth_cache_s,
+            )
+            yield
+
+    async def _authenticators(app: web.Application) -> AsyncIterator[None]:
         if authenticator is not None:
             app[AUTHENTICATOR] = authenticator
             yield

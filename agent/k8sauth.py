@@ -2,23 +2,20 @@
 
 A caller may run diagnostics or release faults on this node when the API server accepts its
 token and allows it `<verb>` on `nodes/<node>` (the same right quarantine needs, DESIGN.md
-section 4). Answers are cached for a minute by token hash so a busy endpoint does not load the
+section 4). Answers are cached by token hash, and reviews rate-limited per source, in front of
+this adapter (`auth.Gate`), so a busy endpoint or a flood of unknown tokens does not load the
 API server.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import pathlib
-import time
 
 from kubernetes_asyncio import client, config
 
 from agent import auth
 from shared import kubetoken
-
-_CACHE_S = 60.0
 
 
 class KubernetesAuthenticator:
@@ -27,7 +24,6 @@ class KubernetesAuthenticator:
     def __init__(self, api: client.ApiClient, *, audience: str = "") -> None:
         self._api = api
         self._audience = audience
-        self._cache: dict[tuple[str, str, str], tuple[float, auth.Identity | auth.AuthError]] = {}
 
     @classmethod
     async def in_cluster(cls, *, audience: str = "") -> KubernetesAuthenticator:
@@ -47,23 +43,13 @@ class KubernetesAuthenticator:
         """Close the API client."""
         await self._api.close()
 
-    async def authorize(self, token: str, *, verb: str, node: str) -> auth.Identity:
-        """Review the token, then ask whether its user may `verb` this node."""
-        key = (hashlib.sha256(token.encode()).hexdigest(), verb, node)
-        hit = self._cache.get(key)
-        if hit is not None and hit[0] > time.monotonic():
-            if isinstance(hit[1], auth.AuthError):
-                raise hit[1]
-            return hit[1]
-        try:
-            identity = await self._review(token, verb=verb, node=node)
-        except auth.AuthError as err:
-            self._cache[key] = (time.monotonic() + _CACHE_S, err)
-            raise
-        self._cache[key] = (time.monotonic() + _CACHE_S, identity)
-        return identity
+    async def authorize(
+        self, token: str, *, verb: str, node: str, subresource: str = ""
+    ) -> auth.Identity:
+        """Review the token, then ask whether its user may `verb` this node (or subresource)."""
+        return await self._review(token, verb=verb, node=node, subresource=subresource)
 
-    async def _review(self, token: str, *, verb: str, node: str) -> auth.Identity:
+    async def _review(self, token: str, *, verb: str, node: str, subresource: str) -> auth.Identity:
         authn = client.AuthenticationV1Api(self._api)
         spec = client.V1TokenReviewSpec(
             token=token, audiences=[self._audience] if self._audience else None
@@ -84,12 +70,13 @@ class KubernetesAuthenticator:
                     uid=user.uid,
                     extra=user.extra or None,
                     resource_attributes=client.V1ResourceAttributes(
-                        verb=verb, resource="nodes", name=node
+                        verb=verb, resource="nodes", subresource=subresource or None, name=node
                     ),
                 )
             )
         )
         if not sar.status.allowed:
             reason = sar.status.reason or "no RBAC rule allows it"
-            raise auth.AuthError(403, f"{identity.user} may not {verb} node {node}: {reason}")
+            what = f"nodes/{subresource} {node}" if subresource else f"node {node}"
+            raise auth.AuthError(403, f"{identity.user} may not {verb} {what}: {reason}")
         return identity

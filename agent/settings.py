@@ -172,7 +172,17 @@ class Settings(pydantic_settings.BaseSettings):
     auth_audience: str = ""
     """Audience the TokenReview asks for (empty: the API server's default)."""
     auth_verb: str = "patch"
-    """SubjectAccessReview verb on `nodes` required for the write endpoints (as quarantine)."""
+    """SubjectAccessReview verb on `nodes` required for the write endpoints (as quarantine), and
+    for the pod names `GET /v1/gpus` shows (the on-call right)."""
+    auth_metrics_verb: str = "get"
+    """Verb on `nodes/metrics` a `/metrics` scrape's bearer token needs for pod labels (the right
+    Prometheus already holds to scrape kubelets); an unauthenticated scrape gets none."""
+    auth_rate_per_s: float = pydantic.Field(default=2.0, gt=0)
+    """Reviews per second one source address may cause; past it, 429 before any TokenReview."""
+    auth_burst: int = pydantic.Field(default=10, ge=1)
+    """Reviews one source address may cause at once before `auth_rate_per_s` applies."""
+    auth_cache_s: float = pydantic.Field(default=60.0, gt=0)
+    """Seconds a review's answer (allowed or refused) is kept by token hash."""
     log_level: str = "INFO"
     """structlog level."""
     log_json: bool | None = None

@@ -51,6 +51,23 @@ MANUAL_ATTEMPTS = 5
 node as it is now, this many times at most (then 409)."""
 
 
+def eviction_notes(
+    node: str, pods: list[dict[str, str]]
+) -> tuple[str, list[tuple[dict[str, str], str]]]:
+    """The notes of an eviction round: the node's, then one per evicted pod.
+
+    The node's Event lives in `default`, which more people read than any one tenant's
+    namespace, and pods of many tenants share a node: so it gives only a count, and each pod
+    is told (by name of its node, never of other pods) in an Event of its own namespace
+    (security review 3, finding 4).
+    """
+    n = len(pods)
+    node_note = f"evicted {n} GPU pod{'s' if n != 1 else ''}; each has an Event of its own"
+    return node_note, [
+        (pod, f"evicted from node {node}: TauGrid quarantined its GPUs") for pod in pods
+    ]
+
+
 class Quarantiner:
     """Owns the breaker state and the pass loop."""
 
@@ -466,9 +483,10 @@ class Quarantiner:
                     failed=outcome.failed,
                 )
             if outcome.evicted:
-                await self.writer.event(
-                    raw, "Evicted", f"evicted GPU pods: {', '.join(outcome.evicted)}", warning=True
-                )
+                node_note, told = eviction_notes(action.node, outcome.evicted_pods)
+                await self.writer.event(raw, "Evicted", node_note, warning=True)
+                for pod, note in told:
+                    await self.writer.pod_event(pod, "Evicted", note)
         return True
 
     def _record(

@@ -176,6 +176,8 @@ class EvictionOutcome:
         self.evicted: list[str] = []
         self.blocked: list[str] = []
         self.failed: list[str] = []
+        self.evicted_pods: list[dict[str, str]] = []
+        """The evicted pods as Event `regarding` references (each gets its own Event)."""
 
 
 class NodePatch(Protocol):
@@ -241,6 +243,14 @@ class NodeWriter:
                      "uid": meta.get("uid", "")}  # fmt: skip
         await self.events.emit("default", regarding, reason, note, warning=warning)
 
+    async def pod_event(self, pod: dict[str, str], reason: str, note: str) -> None:
+        """Record a Warning Event on one pod in its own namespace (best effort).
+
+        A node's Event lives in `default`, readable by more people than any one tenant's
+        namespace, so what happened to a tenant's pod is told only there (review 3, finding 4).
+        """
+        await self.events.emit(pod["namespace"], pod, reason, note, warning=True)
+
     async def breaker_event(self, lease_name: str, reason: str, note: str) -> None:
         """Record a fleet-level Event (the breaker) on the controller's Lease."""
         regarding = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
@@ -278,6 +288,10 @@ class NodeWriter:
                     meta["name"], meta["namespace"], body
                 )
                 outcome.evicted.append(ref)
+                outcome.evicted_pods.append(
+                    {"apiVersion": "v1", "kind": "Pod", "name": meta["name"],
+                     "namespace": meta["namespace"], "uid": meta.get("uid", "")}
+                )  # fmt: skip
             except client.ApiException as err:
                 if err.status == 404:
                     continue

@@ -97,8 +97,11 @@ class TokenTable:
         self.known_without_right = {"viewer-token": "bob"}
         self.asked: list[tuple[str, str]] = []
 
-    async def authorize(self, token: str, *, verb: str, node: str) -> auth.Identity:
+    async def authorize(
+        self, token: str, *, verb: str, node: str, subresource: str = ""
+    ) -> auth.Identity:
         """Accept allowed tokens, refuse known ones without the right (403), others 401."""
+        del subresource
         self.asked.append((verb, node))
         if token in self.allowed:
             return auth.Identity(user=self.allowed[token])

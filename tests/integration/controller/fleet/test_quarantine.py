@@ -65,6 +65,7 @@ async def test_xid_79_quarantines_the_node_evicts_its_gpu_pod_and_a_new_boot_rel
                 },
             },
         )  # fmt: skip
+        trainer_uid = (await core.read_namespaced_pod("trainer", namespace)).metadata.uid
 
         async def healthy_condition() -> None:
             node = await kit.read_node(k8s, bad)
@@ -102,6 +103,7 @@ async def test_xid_79_quarantines_the_node_evicts_its_gpu_pod_and_a_new_boot_rel
             raise AssertionError(msg)
 
         await support.eventually(evicted, what="the GPU pod to be evicted")
+        await _eviction_told_only_in_the_pods_namespace(k8s, namespace, bad, trainer_uid)
         healthy_nodes = [await kit.read_node(k8s, n) for n in fleet[1:]]
         assert all(TAINT not in kit.taints(n) for n in healthy_nodes)
 
@@ -117,6 +119,36 @@ async def test_xid_79_quarantines_the_node_evicts_its_gpu_pod_and_a_new_boot_rel
             assert cond["status"] == "True"
 
         await support.eventually(released, what="release after a new boot ID")
+
+
+async def _eviction_told_only_in_the_pods_namespace(
+    k8s: client.ApiClient, namespace: str, node: str, pod_uid: str
+) -> None:
+    """Review 3, finding 4: the evicted pod gets an Event in its own namespace regarding it,
+    and the node's Event in `default` names no pod and no namespace of a tenant."""
+    events = client.EventsV1Api(k8s)
+
+    async def listed(ns: str) -> list[dict[str, Any]]:
+        # Raw JSON: core Events read through events.k8s.io have no eventTime, which the
+        # generated model refuses.
+        resp = await events.list_namespaced_event(ns, _preload_content=False)
+        items: list[dict[str, Any]] = (await resp.json()).get("items") or []
+        return [e for e in items if e.get("reason") == "Evicted"]
+
+    async def pod_event() -> None:
+        mine = [e for e in await listed(namespace) if e["regarding"].get("uid") == pod_uid]
+        assert mine, "no Evicted Event on the pod in its namespace"
+        assert mine[0]["regarding"]["kind"] == "Pod"
+        assert node in mine[0]["note"]
+
+    async def node_event() -> None:
+        evicted = [e for e in await listed("default") if e["regarding"].get("name") == node]
+        assert evicted, "no Evicted Event on the node"
+        notes = " ".join(e.get("note") or "" for e in evicted)
+        assert ("trainer" in notes, namespace in notes) == (False, False), notes
+
+    await support.eventually(pod_event, what="the pod's own Evicted Event")
+    await support.eventually(node_event, what="the node's Evicted Event")
 
 
 async def test_a_foreign_cordon_survives_release_and_a_manual_uncordon_is_not_undone(
