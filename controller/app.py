@@ -209,8 +209,9 @@ def _runtime(
             gate.poke()  # a quarantine or a release changes what fits: decide again at once
 
         cache = kube_nodes.NodeCache(
-            control, on_change=node_changed, label_selector=settings.node_selector
-        )
+            control, on_change=node_changed, label_selector=settings.node_selector,
+            on_delete=fleet.forget,  # a deleted node's record goes with it (review 3, finding 8)
+        )  # fmt: skip
         device_cache = kube_devices.DeviceCache(api, on_change=node_changed)
         quarantiner = quarantining.Quarantiner(
             fleet, cache=cache, settings=policy.settings_from(settings), elector=elector,

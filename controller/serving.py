@@ -422,6 +422,8 @@ class ErrorBody(pydantic.BaseModel):
 CALLER_HEADER = "X-TauGrid-Caller"
 """The caller a follower reviewed, sent with the follower's own peer token (never the
 caller's credential); the leader honours it only from the replicas' ServiceAccount."""
+PRIVILEGED_GROUP = "system:masters"
+"""The group whose members no authoriser refuses; never relayed by a peer."""
 FORWARDED_BY = web.RequestKey("forwarded_by", auth.Identity)
 """On the leader: the peer (a follower) that forwarded this request, once verified."""
 
@@ -439,6 +441,12 @@ async def peer(request: web.Request) -> auth.Identity:
     expected = auth.agent_username(settings.namespace, settings.controller_service_account)
     if who.username != expected:
         msg = f"{who.username} is not a controller replica ({expected})"
+        raise errors.Forbidden(msg, code="PeerRefused", field="Authorization")
+    # Bound to a pod of the install namespace that exists now, as a replica's projected token
+    # is: a token minted by hand for the ServiceAccount (unbound) or outliving its pod is not
+    # a replica's (review 3, finding 8).
+    if who.extra_value(auth.POD_NAME_EXTRA) is None or not st.authn.pod_alive(who.pod_uid or ""):
+        msg = "the peer token is not bound to a running controller pod of this install"
         raise errors.Forbidden(msg, code="PeerRefused", field="Authorization")
     return who
 
@@ -459,7 +467,13 @@ async def _speaking_for(request: web.Request, st: ServingState) -> auth.Identity
         msg = f"{err.message}; it speaks for nobody"
         raise errors.Forbidden(msg, code="PeerRefused", field="Authorization") from err
     request[FORWARDED_BY] = who
-    return auth.decode_caller(request.headers[CALLER_HEADER])
+    caller = auth.decode_caller(request.headers[CALLER_HEADER])
+    if PRIVILEGED_GROUP in caller.groups:
+        # No caller of the HTTP API is ever in it (a token of it is a cluster credential that
+        # never reaches us): a peer that says so speaks for somebody it did not authenticate.
+        msg = f"a peer may not speak for a member of {PRIVILEGED_GROUP}"
+        raise errors.Forbidden(msg, code="PeerRefused", field=CALLER_HEADER)
+    return caller
 
 
 def forwarded(request: web.Request) -> bool:

@@ -338,6 +338,11 @@ async def _relayed(
     """Apply one entry of a follower's batch: as a direct heartbeat received when the
     follower received it (within the skew window of now), or as liveness."""
     s = st.settings
+    if entry.node not in ctx.cache.nodes:
+        # A peer reports only nodes the cluster has (review 3, finding 8): a record of a node
+        # that is not there would never be forgotten.
+        msg = f"node {entry.node[:64]!r} is not a node of this cluster (as the node cache has it)"
+        raise errors.NotFound(msg, field="node")
     bound_ms = int(s.heartbeat_max_skew_s * 1000)
     last_ago = min(entry.received_ago_ms, bound_ms)
     first_ago = max(min(entry.first_ago_ms, bound_ms), last_ago)

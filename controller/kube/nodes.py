@@ -81,11 +81,18 @@ class NodeCache:
     (`subscribe`) which nodes changed, so a pass reads only those."""
 
     def __init__(
-        self, api: client.ApiClient, on_change: Callable[[], None], label_selector: str = ""
+        self,
+        api: client.ApiClient,
+        on_change: Callable[[], None],
+        label_selector: str = "",
+        *,
+        on_delete: Callable[[str], None] = lambda _name: None,
     ) -> None:
         self._core = client.CoreV1Api(api)
         self._selector = {"label_selector": label_selector} if label_selector else {}
         self._on_change = on_change
+        self._on_delete = on_delete
+        """Told the name of a node that left the cache (deleted, or gone at a relist)."""
         self.nodes: dict[str, dict[str, Any]] = {}
         self.synced = asyncio.Event()
         self._subscribers: list[NodeChanges] = []
@@ -125,7 +132,10 @@ class NodeCache:
     async def _list(self) -> str:
         resp = await self._core.list_node(_preload_content=False, **self._selector)
         data = await _api.read_json(resp)
+        before = set(self.nodes)
         self.nodes = {n["metadata"]["name"]: trim_node(n) for n in data.get("items") or []}
+        for name in sorted(before - set(self.nodes)):
+            self._on_delete(name)  # deleted while the watch was down
         for changes in self._subscribers:
             changes.everything = True
         self.synced.set()
@@ -157,6 +167,7 @@ class NodeCache:
                     name = obj.get("metadata", {}).get("name", "")
                     if kind == "DELETED":
                         self.nodes.pop(name, None)
+                        self._on_delete(name)
                     else:
                         self.nodes[name] = trim_node(obj)
                     self._changed(name)

@@ -239,12 +239,14 @@ async def test_the_leader_acts_for_a_caller_only_on_a_replicas_peer_token(
     """A caller header is honoured only with a peer-audience token of the replicas'
     ServiceAccount: the on-call token itself, another ServiceAccount's peer token and the
     replicas' own API-audience token are refused (403 PeerRefused); with a genuine peer token
-    the leader still authorises the named caller itself (a caller without rights: 403)."""
+    the leader still authorises the named caller itself (a caller without rights: 403). A
+    peer token bound to no pod, and a peer speaking for system:masters, are refused too."""
     leader, _ = await pair.roles()
     oncall = await kit.admin_token(k8s, namespace)
     await runskit.make_token(k8s, namespace, "nobody", None)
     admin = auth.encode_caller(auth.Identity(f"system:serviceaccount:{namespace}:oncall"))
     powerless = auth.encode_caller(auth.Identity(f"system:serviceaccount:{namespace}:nobody"))
+    masters = auth.encode_caller(auth.Identity("admin", groups=("system:masters",)))
     api_audience = await client.CoreV1Api(k8s).create_namespaced_service_account_token(
         leaderservice.SERVICE_ACCOUNT, namespace, {"spec": {"expirationSeconds": 3600}}
     )
@@ -253,6 +255,10 @@ async def test_the_leader_acts_for_a_caller_only_on_a_replicas_peer_token(
         (await _peer_audience_token(k8s, namespace, "nobody"), admin),
         (str(api_audience.status.token), admin),
         (pair.peer_tokens[0], powerless),
+        # Review 3, finding 8: a peer-audience token of the replicas' own ServiceAccount bound
+        # to no pod (minted by hand), and a genuine peer token speaking for system:masters.
+        (await _peer_audience_token(k8s, namespace, leaderservice.SERVICE_ACCOUNT), admin),
+        (pair.peer_tokens[0], masters),
     ]
     answers = []
     for token, caller in cases:
@@ -262,7 +268,14 @@ async def test_the_leader_acts_for_a_caller_only_on_a_replicas_peer_token(
         ) as resp:  # fmt: skip
             answers.append((resp.status, (await resp.json())["error"]["code"]))
     expected = (
-        [(403, "PeerRefused"), (403, "PeerRefused"), (403, "PeerRefused"), (403, "Forbidden")],
+        [
+            (403, "PeerRefused"),
+            (403, "PeerRefused"),
+            (403, "PeerRefused"),
+            (403, "Forbidden"),
+            (403, "PeerRefused"),
+            (403, "PeerRefused"),
+        ],
         False,
     )
     assert expected == (answers, leader.fleet.quarantiner.settings.dry_run)
@@ -421,7 +434,8 @@ async def test_the_peer_endpoint_takes_replicas_only_and_refuses_bad_entries_one
     deep (400, not the 500 of security review 3, finding 12). In a batch, a full report
     for a node its carried agent is not bound to (403) and a report naming another node than
     its entry (422) are refused alone, each naming its field, while a good full report is
-    taken and a liveness entry of an unknown node is needed."""
+    taken. An entry for a node the cluster does not have, full or liveness, is refused (404
+    naming `node`; review 3, finding 8: it used to be needed, then added)."""
     leader, follower = await pair.roles()
     agent = kit.Agent(pair.node, await kit.agent_token(k8s, namespace, pair.node))
     stranger = await _peer_audience_token(k8s, namespace, "default")
@@ -453,24 +467,27 @@ async def test_the_peer_endpoint_takes_replicas_only_and_refuses_bad_entries_one
     caller = _agent_caller(namespace, pair.node)
     batch = {"entries": [
         _entry(pair.node, sequence=report["sequence"], report=report, caller=caller),
-        _entry("elsewhere", sequence=report["sequence"], report={**report, "nodeName": "elsewhere"},
-               caller=caller),
+        _entry(pair.node, sequence=report["sequence"], report=report,
+               caller=_agent_caller(namespace, "elsewhere")),
         _entry(pair.node, sequence=report["sequence"], report=other, caller=caller),
         _entry("never-seen"),
+        _entry("elsewhere", sequence=report["sequence"], report={**report, "nodeName": "elsewhere"},
+               caller=_agent_caller(namespace, "elsewhere")),
     ]}  # fmt: skip
     async with pair.http.post(url, json=batch, headers=_bearer(peer)) as resp:
         status, taken = resp.status, await resp.json()
     refused = [(r["index"], r["status"], r["field"]) for r in taken["refused"]]
-    expected = (
+    expected: tuple[Any, ...] = (
         [(401, "Unauthenticated"), (401, "Unauthenticated"), (403, "PeerRefused"),
          (503, "NotLeader"), (413, ""), (400, "body"), (422, "entries"), (422, "entries"),
          (422, "entries[0].key"), (422, "entries[0].report.intervalS"), (400, "body")],
-        200, ["Accepted", "Refused", "Refused", "Need"],
-        [(1, 403, "entries[1].caller"), (2, 422, "entries[2].report.nodeName")],
-        ["never-seen"], pair.node in leader.fleet.fleet,
+        200, ["Accepted", "Refused", "Refused", "Refused", "Refused"],
+        [(1, 403, "entries[1].caller"), (2, 422, "entries[2].report.nodeName"),
+         (3, 404, "entries[3].node"), (4, 404, "entries[4].node")],
+        [], (True, False, False),
     )  # fmt: skip
-    actual = (answers, status, taken["outcomes"], refused, taken["need"],
-              pair.node in leader.fleet.fleet)  # fmt: skip
+    recorded = tuple(n in leader.fleet.fleet for n in (pair.node, "never-seen", "elsewhere"))
+    actual = (answers, status, taken["outcomes"], refused, taken["need"], recorded)
     assert expected == actual
 
 

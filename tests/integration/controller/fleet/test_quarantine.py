@@ -263,3 +263,27 @@ async def test_heartbeats_from_the_wrong_identity_or_malformed_are_refused_and_c
         assert TAINT not in kit.taints(node)
     finally:
         await ctl.stop()
+
+
+async def test_a_deleted_nodes_record_is_forgotten(
+    k8s: client.ApiClient, dev_cluster: cluster.Cluster, namespace: str, fleet: list[str]
+) -> None:
+    """Review 3, finding 8: `FleetState.forget` had no caller, so a node's record outlived
+    the node. Deleting a reporting node (its agent silenced) drops its record; the others
+    keep theirs."""
+    agents = await _agents(k8s, namespace, fleet)
+    async with kit.running(dev_cluster, namespace, agents) as (ctl, _, loops):
+        gone = fleet[2]
+
+        async def all_recorded() -> None:
+            assert all(n in ctl.fleet.fleet for n in fleet), "not every node reported yet"
+
+        await support.eventually(all_recorded, what="a record of every node")
+        loops[gone].cancel()
+        await client.CoreV1Api(k8s).delete_node(gone)
+
+        async def forgotten() -> None:
+            assert gone not in ctl.fleet.fleet, "the deleted node's record is still kept"
+
+        await support.eventually(forgotten, what="the deleted node's record to go")
+        assert all(n in ctl.fleet.fleet for n in fleet[:2])
