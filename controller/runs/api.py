@@ -398,13 +398,17 @@ async def get_run(request: web.Request) -> web.StreamResponse:
 async def get_evidence(request: web.Request) -> web.StreamResponse:
     """The run's evidence record: enough to reproduce it and to see where it ran, and which
     workers' logs are kept (their text: `GET …/logs?attempt=N&worker=K`, needs pods/log)."""
-    _, item = await context.read_run(request)
+    identity, item = await context.read_run(request)
     status = item.get("status") or {}
     meta = item.get("metadata") or {}
     ref = objects.run_ref(item)
-    logs_kept = await context.context_of(request).store.list_run_logs(
-        ref.namespace, f"{marks.RUN_LABEL}={ref.name}"
-    )
+    # A LIST of the run's kept logs per call: the same per-identity slots as a run list.
+    with serving.serving_of(request).limits.expensive_reads.hold(
+        identity.username, identity.username
+    ):
+        logs_kept = await context.context_of(request).store.list_run_logs(
+            ref.namespace, f"{marks.RUN_LABEL}={ref.name}"
+        )
     body = {
         "name": meta.get("name"),
         "namespace": meta.get("namespace"),

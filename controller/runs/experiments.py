@@ -28,7 +28,12 @@ def _experiment(item: dict[str, Any]) -> dict[str, Any]:
 async def _runs(request: web.Request, namespace: str) -> tuple[str, list[dict[str, Any]]]:
     identity = await serving.identity(request)
     await context.allow(request, identity, "list", namespace)
-    return namespace, await context.context_of(request).store.list_runs(namespace)
+    # A whole namespace's runs read per call: the same per-identity slots as a run list.
+    with serving.serving_of(request).limits.expensive_reads.hold(
+        identity.username, identity.username
+    ):
+        items = await context.context_of(request).store.list_runs(namespace)
+    return namespace, items
 
 
 @serving.operation(
