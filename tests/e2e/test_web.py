@@ -408,3 +408,233 @@ async def test_a_runs_results_are_charted_and_its_experiments_runs_overlaid(
     assert (seen["experiment"], seen["legend"]) == ("sweep", ["sweep-a", "sweep-b"])
     assert await page.evaluate("document.querySelector('#results-summary b')") is None
     assert page.problems() == []
+
+
+# ---------------------------------------------------------------------- logs and actions
+KWOK_LOGS = ("kwok.x-k8s.io", "v1alpha1")
+HOSTILE_LOG = [
+    "epoch 1 loss 0.9",
+    "<img id=logged src=x onerror=document.title='pwned'>",
+    "\x1b[31mred\x1b[0m \x1b]0;retitled\x07plain \x1b[2K\x1b[1Gprogress 100%",
+]
+"""A log with markup and terminal escapes: the page must show markup as text, escapes gone."""
+
+LOGS = """(() => {
+  const pre = document.getElementById("logs");
+  const note = document.getElementById("logs-note");
+  const error = document.getElementById("logs-error");
+  return {
+    shown: !pre.hidden, text: pre.textContent, state: pre.dataset.state || null,
+    source: pre.dataset.source || null, lines: Number(pre.dataset.lines || 0),
+    note: note.hidden ? null : note.textContent,
+    error: error.hidden ? null : { status: error.dataset.status, text: error.textContent },
+    injected: document.getElementById("logged") !== null, title: document.title,
+  };
+})()"""
+"""The log view of the open run, as the page shows it."""
+
+CONFIRM = """(() => {
+  const d = document.getElementById("confirm");
+  const e = document.getElementById("confirm-error");
+  return { open: d.open, title: document.getElementById("confirm-title").textContent,
+    error: e.hidden ? null : { status: e.dataset.status || null, text: e.textContent },
+    status: document.getElementById("action-status").textContent };
+})()"""
+"""The confirmation dialog and the last action's outcome."""
+
+
+async def _run_pod(w: World, run: str) -> str:
+    """The name of the run's running pod."""
+
+    async def probe() -> str:
+        pods = await client.CoreV1Api(w.api).list_namespaced_pod(
+            w.namespace, label_selector=f"taugrid.dev/run={run}"
+        )
+        running = [p.metadata.name for p in pods.items if p.status.phase == "Running"]
+        assert running, "no running pod yet"
+        return str(running[0])
+
+    return await support.eventually(probe, what=f"a running pod of {run}")
+
+
+@contextlib.asynccontextmanager
+async def _served_log(
+    w: World, dev: cluster.Cluster, run: str, *lines: str
+) -> AsyncIterator[pathlib.Path]:
+    """Make KWOK serve `lines` as the run pod's log, following the file (as a kubelet does);
+    yield the file, so a test can append to it."""
+    pod = await _run_pod(w, run)
+    with cluster.pod_log_file(dev, w.namespace, pod, "main") as path:
+        cluster.append_log(path, *lines)
+        await client.CustomObjectsApi(w.api).create_namespaced_custom_object(
+            *KWOK_LOGS, w.namespace, "logs", cluster.kwok_logs_object(w.namespace, pod, "main",
+                                                                       path),
+        )  # fmt: skip
+        yield path
+
+
+async def _log_served(w: World, run: str, line: str, source: str = "live", **params: str) -> None:
+    """Poll the API (not the page) until the run's log has `line`: the page is then asked
+    once, so it meets no "not yet" answers (KWOK picks the Logs object up asynchronously,
+    the kept tail is written by the controller's own loop)."""
+
+    async def probe() -> None:
+        async with w.http.get(f"{w.url}/v1/runs/{w.namespace}/{run}/logs", params=params,
+                              headers={"Authorization": f"Bearer {w.token}"}) as resp:  # fmt: skip
+            text = await resp.text()
+            served = resp.headers.get("X-TauGrid-Log-Source", "live")
+            if resp.status != 200 or line not in text or served != source:
+                raise support.NotYetError(f"{resp.status} ({served}): {text[-200:]}")
+
+    await support.eventually(probe, what=f"{run}'s log to hold {line!r}")
+
+
+async def _logs_show(page: browser.Page, *wanted: str, state: str) -> dict[str, Any]:
+    """Poll the log view until every `wanted` line is shown and it is in `state`."""
+
+    async def probe() -> dict[str, Any]:
+        seen = dict(await page.evaluate(LOGS))
+        assert seen["error"] is None, seen["error"]
+        for line in wanted:
+            assert line in seen["text"].split("\n"), seen
+        assert seen["state"] == state, seen
+        return seen
+
+    return await support.eventually(probe, what=f"the log view to show {wanted}")
+
+
+async def _signed_in_on_run(page: browser.Page, w: World, token: str) -> None:
+    await page.goto(f"{w.url}/?namespace={w.namespace}")
+    await _sign_in(page, token)
+    key = f"{w.namespace}/{RUN}"
+
+    async def listed() -> None:
+        runs = (await _snapshot(page))["runs"]
+        assert runs.get(key, {}).get("phase") == "Running", runs
+
+    await support.eventually(listed, what=f"{key} running in the runs table")
+    await _open(page, key)
+
+
+async def test_a_runs_log_is_followed_live_shown_as_text_and_the_stream_ends_on_close(
+    page: browser.Page, world: World, dev_cluster: cluster.Cluster
+) -> None:
+    """The open run's log appears under its detail, markup shown as text and terminal escapes
+    stripped; a line the worker prints later arrives by itself (the stream follows); closing
+    the run's detail aborts the stream."""
+    async with _served_log(world, dev_cluster, RUN, *HOSTILE_LOG) as log_file:
+        await _log_served(world, RUN, "epoch 1 loss 0.9")
+        await _signed_in_on_run(page, world, world.token)
+        await page.click("#logs-show")
+        seen = await _logs_show(page, "epoch 1 loss 0.9", state="following")
+        assert HOSTILE_LOG[1] in seen["text"].split("\n"), "the markup was not shown verbatim"
+        assert "red plain progress 100%" in seen["text"].split("\n"), seen["text"]
+        assert "\x1b" not in seen["text"]
+        assert "\x07" not in seen["text"]
+        assert (seen["injected"], seen["title"]) == (False, "TauGrid"), "log text became markup"
+        assert seen["source"] == "live"
+        cluster.append_log(log_file, "epoch 2 loss 0.5")
+        await _logs_show(page, "epoch 1 loss 0.9", "epoch 2 loss 0.5", state="following")
+        await page.click("#run-detail-close")
+        after = dict(await page.evaluate(LOGS))
+        assert after["state"] == "stopped", after
+    assert page.problems() == []
+
+
+async def test_cancel_from_the_page_ends_the_run_cancelled_and_its_kept_log_is_shown(
+    page: browser.Page, world: World, dev_cluster: cluster.Cluster
+) -> None:
+    """Cancel asks first; confirmed, the run ends Cancelled and the button goes; its pod
+    gone, the log view shows the tail the controller kept, marked as kept."""
+    async with _served_log(world, dev_cluster, RUN, "step 1 of 3", "step 2 of 3"):
+        await _log_served(world, RUN, "step 2 of 3")
+        await _signed_in_on_run(page, world, world.token)
+        await page.click("#cancel-run")
+        asked = dict(await page.evaluate(CONFIRM))
+        assert (asked["open"], asked["title"]) == (True, f"Cancel run {world.namespace}/{RUN}?")
+        await page.click("#confirm-ok")
+
+        async def cancelled() -> None:
+            shown = await page.evaluate(
+                "[document.getElementById('run-detail').dataset.phase,"
+                " document.getElementById('cancel-run').hidden]"
+            )
+            assert shown == ["Cancelled", True], shown
+
+        await support.eventually(cancelled, what="the run Cancelled on the page")
+        done = dict(await page.evaluate(CONFIRM))
+        assert (done["open"], done["status"]) == (False, f"Run {world.namespace}/{RUN} cancelled.")
+        await _log_served(world, RUN, "step 2 of 3", source="kept", attempt="1")
+        await page.click("#logs-show")
+        seen = await _logs_show(page, "step 1 of 3", "step 2 of 3", state="ended")
+        assert seen["source"] == "kept", seen
+        assert "The tail the controller kept of pod" in (seen["note"] or ""), seen
+    assert page.problems() == []
+
+
+async def _confirm_with_reason(page: browser.Page, reason: str) -> None:
+    await page.type_into("#confirm-reason", reason)
+    await page.click("#confirm-ok")
+
+
+async def test_on_call_quarantines_and_releases_a_node_from_the_page_with_a_reason(
+    page: browser.Page, world: World
+) -> None:
+    """Quarantine asks for a reason and refuses none; with one, the node shows Manual and
+    cordoned; Release (with a reason) returns it to none and uncordoned."""
+    node = world.nodes[0]
+    await page.goto(f"{world.url}/?namespace={world.namespace}")
+    await _sign_in(page, world.token)
+    await _shows_fleet_and_run(page, world)
+    await page.click(f'[data-node-action="quarantine"][data-action-node="{node}"]')
+    await page.click("#confirm-ok")
+    empty = dict(await page.evaluate(CONFIRM))
+    assert empty["open"] is True
+    assert empty["error"] == {"status": None, "text": "Give a reason: it is kept with the change."}
+    await _confirm_with_reason(page, "web test: suspect NVLink")
+
+    async def state(quarantine: str, cordoned: str) -> None:
+        seen = (await _snapshot(page))["nodes"][node]
+        assert (seen["quarantine"], seen["cordoned"]) == (quarantine, cordoned), seen
+
+    await support.eventually(lambda: state("Manual", "true"), what=f"{node} quarantined")
+    assert (await page.evaluate(CONFIRM))["status"] == f"Node {node} quarantined."
+    await page.click(f'[data-node-action="release"][data-action-node="{node}"]')
+    await _confirm_with_reason(page, "web test: NVLink fine")
+    await support.eventually(lambda: state("none", "false"), what=f"{node} released")
+    assert page.problems() == []
+
+
+async def test_an_on_call_action_with_a_researcher_token_says_it_lacks_the_role(
+    page: browser.Page, world: World
+) -> None:
+    """A researcher's token cannot read the fleet, yet the on-call buttons are offered (the
+    API decides): turning dry run on is refused with a 403 shown in words in the dialog, and
+    the fleet is unchanged."""
+    await page.goto(f"{world.url}/?namespace={world.namespace}")
+    await _sign_in(page, world.researcher)
+
+    async def refused_fleet() -> None:
+        assert "fleet-error" in (await _snapshot(page))["errors"]
+
+    await support.eventually(refused_fleet, what="the fleet refused to a researcher")
+    await page.click("#dry-run-on")
+    await page.click("#confirm-ok")
+
+    async def refused() -> dict[str, Any]:
+        seen = dict(await page.evaluate(CONFIRM))
+        assert seen["error"] is not None, seen
+        return seen
+
+    seen = await support.eventually(refused, what="the refusal in the dialog")
+    assert seen["open"] is True
+    assert seen["error"]["status"] == "403"
+    assert seen["error"]["text"].startswith("Refused (403): your token lacks the on-call role")
+    await page.click("#confirm-back")
+    assert (await page.evaluate(CONFIRM))["open"] is False
+    oncall = {"Authorization": f"Bearer {world.token}"}
+    async with world.http.get(f"{world.url}/v1/fleet", headers=oncall) as resp:
+        assert resp.status == 200
+        assert (await resp.json())["dryRun"] is False
+    refusals = re.compile(r"status of 403 .*/v1/(fleet|nodes)\b")
+    assert [p for p in page.problems() if not refusals.search(p)] == []
