@@ -10,9 +10,11 @@ points at the proxy.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import pathlib
 import ssl
+from collections.abc import Callable
 
 import aiohttp
 import yaml
@@ -93,3 +95,21 @@ class ApiProxy:
                 await resp.write(chunk)
             await resp.write_eof()
             return resp
+
+
+class HoldingProxy(ApiProxy):
+    """The counting proxy, holding the requests `held` picks (method, path) while `released`
+    is clear: what is in flight is then what the controller's limits allow."""
+
+    def __init__(
+        self, dev: cluster.Cluster, state: pathlib.Path, held: Callable[[str, str], bool]
+    ) -> None:
+        super().__init__(dev, state)
+        self._held = held
+        self.released = asyncio.Event()
+        self.released.set()
+
+    async def _relay(self, request: web.Request) -> web.StreamResponse:
+        if self._held(request.method, request.path):
+            await self.released.wait()
+        return await super()._relay(request)

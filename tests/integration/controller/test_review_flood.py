@@ -14,7 +14,6 @@ from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp import web
 from kubernetes_asyncio import client
 from prometheus_client import parser
 
@@ -29,20 +28,6 @@ PER_IDENTITY = 40
 IN_FLIGHT_MAX = 100
 CALLERS = 3
 CALLS_EACH = 60
-
-
-class HoldingProxy(apiproxy.ApiProxy):
-    """The counting proxy, holding every SubjectAccessReview while `released` is clear."""
-
-    def __init__(self, dev: cluster.Cluster, state: pathlib.Path) -> None:
-        super().__init__(dev, state)
-        self.released = asyncio.Event()
-        self.released.set()
-
-    async def _relay(self, request: web.Request) -> web.StreamResponse:
-        if request.method == "POST" and request.path == SAR:
-            await self.released.wait()
-        return await super()._relay(request)
 
 
 async def _list(http: aiohttp.ClientSession, url: str, token: str, namespace: str) -> Any:
@@ -81,7 +66,9 @@ async def test_new_namespaces_per_call_cost_at_most_the_caps_and_the_lease_keeps
         await runskit.make_token(k8s, namespace, f"flooder-{i}", runskit.RESEARCHER_RULES)
         for i in range(CALLERS)
     ]
-    proxy = HoldingProxy(dev_cluster, tmp_path)
+    proxy = apiproxy.HoldingProxy(
+        dev_cluster, tmp_path, lambda method, path: method == "POST" and path == SAR
+    )
     await proxy.start()
     ctl = await kit.start_controller(
         proxy.kubeconfig, namespace,

@@ -13,7 +13,6 @@ import pathlib
 
 import aiohttp
 import pytest
-from aiohttp import web
 from kubernetes_asyncio import client
 
 from devcluster import cluster
@@ -24,20 +23,6 @@ pytestmark = pytest.mark.cluster
 
 SLOTS = 2
 CALLS = 6
-
-
-class HoldingProxy(apiproxy.ApiProxy):
-    """The counting proxy, holding every TauRun LIST while `released` is clear."""
-
-    def __init__(self, dev: cluster.Cluster, state: pathlib.Path) -> None:
-        super().__init__(dev, state)
-        self.released = asyncio.Event()
-        self.released.set()
-
-    async def _relay(self, request: web.Request) -> web.StreamResponse:
-        if request.method == "GET" and request.path.endswith("/tauruns"):
-            await self.released.wait()
-        return await super()._relay(request)
 
 
 @pytest.mark.parametrize(
@@ -59,7 +44,9 @@ async def test_one_researchers_concurrent_experiment_reads_are_capped(
     at once, and the API server saw two TauRun LISTs."""
     path, params = call_to
     token = await runskit.make_token(k8s, namespace, "researcher", runskit.RESEARCHER_RULES)
-    proxy = HoldingProxy(dev_cluster, tmp_path)
+    proxy = apiproxy.HoldingProxy(
+        dev_cluster, tmp_path, lambda method, path: method == "GET" and path.endswith("/tauruns")
+    )
     await proxy.start()
     ctl = await kit.start_controller(
         proxy.kubeconfig, namespace, run_manager=f"test/{namespace}",
