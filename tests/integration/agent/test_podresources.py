@@ -146,7 +146,10 @@ async def test_attribution_follows_pods_as_they_come_and_go(
         async def gpus_until(check: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
             deadline = time.monotonic() + DEADLINE_S
             while True:
-                doc: dict[str, Any] = await (await c.get("/v1/gpus")).json()
+                # Pod names are shown to a caller with a token only (security review 3,
+                # finding 3); this agent's auth is off, so any bearer is the on-call role.
+                on_call = {"Authorization": "Bearer on-call"}
+                doc: dict[str, Any] = await (await c.get("/v1/gpus", headers=on_call)).json()
                 if check(doc):
                     return doc
                 assert time.monotonic() < deadline, doc["podAttribution"]
@@ -159,7 +162,7 @@ async def test_attribution_follows_pods_as_they_come_and_go(
         assert doc["gpus"][3]["pods"] == [
             {"namespace": "team-a", "pod": "job-3", "container": "main"}
         ]
-        body = await (await c.get("/metrics")).text()
+        body = await (await c.get("/metrics", headers={"Authorization": "Bearer scrape"})).text()
         assert 'pod="job-3"' in body
         kubelet.pods = []
         await gpus_until(lambda d: not d["gpus"][3]["pods"])
