@@ -630,15 +630,32 @@ async def test_a_taurun_names_only_secrets_its_maker_may_read(
 
 
 @contextlib.asynccontextmanager
-async def run_secrets(k8s: client.ApiClient, value: str | None) -> AsyncIterator[None]:
-    """The runs namespace's taugrid.dev/run-secrets annotation set to `value` (None: none)."""
+async def run_secrets(
+    k8s: client.ApiClient, controller: Impersonated, value: str | None
+) -> AsyncIterator[None]:
+    """The runs namespace's taugrid.dev/run-secrets annotation set to `value` (None: none),
+    each change awaited until the policy reads it: the API server gives a policy the
+    namespace from its informer's cache, which may lag a patch just made."""
     core = client.CoreV1Api(k8s)
     key = "taugrid.dev/run-secrets"
-    await core.patch_namespace(RUNS, {"metadata": {"annotations": {key: value}}})
+
+    async def annotate(to: str | None) -> None:
+        await core.patch_namespace(RUNS, {"metadata": {"annotations": {key: to}}})
+        first = (to or "").split(",")[0].strip()
+        ref = {"name": "K", "valueFrom": {"secretKeyRef": {"name": first or "db", "key": "k"}}}
+        probe = job(OURS, containers=[main(env=[ref])])
+
+        async def seen() -> None:
+            answer = await controller.send("POST", JOBS, probe)
+            assert answer == ("allowed" if first else "policy"), answer
+
+        await support.eventually(seen, what=f"the policy reading {key}={to!r}")
+
+    await annotate(value)
     try:
         yield
     finally:
-        await core.patch_namespace(RUNS, {"metadata": {"annotations": {key: None}}})
+        await annotate(None)
 
 
 def rendered(kind: str, *, dra: bool = False) -> list[dict[str, Any]]:
@@ -681,9 +698,9 @@ async def test_the_controllers_own_renders_pass_the_policy(
     """Every object the controller renders for a run that reads a Secret the namespace lists
     is allowed; with the Secret unlisted, the pod-carrying object is refused."""
     objs = rendered(kind, dra=dra)
-    async with run_secrets(k8s, "other, hf"):
+    async with run_secrets(k8s, controller, "other, hf"):
         listed = [await controller.send("POST", PATHS[o["kind"]], o) for o in objs]
-    async with run_secrets(k8s, None):
+    async with run_secrets(k8s, controller, None):
         unlisted = [await controller.send("POST", PATHS[o["kind"]], o) for o in objs]
     carrying = [o["kind"] in {"Job", "RayJob"} for o in objs]
     expected = (["allowed"] * len(objs), ["policy" if c else "allowed" for c in carrying])
@@ -702,7 +719,7 @@ async def test_a_listed_secret_reaches_a_pod_only_through_secret_key_ref(
         job(OURS, containers=[main(envFrom=[{"secretRef": {"name": "db"}}])]),
         job(OURS, volumes=[{"name": "s", "secret": {"secretName": "db"}}]),
     ]
-    async with run_secrets(k8s, "db"):
+    async with run_secrets(k8s, controller, "db"):
         answers = [await controller.send("POST", JOBS, b) for b in bodies]
     expected = ["allowed", "policy", "policy"]
     assert expected == answers
