@@ -1082,57 +1082,68 @@ def _nvml_error_finding(error: readings.NvmlErrorKind, detail: str) -> Finding:
     memory) mean the agent cannot see: Unknown, latched never, no reset asked for. A GPU's
     external power cables (INSUFFICIENT_POWER) are mechanical: Inspect, not a reboot.
     """
-    kind = readings.NvmlErrorKind
-    if error in (kind.GPU_IS_LOST, kind.GPU_NOT_FOUND):
-        return Finding(
-            "GpuLost",
-            health.Verdict.FAILED,
-            health.Action.REBOOT_NODE,
-            f"NVML reports the GPU lost ({error}){detail}",
-        )
-    if error is kind.RESET_REQUIRED:
-        return Finding(
-            "GpuResetRequired",
-            health.Verdict.FAILED,
-            health.Action.RESET_GPU,
-            f"NVML says the GPU needs a reset{detail}",
-        )
-    if error is kind.HOST_SIDE:
-        return Finding(
-            "NvmlHostError",
-            health.Verdict.UNKNOWN,
-            health.Action.NONE,
-            f"the agent cannot read this GPU{detail}; the cause is on the host (driver, "
-            "library, permissions, cgroups or memory), not the GPU, so no reset is asked for",
-        )
-    if error is kind.INSUFFICIENT_POWER:
-        return Finding(
-            "GpuInsufficientPower",
-            health.Verdict.FAILED,
-            health.Action.INSPECT,
-            f"NVML says the GPU's external power cables are not properly attached{detail}; "
-            "check the power cables",
-        )
-    if error is kind.IRQ_ISSUE:
-        return Finding(
-            "GpuIrqIssue",
-            health.Verdict.FAILED,
-            health.Action.REBOOT_NODE,
-            f"the NVIDIA kernel driver detected an interrupt issue with the GPU{detail}",
-        )
-    if error is kind.CORRUPTED_INFOROM:
-        return Finding(
-            "GpuInforomCorrupted",
-            health.Verdict.FAILED,
-            health.Action.INSPECT,
-            f"NVML says the GPU's infoROM is corrupted{detail}",
-        )
-    return Finding(
-        "NvmlError",
-        health.Verdict.FAILED,
-        health.Action.RESET_GPU,
-        f"NVML returned an unexpected error{detail}",
-    )
+    code, verdict, action, text = _NVML_ERRORS.get(error, _NVML_UNEXPECTED)
+    return Finding(code, verdict, action, text.format(error=error, detail=detail))
+
+
+_V, _A = health.Verdict, health.Action
+_NVML_UNEXPECTED = (
+    "NvmlError",
+    _V.FAILED,
+    _A.RESET_GPU,
+    "NVML returned an unexpected error{detail}",
+)
+_NVML_ERRORS: dict[readings.NvmlErrorKind, tuple[str, health.Verdict, health.Action, str]] = {
+    readings.NvmlErrorKind.GPU_IS_LOST: (
+        "GpuLost",
+        _V.FAILED,
+        _A.REBOOT_NODE,
+        "NVML reports the GPU lost ({error}){detail}",
+    ),
+    readings.NvmlErrorKind.GPU_NOT_FOUND: (
+        "GpuLost",
+        _V.FAILED,
+        _A.REBOOT_NODE,
+        "NVML reports the GPU lost ({error}){detail}",
+    ),
+    readings.NvmlErrorKind.RESET_REQUIRED: (
+        "GpuResetRequired",
+        _V.FAILED,
+        _A.RESET_GPU,
+        "NVML says the GPU needs a reset{detail}",
+    ),
+    readings.NvmlErrorKind.HOST_SIDE: (
+        "NvmlHostError",
+        _V.UNKNOWN,
+        _A.NONE,
+        (
+            "the agent cannot read this GPU{detail}; the cause is on the host (driver, library, "
+            "permissions, cgroups or memory), not the GPU, so no reset is asked for"
+        ),
+    ),
+    readings.NvmlErrorKind.INSUFFICIENT_POWER: (
+        "GpuInsufficientPower",
+        _V.FAILED,
+        _A.INSPECT,
+        (
+            "NVML says the GPU's external power cables are not properly attached{detail}; "
+            "check the power cables"
+        ),
+    ),
+    readings.NvmlErrorKind.IRQ_ISSUE: (
+        "GpuIrqIssue",
+        _V.FAILED,
+        _A.REBOOT_NODE,
+        "the NVIDIA kernel driver detected an interrupt issue with the GPU{detail}",
+    ),
+    readings.NvmlErrorKind.CORRUPTED_INFOROM: (
+        "GpuInforomCorrupted",
+        _V.FAILED,
+        _A.INSPECT,
+        "NVML says the GPU's infoROM is corrupted{detail}",
+    ),
+}
+"""What each NVML error says about a GPU: reason, verdict, action, message (`{detail}`)."""
 
 
 def _diag_findings(
