@@ -158,8 +158,9 @@ def test_the_agent_calls_are_documented_with_their_parameters_and_gateway_errors
         "diag levels": level["schema"].get("enum"),
         "release parameters": sorted(release_params),
         "gpu pattern": pattern(release_params["gpu"]),
-        "gateway errors": [sorted({"502", "504"} & set(op["responses"]))
-                           for op in (gpus, diag, release)],  # fmt: skip
+        "gateway errors": [
+            sorted({"502", "504"} & set(op["responses"])) for op in (gpus, diag, release)
+        ],
         "reset body required": paths["/v1/fleet/breaker/reset"]["post"]["requestBody"].get(
             "required", False
         ),
