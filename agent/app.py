@@ -412,7 +412,10 @@ def make_app(
         from agent import k8sauth  # noqa: PLC0415 - kubernetes_asyncio only when auth is on
 
         try:
-            k8s = await k8sauth.KubernetesAuthenticator.in_cluster(audience=config.auth_audience)
+            k8s = await k8sauth.KubernetesAuthenticator.in_cluster(
+                audience=config.auth_audience,
+                controller_audience=config.auth_controller_audience,
+            )
         except Exception as err:  # noqa: BLE001 - any config failure means "deny, say why"
             log.error("auth_unavailable", error=str(err))
             app[AUTHENTICATOR] = _Unavailable(str(err))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+from typing import Any
 
 from kubernetes_asyncio import client, config
 
@@ -21,12 +22,17 @@ from shared import kubetoken
 class KubernetesAuthenticator:
     """`auth.Authenticator` backed by the Kubernetes API."""
 
-    def __init__(self, api: client.ApiClient, *, audience: str = "") -> None:
+    def __init__(
+        self, api: client.ApiClient, *, audience: str = "", controller_audience: str = ""
+    ) -> None:
         self._api = api
         self._audience = audience
+        self._controller_audience = controller_audience
 
     @classmethod
-    async def in_cluster(cls, *, audience: str = "") -> KubernetesAuthenticator:
+    async def in_cluster(
+        cls, *, audience: str = "", controller_audience: str = ""
+    ) -> KubernetesAuthenticator:
         """Build one from the pod's ServiceAccount (or the local kubeconfig outside a pod)."""
         cfg = client.Configuration()
         try:
@@ -37,7 +43,9 @@ class KubernetesAuthenticator:
             rotated = kubetoken.token_file(pathlib.Path(path)) if path else None
             if rotated is not None:  # a token renewed on disk before it expires
                 cfg.refresh_api_key_hook = kubetoken.refresh_hook(rotated)
-        return cls(client.ApiClient(cfg), audience=audience)
+        return cls(
+            client.ApiClient(cfg), audience=audience, controller_audience=controller_audience
+        )
 
     async def close(self) -> None:
         """Close the API client."""
@@ -49,17 +57,25 @@ class KubernetesAuthenticator:
         """Review the token, then ask whether its user may `verb` this node (or subresource)."""
         return await self._review(token, verb=verb, node=node, subresource=subresource)
 
-    async def _review(self, token: str, *, verb: str, node: str, subresource: str) -> auth.Identity:
+    async def _token_review(self, token: str, audience: str) -> tuple[Any, str]:
+        """The reviewed user, or None and why the token was not accepted for `audience`."""
         authn = client.AuthenticationV1Api(self._api)
-        spec = client.V1TokenReviewSpec(
-            token=token, audiences=[self._audience] if self._audience else None
-        )
+        spec = client.V1TokenReviewSpec(token=token, audiences=[audience] if audience else None)
         review = await authn.create_token_review(client.V1TokenReview(spec=spec))
         status = review.status
         if status is None or not status.authenticated:
-            message = (status.error if status is not None else "") or "token not accepted"
-            raise auth.AuthError(401, f"unauthenticated: {message}")
-        user = status.user
+            return None, (status.error if status is not None else "") or "token not accepted"
+        return status.user, ""
+
+    async def _review(self, token: str, *, verb: str, node: str, subresource: str) -> auth.Identity:
+        user, problem = await self._token_review(token, self._audience)
+        second = self._controller_audience
+        if user is None and second and second != self._audience:
+            # The controller's token for the on-call calls it makes here: valid for the
+            # agents' audience only (a person's token is tried first, as it always was).
+            user, _ = await self._token_review(token, second)
+        if user is None:
+            raise auth.AuthError(401, f"unauthenticated: {problem}")
         identity = auth.Identity(user=user.username or "", groups=tuple(user.groups or ()))
         authz = client.AuthorizationV1Api(self._api)
         sar = await authz.create_subject_access_review(

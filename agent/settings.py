@@ -171,6 +171,12 @@ class Settings(pydantic_settings.BaseSettings):
     off only for local development."""
     auth_audience: str = ""
     """Audience the TokenReview asks for (empty: the API server's default)."""
+    auth_controller_audience: str = "taugrid-agent"
+    """A second audience a caller's token may carry, asked for when the token is not valid
+    for `auth_audience`: the controller's own token for the on-call calls it makes here for
+    its caller (the chart's controller holds one of this audience). Such a token is good
+    for the agents' API alone, never for the API server. The right asked is the same
+    (`auth_verb` on this node). Empty: `auth_audience` only."""
     auth_verb: str = "patch"
     """SubjectAccessReview verb on `nodes` required for the write endpoints (as quarantine), and
     for the pod names `GET /v1/gpus` shows (the on-call right)."""

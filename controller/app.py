@@ -31,8 +31,8 @@ from aiohttp import web
 from controller import auth, budget, leading, metrics, openapi, pages, serving
 from controller.admission import admitting
 from controller.admission import views as admission_views
+from controller.fleet import agentproxy, devicepolicy, policy, quarantining, state
 from controller.fleet import api as fleet_api
-from controller.fleet import devicepolicy, policy, quarantining, state
 from controller.kube import admission as kube_admission
 from controller.kube import client as kube_client
 from controller.kube import devices as kube_devices
@@ -276,7 +276,18 @@ def _runtime(
             st.peer_token = kubetoken.FileToken(pathlib.Path(settings.peer_token_file))
         st.readiness.append(cache.synced.is_set)
         app[serving.SERVING] = st
-        app[fleet_api.FLEET] = fleet_api.FleetContext(fleet, quarantiner, cache, agents)
+        # The on-call calls to agents go on the replica's HTTP session (https verified by the
+        # chart's CA alone), under the controller's own agent token, never a caller's.
+        agent_token: Callable[[], str] = lambda: ""  # noqa: E731  (a default, replaced below)
+        if settings.agent_token_file:
+            agent_token = kubetoken.FileToken(pathlib.Path(settings.agent_token_file))
+        agent_client = agentproxy.AgentClient(
+            http, agent_token, scheme=settings.agent_scheme, port=settings.agent_port,
+            timeout_s=settings.agent_timeout_s, max_bytes=settings.agent_max_response_bytes,
+        )  # fmt: skip
+        app[fleet_api.FLEET] = fleet_api.FleetContext(
+            fleet, quarantiner, cache, agents, agent_client=agent_client
+        )
         app[runs_context.RUNS] = runs_context.RunsContext(
             kube_runs.RunStore(callers, streams=streams), reconciler, keeper
         )

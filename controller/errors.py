@@ -116,6 +116,19 @@ class Unavailable(ControllerError):  # noqa: N818
     default_code = "Unavailable"
 
 
+class BadGateway(ControllerError):  # noqa: N818
+    """A service the controller calls for the caller (a node's agent) could not be reached
+    or answered something unusable; the message says which and why."""
+
+    default_code = "BadGateway"
+
+
+class GatewayTimeout(BadGateway):
+    """A service the controller calls for the caller did not answer within its timeout."""
+
+    default_code = "GatewayTimeout"
+
+
 def validation_error(
     err: pydantic.ValidationError, kind: type[Invalid] = Invalid, *, root: str = ""
 ) -> Invalid:

@@ -43,8 +43,9 @@ ERROR_RESPONSES: dict[int, tuple[str, str]] = {
     415: ("UnsupportedMediaType", "The body's Content-Type is not one the call reads."),
     422: ("Invalid", "A value is not acceptable; `error.field` names it."),
     429: ("TooManyRequests", "The caller is over a limit; retry later."),
+    502: ("BadGateway", "The node's agent could not be reached, or answered nothing usable."),
     503: ("Unavailable", "Starting, not the leader, or the API server is unreachable; retry."),
-    504: ("Timeout", "The call took longer than the handler timeout."),
+    504: ("Timeout", "The call, or the node's agent it called, took longer than its timeout."),
 }
 TAGS = (
     {"name": "runs", "description": "Researchers: submit, follow and resume runs."},

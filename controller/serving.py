@@ -54,6 +54,8 @@ STATUS: dict[type[errors.ControllerError], int] = {
     errors.Conflict: 409,
     errors.TooManyRequests: 429,
     errors.Unavailable: 503,
+    errors.BadGateway: 502,
+    errors.GatewayTimeout: 504,
 }
 """The one mapping from error kinds to HTTP statuses; a subclass takes its nearest kind's."""
 

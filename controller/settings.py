@@ -122,7 +122,23 @@ class ControllerSettings(pydantic_settings.BaseSettings):
     """Port of the agents' API; with the pod IP the agent's token is bound to, it makes the
     `agentUrl` the on-call API shows (the chart's `agent.port`)."""
     agent_scheme: Literal["http", "https"] = "http"
-    """Scheme of the agents' API in that URL."""
+    """Scheme of the agents' API in that URL, and of the on-call calls the controller makes
+    to an agent for its caller (`/v1/nodes/{name}/gpus`, `/diag`, `/agent/release`); https is
+    verified with `tls_ca_file` alone, as the leader is. The chart's agents serve http."""
+    agent_token_file: str = ""
+    """The projected ServiceAccount token (the chart's: audience `taugrid-agent`, bound to
+    this pod, renewed by the kubelet) the controller presents to an agent when it makes an
+    on-call call for a caller: never the caller's credential, and never a token the API
+    server or the leader accepts, so an agent that keeps it holds nothing beyond the agents'
+    own API. Empty: the calls go without a token (the agent then hides pod names, and
+    refuses diagnostics and releases: 502 naming this setting)."""
+    agent_timeout_s: float = pydantic.Field(default=5.0, gt=0, le=60)
+    """How long the controller waits for an agent's whole answer before it answers 504. Well
+    below `forward_timeout_s`, so a call a follower forwards gets the leader's 504, not its
+    own 503; an agent answers from memory (a diagnostic is only started)."""
+    agent_max_response_bytes: int = pydantic.Field(default=4 * 1024 * 1024, ge=64 * 1024)
+    """Largest agent answer relayed; a larger one is 502. An 8-GPU `/v1/gpus` with its recent
+    events is ~100 KiB; the cap keeps one agent from filling the controller's memory."""
     allowed_priority_classes: tuple[str, ...] = ()
     """WorkloadPriorityClasses a tau.yaml may name (a platform's allowlist; JSON list in the
     environment). Empty allows any class but the controller's own resume class, which is

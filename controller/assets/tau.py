@@ -22,9 +22,11 @@
     tau results RUN [--metric loss] [--download DIR]   a run's metrics, artifacts and summary
     tau results RUN1 RUN2 | --experiment NAME     runs' final metrics side by side
     tau experiments                               your experiments and their runs
-    tau fleet | nodes | node NAME                 (on-call) the breaker, the nodes, one node
+    tau fleet | nodes | node NAME [--agent]       (on-call) the breaker, the nodes, one node
     tau quarantine|release NAME --reason R        (on-call) fence a node by hand, or free it
-    tau breaker-reset | dry-run on|off            (on-call) close the breaker; switch dry run
+    tau diag NAME [--level N]                     (on-call) start a DCGM diagnostic on its agent
+    tau release-latch NAME [--gpu G] [--code C] [--force]   (on-call) free the agent's latch
+    tau breaker-reset --reason R | dry-run on|off (on-call) close the breaker; switch dry run
 
 Settings: tau reads each from a flag, else the environment, else the config file that
 `tau login` writes ($XDG_CONFIG_HOME/tau/config, else ~/.config/tau/config; mode 0600):
@@ -1358,13 +1360,18 @@ def _serves(client: Client, path: str) -> bool:
     return path in (doc.get("paths") or {})
 
 
+def _needs(client: Client, path: str, what: str) -> None:
+    """Refuse, saying so, a call the controller does not offer (an older one)."""
+    if not _serves(client, path):
+        msg = f"this controller does not {what} ({path.replace('{name}', 'NAME')}); upgrade it"
+        raise TauError(msg, EXIT_UNAVAILABLE)
+
+
 def cmd_node(client: Client, args: argparse.Namespace) -> int:
     _, node = client.request("GET", _node_path(args.name))
     agent: Any = None
     if args.agent:
-        if not _serves(client, "/v1/nodes/{name}/gpus"):
-            msg = "this controller does not relay the agent's GPU view (/v1/nodes/NAME/gpus)"
-            raise TauError(msg + "; upgrade it", EXIT_UNAVAILABLE)
+        _needs(client, "/v1/nodes/{name}/gpus", "relay the agent's GPU view")
         _, agent = client.request("GET", _node_path(args.name) + "/gpus")
     if args.json:
         print(json.dumps({**node, "agent": agent} if args.agent else node, indent=2))
@@ -1422,8 +1429,38 @@ def cmd_fleet(client: Client, args: argparse.Namespace) -> int:
     return _fleet_answer(args, client.request("GET", "/v1/fleet")[1])
 
 
+def cmd_diag(client: Client, args: argparse.Namespace) -> int:
+    _needs(client, "/v1/nodes/{name}/diag", "start diagnostics on agents")
+    _, answer = client.request("POST", _node_path(args.name) + "/diag",
+                               query={"level": args.level})  # fmt: skip
+    if args.json:
+        print(json.dumps(answer, indent=2))
+        return EXIT_OK
+    print(f"node {args.name}: level {answer.get('level', args.level)} diagnostic started;"
+          f" its result: tau node {args.name} --agent (lastDiagnostic)")  # fmt: skip
+    return EXIT_OK
+
+
+def cmd_release_latch(client: Client, args: argparse.Namespace) -> int:
+    _needs(client, "/v1/nodes/{name}/agent/release", "release agents' latched faults")
+    query = {"gpu": args.gpu, "code": args.code, "force": "true" if args.force else None}
+    _, answer = client.request("POST", _node_path(args.name) + "/agent/release", query=query)
+    if args.json:
+        print(json.dumps(answer, indent=2))
+        return EXIT_OK
+    released = answer.get("released") or []
+    for fault in released:
+        print(f"released {fault.get('code')} on {fault.get('gpuUuid')}")
+    print(f"node {args.name}: {len(released)} latched fault(s) released on its agent; now"
+          f" `tau release {args.name} --reason R` if the node is still quarantined")  # fmt: skip
+    return EXIT_OK
+
+
 def cmd_breaker_reset(client: Client, args: argparse.Namespace) -> int:
-    return _fleet_answer(args, client.request("POST", "/v1/fleet/breaker/reset")[1])
+    body = json.dumps({"reason": args.reason}).encode()
+    _, fleet = client.request("POST", "/v1/fleet/breaker/reset", body,
+                              headers={"Content-Type": "application/json"})  # fmt: skip
+    return _fleet_answer(args, fleet)
 
 
 def cmd_dry_run(client: Client, args: argparse.Namespace) -> int:
@@ -1769,12 +1806,35 @@ def parser() -> argparse.ArgumentParser:
         q.add_argument("name")
         q.add_argument("--reason", required=True, help="why (kept in the node's history)")
         q.set_defaults(func=cmd_quarantine)
+    diag = verb(
+        "diag",
+        "(on-call) start a DCGM diagnostic on a node's agent",
+        "The controller asks the node's agent to start a diagnostic (level 1: seconds; 2 and"
+        " 3, minutes, only on an idle or quarantined node); read its result with"
+        " `tau node NAME --agent` (lastDiagnostic).",
+    )
+    diag.add_argument("name")
+    diag.add_argument("--level", type=int, choices=[1, 2, 3], default=1, help="1, 2 or 3")
+    diag.set_defaults(func=cmd_diag)
+    latch = verb(
+        "release-latch",
+        "(on-call) release latched faults on a node's agent",
+        "An Inspect fault (row remap failure, uncorrectable ECC...) stays latched on the agent,"
+        " the node Failed, until a person releases it here; then `tau release NAME --reason R`."
+        " --force releases faults that a reset or a reboot would clear too.",
+    )
+    latch.add_argument("name")
+    latch.add_argument("--gpu", help="only this GPU (index or UUID)")
+    latch.add_argument("--code", help="only faults of this code (RowRemapFailure)")
+    latch.add_argument("--force", action="store_true", help="faults other than Inspect too")
+    latch.set_defaults(func=cmd_release_latch)
     breaker = verb(
         "breaker-reset",
         "(on-call) close the quarantine circuit breaker",
         "Close the breaker after you have checked why it opened (`tau fleet` shows it); the"
-        " controller records who reset it.",
+        " controller records who reset it and why (in the breaker's Event).",
     )
+    breaker.add_argument("--reason", required=True, help="why it may close now (kept)")
     breaker.set_defaults(func=cmd_breaker_reset)
     mode = verb("dry-run", "(on-call) switch dry run on or off at runtime")
     mode.add_argument("switch", choices=["on", "off"])

@@ -175,6 +175,15 @@ class CloseBreaker:
     reason: str
     by: str
     devices: bool = False
+    note: str = ""
+    """Why the operator reset it, in their words ('' when none was given, or automatic)."""
+
+
+def close_breaker_text(which: str, action: CloseBreaker) -> str:
+    """The breaker Event's note: `breaker closed (Reset by alice): GPU driver rolled back`."""
+    by = f" by {action.by}" if action.by else ""
+    text = f"{which} closed ({action.reason}{by})"
+    return f"{text}: {action.note}" if action.note else text
 
 
 NodeAction = (

@@ -19,7 +19,7 @@ import dataclasses
 import datetime as dt
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import msgspec
@@ -28,7 +28,18 @@ import structlog
 from aiohttp import web
 
 from controller import auth, errors, serving, timestamps
-from controller.fleet import actions, devices, nodes, quarantining, relaying, relays, schemas, state
+from controller.fleet import (
+    actions,
+    agentcalls,
+    agentproxy,
+    devices,
+    nodes,
+    quarantining,
+    relaying,
+    relays,
+    schemas,
+    state,
+)
 from controller.kube import nodes as kube_nodes
 from controller.settings import ControllerSettings
 from shared import fastheartbeat, heartbeat, jsonsafe
@@ -47,6 +58,8 @@ class FleetContext:
     """The pods agent tokens are bound to: where `agentUrl` comes from."""
     relayer: relaying.Relayer | None = None
     """A follower's relay of heartbeats to the leader (`relay_context`); None: forward each."""
+    agent_client: agentproxy.AgentClient | None = None
+    """How the on-call calls reach a node's agent; None: not wired (502 saying so)."""
 
 
 FLEET = web.AppKey("fleet", FleetContext)
@@ -60,6 +73,9 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/v1/nodes/{name}", get_node)
     app.router.add_post("/v1/nodes/{name}/quarantine", post_quarantine)
     app.router.add_delete("/v1/nodes/{name}/quarantine", delete_quarantine)
+    app.router.add_get("/v1/nodes/{name}/gpus", get_agent_gpus)
+    app.router.add_post("/v1/nodes/{name}/diag", post_agent_diag)
+    app.router.add_post("/v1/nodes/{name}/agent/release", post_agent_release)
     app.router.add_get("/v1/fleet", get_fleet)
     app.router.add_post("/v1/fleet/breaker/reset", reset_breaker)
     app.router.add_put("/v1/fleet/mode", put_mode)
@@ -605,14 +621,30 @@ async def get_fleet(request: web.Request) -> web.StreamResponse:
     return serving.json_response(_fleet_json(serving.serving_of(request), _ctx(request)))
 
 
-@serving.operation("resetBreaker", tag=TAG, replies=FLEET_VIEW)
+@serving.operation(
+    "resetBreaker", tag=TAG,
+    body=serving.Body(schemas.BreakerResetRequest, required=False), replies=FLEET_VIEW,
+)  # fmt: skip
 async def reset_breaker(request: web.Request) -> web.StreamResponse:
-    """Close the quarantine circuit breaker (an operator's decision; `patch nodes`)."""
+    """Close the quarantine circuit breaker (an operator's decision; `patch nodes`).
+
+    The body `{"reason": "..."}` says why (1 to 1,024 characters), kept in the breaker's
+    Event on the controller's Lease and in the controller's log with who reset it; it is
+    optional, so a call without a body (older clients) still resets, with no reason recorded.
+    """
     identity = await serving.on_call(request, "patch")
     if (leader := await serving.unless_leader(request, identity)) is not None:
         return leader
+    sent = request.body_exists  # no body: no reason; a body must carry one, as a release's
+    body = await serving.json_document(request, schemas.BreakerResetRequest, optional=True)
+    reason = ""
+    if sent:
+        try:
+            reason = schemas.BreakerResetRequest.model_validate(body).reason
+        except pydantic.ValidationError as err:
+            raise errors.validation_error(err, root="body") from err
     ctx = _ctx(request)
-    await ctx.quarantiner.reset_breaker(by=identity.username, now=_now())
+    await ctx.quarantiner.reset_breaker(by=identity.username, now=_now(), reason=reason)
     return serving.json_response(_fleet_json(serving.serving_of(request), ctx))
 
 
@@ -628,3 +660,114 @@ async def put_mode(request: web.Request) -> web.StreamResponse:
     ctx = _ctx(request)
     ctx.quarantiner.set_dry_run(body.dry_run, by=identity.username)
     return serving.json_response(_fleet_json(serving.serving_of(request), ctx))
+
+
+# ---------------------------------------------------------------------- the agent, proxied
+AGENT_ANSWER = "The agent's own answer, relayed as it is (its `error` envelope on a refusal)."
+
+
+def _agent_of(ctx: FleetContext, name: str) -> tuple[agentproxy.AgentClient, str]:
+    """The client and the IP of the agent of node `name`: the pod its last heartbeat's token
+    was bound to (never an address a report carried). NotFound for a node this controller
+    does not know; BadGateway (502) when no agent of it can be reached, saying why."""
+    if name not in ctx.cache.nodes and name not in ctx.fleet:
+        raise errors.NotFound(f"node {name} is not known", field="name")
+    if ctx.agent_client is None:
+        msg = "this controller does not call agents (not wired); use a port-forward to the agent"
+        raise errors.BadGateway(msg, code="AgentUnreachable")
+    rec = ctx.fleet.get(name)
+    if rec is None or not rec.pod_uid:
+        msg = f"no agent of node {name} has reported to this controller; is its agent running?"
+        raise errors.BadGateway(msg, code="AgentUnreachable")
+    ip = ctx.agents.ip_of(rec.pod_uid)
+    if not ip or not ctx.agents.alive(rec.pod_uid):
+        msg = (
+            f"the agent pod of node {name} that last reported (uid {rec.pod_uid}) is gone or"
+            " has no IP; wait for its successor's first heartbeat"
+        )
+        raise errors.BadGateway(msg, code="AgentUnreachable")
+    return ctx.agent_client, ip
+
+
+async def _agent_call(
+    request: web.Request, verb: str, make: Callable[[], agentcalls.AgentCall]
+) -> web.StreamResponse:
+    """Authorise the caller for `verb` on nodes (as every on-call call), on the leader (whose
+    heartbeats say where each agent is), then make the call with the controller's own
+    credential and relay the agent's answer."""
+    identity = await serving.on_call(request, verb)
+    if (leader := await serving.unless_leader(request, identity)) is not None:
+        return leader
+    ctx = _ctx(request)
+    name = serving.path_of(request, schemas.NodePath).name
+    call = make()
+    agent, ip = _agent_of(ctx, name)
+    with_token = True
+    if call.call is agentcalls.Call.GPUS:
+        # Pod names (which tenant holds which GPU) go only to the on-call right the agent
+        # shows them to (`patch nodes`): for a caller who may only read, the agent is asked
+        # as anyone is, and leaves them out itself.
+        with_token = await _may(request, identity, "patch")
+    log.info("agent_call_requested", node=name, action=call.call.value, by=identity.username)
+    relayed = await agent.call(name, ip, call, with_token=with_token)
+    return web.Response(body=relayed.payload, status=relayed.status, content_type=serving.JSON)
+
+
+async def _may(request: web.Request, who: auth.Identity, verb: str) -> bool:
+    try:
+        await serving.allow(request, who, auth.Access(verb=verb, resource="nodes"))
+    except errors.Forbidden:
+        return False
+    return True
+
+
+AGENT_GPUS = {200: serving.Reply("The agent's view of its GPUs.", schemas.AgentAnswer)}
+
+
+@serving.operation(
+    "getNodeAgentGpus", tag=TAG, path=schemas.NodePath, replies=AGENT_GPUS, errors=(404, 502)
+)
+async def get_agent_gpus(request: web.Request) -> web.StreamResponse:
+    """The node's agent's own view of its GPUs, through the controller (`get nodes`).
+
+    The agent's `GET /v1/gpus` (latched faults and what clears them, last diagnostics, DCGM
+    and NVML status), called by the controller with its own credential. Pod names are shown
+    to a caller who may also `patch nodes`, as the agent shows them. 502 when the node has
+    no reachable agent, 504 when it does not answer in time.
+    """
+    return await _agent_call(request, "get", agentcalls.gpus)
+
+
+@serving.operation(
+    "runNodeDiagnostic", tag=TAG, path=schemas.NodePath, query=schemas.DiagQuery,
+    replies={202: serving.Reply("The diagnostic started; its result appears in /gpus.",
+                                schemas.AgentAnswer)},
+    errors=(404, 409, 502),
+)  # fmt: skip
+async def post_agent_diag(request: web.Request) -> web.StreamResponse:
+    """Start a DCGM diagnostic on the node's agent (`patch nodes`).
+
+    The agent's `POST /v1/diag?level=N`, never waited for: read the result in
+    `GET /v1/nodes/{name}/gpus` (`lastDiagnostic`). The agent refuses 409 while one runs,
+    or a level above 1 on a node whose GPUs are in use, and 503 without DCGM.
+    """
+    level = serving.query_of(request, schemas.DiagQuery).level
+    return await _agent_call(request, "patch", lambda: agentcalls.diag(level))
+
+
+@serving.operation(
+    "releaseNodeAgentLatch", tag=TAG, path=schemas.NodePath, query=schemas.LatchReleaseQuery,
+    replies={200: serving.Reply("The faults released.", schemas.AgentAnswer)},
+    errors=(404, 502),
+)  # fmt: skip
+async def post_agent_release(request: web.Request) -> web.StreamResponse:
+    """Release latched faults on the node's agent (`patch nodes`).
+
+    The agent's `POST /v1/release`: an Inspect fault stays latched (the node Failed) until a
+    person releases it here; then release the node (`DELETE .../quarantine`). `force=true`
+    releases other faults too. 404 NothingReleased when no latched fault matched.
+    """
+    q = serving.query_of(request, schemas.LatchReleaseQuery)
+    return await _agent_call(
+        request, "patch", lambda: agentcalls.release(gpu=q.gpu, code=q.code, force=q.force)
+    )

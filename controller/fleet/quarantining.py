@@ -177,14 +177,16 @@ class Quarantiner:
                " nothing was written: try again")  # fmt: skip
         raise errors.Conflict(msg, field="name", code="Changed")
 
-    async def reset_breaker(self, *, by: str, now: dt.datetime) -> None:
+    async def reset_breaker(self, *, by: str, now: dt.datetime, reason: str = "") -> None:
         """Close the circuit breakers (node and device) on an operator's request (and record
-        who did)."""
+        who did, and why: `reason`, in the Event and the log)."""
         self.breaker = policy.reset_breaker(self.breaker, by=by, now=now)
-        await self.apply(actions.CloseBreaker(reason="Reset", by=by), now)
+        await self.apply(actions.CloseBreaker(reason="Reset", by=by, note=reason), now)
         if self.device_breaker.open:
             self.device_breaker = policy.reset_breaker(self.device_breaker, by=by, now=now)
-            await self.apply(actions.CloseBreaker(reason="Reset", by=by, devices=True), now)
+            await self.apply(
+                actions.CloseBreaker(reason="Reset", by=by, devices=True, note=reason), now
+            )
         else:
             self.device_breaker = policy.reset_breaker(self.device_breaker, by=by, now=now)
         self.poke()
@@ -521,8 +523,8 @@ class Quarantiner:
             text = f"{which} opened: {action.message}" if action.devices else action.message
         else:
             log.warning("quarantine breaker closed", breaker=which, reason=action.reason,
-                        by=action.by)  # fmt: skip
-            text = f"{which} closed ({action.reason}{' by ' + action.by if action.by else ''})"
+                        by=action.by, note=action.note)  # fmt: skip
+            text = actions.close_breaker_text(which, action)
         self.metrics.quarantine_actions.labels(action.kind.value, "false").inc()
         reason = ("Device" + action.kind.value) if action.devices else action.kind.value
         await self.writer.breaker_event(self.lease_name, reason, text)

@@ -51,12 +51,61 @@ class NodesQuery(Params):
     """Only nodes in this state."""
 
 
+class DiagQuery(Params):
+    """Parameters of `POST /v1/nodes/{name}/diag`."""
+
+    level: Literal[1, 2, 3] = 1
+    """DCGM diagnostic level: 1 (seconds), 2 (about 2 minutes), 3 (about 15 minutes); above 1
+    only on an idle or quarantined node (the agent refuses 409 NodeBusy otherwise)."""
+
+
+GPU_REF_PATTERN = r"[0-9]{1,4}|(?:GPU|MIG)-[0-9A-Za-z-]{1,100}"
+"""A GPU as the agent's release takes it: an index, or a GPU or MIG UUID (agent/app.py)."""
+FAULT_CODE_PATTERN = r"[A-Za-z0-9_.:-]{1,64}"
+"""A latched fault's code, as the agent's release takes it."""
+
+
+GpuRef = Annotated[
+    str,
+    pydantic.StringConstraints(pattern=patterns.rust(GPU_REF_PATTERN)),
+    pydantic.Field(json_schema_extra={"pattern": patterns.schema(GPU_REF_PATTERN)}),
+]
+FaultCode = Annotated[
+    str,
+    pydantic.StringConstraints(pattern=patterns.rust(FAULT_CODE_PATTERN)),
+    pydantic.Field(json_schema_extra={"pattern": patterns.schema(FAULT_CODE_PATTERN)}),
+]
+
+
+class LatchReleaseQuery(Params):
+    """Parameters of `POST /v1/nodes/{name}/agent/release` (the agent's `POST /v1/release`)."""
+
+    gpu: GpuRef | None = None
+    """Only this GPU (index or UUID); every GPU when absent."""
+    code: FaultCode | None = None
+    """Only faults of this code (`RowRemapFailure`); every latched fault when absent."""
+    force: bool = False
+    """Release faults other than Inspect too (those a reset or a reboot clears)."""
+
+
 # ---------------------------------------------------------------- bodies
+Reason = Annotated[str, pydantic.StringConstraints(min_length=1, max_length=1024)]
+"""Why an on-call engineer acts: kept with what it changed."""
+
+
 class QuarantineRequest(Wire):
     """Body of the on-call quarantine and release calls."""
 
-    reason: Annotated[str, pydantic.StringConstraints(min_length=1, max_length=1024)]
+    reason: Reason
     """Why (kept in the node's history and its annotations)."""
+
+
+class BreakerResetRequest(Wire):
+    """Body of `POST /v1/fleet/breaker/reset` (optional: a call without a body, as before
+    the reason was taken, still resets)."""
+
+    reason: Reason
+    """Why the breaker may close now (kept in the breaker's Event and the controller's log)."""
 
 
 class ModeRequest(Wire):
@@ -254,3 +303,11 @@ class DeviceCounts(Wire):
     gpus: int
     quarantined: int
     max_quarantined: int | None
+
+
+class AgentAnswer(pydantic.BaseModel):
+    """The agent's own JSON answer, relayed as it is (agent/app.py, docs/oncall.md): for
+    `/gpus`, its `/v1/gpus` document; for `/diag`, `{started, level}`; for
+    `/agent/release`, `{released: [...]}`."""
+
+    model_config = pydantic.ConfigDict(extra="allow")

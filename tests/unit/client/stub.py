@@ -77,6 +77,8 @@ OPENAPI = {
     "paths": {
         "/v1/runs": {"post": {"parameters": [{"name": "namespace"}, {"name": "dryRun"}]}},
         "/v1/nodes/{name}/gpus": {"get": {}},
+        "/v1/nodes/{name}/diag": {"post": {}},
+        "/v1/nodes/{name}/agent/release": {"post": {}},
     }
 }
 

@@ -46,6 +46,10 @@ def controller(
     server.routes[("GET", "/v1/nodes")] = (200, {"items": [NODE]}, {})
     server.routes[("GET", "/v1/nodes/gpu-1")] = (200, NODE, {})
     server.routes[("GET", "/v1/nodes/gpu-1/gpus")] = (200, {"gpus": []}, {})
+    server.routes[("POST", "/v1/nodes/gpu-1/diag")] = (202, {"started": True, "level": 2}, {})
+    server.routes[("POST", "/v1/nodes/gpu-1/agent/release")] = (
+        200, {"released": [{"gpuUuid": "GPU-3", "code": "RowRemapFailure"}]}, {},
+    )  # fmt: skip
     server.routes[("POST", "/v1/nodes/gpu-1/quarantine")] = (200, NODE, {})
     server.routes[("DELETE", "/v1/nodes/gpu-1/quarantine")] = (
         200,
@@ -79,8 +83,22 @@ def controller(
                      ("DELETE", "/v1/nodes/gpu-1/quarantine", {}, {"reason": "fan replaced"}),
                      id="tau release deletes the quarantine with the reason"),
         pytest.param(["fleet"], ("GET", "/v1/fleet", {}, None), id="tau fleet reads the fleet"),
-        pytest.param(["breaker-reset"], ("POST", "/v1/fleet/breaker/reset", {}, None),
-                     id="tau breaker-reset posts the reset"),
+        pytest.param(["breaker-reset", "--reason", "driver rolled back"],
+                     ("POST", "/v1/fleet/breaker/reset", {}, {"reason": "driver rolled back"}),
+                     id="tau breaker-reset posts the reset with the reason"),
+        pytest.param(["diag", "gpu-1", "--level", "2"],
+                     ("POST", "/v1/nodes/gpu-1/diag", {"level": "2"}, None),
+                     id="tau diag asks the controller to start the agent's diagnostic"),
+        pytest.param(["diag", "gpu-1"], ("POST", "/v1/nodes/gpu-1/diag", {"level": "1"}, None),
+                     id="tau diag runs level 1 by default"),
+        pytest.param(["release-latch", "gpu-1"],
+                     ("POST", "/v1/nodes/gpu-1/agent/release", {}, None),
+                     id="tau release-latch releases Inspect faults through the controller"),
+        pytest.param(["release-latch", "gpu-1", "--gpu", "3", "--code", "RowRemapFailure",
+                      "--force"],
+                     ("POST", "/v1/nodes/gpu-1/agent/release",
+                      {"gpu": "3", "code": "RowRemapFailure", "force": "true"}, None),
+                     id="tau release-latch passes the GPU, the code and force"),
         pytest.param(["dry-run", "on"], ("PUT", "/v1/fleet/mode", {}, {"dryRun": True}),
                      id="tau dry-run on puts dryRun true"),
         pytest.param(["dry-run", "off"], ("PUT", "/v1/fleet/mode", {}, {"dryRun": False}),
@@ -108,6 +126,12 @@ def test_each_on_call_verb_calls_its_path_with_its_body(
                      id="tau fleet says the breaker is open and why"),
         pytest.param(["release", "gpu-1", "--reason", "r"], ("not quarantined",),
                      id="tau release says the node is free"),
+        pytest.param(["diag", "gpu-1", "--level", "2"], ("level 2 diagnostic started",
+                                                         "tau node gpu-1 --agent"),
+                     id="tau diag says where the result will be"),
+        pytest.param(["release-latch", "gpu-1"], ("released RowRemapFailure on GPU-3",
+                                                  "tau release gpu-1"),
+                     id="tau release-latch names what it released and the next step"),
     ],
 )  # fmt: skip
 def test_on_call_answers_read_at_3_am(
@@ -129,6 +153,36 @@ def test_quarantine_without_a_reason_is_refused(
         stub.tau_client().main(["--url", controller.url, "quarantine", "gpu-1"])
     expected: tuple[Any, bool, list[stub.Seen]] = (2, True, [])
     assert expected == (exit_.value.code, "--reason" in capsys.readouterr().err, controller.seen)
+
+
+def test_breaker_reset_without_a_reason_is_refused(
+    controller: stub.Controller, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """tau asks for the reason the breaker may close before calling."""
+    with pytest.raises(SystemExit) as exit_:
+        stub.tau_client().main(["--url", controller.url, "breaker-reset"])
+    expected: tuple[Any, bool, list[stub.Seen]] = (2, True, [])
+    assert expected == (exit_.value.code, "--reason" in capsys.readouterr().err, controller.seen)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        pytest.param(["diag", "gpu-1"], id="tau diag"),
+        pytest.param(["release-latch", "gpu-1"], id="tau release-latch"),
+    ],
+)
+def test_agent_actions_on_an_older_controller_say_so_and_call_nothing(
+    argv: list[str], controller: stub.Controller, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """Where the controller does not offer the call (no path in its OpenAPI), tau says so
+    and posts nothing."""
+    monkeypatch.setitem(stub.OPENAPI, "paths", {})
+    code = stub.tau_client().main(["--url", controller.url, *argv])
+    posted = [s for s in controller.seen if s.method == "POST"]
+    expected: tuple[int, bool, list[stub.Seen]] = (7, True, [])
+    assert expected == (code, "upgrade it" in capsys.readouterr().err, posted)
 
 
 def test_node_agent_on_an_older_controller_says_so(

@@ -131,7 +131,46 @@ def test_bodies_and_parameters_say_what_is_validated(doc: dict[str, Any]) -> Non
             ("POST", "/v1/nodes/{name}/quarantine"): "#/components/schemas/QuarantineRequest",
             ("DELETE", "/v1/nodes/{name}/quarantine"): "#/components/schemas/QuarantineRequest",
             ("PUT", "/v1/fleet/mode"): "#/components/schemas/ModeRequest",
+            ("POST", "/v1/fleet/breaker/reset"): "#/components/schemas/BreakerResetRequest",
         },
+    }
+    assert expected == actual
+
+
+def test_the_agent_calls_are_documented_with_their_parameters_and_gateway_errors(
+    doc: dict[str, Any],
+) -> None:
+    """The calls the controller makes to a node's agent for on-call are in the document: their
+    parameters with the patterns that validate them, 502 and 504 among their answers, and
+    the breaker reset's body optional (older clients send none)."""
+    paths = doc["paths"]
+    diag = paths["/v1/nodes/{name}/diag"]["post"]
+    release = paths["/v1/nodes/{name}/agent/release"]["post"]
+    gpus = paths["/v1/nodes/{name}/gpus"]["get"]
+    release_params = {p["name"]: p for p in release["parameters"]}
+    level = next(p for p in diag["parameters"] if p["name"] == "level")
+
+    def pattern(param: dict[str, Any]) -> str:
+        schema = param["schema"]
+        return next(s["pattern"] for s in schema.get("anyOf", [schema]) if "pattern" in s)
+
+    actual = {
+        "diag levels": level["schema"].get("enum"),
+        "release parameters": sorted(release_params),
+        "gpu pattern": pattern(release_params["gpu"]),
+        "gateway errors": [
+            sorted({"502", "504"} & set(op["responses"])) for op in (gpus, diag, release)
+        ],
+        "reset body required": paths["/v1/fleet/breaker/reset"]["post"]["requestBody"].get(
+            "required", False
+        ),
+    }
+    expected = {
+        "diag levels": [1, 2, 3],
+        "release parameters": ["code", "force", "gpu", "name"],
+        "gpu pattern": "^(?:[0-9]{1,4}|(?:GPU|MIG)-[0-9A-Za-z-]{1,100})$",
+        "gateway errors": [["502", "504"]] * 3,
+        "reset body required": False,
     }
     assert expected == actual
 

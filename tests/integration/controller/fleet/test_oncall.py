@@ -130,6 +130,22 @@ async def test_most_of_the_fleet_going_silent_opens_the_breaker_until_an_operato
             body = await resp.json()
             assert resp.status == 200, body
             assert body["breaker"]["open"] is False
+        # A body must carry a reason, as a release's does (no body at all: as above).
+        for sent in ({}, {"reason": ""}, {"reason": "x" * 1025}):
+            async with http.post(f"{ctl.url}/v1/fleet/breaker/reset", headers=auth,
+                                 json=sent) as resp:  # fmt: skip
+                body = await resp.json()
+                assert (resp.status, body["error"]["field"]) == (422, "reason"), (sent, body)
+        async with http.post(f"{ctl.url}/v1/fleet/breaker/reset", headers=auth,
+                             json={"reason": "the switch is back: ticket 9"}) as resp:  # fmt: skip
+            assert resp.status == 200, await resp.text()
+
+        async def reason_recorded() -> None:
+            events = await client.EventsV1Api(k8s).list_namespaced_event(namespace)
+            notes = [e.note or "" for e in events.items if e.reason == "CloseBreaker"]
+            assert any("the switch is back: ticket 9" in n for n in notes), notes
+
+        await support.eventually(reason_recorded, what="the reset's reason in its Event")
 
 
 async def test_on_call_quarantine_and_release_by_hand_and_dry_run_need_rbac(

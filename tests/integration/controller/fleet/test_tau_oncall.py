@@ -81,5 +81,12 @@ async def test_on_call_runs_the_fleet_from_tau(
         assert (code, '"dryRun": true' in out) == (0, True), out
         code, out = await tau("dry-run", "off")
         assert (code, "Dry run:     off" in out) == (0, True), out
-        code, out = await tau("breaker-reset")
+        code, out = await tau("breaker-reset", "--reason", "checked the switch: ticket 7")
         assert (code, "Breaker:     closed" in out) == (0, True), out
+
+        async def reset_recorded_with_its_reason() -> None:
+            events = await client.EventsV1Api(k8s).list_namespaced_event(namespace)
+            notes = [e.note for e in events.items if e.reason == "CloseBreaker"]
+            assert any("checked the switch: ticket 7" in (n or "") for n in notes), notes
+
+        await support.eventually(reset_recorded_with_its_reason, what="the reset's Event")
