@@ -203,6 +203,8 @@ def test_every_documented_install_passes(index: int, tmp_path: pathlib.Path) -> 
         pytest.param({"controller": {"image": {"pullPolicy": "always"}}},
                      "/controller/image/pullPolicy", "value must be one of",
                      id="a bad pull policy"),
+        pytest.param({"agent": {"logLevel": "debug"}}, "/agent/logLevel",
+                     "value must be one of", id="a log level the agent cannot look up"),
         pytest.param({"controller": {"replicas": 0}}, "/controller/replicas",
                      "minimum: got 0, want 1", id="no replicas"),
         pytest.param({"controller": {"apiWrites": {"perS": 0}}}, "/controller/apiWrites/perS",
