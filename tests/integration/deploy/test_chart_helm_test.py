@@ -10,6 +10,7 @@ import http.server
 import json
 import os
 import pathlib
+import shutil
 import ssl
 import subprocess
 import sys
@@ -18,9 +19,17 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import yaml
 
-from devcluster import pki, stack
-from tests.integration.deploy.test_chart import NAMESPACE, hook, objects, one, render
+from devcluster import chart, pki, stack
+from tests.integration.deploy.test_chart import (
+    NAMESPACE,
+    hook,
+    objects,
+    one,
+    render,
+    with_images,
+)
 from tests.integration.deploy.test_chart_schema import real_node
 
 pytestmark = pytest.mark.cluster  # needs the built Helm binary, not a running cluster
@@ -315,3 +324,21 @@ def test_the_script_verifies_the_controllers_certificate(
     assert done.returncode == 1
     assert "CERTIFICATE_VERIFY_FAILED" in done.stdout
     assert controller.asked == []
+
+
+def test_an_upgrade_reusing_an_older_releases_values_still_renders(
+    tmp_path: pathlib.Path,
+) -> None:
+    """`helm upgrade --reuse-values` (docs/platform.md, "Upgrades") replaces the chart's
+    defaults with the old release's values, which have no `rbac` or `tests` map: the chart
+    renders as if they were defaults (no user roles, the test's own timeout)."""
+    copy = tmp_path / "taugrid"
+    shutil.copytree(chart.CHART_DIR, copy)
+    values = yaml.safe_load((copy / "values.yaml").read_text())
+    del values["rbac"], values["tests"]
+    (copy / "values.yaml").write_text(yaml.safe_dump(values))
+    docs = chart.template(with_images({}), chart_dir=copy, release="taugrid", namespace=NAMESPACE)
+    assert not [
+        d for d in docs if d["metadata"]["name"] in ("taugrid-researcher", "taugrid-oncall")
+    ]
+    assert pod_env(hooks_of(docs)["Pod"])["TAUGRID_TEST_TIMEOUT_S"] == "120"
