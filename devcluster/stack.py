@@ -311,12 +311,15 @@ def chart_values(nodes: int, real: RealNode | None = None) -> dict[str, Any]:
     """
     dev_fleet = dict([DEV_FLEET_SELECTOR.split("=", 1)])
     quota = {"cpu": str(96 * nodes), "memory": f"{nodes}Ti", "nvidia.com/gpu": str(8 * nodes)}
+    # KWOK's nodes pull no image: `Never` tells the chart so (it refuses its unpublished
+    # default images otherwise); the real node's images are loaded there (real_node_values).
+    local = {"pullPolicy": "Never"}
     values = {
         "fullnameOverride": RELEASE,
         "tls": {"enabled": False},
         "controller": {"nodeSelector": dev_fleet, "managedNodeSelector": DEV_FLEET_SELECTOR,
-                       "podsReadyTimeoutS": cluster.PODS_READY_TIMEOUT_S},
-        "agent": {"nodeSelector": dev_fleet, "controllerUrl": controller_url()},
+                       "podsReadyTimeoutS": cluster.PODS_READY_TIMEOUT_S, "image": local},
+        "agent": {"nodeSelector": dev_fleet, "controllerUrl": controller_url(), "image": local},
         "admissionCheck": {"name": cluster.ADMISSION_CHECK},
         "resumePriorityClass": {"name": cluster.RESUME_PRIORITY_CLASS},
         "queues": {
@@ -347,7 +350,8 @@ def _adopt(c: cluster.Cluster, bin_dir: pathlib.Path, values: dict[str, Any]) ->
     marks = {"meta.helm.sh/release-name": RELEASE, "meta.helm.sh/release-namespace": NAMESPACE}
     docs = []
     for doc in chart.template(values, release=RELEASE, namespace=NAMESPACE, bin_dir=bin_dir):
-        if doc.get("kind") in ADOPTED_KINDS:
+        hook = "helm.sh/hook" in (doc.get("metadata", {}).get("annotations") or {})
+        if doc.get("kind") in ADOPTED_KINDS and not hook:  # `helm test`'s own come and go
             meta = doc.setdefault("metadata", {})
             meta["annotations"] = {**meta.get("annotations", {}), **marks}
             docs.append(doc)

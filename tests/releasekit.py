@@ -30,14 +30,21 @@ class Release:
         self.priority = f"{name}-resume"
 
     def values(self) -> dict[str, Any]:
-        """Unique cluster-scoped names, no queues, pods only on the dev fleet's nodes."""
+        """Unique cluster-scoped names, no queues, pods only on the dev fleet's nodes (KWOK
+        pulls no image: `pullPolicy: Never` lets the chart's default images through)."""
+        local = {"pullPolicy": "Never"}
         return {
             "admissionCheck": {"name": self.check},
             "resumePriorityClass": {"name": self.priority},
             "queues": {"enabled": False},
-            "agent": {"nodeSelector": DEV_FLEET, "stateHostPath": f"/var/lib/taugrid/{self.name}"},
+            "agent": {
+                "nodeSelector": DEV_FLEET,
+                "stateHostPath": f"/var/lib/taugrid/{self.name}",
+                "image": local,
+            },
             "controller": {
                 "nodeSelector": DEV_FLEET,
+                "image": local,
                 # Were it to run, it would manage no node of anyone else's.
                 "managedNodeSelector": f"taugrid.dev/test-fleet={self.namespace}",
             },
