@@ -327,13 +327,15 @@ async def test_a_name_somebody_elses_object_holds_is_refused_and_that_object_kep
     env: Env,
 ) -> None:
     """Review M4 on the real API server: a ConfigMap `<run>-checkpoint` made by someone else
-    makes the submission 409 NameTaken naming it, before anything is created; a TauRun made
-    with kubectl past the API (no pre-check) ends Failed NameTaken; the ConfigMap's data is
-    untouched either way."""
+    makes the submission 409 NameTaken naming it, before anything is created (to a caller
+    who may get ConfigMaps there: review 3, finding 10); a TauRun made with kubectl past the
+    API (no pre-check) ends Failed NameTaken; the ConfigMap's data is untouched either way."""
     core = client.CoreV1Api(env.api)
     theirs = {"metadata": {"name": "taken-checkpoint"}, "data": {"latest": "mine, not yours"}}
     await core.create_namespaced_config_map(env.namespace, theirs)
-    status, body = await env.submit(job_spec("taken"))
+    rules = [*RESEARCHER_RULES, {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]}]
+    reader = await make_token(env.api, env.namespace, "reader", rules)
+    status, body = await env.submit(job_spec("taken"), token=reader)
     runs = await client.CustomObjectsApi(env.api).list_namespaced_custom_object(
         "taugrid.dev", "v1alpha1", env.namespace, "tauruns"
     )
