@@ -114,6 +114,17 @@ what may legitimately appear or change while the run waits is a warning in the a
 A check the controller could not make (the API server failing, no right to read) is a
 warning that it was not made, never a refusal. A TauRun applied with `kubectl` skips these
 checks; a run whose pods then cannot start says why in its `message` (`tau status`).
+
+You are told only what you may read yourself: the controller reads with its own rights, so
+it first asks Kubernetes about yours. Without `get persistentvolumeclaims` in the namespace a
+claim is "not checked: you may not get persistentvolumeclaims in team-a", the same words
+whether it exists, is Pending or is missing, and never a refusal; the queue and its
+ClusterQueue are told to whoever may `list tauruns` there (what `tau queues` needs); a
+priority class is confirmed when the platform's allow-list names it (public configuration) or
+you may `get workloadpriorityclasses.kueue.x-k8s.io`, else not checked. Likewise the names
+your run's objects take (`<run>-checkpoint`, `<run>-a1`): a name somebody else's object holds
+is a 409 `NameTaken` only if you may `get` that kind there; otherwise one warning that the
+names were not checked, and a run whose name turns out taken ends Failed `NameTaken`.
 """
 
 

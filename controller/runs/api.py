@@ -136,7 +136,7 @@ async def post_run(request: web.Request) -> web.StreamResponse:
         if (leader := await serving.unless_leader(request, identity, raw)) is not None:
             outcome = "forwarded"
             return leader
-        checked = await preflight.run(ctx.store, spec, namespace)
+        checked = await _preflight(request, identity, spec, namespace)
         warnings = [*parsed.warnings, *checked]
         key = request.headers.get("Idempotency-Key", "").strip()
         annotations = _annotations(identity, ctx.reconciler.manager)
@@ -145,9 +145,9 @@ async def post_run(request: web.Request) -> web.StreamResponse:
         body = _taurun(spec, namespace, annotations)
         if query.dry_run:
             outcome = "dry-run"
-            return web.json_response(await _dry_run(ctx, spec, body, warnings))
+            return web.json_response(await _dry_run(request, identity, spec, body, warnings))
         try:
-            created = await _create_run(request, spec, namespace, body)
+            created = await _create_run(request, identity, spec, body, warnings)
         except kube_runs.ConflictError as err:
             existing = await ctx.store.get_run(namespace, spec.name)
             stored = ((existing or {}).get("metadata") or {}).get("annotations") or {}
@@ -232,6 +232,27 @@ async def _check_secrets(
             raise errors.Forbidden(msg, field=f"secretEnv.{variable}") from err
 
 
+async def _may(request: web.Request, who: auth.Identity, access: auth.Access) -> bool:
+    """Whether RBAC lets `who` make `access`: the API's cached review (its caps and budget
+    too: a capped review is a 429, never a guess)."""
+    try:
+        await serving.allow(request, who, access)
+    except errors.Forbidden:
+        return False
+    return True
+
+
+async def _preflight(
+    request: web.Request, who: auth.Identity, spec: specs.TauSpec, namespace: str
+) -> Sequence[str]:
+    """`preflight.run`, telling `who` only what `who` may read (review 3, finding 10)."""
+    settings = serving.serving_of(request).settings
+    return await preflight.run(
+        context.context_of(request).store, spec, namespace,
+        lambda access: _may(request, who, access), settings.allowed_priority_classes,
+    )  # fmt: skip
+
+
 def _annotations(who: auth.Identity, manager: str) -> dict[str, str]:
     """The annotations every TauRun the API creates carries."""
     return {marks.SUBMITTED_BY_ANNOTATION: who.username[:253], marks.MANAGED_BY_ANNOTATION: manager}
@@ -248,14 +269,17 @@ def _taurun(spec: specs.TauSpec, namespace: str, annotations: dict[str, str]) ->
 
 
 async def _create_run(
-    request: web.Request, spec: specs.TauSpec, namespace: str, body: dict[str, Any]
-) -> dict[str, Any]:
+    request: web.Request, who: auth.Identity, spec: specs.TauSpec, body: dict[str, Any],
+    warnings: list[str],
+) -> dict[str, Any]:  # fmt: skip
     """Create the TauRun of a validated, pre-flighted spec, once the API server has checked
-    attempt 1's objects (`_server_check`); NotFound for a namespace that does not exist, a
-    422 for a refusal; kube_runs.ConflictError (for the caller to word) when the name is
-    taken."""
+    attempt 1's objects (`_server_check`, whose warnings join `warnings`); NotFound for a
+    namespace that does not exist, a 422 for a refusal; kube_runs.ConflictError (for the
+    caller to word) when the name is taken."""
     ctx = context.context_of(request)
-    await _server_check(ctx, spec, objects.RunRef(spec.name, namespace, DRY_RUN_UID))
+    namespace = str(body["metadata"]["namespace"])
+    ref = objects.RunRef(spec.name, namespace, DRY_RUN_UID)
+    warnings.extend(await _server_check(request, who, spec, ref))
     serving.serving_of(request).elector.ensure_leader()
     try:
         return await ctx.store.create_run(namespace, body)
@@ -278,12 +302,19 @@ def _first_objects(
     return list(policy.decide_run(run, ctx.reconciler.settings, now).creates)
 
 
-async def _server_check(ctx: context.RunsContext, spec: specs.TauSpec, ref: objects.RunRef) -> None:
+async def _server_check(
+    request: web.Request, who: auth.Identity, spec: specs.TauSpec, ref: objects.RunRef
+) -> list[str]:
     """Have the API server (and Kueue's webhooks) check the run's first objects without
     storing them, so a spec it would refuse is refused now, naming the field, instead of a
     run the reconciler could never start (security review M1); and refuse a run whose names
     somebody else's object already holds (review M4: 409 NameTaken naming it), before
-    anything is created."""
+    anything is created. Whether a name is taken is told only to a caller who may `get`
+    that kind there (`preflight.name_check`; any name: one cached review per kind, however
+    many runs are tried); anyone else gets a warning that it was not checked, the same
+    whether it is taken or free (review 3, finding 10)."""
+    ctx = context.context_of(request)
+    names: list[preflight.Name] = []
     for obj in _first_objects(ctx, spec, ref):
         try:
             free = await ctx.store.dry_run_create(obj)
@@ -292,25 +323,16 @@ async def _server_check(ctx: context.RunsContext, spec: specs.TauSpec, ref: obje
             raise errors.NotFound(msg, field="namespace") from err
         except kube_runs.RejectedError as err:
             raise _rejected(err) from err
-        if not free:
-            await _check_name_free(ctx, obj, spec.name)
-
-
-async def _check_name_free(ctx: context.RunsContext, obj: dict[str, Any], run: str) -> None:
-    """An object of `obj`'s name exists: fine when it is a TauRun `run`'s (that run exists,
-    and the TauRun's own create answers for it), NameTaken otherwise."""
-    kind, meta = str(obj["kind"]), obj["metadata"]
-    existing = await ctx.store.read_object(kind, meta["namespace"], meta["name"])
-    owner = kube_runs.controller_of(existing) if existing is not None else None
-    if existing is None or (
-        owner is not None and owner.get("kind") == objects.TAURUN_KIND and owner.get("name") == run
-    ):
-        return
-    msg = (
-        f"a {kind} {meta['namespace']}/{meta['name']} already exists and is not a run's;"
-        f" run {run!r} would need that name: delete it, or choose another run name"
-    )
-    raise errors.NameTaken(msg, field="name")
+        kind, meta = str(obj["kind"]), obj["metadata"]
+        group, resource = preflight.OBJECT_RESOURCES.get(kind, ("", ""))
+        access = auth.Access(verb="get", resource=resource, group=group,
+                             namespace=meta["namespace"])  # fmt: skip
+        readable = bool(resource) and await _may(request, who, access)
+        existing = None
+        if readable and not free:
+            existing = await ctx.store.read_object(kind, meta["namespace"], meta["name"])
+        names.append(preflight.Name(kind, meta["namespace"], meta["name"], readable, existing))
+    return preflight.name_check(spec.name, names)
 
 
 def _rejected(err: kube_runs.RejectedError) -> errors.Invalid:
@@ -320,9 +342,11 @@ def _rejected(err: kube_runs.RejectedError) -> errors.Invalid:
 
 
 async def _dry_run(
-    ctx: context.RunsContext, spec: specs.TauSpec, body: dict[str, Any], warnings: Sequence[str]
-) -> dict[str, Any]:
+    request: web.Request, who: auth.Identity, spec: specs.TauSpec, body: dict[str, Any],
+    warnings: Sequence[str],
+) -> dict[str, Any]:  # fmt: skip
     """What a submission would create, checked by the API server's own dry run."""
+    ctx = context.context_of(request)
     namespace = str(body["metadata"]["namespace"])
     try:
         checked = await ctx.store.create_run(namespace, body, dry_run=True)
@@ -336,9 +360,9 @@ async def _dry_run(
         raise errors.Conflict(msg, field="name", code="AlreadyExists") from err
     uid = str((checked.get("metadata") or {}).get("uid") or DRY_RUN_UID)
     ref = objects.RunRef(spec.name, namespace, uid)
-    await _server_check(ctx, spec, ref)
+    noted = await _server_check(request, who, spec, ref)
     created = _first_objects(ctx, spec, ref)
-    return {"dryRun": True, "run": body, "objects": created, "warnings": list(warnings)}
+    return {"dryRun": True, "run": body, "objects": created, "warnings": [*warnings, *noted]}
 
 
 def _content_type(request: web.Request) -> str | None:
@@ -624,12 +648,14 @@ async def post_rerun(request: web.Request) -> web.StreamResponse:
     spec = parsed.spec
     _check_priority(spec, serving.serving_of(request).settings)
     await _check_secrets(request, identity, spec, namespace)
-    checked = await preflight.run(ctx.store, spec, namespace)
+    checked = [*await _preflight(request, identity, spec, namespace)]
     src = reruns.source(item, status)
     annotations = _annotations(identity, ctx.reconciler.manager)
     annotations[marks.RERUN_OF_ANNOTATION] = reruns.annotation(src)
     try:
-        created = await _create_run(request, spec, namespace, _taurun(spec, namespace, annotations))
+        created = await _create_run(
+            request, identity, spec, _taurun(spec, namespace, annotations), checked
+        )
     except kube_runs.ConflictError as err:
         msg = f"a run named {name!r} already exists in namespace {namespace}; pick another name"
         raise errors.Conflict(msg, field="name", code="AlreadyExists") from err

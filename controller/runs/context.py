@@ -34,7 +34,9 @@ class RunsContext:
     """Which run and attempt a run pod's token is (`controller.runs.identity`)."""
 
     def __post_init__(self) -> None:
-        self.run_pods = run_identity.RunPods(self.store.read_pod)
+        self.run_pods = run_identity.RunPods(
+            self.store.read_pod, self.store.read_object, self.store.get_run
+        )
 
 
 RUNS = web.AppKey("runs", RunsContext)

@@ -7,21 +7,32 @@ controller asks TokenReview about it for that audience alone, then maps the pod 
 the pod's own labels. `run_pod` is that mapping (pure); `RunPods` caches it per pod UID and
 shares one pod read among concurrent reports of one pod.
 
+Labels are only where to look (security review 3, finding 10): anyone who may create pods in
+the namespace may put our labels on one. The run and attempt they name hold only when the
+pod's controller chain leads to that run (`owned`, pure): the pod is controlled by the
+attempt's Job (`<run>-a<N>`, its UID), or by the RayCluster its RayJob `<run>-a<N>` names in
+`status.rayClusterName` (the controller may not read RayClusters: the name is checked, not
+the UID), and that object is controlled by the TauRun of that name, its UID the run's as read
+now. A look-alike pod is refused 403, whatever its labels.
+
 What this proves is the namespace boundary: a token of `default` in namespace A is never a
-run of namespace B. Inside a namespace, whoever may create pods there may give one our labels
-and the default ServiceAccount, as Kubernetes lets anyone who can create pods use any
-ServiceAccount of their namespace (docs/security.md says so; a team that must not report for
-another's runs gets its own namespace).
+run of namespace B; and inside a namespace a pod that is not the run's. Kubernetes does not
+check a pod's ownerReferences, so whoever may create pods there may still copy the real
+chain (the Job's name and UID) onto a pod of their own, which the Job controller itself then
+counts as the Job's (docs/security.md says so; a team that must not report for another's runs
+gets its own namespace).
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from controller import auth, errors, marks
+from controller.runs import objects
 
 SERVICE_ACCOUNT_PREFIX = "system:serviceaccount:"
 POD_TTL_S = 60.0
@@ -69,6 +80,58 @@ def run_pod(identity: auth.Identity, pod: Mapping[str, Any] | None) -> RunPod:
     return RunPod(namespace, run, int(attempt), name)
 
 
+def _controller(obj: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    """An object's controller ownerReference ({} without one)."""
+    for ref in ((obj or {}).get("metadata") or {}).get("ownerReferences") or []:
+        if isinstance(ref, Mapping) and ref.get("controller") is True:
+            return ref
+    return {}
+
+
+def attempt_kind(pod: Mapping[str, Any]) -> str:
+    """The kind of the attempt object to read for a pod: a RayJob when a RayCluster controls
+    the pod, else a Job (what `owned` then checks)."""
+    return "RayJob" if _controller(pod).get("kind") == "RayCluster" else "Job"
+
+
+def owned(
+    found: RunPod,
+    pod: Mapping[str, Any],
+    attempt: Mapping[str, Any] | None,
+    run: Mapping[str, Any] | None,
+) -> None:
+    """Forbidden, saying why, unless `pod` is controlled by attempt `found.attempt` of run
+    `found.run` as read now: `attempt` (the Job or RayJob `<run>-a<N>`, None: none) and
+    `run` (the TauRun, None: none). The labels named the run; this is what makes it the
+    run's."""
+    where = f"pod {found.namespace}/{found.pod}"
+    expected = objects.attempt_name(found.run, found.attempt)
+    msg = (
+        f"{where} carries run {found.run!r}'s labels but is not its pod: it is not controlled"
+        f" by attempt {found.attempt}'s {{}} (labels alone make no pod a run's)"
+    )
+    run_meta = (run or {}).get("metadata") or {}
+    meta = (attempt or {}).get("metadata") or {}
+    top = _controller(attempt)
+    kind = str((attempt or {}).get("kind", ""))
+    if (
+        attempt is None or run is None or kind not in {"Job", "RayJob"}
+        or meta.get("name") != expected or meta.get("namespace") != found.namespace
+        or not run_meta.get("uid") or top.get("kind") != objects.TAURUN_KIND
+        or top.get("name") != found.run or top.get("uid") != run_meta.get("uid")
+    ):  # fmt: skip
+        raise errors.Forbidden(msg.format(f"object {expected}"), field="Authorization")
+    ref = _controller(pod)
+    if kind == "Job":
+        ok = ref.get("kind") == "Job" and ref.get("name") == expected
+        ok = ok and bool(meta.get("uid")) and ref.get("uid") == meta.get("uid")
+    else:
+        cluster = str(((attempt or {}).get("status") or {}).get("rayClusterName") or "")
+        ok = ref.get("kind") == "RayCluster" and bool(cluster) and ref.get("name") == cluster
+    if not ok:
+        raise errors.Forbidden(msg.format(f"{kind} {expected}"), field="Authorization")
+
+
 def _namespace(identity: auth.Identity) -> str:
     """The namespace of a ServiceAccount's identity; Forbidden for a person's."""
     rest = identity.username.removeprefix(SERVICE_ACCOUNT_PREFIX)
@@ -80,14 +143,21 @@ def _namespace(identity: auth.Identity) -> str:
 
 
 ReadPod = Callable[[str, str], Awaitable[dict[str, Any] | None]]
+ReadObject = Callable[[str, str, str], Awaitable[dict[str, Any] | None]]
+"""(kind, namespace, name) -> the object, None when there is none."""
 
 
 class RunPods:
-    """`run_pod` with a cache per pod UID (`auth.TTLCache`: one read per pod however many
-    reports wait; a refusal is not kept)."""
+    """`run_pod` and `owned` with a cache per pod UID (`auth.TTLCache`: one read of the pod,
+    its attempt object and its TauRun however many reports wait; a refusal is not kept)."""
 
-    def __init__(self, read_pod: ReadPod, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, read_pod: ReadPod, read_object: ReadObject, read_run: ReadPod, *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:  # fmt: skip
         self._read_pod = read_pod
+        self._read_object = read_object
+        self._read_run = read_run
         self._known = auth.TTLCache(clock)
 
     async def resolve(
@@ -103,6 +173,15 @@ class RunPods:
         async def read() -> RunPod:
             if before_read is not None:
                 before_read()
-            return run_pod(identity, await self._read_pod(namespace, name))
+            pod = await self._read_pod(namespace, name) or {}
+            found = run_pod(identity, pod or None)
+            attempt, run = await asyncio.gather(
+                self._read_object(
+                    attempt_kind(pod), namespace, objects.attempt_name(found.run, found.attempt)
+                ),
+                self._read_run(namespace, found.run),
+            )
+            owned(found, pod, attempt, run)
+            return found
 
         return await self._known.get(uid, read, lambda _: POD_TTL_S)

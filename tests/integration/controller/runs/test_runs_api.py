@@ -283,6 +283,49 @@ async def test_only_a_pods_own_run_token_reports_for_its_run(env: Env) -> None:
     assert expected == actual
 
 
+async def test_a_look_alike_pod_with_the_runs_labels_is_not_the_run(env: Env) -> None:
+    """Review 3, finding 10: a pod somebody makes in the run's namespace with the run's
+    labels, bare or owned by the TauRun itself (its real UID), is not the attempt Job's pod:
+    its run token is refused (403 naming Authorization) and nothing it reports is kept; the
+    run's own pod's token is taken."""
+    assert (await env.submit(job_spec("real", checkpoint={"dir": "/c"})))[0] == 201
+    core = client.CoreV1Api(env.api)
+    good = await runskit.run_token(env.api, env.namespace, "real")
+    run = await client.CustomObjectsApi(env.api).get_namespaced_custom_object(
+        "taugrid.dev", "v1alpha1", env.namespace, "tauruns", "real"
+    )
+    by_run = [{"apiVersion": "taugrid.dev/v1alpha1", "kind": "TauRun", "name": "real",
+               "uid": run["metadata"]["uid"], "controller": True}]  # fmt: skip
+    labels = {"taugrid.dev/run": "real", "taugrid.dev/attempt": "1"}
+
+    async def look_alike(name: str, owners: list[dict[str, Any]]) -> str:
+        pod = await core.create_namespaced_pod(env.namespace, {
+            "metadata": {"name": name, "labels": labels, "ownerReferences": owners},
+            "spec": {"containers": [{"name": "c", "image": IMAGE}],
+                     "nodeSelector": {"taugrid.dev/nowhere": "true"}},
+        })  # fmt: skip
+        tr = await core.create_namespaced_service_account_token(
+            "default", env.namespace, {"spec": {"audiences": [runskit.RUN_AUDIENCE],
+            "boundObjectRef": {"kind": "Pod", "apiVersion": "v1", "name": name,
+                               "uid": pod.metadata.uid}}},
+        )  # fmt: skip
+        return str(tr.status.token)
+
+    cases = {
+        "labels only": await look_alike("real-a1-fake", []),
+        "owned by the TauRun": await look_alike("real-a1-fake2", by_run),
+    }
+    actual = {}
+    for case, token in cases.items():
+        status, answer = await report(env, token, "real", {"attempt": 1, "step": 7, "path": "/c/7"})
+        actual[case] = (status, (answer.get("error") or {}).get("field"))
+    assert actual == dict.fromkeys(cases, (403, "Authorization"))
+    assert (await env.run("real"))["checkpoints"] == []
+    status, _ = await report(env, good, "real", {"attempt": 1, "step": 8, "path": "/c/8"})
+    assert status == 201
+    assert [c["step"] for c in (await env.run("real"))["checkpoints"]] == [8]
+
+
 async def test_a_stale_attempt_cannot_report_after_a_resume(env: Env) -> None:
     """Cancel, then resume by hand from a named checkpoint: attempt 2 starts from it, and
     attempt 1's late report is refused (409) while attempt 2's is taken."""
@@ -327,13 +370,15 @@ async def test_a_name_somebody_elses_object_holds_is_refused_and_that_object_kep
     env: Env,
 ) -> None:
     """Review M4 on the real API server: a ConfigMap `<run>-checkpoint` made by someone else
-    makes the submission 409 NameTaken naming it, before anything is created; a TauRun made
-    with kubectl past the API (no pre-check) ends Failed NameTaken; the ConfigMap's data is
-    untouched either way."""
+    makes the submission 409 NameTaken naming it, before anything is created (to a caller
+    who may get ConfigMaps there: review 3, finding 10); a TauRun made with kubectl past the
+    API (no pre-check) ends Failed NameTaken; the ConfigMap's data is untouched either way."""
     core = client.CoreV1Api(env.api)
     theirs = {"metadata": {"name": "taken-checkpoint"}, "data": {"latest": "mine, not yours"}}
     await core.create_namespaced_config_map(env.namespace, theirs)
-    status, body = await env.submit(job_spec("taken"))
+    rules = [*RESEARCHER_RULES, {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]}]
+    reader = await make_token(env.api, env.namespace, "reader", rules)
+    status, body = await env.submit(job_spec("taken"), token=reader)
     runs = await client.CustomObjectsApi(env.api).list_namespaced_custom_object(
         "taugrid.dev", "v1alpha1", env.namespace, "tauruns"
     )

@@ -27,10 +27,52 @@ def _pod_identity(
     return auth.Identity(f"system:serviceaccount:{namespace}:default", extra=tuple(extra))
 
 
-def _pod(labels: dict[str, str] | None = None, uid: str = POD_UID) -> dict[str, Any]:
+RUN_UID = "run-uid"
+JOB_UID = "job-uid"
+
+
+def _ref(kind: str, name: str, uid: str, *, controller: bool = True) -> dict[str, Any]:
+    return {"kind": kind, "name": name, "uid": uid, "controller": controller}
+
+
+def _pod(
+    labels: dict[str, str] | None = None, uid: str = POD_UID,
+    owners: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:  # fmt: skip
     found = {"taugrid.dev/run": "mnist", "taugrid.dev/attempt": "2"} if labels is None else labels
+    refs = [_ref("Job", "mnist-a2", JOB_UID)] if owners is None else owners
     return {"metadata": {"name": "mnist-a2-0-xk2", "namespace": "team-a", "uid": uid,
-                         "labels": found}}  # fmt: skip
+                         "labels": found, "ownerReferences": refs}}  # fmt: skip
+
+
+def _job(
+    name: str = "mnist-a2", uid: str = JOB_UID, owner: dict[str, Any] | None = None,
+    kind: str = "Job", status: dict[str, Any] | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    ref = _ref("TauRun", "mnist", RUN_UID) if owner is None else owner
+    meta = {"name": name, "namespace": "team-a", "uid": uid, "ownerReferences": [ref]}
+    return {"kind": kind, "metadata": meta, "status": status or {}}
+
+
+def _run(uid: str = RUN_UID) -> dict[str, Any]:
+    return {"kind": "TauRun", "metadata": {"name": "mnist", "namespace": "team-a", "uid": uid}}
+
+
+FOUND = identity.RunPod("team-a", "mnist", 2, "mnist-a2-0-xk2")
+RAYJOB = _job(kind="RayJob", uid="rayjob-uid", status={"rayClusterName": "mnist-a2-x7k"})
+RAY_POD = _pod(owners=[_ref("RayCluster", "mnist-a2-x7k", "rc-uid")])
+
+
+async def _read_object(kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+    return {"Job": _job(), "RayJob": RAYJOB}[kind] if name == "mnist-a2" else None
+
+
+async def _read_run(namespace: str, name: str) -> dict[str, Any] | None:
+    return _run() if name == "mnist" else None
+
+
+def _pods(read: identity.ReadPod, **kw: Any) -> identity.RunPods:
+    return identity.RunPods(read, _read_object, _read_run, **kw)
 
 
 def test_a_pod_of_a_run_is_that_runs_attempt() -> None:
@@ -95,7 +137,7 @@ async def test_concurrent_reports_of_one_pod_share_one_read_and_it_is_reused() -
         await release.wait()
         return _pod()
 
-    pods = identity.RunPods(read, clock=lambda: now[0])
+    pods = _pods(read, clock=lambda: now[0])
     who = _pod_identity()
     waiting = [
         asyncio.create_task(pods.resolve(who, before_read=lambda: taken.append(None)))
@@ -118,10 +160,78 @@ async def test_a_refused_pod_is_not_cached() -> None:
     async def read(namespace: str, name: str) -> dict[str, Any] | None:
         return answers.pop(0)
 
-    pods = identity.RunPods(read)
+    pods = _pods(read)
     with pytest.raises(errors.Forbidden):
         await pods.resolve(_pod_identity())
     assert (await pods.resolve(_pod_identity())).run == "mnist"
+
+
+@pytest.mark.parametrize(
+    ("pod", "attempt"),
+    [
+        pytest.param(_pod(), _job(), id="a Job's pod: the Job by name and UID, the run's"),
+        pytest.param(RAY_POD, RAYJOB, id="a Ray pod: the RayCluster its RayJob names"),
+    ],
+)  # fmt: skip
+def test_a_pod_the_runs_attempt_controls_is_the_runs(
+    pod: dict[str, Any], attempt: dict[str, Any]
+) -> None:
+    identity.owned(FOUND, pod, attempt, _run())
+    assert identity.attempt_kind(pod) == attempt["kind"]
+
+
+@pytest.mark.parametrize(
+    ("pod", "attempt", "run"),
+    [
+        pytest.param(_pod(owners=[]), _job(), _run(), id="labels and no owner at all"),
+        pytest.param(_pod(owners=[_ref("Job", "mnist-a2", JOB_UID, controller=False)]), _job(),
+                     _run(), id="an owner that is not the controller"),
+        pytest.param(_pod(owners=[_ref("Job", "mnist-a2", "forged-uid")]), _job(), _run(),
+                     id="the Job's name with another UID"),
+        pytest.param(_pod(owners=[_ref("Job", "theirs", JOB_UID)]), _job(), _run(),
+                     id="another Job's pod"),
+        pytest.param(_pod(owners=[_ref("ReplicaSet", "mnist-a2", JOB_UID)]), _job(), _run(),
+                     id="a ReplicaSet of the attempt's name"),
+        pytest.param(_pod(), None, _run(), id="no attempt object"),
+        pytest.param(_pod(), _job(), None, id="no TauRun"),
+        pytest.param(_pod(), _job(), _run("another-run-uid"),
+                     id="a Job controlled by a TauRun of the name but another UID"),
+        pytest.param(_pod(), _job(owner=_ref("TauRun", "other", RUN_UID)), _run(),
+                     id="a Job controlled by another run"),
+        pytest.param(_pod(), _job(owner=_ref("CronJob", "mnist", RUN_UID)), _run(),
+                     id="a Job controlled by something else"),
+        pytest.param(_pod(), _job(owner=_ref("TauRun", "mnist", RUN_UID, controller=False)),
+                     _run(), id="a Job the run owns but does not control"),
+        pytest.param(_pod(), _job(name="mnist-a3"), _run(), id="another attempt's Job"),
+        pytest.param(_pod(owners=[_ref("RayCluster", "other-x7k", "rc")]), RAYJOB, _run(),
+                     id="a RayCluster the RayJob does not name"),
+        pytest.param(RAY_POD, _job(kind="RayJob", uid="r"), _run(),
+                     id="a RayJob that names no cluster yet"),
+        pytest.param(RAY_POD, _job(kind="Deployment"), _run(), id="an attempt of another kind"),
+    ],
+)  # fmt: skip
+def test_a_look_alike_pod_is_not_the_runs(
+    pod: dict[str, Any], attempt: dict[str, Any] | None, run: dict[str, Any] | None
+) -> None:
+    """Review 3, finding 10: the run's labels on a pod the attempt does not control: 403."""
+    with pytest.raises(errors.Forbidden, match="labels alone make no pod a run's") as caught:
+        identity.owned(FOUND, pod, attempt, run)
+    assert caught.value.field == "Authorization"
+
+
+async def test_a_look_alike_pod_is_refused_through_the_cache_and_never_kept() -> None:
+    """`RunPods` reads the chain: a labelled pod with no owner is refused every time."""
+    reads: list[str] = []
+
+    async def read(namespace: str, name: str) -> dict[str, Any] | None:
+        reads.append(name)
+        return _pod(owners=[])
+
+    pods = _pods(read)
+    for _ in range(2):
+        with pytest.raises(errors.Forbidden, match="is not its pod"):
+            await pods.resolve(_pod_identity())
+    assert len(reads) == 2
 
 
 def _jwt(claims: object) -> str:
