@@ -464,7 +464,7 @@ def make_app(
 async def serve(config: settings.Settings, stop: asyncio.Event) -> None:
     """Run the app until `stop` is set; readiness goes false first, then the site stops."""
     app = make_app(config)
-    runner = web.AppRunner(app, handle_signals=False)
+    runner = web.AppRunner(app, handle_signals=False, keepalive_timeout=config.http_idle_timeout_s)
     await runner.setup()
     site = web.TCPSite(runner, config.listen_host, config.port)
     await site.start()

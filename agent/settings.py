@@ -195,6 +195,12 @@ class Settings(pydantic_settings.BaseSettings):
     """JSON logs (None: JSON unless stderr is a terminal)."""
     shutdown_grace_s: float = pydantic.Field(default=5.0, ge=0)
     """Seconds between readiness going false and the sites stopping on SIGTERM."""
+    http_idle_timeout_s: float = pydantic.Field(default=10.0, gt=0, le=3600)
+    """A connection to the agent's API that has not sent a complete request head this long
+    after it opened, or after its last response, is closed: a silent or trickling client
+    holds no socket for long (aiohttp's default keep-alive timer is an hour; security review
+    3, finding 14). A Prometheus scraping less often than this opens a new connection per
+    scrape, which is cheap."""
 
     @pydantic.field_validator("host_label")
     @classmethod

@@ -55,14 +55,49 @@ def _freeze() -> None:
     gc.freeze()
 
 
-def make_runner(app: web.Application, *, shutdown_timeout: float = 10.0) -> web.AppRunner:
+def make_runner(
+    app: web.Application, *, shutdown_timeout: float = 10.0, idle_timeout_s: float = 10.0
+) -> web.AppRunner:
     """The runner every controller serves through (tests too). `handler_cancellation`: a
     client that hangs up cancels its handler, and with it the upstream calls and polls it
-    was making (review H2; aiohttp leaves handlers running by default)."""
+    was making (review H2; aiohttp leaves handlers running by default). `idle_timeout_s`
+    is aiohttp's keep-alive timer, which closes a connection whose request head has not
+    fully arrived that long after it opened or after its last response (security review 3,
+    finding 14: aiohttp's default is an hour)."""
     return web.AppRunner(
         app, handle_signals=False, access_log=None, shutdown_timeout=shutdown_timeout,
-        handler_cancellation=True,
+        handler_cancellation=True, keepalive_timeout=idle_timeout_s,
     )  # fmt: skip
+
+
+class Site(web.TCPSite):
+    """A TCP site whose TLS handshakes must end within `handshake_timeout_s` (aiohttp's
+    TCPSite leaves asyncio's 60 s): the request-head timer starts only after it."""
+
+    def __init__(
+        self,
+        runner: web.AppRunner,
+        host: str,
+        port: int,
+        *,
+        ssl_context: ssl.SSLContext | None,
+        handshake_timeout_s: float,
+    ) -> None:
+        super().__init__(runner, host, port, ssl_context=ssl_context)
+        self._handshake_timeout_s = handshake_timeout_s
+
+    async def start(self) -> None:
+        if self._ssl_context is None:
+            await super().start()
+            return
+        await web.BaseSite.start(self)
+        server = self._runner.server
+        assert server is not None
+        self._server = await asyncio.get_running_loop().create_server(
+            server, self._host, self._port, ssl=self._ssl_context, backlog=self._backlog,
+            ssl_handshake_timeout=self._handshake_timeout_s,
+        )  # fmt: skip
+        self._bound_port = self._server.sockets[0].getsockname()[1]
 
 
 async def serve(
@@ -74,9 +109,12 @@ async def serve(
 ) -> None:
     """Serve `app` until `stop` is set; then readiness goes false, and only after
     `shutdown_grace_s` do the listeners close and the cleanup contexts stop the loops."""
-    runner = make_runner(app)
+    runner = make_runner(app, idle_timeout_s=settings.http_idle_timeout_s)
     await runner.setup()
-    site = web.TCPSite(runner, settings.host, settings.port, ssl_context=ssl_context)
+    site = Site(
+        runner, settings.host, settings.port, ssl_context=ssl_context,
+        handshake_timeout_s=settings.tls_handshake_timeout_s,
+    )  # fmt: skip
     await site.start()
     try:
         await stop.wait()

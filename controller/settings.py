@@ -236,6 +236,16 @@ class ControllerSettings(pydantic_settings.BaseSettings):
     shutdown_grace_s: float = pydantic.Field(default=5.0, ge=0)
     """On SIGTERM, seconds between readiness going false and the listeners closing: the
     time the endpoints controller needs to take this replica out of its Services."""
+    http_idle_timeout_s: float = pydantic.Field(default=10.0, gt=0, le=3600)
+    """A connection that has not sent a complete request head this long after it opened,
+    or after the last response on it, is closed: it bounds both a slow or silent request
+    head and an idle keep-alive connection (aiohttp's keep-alive timer, whose default is an
+    hour: 40 connections trickling header bytes and 40 sending nothing all held their
+    sockets; security review 3, finding 14). Above the agents' heartbeat interval (5 s), so
+    their kept connections are reused; keep a proxy's upstream idle timeout below it."""
+    tls_handshake_timeout_s: float = pydantic.Field(default=10.0, gt=0, le=600)
+    """A TLS connection that has not finished its handshake this long after it opened is
+    closed (asyncio's default is 60 s); the head timeout above starts after it."""
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     """structlog level."""
     log_json: bool | None = None

@@ -4,6 +4,7 @@ changed verdict posted to a test receiver; plus its HTTP surface."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import pathlib
 import signal
@@ -82,6 +83,7 @@ def agent_proc(
         "TAUGRID_AGENT_SHUTDOWN_GRACE_S": "0",
         "TAUGRID_AGENT_HEARTBEAT_INTERVAL_S": "30",
         "TAUGRID_AGENT_LOG_JSON": "true",
+        "TAUGRID_AGENT_HTTP_IDLE_TIMEOUT_S": "2",
     }
     with (tmp_path / "agent.log").open("wb") as log:
         proc = subprocess.Popen(
@@ -169,3 +171,42 @@ async def test_injected_fault_reaches_the_controller_as_a_heartbeat(
         assert "not found" in doc["dcgm"]["detail"]
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(30) == 0
+
+
+async def test_a_connection_that_never_finishes_its_request_head_is_closed(agent_proc: Any) -> None:
+    """A client that sends nothing and one that trickles header bytes are both hung up on
+    (`http_idle_timeout_s`, 2 s here; aiohttp's default an hour: security review 3,
+    finding 14), while the API still answers."""
+    _, _, url, _ = agent_proc
+    async with aiohttp.ClientSession() as session:
+        await poll_json(session, f"{url}/v1/gpus", lambda body: "gpus" in body)
+    port = int(url.rsplit(":", 1)[1])
+    silent_r, silent_w = await asyncio.open_connection("127.0.0.1", port)
+    trickle_r, trickle_w = await asyncio.open_connection("127.0.0.1", port)
+
+    async def trickle() -> None:
+        for byte in b"GET /v1/gpus HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 10_000:
+            trickle_w.write(bytes([byte]))
+            await asyncio.sleep(0.2)
+
+    async def hung_up(reader: asyncio.StreamReader) -> bool:
+        try:
+            async with asyncio.timeout(DEADLINE_S):
+                while await reader.read(4096):
+                    pass
+        except TimeoutError:
+            return False
+        except ConnectionError:
+            return True
+        return True
+
+    feeding = asyncio.create_task(trickle())
+    try:
+        assert await hung_up(silent_r), "a connection that sent nothing stayed open"
+        assert await hung_up(trickle_r), "a connection trickling its head stayed open"
+    finally:
+        feeding.cancel()
+        with contextlib.suppress(asyncio.CancelledError, ConnectionError):
+            await feeding
+        silent_w.close()
+        trickle_w.close()
