@@ -89,7 +89,7 @@ class Buckets:
         bucket.tokens = min(float(self.burst), bucket.tokens + (now - bucket.at) * self.rate_per_s)
         bucket.at = now
         if bucket.tokens < 1.0:
-            msg = f"too many {what} from this address; retry in a few seconds"
+            msg = f"too many {what}; retry in a few seconds"
             raise errors.TooManyRequests(msg, code="RateLimited")
         bucket.tokens -= 1.0
 

@@ -70,6 +70,8 @@ class Limits:
     log_streams: limits.Slots
     expensive_reads: limits.Slots
     reviews: limits.Buckets
+    reports: limits.Buckets
+    """Results and checkpoint reports per run and caller: each costs a TauRun read."""
 
     @classmethod
     def from_settings(cls, settings: ControllerSettings) -> Limits:
@@ -80,6 +82,8 @@ class Limits:
                                          per_key=settings.expensive_reads_per_identity),
             reviews=limits.Buckets(rate_per_s=settings.review_rate_per_source,
                                    burst=settings.review_burst_per_source),
+            reports=limits.Buckets(rate_per_s=settings.reports_per_s_per_run,
+                                   burst=settings.reports_burst_per_run),
         )  # fmt: skip
 
 
@@ -161,7 +165,7 @@ def unseen_credential(request: web.Request) -> Callable[[], None]:
     costs the API server at most the bucket's rate, per address (review M10)."""
     st = serving_of(request)
     source = request.remote or ""
-    return lambda: st.limits.reviews.take(source, "unknown tokens")
+    return lambda: st.limits.reviews.take(source, "unknown tokens from this address")
 
 
 async def allow(request: web.Request, who: auth.Identity, access: auth.Access) -> None:

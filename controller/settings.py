@@ -218,6 +218,13 @@ class ControllerSettings(pydantic_settings.BaseSettings):
     unauthenticated caller can make the API server do. Tokens already reviewed cost nothing."""
     review_burst_per_source: int = pydantic.Field(default=20, ge=1)
     """How many such reviews a source address may cause at once before the rate applies."""
+    reports_per_s_per_run: float = pydantic.Field(default=10.0, gt=0)
+    """Results and checkpoint reports one caller may make for one run per second, refilled
+    (429 `RateLimited` past it): each costs a read of the TauRun from the API server, so a
+    run's pod reporting in a tight loop is slowed, not the API server (security review 3,
+    finding 10). `tau result` batches points; a training loop reports far less often."""
+    reports_burst_per_run: int = pydantic.Field(default=50, ge=1)
+    """How many such reports a caller may make for a run at once before the rate applies."""
     reviews_in_flight_max: int = pydantic.Field(default=64, ge=1)
     """TokenReviews this replica has in flight at once; a caller whose token needs one past
     it is answered 503 `ReviewBusy` at once and retries, rather than queueing reviews the API

@@ -538,12 +538,21 @@ async def post_checkpoint(request: web.Request) -> web.StreamResponse:
     if (leader := await serving.unless_leader(request, caller)) is not None:
         return leader
     namespace, name = context.run_path(request)
+    _report_rate(request, caller, namespace, name)
     body = await serving.json_body(request, checkpoints.ReportBody)
     _check_attempt(caller, body.attempt)
     report = checkpoints.Report(attempt=body.attempt, step=body.step, path=body.path)
     entry = await context.context_of(request).reconciler.record_checkpoint(namespace, name, report)
     log.debug("checkpoint reported", run=f"{namespace}/{name}", by=caller.username)
     return web.json_response(entry, status=201)
+
+
+def _report_rate(request: web.Request, caller: auth.Identity, namespace: str, name: str) -> None:
+    """One token of the caller's bucket for this run (429 past `reports_per_s_per_run`):
+    each report reads the TauRun from the API server (security review 3, finding 10)."""
+    serving.serving_of(request).limits.reports.take(
+        (caller.username, namespace, name), f"reports for run {name!r} from {caller.username}"
+    )
 
 
 async def _checkpoints_of(request: web.Request) -> list[dict[str, Any]]:
@@ -687,6 +696,7 @@ async def post_results(request: web.Request) -> web.StreamResponse:
     if (leader := await serving.unless_leader(request, caller)) is not None:
         return leader
     namespace, name = context.run_path(request)
+    _report_rate(request, caller, namespace, name)
     report = results.parse_report(await serving.json_document(request, results.ResultReport))
     _check_attempt(caller, report.attempt)
     collector = context.context_of(request).reconciler.collector

@@ -331,3 +331,40 @@ async def test_the_real_kubelet_reports_the_fake_plugins_gpus_to_the_agent(
         dev_cluster.kubectl(bin_dir, "-n", "default", "delete", "pod", name, "--wait=false")
     assert len(visible) == 2
     assert visible == attributed_uuids
+
+
+async def test_on_call_reads_the_real_nodes_agent_through_the_controller(
+    dev_cluster: cluster.Cluster, bin_dir: pathlib.Path
+) -> None:
+    """The agent proxy as deployed: the controller pod calls the real node's agent pod with
+    its own `taugrid-agent` token, and on-call's token gets the agent's GPU view (with pod
+    names); a researcher's gets 403 and an unknown node 404. KWOK nodes' agents are host
+    processes at no pod IP, so only the real node's agent is reachable this way."""
+    _real_node(dev_cluster, bin_dir)
+    oncall = dev_cluster.kubectl(bin_dir, "-n", stack.NAMESPACE, "create", "token",
+                                 stack.ONCALL_SA, "--duration=1h").strip()  # fmt: skip
+    researcher = stack.researcher_token(dev_cluster, bin_dir)
+    base = f"{stack.controller_url()}/v1/nodes"
+    async with aiohttp.ClientSession() as http:
+
+        async def answered() -> dict[str, Any]:
+            async with http.get(
+                f"{base}/{node.NODE_NAME}/gpus", headers={"Authorization": f"Bearer {oncall}"}
+            ) as resp:
+                body = await resp.json()
+                assert resp.status == 200, body
+                return dict(body)
+
+        body = await support.eventually(
+            answered, timeout_s=60, interval_s=1, what="the agent's view through the controller"
+        )
+        statuses = []
+        for path, token in (
+            (f"{base}/{node.NODE_NAME}/gpus", researcher),
+            (f"{base}/no-such-node/gpus", oncall),
+        ):
+            async with http.get(path, headers={"Authorization": f"Bearer {token}"}) as resp:
+                statuses.append(resp.status)
+    assert len(body["gpus"]) == 8, body
+    assert all("verdict" in g for g in body["gpus"]), body
+    assert statuses == [403, 404]

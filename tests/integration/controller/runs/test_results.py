@@ -144,3 +144,37 @@ async def test_an_experiments_runs_compare_side_by_side(env: Env) -> None:
         ["RUN", "PHASE", "LOSS"],
         [("lr-a", ["0.4", "@20"]), ("lr-b", ["0.3", "@20"])],
     ), out
+
+
+@pytest.mark.controller(reports_per_s_per_run=0.01, reports_burst_per_run=3)
+async def test_reports_past_the_runs_rate_are_429_and_read_no_taurun(env: Env) -> None:
+    """Each report reads the TauRun from the API server (security review 3, finding 10): a
+    run's caller past `reports_burst_per_run` is answered 429 `RateLimited` with Retry-After
+    before anything is read, for results and checkpoints alike; another run's bucket is its
+    own."""
+    for run in ("chatty", "quiet"):
+        assert (await env.submit(job_spec(run)))[0] == 201
+    chatty = await runskit.run_token(env.api, env.namespace, "chatty")
+    quiet = await runskit.run_token(env.api, env.namespace, "quiet")
+    point = {"attempt": 1, "metrics": [{"name": "loss", "value": 0.5, "step": 1}]}
+    answers = [await post(env, chatty, "chatty", point) for _ in range(3)]
+    assert [status for status, _ in answers] == [202, 202, 202], answers
+    async with env.http.post(
+        f"{env.url}/v1/runs/{env.namespace}/chatty/results", json=point,
+        headers={"Authorization": f"Bearer {chatty}"},
+    ) as resp:  # fmt: skip
+        refused = (resp.status, resp.headers.get("Retry-After"), (await resp.json())["error"])
+    async with env.http.post(
+        f"{env.url}/v1/runs/{env.namespace}/chatty/checkpoints",
+        json={"attempt": 1, "step": 1, "path": "/ckpt/step-1"},
+        headers={"Authorization": f"Bearer {chatty}"},
+    ) as resp:  # fmt: skip
+        checkpoint = resp.status
+    assert (refused[0], refused[1], refused[2]["code"], checkpoint) == (
+        429,
+        "1",
+        "RateLimited",
+        429,
+    )
+    assert "chatty" in refused[2]["message"], refused
+    assert (await post(env, quiet, "quiet", point))[0] == 202
