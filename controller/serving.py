@@ -72,6 +72,9 @@ class Limits:
     reviews: limits.Buckets
     reports: limits.Buckets
     """Results and checkpoint reports per run and caller: each costs a TauRun read."""
+    spec_parses: limits.Slots
+    """Submissions whose body (up to 1 MiB of YAML or JSON) is being parsed, per caller and
+    per replica: a parse holds a worker thread and its memory."""
 
     @classmethod
     def from_settings(cls, settings: ControllerSettings) -> Limits:
@@ -84,6 +87,9 @@ class Limits:
                                    burst=settings.review_burst_per_source),
             reports=limits.Buckets(rate_per_s=settings.reports_per_s_per_run,
                                    burst=settings.reports_burst_per_run),
+            spec_parses=limits.Slots("submissions being parsed",
+                                     per_key=settings.spec_parses_per_identity,
+                                     total=settings.spec_parses_max),
         )  # fmt: skip
 
 

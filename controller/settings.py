@@ -225,6 +225,12 @@ class ControllerSettings(pydantic_settings.BaseSettings):
     finding 10). `tau result` batches points; a training loop reports far less often."""
     reports_burst_per_run: int = pydantic.Field(default=50, ge=1)
     """How many such reports a caller may make for a run at once before the rate applies."""
+    spec_parses_per_identity: int = pydantic.Field(default=2, ge=1)
+    """Submissions one caller may have being parsed at once (a body is up to 1 MiB of YAML;
+    a parse holds a worker thread); past it 429 `TooMany` (security review 3, finding 10)."""
+    spec_parses_max: int = pydantic.Field(default=4, ge=1)
+    """Submissions a replica parses at once over all callers (fewer than the default thread
+    pool's workers, so other work that needs a thread is never queued behind parses)."""
     reviews_in_flight_max: int = pydantic.Field(default=64, ge=1)
     """TokenReviews this replica has in flight at once; a caller whose token needs one past
     it is answered 503 `ReviewBusy` at once and retries, rather than queueing reviews the API

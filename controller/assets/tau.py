@@ -569,6 +569,11 @@ def _name_suffix(args: argparse.Namespace) -> str:
     return secrets.token_hex(3)[:5] if args.generate_name else ""
 
 
+SUBMIT_RETRIES = 5
+"""`tau run` tries again this many times, a second apart, when the controller is busy (429:
+it parses a caller's submissions a few at a time) or could not be reached."""
+
+
 def cmd_run(client: Client, args: argparse.Namespace) -> int:
     query = _namespace_query(args)
     suffix = _name_suffix(args)
@@ -585,13 +590,19 @@ def cmd_run(client: Client, args: argparse.Namespace) -> int:
         content_type = "application/json"
     headers = {"Content-Type": content_type, "Idempotency-Key": secrets.token_hex(16)}
     try:
-        try:
-            _, run = client.request("POST", "/v1/runs", body, headers=headers, query=query)
-        except TauError as err:
-            if err.code != EXIT_UNAVAILABLE or "cannot reach" not in str(err):
-                raise
-            time.sleep(1.0)  # the same Idempotency-Key makes the retry safe
-            _, run = client.request("POST", "/v1/runs", body, headers=headers, query=query)
+        for tries_left in range(SUBMIT_RETRIES, -1, -1):
+            # The same Idempotency-Key makes a retry safe: a run created by a call whose
+            # answer was lost is found, not made twice.
+            try:
+                _, run = client.request("POST", "/v1/runs", body, headers=headers, query=query)
+                break
+            except TauError as err:
+                busy = err.status == 429 or (
+                    err.code == EXIT_UNAVAILABLE and "cannot reach" in str(err)
+                )
+                if not busy or not tries_left:
+                    raise
+                time.sleep(1.0)
     except TauError as err:
         if err.status != 409:
             raise

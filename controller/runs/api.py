@@ -123,7 +123,8 @@ async def post_run(request: web.Request) -> web.StreamResponse:
         raw = await serving.read_body(request, specs.MAX_SPEC_BYTES)
         namespace = await _authorise_submission(request, identity, query, raw)
         try:
-            parsed = await asyncio.to_thread(specs.parse_spec, raw, _content_type(request))
+            with st.limits.spec_parses.hold(identity.username, identity.username):
+                parsed = await asyncio.to_thread(specs.parse_spec, raw, _content_type(request))
         except specs.SpecError as err:
             raise _spec_error(err) from err
         spec = parsed.spec
