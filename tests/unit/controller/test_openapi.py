@@ -152,7 +152,7 @@ def test_the_agent_calls_are_documented_with_their_parameters_and_gateway_errors
 
     def pattern(param: dict[str, Any]) -> str:
         schema = param["schema"]
-        return next(s["pattern"] for s in schema.get("anyOf", [schema]) if "pattern" in s)
+        return str(next(s["pattern"] for s in schema.get("anyOf", [schema]) if "pattern" in s))
 
     actual = {
         "diag levels": level["schema"].get("enum"),

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from controller.runs import api as runs_api
+from shared import spec as specs
 from tests import support
 from tests.runskit import Env, job_spec
 
@@ -26,7 +26,7 @@ async def test_a_callers_parses_past_the_cap_are_429_and_the_held_one_completes(
     it is created, and the caller may submit again."""
     gate = threading.Event()
     entered = threading.Event()
-    real = runs_api.specs.parse_spec
+    real = specs.parse_spec
 
     def held(raw: bytes, content_type: str) -> Any:
         if b"held" in raw:
@@ -34,9 +34,10 @@ async def test_a_callers_parses_past_the_cap_are_429_and_the_held_one_completes(
             gate.wait(60)
         return real(raw, content_type)
 
-    monkeypatch.setattr(runs_api.specs, "parse_spec", held)
+    monkeypatch.setattr(specs, "parse_spec", held)
     first = asyncio.create_task(env.submit(job_spec("held")))
     try:
+
         async def parsing() -> None:
             assert entered.is_set(), "the first parse has not started"
 
