@@ -9,7 +9,8 @@ shares one pod read among concurrent reports of one pod.
 
 Labels are only where to look (security review 3, finding 10): anyone who may create pods in
 the namespace may put our labels on one. The run and attempt they name hold only when the
-pod's controller chain leads to that run (`owned`, pure): the pod is controlled by the
+pod's controller chain leads to that run (`owned`, pure, asking `owners.fault`, the rule
+the reconciler, live logs and log keeping also ask): the pod is controlled by the
 attempt's Job (`<run>-a<N>`, its UID), or by the RayCluster its RayJob `<run>-a<N>` names in
 `status.rayClusterName` (the controller may not read RayClusters: the name is checked, not
 the UID), and that object is controlled by the TauRun of that name, its UID the run's as read
@@ -32,7 +33,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from controller import auth, errors, marks
-from controller.runs import objects
+from controller.runs import objects, owners
 
 SERVICE_ACCOUNT_PREFIX = "system:serviceaccount:"
 POD_TTL_S = 60.0
@@ -80,18 +81,10 @@ def run_pod(identity: auth.Identity, pod: Mapping[str, Any] | None) -> RunPod:
     return RunPod(namespace, run, int(attempt), name)
 
 
-def _controller(obj: Mapping[str, Any] | None) -> Mapping[str, Any]:
-    """An object's controller ownerReference ({} without one)."""
-    for ref in ((obj or {}).get("metadata") or {}).get("ownerReferences") or []:
-        if isinstance(ref, Mapping) and ref.get("controller") is True:
-            return ref
-    return {}
-
-
 def attempt_kind(pod: Mapping[str, Any]) -> str:
     """The kind of the attempt object to read for a pod: a RayJob when a RayCluster controls
     the pod, else a Job (what `owned` then checks)."""
-    return "RayJob" if _controller(pod).get("kind") == "RayCluster" else "Job"
+    return "RayJob" if owners.controller(pod).get("kind") == "RayCluster" else "Job"
 
 
 def owned(
@@ -101,35 +94,19 @@ def owned(
     run: Mapping[str, Any] | None,
 ) -> None:
     """Forbidden, saying why, unless `pod` is controlled by attempt `found.attempt` of run
-    `found.run` as read now: `attempt` (the Job or RayJob `<run>-a<N>`, None: none) and
-    `run` (the TauRun, None: none). The labels named the run; this is what makes it the
-    run's."""
-    where = f"pod {found.namespace}/{found.pod}"
-    expected = objects.attempt_name(found.run, found.attempt)
-    msg = (
-        f"{where} carries run {found.run!r}'s labels but is not its pod: it is not controlled"
-        f" by attempt {found.attempt}'s {{}} (labels alone make no pod a run's)"
-    )
-    run_meta = (run or {}).get("metadata") or {}
-    meta = (attempt or {}).get("metadata") or {}
-    top = _controller(attempt)
-    kind = str((attempt or {}).get("kind", ""))
-    if (
-        attempt is None or run is None or kind not in {"Job", "RayJob"}
-        or meta.get("name") != expected or meta.get("namespace") != found.namespace
-        or not run_meta.get("uid") or top.get("kind") != objects.TAURUN_KIND
-        or top.get("name") != found.run or top.get("uid") != run_meta.get("uid")
-    ):  # fmt: skip
-        raise errors.Forbidden(msg.format(f"object {expected}"), field="Authorization")
-    ref = _controller(pod)
-    if kind == "Job":
-        ok = ref.get("kind") == "Job" and ref.get("name") == expected
-        ok = ok and bool(meta.get("uid")) and ref.get("uid") == meta.get("uid")
-    else:
-        cluster = str(((attempt or {}).get("status") or {}).get("rayClusterName") or "")
-        ok = ref.get("kind") == "RayCluster" and bool(cluster) and ref.get("name") == cluster
-    if not ok:
-        raise errors.Forbidden(msg.format(f"{kind} {expected}"), field="Authorization")
+    `found.run` as read now (`owners.fault`): `attempt` (the Job or RayJob `<run>-a<N>`,
+    None: none) and `run` (the TauRun, None: none). The labels named the run; this is what
+    makes it the run's."""
+    uid = str(((run or {}).get("metadata") or {}).get("uid") or "")
+    ref = objects.RunRef(name=found.run, namespace=found.namespace, uid=uid)
+    what = owners.fault(pod, attempt, run=ref, attempt=found.attempt)
+    if what is not None:
+        msg = (
+            f"pod {found.namespace}/{found.pod} carries run {found.run!r}'s labels but is not"
+            f" its pod: it is not controlled by attempt {found.attempt}'s {what} (labels alone"
+            " make no pod a run's)"
+        )
+        raise errors.Forbidden(msg, field="Authorization")
 
 
 def _namespace(identity: auth.Identity) -> str:

@@ -9,6 +9,10 @@ Two ways in, one write path:
   plan's deletes) and when a run ends, so the last lines of a failed attempt are kept
   before its pods go.
 
+The pods are found by the run's labels and kept only when their controller chain leads to
+the attempt (`owners.owned_pods`, against the run-labelled Jobs and RayJobs the reconciler's
+caches hold): a look-alike pod's log is never kept as a run's.
+
 Each read asks only for the tail (`tailLines`, `limitBytes`), with a timeout; a log that
 cannot be read is skipped (what was kept before stays). A TauRunLog is created; one that
 exists is replaced only when it is this run's own (its owner reference names the TauRun's
@@ -26,7 +30,7 @@ from typing import Any, Protocol
 import structlog
 
 from controller import errors, leading, marks, metrics
-from controller.runs import keptlogs, objects, records, views
+from controller.runs import keptlogs, objects, owners, records, views
 
 log = structlog.get_logger()
 
@@ -137,17 +141,41 @@ class LogKeeper:
             key = (str(meta.get("namespace", "")), str(labels.get(marks.RUN_LABEL, "")))
             if key in runs and label.isdigit():
                 by_attempt.setdefault((*key, int(label)), []).append(pod)
-        work = []
+        current: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
         for (namespace, run_name, attempt), pods in by_attempt.items():
-            ref, item = runs[(namespace, run_name)]
+            _, item = runs[(namespace, run_name)]
             try:
-                current = records.read(item.get("status"), results=False).current_attempt
+                now_at = records.read(item.get("status"), results=False).current_attempt
             except ValueError:
                 continue
-            if attempt == current:
-                work.append(self.capture(ref, attempt, pods, final=False))
+            if attempt == now_at:
+                current[(namespace, run_name, attempt)] = pods
+        named = await self._attempt_objects(marks.RUN_LABEL) if current else {}
+        work = []
+        for (namespace, run_name, attempt), pods in current.items():
+            ref, _ = runs[(namespace, run_name)]
+            found = named.get((namespace, objects.attempt_name(run_name, attempt)), [])
+            owned = owners.owned_pods(pods, found, run=ref, attempt=attempt)
+            work.append(self.capture(ref, attempt, owned, final=False))
         await asyncio.gather(*work)
         return None
+
+    async def _attempt_objects(self, selector: str) -> dict[tuple[str, str], list[dict[str, Any]]]:
+        """The run-labelled Jobs and RayJobs (from the reconciler's caches once synced) by
+        (namespace, name): what `owners.owned_pods` checks a pod's controller chain against.
+        A cluster without KubeRay lists no RayJobs."""
+        jobs = await self.store.list_labelled("Job", selector)
+        try:
+            rayjobs = await self.store.list_labelled("RayJob", selector)
+        except Exception:  # noqa: BLE001  (no RayJob CRD: 404)
+            rayjobs = []
+        found: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        for kind, items in (("Job", jobs), ("RayJob", rayjobs)):
+            for obj in items:
+                meta = obj.get("metadata") or {}
+                key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
+                found.setdefault(key, []).append(obj if obj.get("kind") else {**obj, "kind": kind})
+        return found
 
     async def keep_final(self, ref: objects.RunRef, attempts: Sequence[int]) -> None:
         """Keep the tails of these attempts' workers now (they are ending, or about to be
@@ -156,7 +184,10 @@ class LogKeeper:
             selector = f"{marks.RUN_LABEL}={ref.name},{marks.ATTEMPT_LABEL}={attempt}"
             try:
                 pods = await self.store.list_pods(ref.namespace, selector)
-                await self.capture(ref, attempt, pods, final=True)
+                named = await self._attempt_objects(f"{marks.RUN_LABEL}={ref.name}")
+                found = named.get((ref.namespace, objects.attempt_name(ref.name, attempt)), [])
+                owned = owners.owned_pods(pods, found, run=ref, attempt=attempt)
+                await self.capture(ref, attempt, owned, final=True)
             except asyncio.CancelledError:
                 raise
             except leading.NotLeaderError:

@@ -1,11 +1,13 @@
 """A run's logs: `GET /v1/runs/{ns}/{name}/logs`, streamed from the worker's pod.
 
 `follow=true` waits (up to `logs_wait_s`) for the pod to start, then keeps the stream open
-until the container ends. A client that hangs up cancels the handler (the runner's
-`handler_cancellation`), which ends both the wait's polling and the upstream stream. One
-identity holds at most `log_streams_per_identity` calls at once and a replica at most
-`log_streams_max` (429 beyond), so streams cannot take the API server connections the
-lease and the quarantine loop need (they are on other clients anyway). When the pod is gone
+until the container ends. The pods are the attempt's by their controller chain, not by their
+labels alone (`attempt_pods`: a look-alike pod's log is never the run's). A client that
+hangs up cancels the handler (the runner's `handler_cancellation`), which ends both the
+wait's polling and the upstream stream. One identity holds at most
+`log_streams_per_identity` calls at once and a replica at most `log_streams_max` (429
+beyond), so streams cannot take the API server connections the lease and the quarantine
+loop need (they are on other clients anyway). When the pod is gone
 (or its log cannot be read), or `kept=true` asks for it, the tail the controller kept
 (`keeping`) is served instead, marked as such by `X-TauGrid-Log-Source: kept`.
 """
@@ -13,7 +15,8 @@ lease and the quarantine loop need (they are on other clients anyway). When the 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 from aiohttp import web
 
@@ -24,6 +27,7 @@ from controller.runs import (
     lifecycle,
     logtext,
     objects,
+    owners,
     reconciling,
     schemas,
     views,
@@ -39,6 +43,35 @@ def _pick_pod(pods: list[dict[str, Any]], worker: int) -> tuple[dict[str, Any], 
         pod, container = found[worker]
         return dict(pod), container
     return None
+
+
+class PodStore(Protocol):
+    """What `attempt_pods` reads (`controller.kube.runs.RunStore` implements it)."""
+
+    async def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        """Pods of one namespace by label selector."""
+        ...
+
+    async def read_object(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """A run's object by kind and name; None when there is none."""
+        ...
+
+
+async def attempt_pods(
+    store: PodStore, item: Mapping[str, Any], attempt: int
+) -> list[dict[str, Any]]:
+    """The pods of attempt `attempt` of the TauRun `item`: those its labels select whose
+    controller chain leads to that attempt of that run (`owners.owned_pods`), so a
+    look-alike pod's log is never served as the run's. Two reads: the pods, and (when any
+    carries the labels) the attempt's Job or RayJob."""
+    ref = objects.run_ref(item)
+    selector = f"{marks.RUN_LABEL}={ref.name},{marks.ATTEMPT_LABEL}={attempt}"
+    labelled = await store.list_pods(ref.namespace, selector)
+    if not labelled:
+        return []
+    name = objects.attempt_name(ref.name, attempt)
+    found = await store.read_object(reconciling.attempt_kind(item), ref.namespace, name)
+    return owners.owned_pods(labelled, [found] if found else [], run=ref, attempt=attempt)
 
 
 async def _kept(request: web.Request, item: dict[str, Any], attempt: int, worker: int,
@@ -107,8 +140,7 @@ async def _stream(request: web.Request, namespace: str, name: str) -> web.Stream
         number = attempt or int(status.get("currentAttempt") or 0)
         if want_kept:
             break
-        selector = f"{marks.RUN_LABEL}={name},{marks.ATTEMPT_LABEL}={number}"
-        picked = _pick_pod(await ctx.store.list_pods(namespace, selector), worker)
+        picked = _pick_pod(await attempt_pods(ctx.store, item, number), worker)
         started = picked is not None and views.parse_pod(picked[0]).phase != "Pending"
         if started or asyncio.get_running_loop().time() >= deadline:
             break

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from controller import marks, memo
-from controller.runs import objects, positions, records, views
+from controller.runs import objects, owners, positions, records, views
 
 
 def key(obj: Mapping[str, Any]) -> tuple[str, str]:
@@ -33,7 +33,8 @@ class Snapshot:
     """(namespace, owner kind, owner name) -> Workload."""
     all_workloads: list[views.WorkloadView]
     pods: dict[tuple[str, str, int], list[dict[str, Any]]]
-    """(namespace, run, attempt) -> pods."""
+    """(namespace, run, attempt) -> the pods carrying those labels (where to look only:
+    `attempt_of` keeps those the attempt controls)."""
     local_queues: dict[tuple[str, str], str]
     """(namespace, LocalQueue) -> ClusterQueue."""
     nodes: views.NodeFacts
@@ -123,12 +124,19 @@ def attempt_of(
     snap: Snapshot, run: objects.RunRef, kind: str, attempt: int, *, known: Views | None = None
 ) -> SeenAttempt:
     """The object (`kind`), Workload and pods of a run's attempt in a snapshot (`known`:
-    views kept from the passes before; None parses them)."""
+    views kept from the passes before; None parses them).
+
+    The pods are those the attempt's labels select whose controller chain leads to this
+    attempt of this run (`owners.owned_pods`, through the attempt object read here and the
+    run's UID): a look-alike pod carrying the run's labels is no pod of it, so it counts in
+    neither its status, its failure's cause nor its evidence."""
     parsed = known or Views()
     name = objects.attempt_name(run.name, attempt)
     raw = snap.objects.get((run.namespace, kind, name))
+    labelled = snap.pods.get((run.namespace, run.name, attempt), [])
+    pods = owners.owned_pods(labelled, [raw] if raw is not None else [], run=run, attempt=attempt)
     return SeenAttempt(
         attempt_object=parsed.attempt_object(raw) if raw is not None else None,
         workload=snap.workloads.get((run.namespace, kind, name)),
-        pods=tuple(parsed.pod(p) for p in snap.pods.get((run.namespace, run.name, attempt), [])),
+        pods=tuple(parsed.pod(p) for p in pods),
     )

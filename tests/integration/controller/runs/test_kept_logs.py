@@ -17,7 +17,7 @@ from controller.runs import context as runs_context
 from devcluster import cluster
 from tests import support
 from tests.integration.controller.runs.test_runs_api import TAU
-from tests.runskit import Env, job_spec, make_token
+from tests.runskit import IMAGE, Env, job_spec, make_token
 
 pytestmark = pytest.mark.cluster
 
@@ -192,3 +192,85 @@ async def test_a_kept_log_is_served_only_as_the_controller_writes_it_and_never_b
             )
     expected = [(409, None, False), (200, "", False)]
     assert expected == answers
+
+
+def decisions(env: Env) -> float:
+    """How many times the reconciler's passes have looked at a run (decided or kept)."""
+    registry = env.controller.app[runs_context.RUNS].reconciler.metrics.registry
+    return sum(
+        registry.get_sample_value("taugrid_run_decisions_total", {"kind": kind}) or 0.0
+        for kind in ("decided", "kept")
+    )
+
+
+@pytest.mark.controller(run_log_capture_interval_s=0.5)
+async def test_a_look_alike_pod_changes_neither_the_runs_status_nor_its_logs(
+    env: Env, dev_cluster: cluster.Cluster
+) -> None:
+    """Review 3, finding 10: a pod somebody makes in the run's namespace with attempt 1's
+    labels, controlled by the TauRun itself (its real UID), on the run pod's node, that
+    ends Failed with exit 143 (what a lost GPU looks like) and serves a log, is not the
+    run's: through passes after it failed the run stays Running with no exit code in its
+    evidence, `GET …/logs` has no worker 1 (404 NoPod) and serves worker 0 from the run's
+    own pod, and the keeper keeps the run's pod's log and never the look-alike's."""
+    assert (await env.submit(job_spec("seen")))[0] == 201
+    real = await the_pod(env, "seen")
+    core = client.CoreV1Api(env.api)
+    run = await client.CustomObjectsApi(env.api).get_namespaced_custom_object(
+        *TAURUNLOG, env.namespace, "tauruns", "seen"
+    )
+    by_run = [{"apiVersion": "taugrid.dev/v1alpha1", "kind": "TauRun", "name": "seen",
+               "uid": run["metadata"]["uid"], "controller": True}]  # fmt: skip
+    await core.create_namespaced_pod(env.namespace, {
+        "metadata": {"name": "seen-a1-alike", "ownerReferences": by_run,
+                     "labels": {"taugrid.dev/run": "seen", "taugrid.dev/attempt": "1"},
+                     "annotations": {"kwok.taugrid.dev/run-for": "3s",
+                                     "kwok.taugrid.dev/exit-code": "143"}},
+        "spec": {"nodeName": real["spec"]["nodeName"], "restartPolicy": "Never",
+                 "tolerations": real["spec"].get("tolerations") or [],
+                 "containers": [{"name": "main", "image": IMAGE}]},
+    })  # fmt: skip
+    await serve_log(env, dev_cluster, "seen-a1-alike", "planted by a look-alike")
+
+    async def failed() -> None:
+        pod = await core.read_namespaced_pod("seen-a1-alike", env.namespace)
+        assert pod.status.phase == "Failed", pod.status.phase
+
+    await support.eventually(failed, what="the look-alike pod Failed")
+    await serve_log(env, dev_cluster, real["metadata"]["name"], "the run's own line")
+
+    async def kept_own() -> None:
+        assert "the run's own line" in (await kept(env, "seen-a1-w0"))["spec"]["log"]
+
+    await support.eventually(kept_own, what="the run pod's log kept as worker 0")
+    seen_at = decisions(env)
+
+    async def passes() -> None:
+        assert decisions(env) >= seen_at + 3, (seen_at, decisions(env))
+
+    await support.eventually(passes, what="three more looks at the run by the reconciler")
+    status, body = await env.get(f"/v1/runs/{env.namespace}/seen")
+    assert status == 200, body
+    _, evidence = await env.get(f"/v1/runs/{env.namespace}/seen/evidence")
+    url = f"{env.url}/v1/runs/{env.namespace}/seen/logs"
+    served = []
+    for worker in ("0", "1"):
+        async with env.http.get(url, headers=env.headers(), params={"worker": worker}) as resp:
+            text = await resp.text()
+            served.append((resp.status, resp.headers.get("X-TauGrid-Pod"),
+                           "the run's own line" in text, "look-alike" in text,
+                           "NoPod" in text))  # fmt: skip
+    logs = await client.CustomObjectsApi(env.api).list_namespaced_custom_object(
+        *TAURUNLOG, env.namespace, "taurunlogs"
+    )
+    expected: tuple[Any, ...] = (
+        ("Running", 1), [], [("seen-a1-w0", real["metadata"]["name"])],
+        [(200, real["metadata"]["name"], True, False, False), (404, None, False, False, True)],
+    )  # fmt: skip
+    actual = (
+        (body["phase"], body["attempt"]),
+        [c for a in evidence["attempts"] for c in a.get("exitCodes") or []],
+        sorted((k["metadata"]["name"], k["spec"]["pod"]) for k in logs["items"]),
+        served,
+    )
+    assert expected == actual

@@ -40,6 +40,11 @@ def _merge(target: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _uid(kind: str, name: str) -> str:
+    """The UID the fake API server gives an object it creates."""
+    return f"uid-{kind}-{name}"
+
+
 def _owner(obj: dict[str, Any]) -> str | None:
     refs = obj["metadata"].get("ownerReferences") or []
     return next((str(r["uid"]) for r in refs if r.get("controller")), None)
@@ -105,6 +110,7 @@ class FakeStore:
                 raise errors.NameTaken(f"{key} is not this run's", field="name")
             return False
         self.objects[key] = copy.deepcopy(obj)
+        self.objects[key]["metadata"]["uid"] = _uid(*key[1:])  # as the API server assigns one
         return True
 
     async def delete(self, kind: str, namespace: str, name: str, *, owner_uid: str) -> bool:
@@ -189,8 +195,15 @@ def _raw_pod(phase: str, *, node: str = "n0", exit_code: int | None = None, atte
         status["containerStatuses"] = [{"name": "main", "imageID": "img@sha256:1", "state": {
             "terminated": {"exitCode": exit_code, "finishedAt": ts(8)}}}]  # fmt: skip
     labels = {marks.RUN_LABEL: "demo", marks.ATTEMPT_LABEL: str(attempt)}
+    job = f"demo-a{attempt}"  # the Job controller's pod: controlled by the attempt's Job
+    owner = {"kind": "Job", "name": job, "uid": _uid("Job", job), "controller": True}
     return {
-        "metadata": {"name": f"demo-a{attempt}-x", "namespace": "team", "labels": labels},
+        "metadata": {
+            "name": f"demo-a{attempt}-x",
+            "namespace": "team",
+            "labels": labels,
+            "ownerReferences": [owner],
+        },
         "spec": {"nodeName": node, "containers": [{"name": "main"}]},
         "status": status,
     }
@@ -388,6 +401,58 @@ async def test_after_a_node_failure_the_next_attempt_resumes_ahead_in_line() -> 
     with pytest.raises(checkpoints.FencedError) as err:
         await _reconciler(store).record_checkpoint("team", "demo", checkpoints.Report(1, 250, "/x"))
     assert err.value.reason == "StaleAttempt"
+
+
+def _look_alike(name: str, owners: list[dict[str, Any]]) -> dict[str, Any]:
+    """A pod somebody else made in the run's namespace with attempt 1's labels: Failed with
+    a SIGTERM on the quarantined node (what a node failure looks like), its image another."""
+    pod = _raw_pod("Failed", node="bad", exit_code=143)
+    pod["metadata"].update(name=name, ownerReferences=owners)
+    pod["status"]["containerStatuses"][0]["imageID"] = "theirs@sha256:2"
+    return pod
+
+
+def _controlled_by(kind: str, name: str, uid: str) -> list[dict[str, Any]]:
+    return [{"kind": kind, "name": name, "uid": uid, "controller": True}]
+
+
+LOOK_ALIKES = [
+    _look_alike("labels-only", []),
+    _look_alike("owned-by-the-taurun", _controlled_by("TauRun", "demo", "u1")),
+    _look_alike("forged-job-uid", _controlled_by("Job", "demo-a1", "forged")),
+    _look_alike("another-job", _controlled_by("Job", "theirs", _uid("Job", "demo-a1"))),
+]
+
+
+async def test_a_look_alike_pod_counts_in_neither_status_nor_failure_nor_evidence() -> None:
+    """Review 3, finding 10: pods with the run's labels that attempt 1's Job does not
+    control (bare, owned by the TauRun, the Job's name with another UID, another Job),
+    Failed on a quarantined node, change nothing: the run stays Running on attempt 1, no
+    attempt 2, and the evidence names only the real pod's node and image."""
+    store = FakeStore()
+    await _running_attempt_1(store)
+    store.pods = [_raw_pod("Running"), *LOOK_ALIKES]
+    rec = _reconciler(store)
+    await rec.pass_once()
+    urgent = await rec.snapshot_of_run("team", "demo")
+    status = store.runs[("team", "demo")]["status"]
+    evidence = status["evidence"]
+    seen = rec.run_input(store.runs[("team", "demo")], urgent, None).pods
+    expected = ("Running", 1, False, ["n0"], ["n0"], [], ["demo-a1-x"])
+    actual = (
+        status["phase"],
+        status["currentAttempt"],
+        ("team", "Job", "demo-a2") in store.objects,
+        evidence["nodes"],
+        evidence["attempts"][0]["nodes"],
+        evidence["attempts"][0].get("exitCodes", []),
+        [p.name for p in seen],
+    )
+    assert expected == actual
+    # The same pods, the real one Failed there too: now it is a node failure, attempt 2.
+    store.pods = [_raw_pod("Failed", node="bad", exit_code=143), *LOOK_ALIKES]
+    await _reconciler(store).pass_once()
+    assert store.runs[("team", "demo")]["status"]["currentAttempt"] == 2
 
 
 async def test_a_failed_run_resumes_by_hand_from_a_named_checkpoint() -> None:
