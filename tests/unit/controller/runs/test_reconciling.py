@@ -438,7 +438,7 @@ async def test_a_look_alike_pod_counts_in_neither_status_nor_failure_nor_evidenc
     status = store.runs[("team", "demo")]["status"]
     evidence = status["evidence"]
     seen = rec.run_input(store.runs[("team", "demo")], urgent, None).pods
-    expected = ("Running", 1, False, ["n0"], ["n0"], [], ["demo-a1-x"])
+    expected: tuple[Any, ...] = ("Running", 1, False, ["n0"], ["n0"], [], ["demo-a1-x"])
     actual = (
         status["phase"],
         status["currentAttempt"],
