@@ -34,6 +34,7 @@ from multidict import MultiMapping
 from controller import auth, errors, leading, limits
 from controller import metrics as metrics_mod
 from controller.settings import ControllerSettings
+from shared import jsonsafe
 
 log = structlog.get_logger()
 
@@ -595,8 +596,8 @@ def error_of(status: int, code: str, message: str, field: str = "") -> errors.Co
 def error_code(payload: bytes) -> str:
     """The `error.code` of an error body, '' when it has none."""
     try:
-        doc = json.loads(payload)
-    except (ValueError, UnicodeDecodeError):
+        doc = jsonsafe.load(payload)  # bounded, as every body read (review 3, finding 12)
+    except jsonsafe.JsonError:
         return ""
     err = doc.get("error") if isinstance(doc, dict) else None
     code = err.get("code") if isinstance(err, dict) else None

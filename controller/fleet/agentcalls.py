@@ -16,10 +16,10 @@ from __future__ import annotations
 import dataclasses
 import enum
 import ipaddress
-import json
 import urllib.parse
 
 from controller import errors
+from shared import jsonsafe
 
 PATHS = frozenset({"/v1/gpus", "/v1/diag", "/v1/release"})
 """The agent's paths the controller ever calls."""
@@ -102,8 +102,8 @@ class Relayed:
 def _agent_error(payload: bytes) -> tuple[str, str, str]:
     """The agent's `error.code`, `error.message` and `error.field` ('' where absent)."""
     try:
-        doc = json.loads(payload)
-    except (ValueError, UnicodeDecodeError):
+        doc = jsonsafe.load(payload)  # bounded: an agent's answer is not trusted (review 3, 12)
+    except jsonsafe.JsonError:
         return "", "", ""
     err = doc.get("error") if isinstance(doc, dict) else None
     if not isinstance(err, dict):

@@ -108,3 +108,12 @@ def test_a_json_answer_is_relayed_byte_for_byte() -> None:
     payload = b'{"started": true, "level": 1}'
     expected = agentcalls.Relayed(202, payload)
     assert expected == agentcalls.answer("gpu-1", 202, "application/json", payload)
+
+
+def test_a_deep_answer_from_an_agent_or_the_leader_is_no_error_code_not_a_crash() -> None:
+    """Answers the controller reads from an agent and from the leader are bounded like every
+    body (security review 3, finding 12): 100,000 brackets read as "no code", where a plain
+    `json.loads` raised RecursionError (a 500 for the on-call call that relayed it)."""
+    deep = b"[" * 100_000
+    assert (agentcalls._agent_error(deep), serving.error_code(deep)) == (("", "", ""), "")
+    assert serving.error_code(b'{"error": {"code": "NotLeader"}}') == "NotLeader"
