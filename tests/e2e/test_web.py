@@ -618,7 +618,15 @@ async def test_an_on_call_action_with_a_researcher_token_says_it_lacks_the_role(
         assert "fleet-error" in (await _snapshot(page))["errors"]
 
     await support.eventually(refused_fleet, what="the fleet refused to a researcher")
-    await page.click("#dry-run-on")
+
+    async def asking() -> None:
+        # The page's refresh may redraw the panel under the first click (seen once in CI):
+        # click until the dialog is open, as a person would.
+        if not (await page.evaluate(CONFIRM))["open"]:
+            await page.click("#dry-run-on")
+        assert (await page.evaluate(CONFIRM))["open"] is True
+
+    await support.eventually(asking, what="the dry-run dialog open")
     await page.click("#confirm-ok")
 
     async def refused() -> dict[str, Any]:
