@@ -4,9 +4,11 @@ always held."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import re
 import secrets
+import ssl
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -94,3 +96,41 @@ def condition(obj: dict[str, Any], kind: str) -> dict[str, Any] | None:
 def parse_time(value: str) -> dt.datetime:
     """Parse an RFC 3339 timestamp as the API server writes it (`…Z`, aware UTC)."""
     return dt.datetime.fromisoformat(value)
+
+
+async def hung_up(reader: asyncio.StreamReader, deadline_s: float) -> bool:
+    """True once the server closes the connection (EOF or reset) within `deadline_s`."""
+    try:
+        async with asyncio.timeout(deadline_s):
+            while await reader.read(4096):
+                pass
+    except TimeoutError:
+        return False
+    except (ConnectionError, ssl.SSLError):
+        return True
+    return True
+
+
+async def silent_and_trickling_closed(
+    port: int, path: str, pause_s: float, deadline_s: float
+) -> tuple[bool, bool]:
+    """Open two connections to 127.0.0.1:`port`, one sending nothing and one trickling a
+    request head for `path` a byte every `pause_s`; whether the server hung up on each within
+    `deadline_s` (security review 3, finding 14)."""
+    silent_r, silent_w = await asyncio.open_connection("127.0.0.1", port)
+    trickle_r, trickle_w = await asyncio.open_connection("127.0.0.1", port)
+
+    async def trickle() -> None:
+        for byte in f"GET {path} HTTP/1.1\r\nHost: x\r\nX-Slow: ".encode() + b"a" * 10_000:
+            trickle_w.write(bytes([byte]))
+            await asyncio.sleep(pause_s)
+
+    feeding = asyncio.create_task(trickle())
+    try:
+        return await hung_up(silent_r, deadline_s), await hung_up(trickle_r, deadline_s)
+    finally:
+        feeding.cancel()
+        with contextlib.suppress(asyncio.CancelledError, ConnectionError):
+            await feeding
+        silent_w.close()
+        trickle_w.close()

@@ -4,7 +4,6 @@ changed verdict posted to a test receiver; plus its HTTP surface."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import pathlib
 import signal
@@ -21,6 +20,7 @@ from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 from devcluster import fakenvml
+from tests import support
 
 DEADLINE_S = 60.0
 
@@ -181,32 +181,5 @@ async def test_a_connection_that_never_finishes_its_request_head_is_closed(agent
     async with aiohttp.ClientSession() as session:
         await poll_json(session, f"{url}/v1/gpus", lambda body: "gpus" in body)
     port = int(url.rsplit(":", 1)[1])
-    silent_r, silent_w = await asyncio.open_connection("127.0.0.1", port)
-    trickle_r, trickle_w = await asyncio.open_connection("127.0.0.1", port)
-
-    async def trickle() -> None:
-        for byte in b"GET /v1/gpus HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 10_000:
-            trickle_w.write(bytes([byte]))
-            await asyncio.sleep(0.2)
-
-    async def hung_up(reader: asyncio.StreamReader) -> bool:
-        try:
-            async with asyncio.timeout(DEADLINE_S):
-                while await reader.read(4096):
-                    pass
-        except TimeoutError:
-            return False
-        except ConnectionError:
-            return True
-        return True
-
-    feeding = asyncio.create_task(trickle())
-    try:
-        assert await hung_up(silent_r), "a connection that sent nothing stayed open"
-        assert await hung_up(trickle_r), "a connection trickling its head stayed open"
-    finally:
-        feeding.cancel()
-        with contextlib.suppress(asyncio.CancelledError, ConnectionError):
-            await feeding
-        silent_w.close()
-        trickle_w.close()
+    closed = await support.silent_and_trickling_closed(port, "/v1/gpus", 0.2, DEADLINE_S)
+    assert closed == (True, True), "(sent nothing, trickled its head) stayed open"

@@ -22,6 +22,7 @@ from controller import main as controller_main
 from controller.settings import ControllerSettings
 from devcluster import pki
 from tests import controllerkit as kit
+from tests import support
 
 TIMEOUT_S = 0.5
 DEADLINE_S = 30.0
@@ -57,39 +58,12 @@ async def _serving(context: ssl.SSLContext | None) -> AsyncIterator[int]:
         await task
 
 
-async def _hung_up(reader: asyncio.StreamReader) -> bool:
-    """True once the server closes the connection (EOF or reset) within the deadline."""
-    try:
-        async with asyncio.timeout(DEADLINE_S):
-            while await reader.read(4096):
-                pass
-    except TimeoutError:
-        return False
-    except (ConnectionError, ssl.SSLError):
-        return True
-    return True
-
-
 async def test_silent_and_trickling_connections_are_closed_and_requests_still_served() -> None:
     async with _serving(None) as port:
-        silent_r, silent_w = await asyncio.open_connection("127.0.0.1", port)
-        trickle_r, trickle_w = await asyncio.open_connection("127.0.0.1", port)
-
-        async def trickle() -> None:
-            for byte in b"GET /echo HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 10_000:
-                trickle_w.write(bytes([byte]))
-                await asyncio.sleep(TIMEOUT_S / 10)
-
-        feeding = asyncio.create_task(trickle())
-        try:
-            assert await _hung_up(silent_r), "a connection that sent nothing stayed open"
-            assert await _hung_up(trickle_r), "a connection trickling its head stayed open"
-        finally:
-            feeding.cancel()
-            with contextlib.suppress(asyncio.CancelledError, ConnectionError):
-                await feeding
-            silent_w.close()
-            trickle_w.close()
+        closed = await support.silent_and_trickling_closed(
+            port, "/echo", TIMEOUT_S / 10, DEADLINE_S
+        )
+        assert closed == (True, True), "(sent nothing, trickled its head) stayed open"
 
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(b"GET /echo HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
@@ -130,7 +104,9 @@ async def test_a_tls_connection_that_never_handshakes_is_closed(
     context, ca = tls
     async with _serving(context) as port:
         silent_r, silent_w = await asyncio.open_connection("127.0.0.1", port)
-        assert await _hung_up(silent_r), "a TLS connection that never handshook stayed open"
+        assert await support.hung_up(silent_r, DEADLINE_S), (
+            "a TLS connection that never handshook stayed open"
+        )
         silent_w.close()
 
         client = ssl.create_default_context(cafile=ca)
@@ -140,5 +116,7 @@ async def test_a_tls_connection_that_never_handshakes_is_closed(
         assert answer.startswith(b"HTTP/1.1 200"), answer
         writer.close()
         silent_r, silent_w = await asyncio.open_connection("127.0.0.1", port, ssl=client)
-        assert await _hung_up(silent_r), "a handshaken TLS connection sending nothing stayed"
+        assert await support.hung_up(silent_r, DEADLINE_S), (
+            "a handshaken TLS connection sending nothing stayed"
+        )
         silent_w.close()
