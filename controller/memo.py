@@ -1,7 +1,7 @@
 """Parse a raw object once while it stays the same object (pure).
 
 The controller's watch-fed caches replace an object that changes and never edit one in
-place (`controller.kube.watching.Watched`), so an object seen before with the same identity
+place (`controller.kube.informer.Informer`), so an object seen before with the same identity
 reads the same: its view can be kept. Objects from a LIST are new every time and are parsed
 every time. What was read since the `sweep` before last is kept; a raw object is held beside
 its view, so its id cannot be reused meanwhile.

@@ -45,7 +45,7 @@ class Parsed(Generic[T]):
     """Parse each raw object once while it stays the same object (`memo.Kept`).
 
     The gate reads nodes and pods from watch-fed caches, which replace an object that
-    changes and never edit one in place (`watching.Watched`): an object seen in the pass
+    changes and never edit one in place (`informer.Informer`): an object seen in the pass
     before keeps its view, so a pass parses what changed, not the fleet. Objects from a LIST
     are new every time and are parsed every time. Only the objects of the latest call are
     kept.

@@ -1,10 +1,10 @@
 """The admission gate's adapter: Kueue objects, nodes and pods as raw JSON, and its writes.
 
 Nodes, pods, ResourceClaims, Kueue's ClusterQueues, Workloads and ResourceFlavors and the
-runs' Jobs and RayJobs come from watch-fed caches (`watching.Watched`, started by
+runs' Jobs and RayJobs come from watch-fed caches (`informer.Informer`, started by
 `run_caches`) once they are synced, so a pass lists none of them; until then, and in tests
 without the caches running, they are listed. A Workload the gate wrote is shown in its
-cache as the write returned it (`Watched.note`), so the next pass does not answer it again
+cache as the write returned it (`Informer.note`), so the next pass does not answer it again
 from an older copy.
 
 Reads use `_preload_content=False` and return plain dicts, which `controller.admission.views`
@@ -23,7 +23,7 @@ import structlog
 from kubernetes_asyncio import client
 
 from controller import marks
-from controller.kube import _api, watching
+from controller.kube import _api, informer
 
 log = structlog.get_logger()
 
@@ -127,28 +127,32 @@ class AdmissionStore:
             api, controller=marks.ADMISSION_EVENT_CONTROLLER, instance=component
         )
         self.component = component
-        self.nodes = watching.Watched(self._core.list_node, trim_node, kind="nodes")
-        self.pods = watching.Watched(self._core.list_pod_for_all_namespaces, trim_pod, kind="pods")
-        self.claims = watching.Watched(
+        self.nodes: informer.Informer[informer.Raw] = informer.Informer(
+            self._core.list_node, trim_node, kind="nodes"
+        )
+        self.pods: informer.Informer[informer.Raw] = informer.Informer(
+            self._core.list_pod_for_all_namespaces, trim_pod, kind="pods"
+        )
+        self.claims: informer.Informer[informer.Raw] = informer.Informer(
             functools.partial(self._custom.list_cluster_custom_object, *RESOURCE,
                               "resourceclaims"),
             trim_claim, kind="resourceclaims", optional=True,
         )  # fmt: skip
         """ResourceClaims: a cluster that serves no `resource.k8s.io/v1` has none."""
-        self.kueue = {
-            plural: watching.Watched(
+        self.kueue: dict[str, informer.Informer[informer.Raw]] = {
+            plural: informer.Informer(
                 functools.partial(self._custom.list_cluster_custom_object, *KUEUE, plural),
-                watching.trim_object, kind=plural,
+                informer.trim_object, kind=plural,
             )
             for plural in CACHED_KUEUE
         }  # fmt: skip
         """ClusterQueues, Workloads and ResourceFlavors."""
-        self.owners = {
-            "Job": watching.Watched(
+        self.owners: dict[str, informer.Informer[informer.Raw]] = {
+            "Job": informer.Informer(
                 functools.partial(self._batch.list_job_for_all_namespaces,
                                   label_selector=marks.RUN_LABEL),
                 trim_owner, kind="run jobs (labels)"),
-            "RayJob": watching.Watched(
+            "RayJob": informer.Informer(
                 functools.partial(self._custom.list_cluster_custom_object, *RAYJOB,
                                   label_selector=marks.RUN_LABEL),
                 trim_owner, kind="run rayjobs (labels)", optional=True),

@@ -18,7 +18,7 @@ import structlog
 from kubernetes_asyncio import client
 
 from controller import marks
-from controller.kube import _api, watching
+from controller.kube import _api, informer
 
 log = structlog.get_logger()
 
@@ -154,7 +154,7 @@ class NodeCache:
             )
             if resp.status != 200:
                 await _api.read_json(resp)  # raises: relist
-            async with contextlib.aclosing(watching.lines(resp)) as lines:
+            async with contextlib.aclosing(informer.lines(resp)) as lines:
                 async for line in lines:
                     event = json.loads(line)
                     obj = event.get("object") or {}
@@ -361,7 +361,7 @@ class AgentPods:
     ) -> None:
         self.namespace = namespace
         core = client.CoreV1Api(api)
-        self.pods = watching.Watched(
+        self.pods: informer.Informer[informer.Raw] = informer.Informer(
             functools.partial(core.list_namespaced_pod, namespace), trim_install_pod,
             kind="install-namespace pods", key=_uid_of,
             on_delete=lambda pod: on_gone(str(pod["uid"])),

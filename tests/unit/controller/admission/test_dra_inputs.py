@@ -18,7 +18,7 @@ from kubernetes_asyncio import client
 from controller import marks
 from controller.admission import views
 from controller.kube import admission as kube_admission
-from controller.kube import watching
+from controller.kube import informer
 from tests.unit.controller.admission import reference
 from tests.unit.controller.admission.test_plan import often, one_of
 
@@ -137,7 +137,9 @@ def test_a_claims_changes_that_the_gate_does_not_read_leave_its_trimmed_copy_as_
     async def never(**_: Any) -> Any:
         raise AssertionError  # fed by hand: it never lists
 
-    cache = watching.Watched(never, kube_admission.trim_claim, kind="resourceclaims")
+    cache: informer.Informer[informer.Raw] = informer.Informer(
+        never, kube_admission.trim_claim, kind="resourceclaims"
+    )
     cache.listed([raw], "1")
     claims = views.Claims()
     claims(cache.values())

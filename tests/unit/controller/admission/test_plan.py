@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from controller import marks
 from controller.admission import policy, views
 from controller.kube import admission as kube_admission
-from controller.kube import watching
+from controller.kube import informer
 from tests.unit.controller.admission import reference, test_policy
 from tests.unit.controller.fleet.fakes import T0, at
 
@@ -239,7 +239,9 @@ def test_a_node_is_parsed_again_only_when_the_cache_replaced_it() -> None:
     async def never(**_: Any) -> Any:
         raise AssertionError  # the cache is fed by hand: it never lists
 
-    cache = watching.Watched(never, kube_admission.trim_node, kind="nodes")
+    cache: informer.Informer[informer.Raw] = informer.Informer(
+        never, kube_admission.trim_node, kind="nodes"
+    )
     cache.listed([_raw_node(f"n{i}") for i in range(4)], "1")
     parsed = views.Parsed(views.parse_node)
     first = parsed(cache.values())

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from controller.kube import watching
+from controller.kube import informer
 
 
 class _Response:
@@ -65,9 +65,10 @@ async def test_an_object_missing_from_a_relist_is_told_gone_like_a_deleted_one()
         return _Response(lists.pop(0))
 
     gone: list[str] = []
-    cache = watching.Watched(call, lambda o: {"uid": o["metadata"]["uid"]}, kind="pods",
-                             key=lambda o: o["metadata"]["uid"],
-                             on_delete=lambda o: gone.append(o["uid"]))  # fmt: skip
+    cache: informer.Informer[informer.Raw] = informer.Informer(
+        call, lambda o: {"uid": o["metadata"]["uid"]}, kind="pods",
+        key=lambda o: o["metadata"]["uid"], on_delete=lambda o: gone.append(o["uid"]),
+    )  # fmt: skip
     task = asyncio.create_task(cache.run())
     async with asyncio.timeout(5):
         await relisted.wait()
@@ -98,7 +99,9 @@ def replay(steps: list[Step], trim: Any = keep_rv) -> tuple[dict[str, str], int]
     async def never(**_: Any) -> Any:
         raise AssertionError
 
-    cache = watching.Watched(never, trim, kind="test", on_change=lambda: pokes.append(None))
+    cache: informer.Informer[informer.Raw] = informer.Informer(
+        never, trim, kind="test", on_change=lambda: pokes.append(None)
+    )
     for step, arg in steps:
         if step == "list":
             items, rv = arg
@@ -175,3 +178,47 @@ def test_only_a_change_readers_see_wakes_them(steps: list[Step], expected: int) 
     """The cache calls `on_change` only when what it holds, as trimmed, changed."""
     _, pokes = replay(steps, trim=without_rv)
     assert expected == pokes
+
+
+def test_each_change_is_told_once_with_its_key_and_both_views_parsed_once() -> None:
+    """A subscriber hears every change readers see (a relist only of what differs), with
+    the old and new views; an object is parsed once per change, never per read."""
+
+    async def never(**_: Any) -> Any:
+        raise AssertionError
+
+    parsed: list[str] = []
+
+    def view(raw: dict[str, Any]) -> str:
+        parsed.append(raw["metadata"]["name"])
+        return str(raw["data"]["value"])
+
+    cache = informer.Informer(never, without_rv, kind="test", view=view)
+    told: list[tuple[str, str | None, str | None]] = []
+    cache.subscribe(lambda c: told.append((c.key, c.old, c.new)))
+    cache.listed([obj("a", 5, "1"), obj("b", 5, "1")], "10")
+    cache.event("MODIFIED", obj("a", 11, "2"))
+    cache.event("MODIFIED", obj("a", 12, "2"))  # only its version changed: trimmed away
+    cache.note(obj("b", 13, "3"))
+    cache.event("DELETED", obj("a", 14, "2"))
+    cache.listed([obj("b", 13, "3"), obj("c", 15, "1")], "16")  # b as before: not told
+    assert told == [
+        ("ns/a", None, "1"), ("ns/b", None, "1"), ("ns/a", "1", "2"), ("ns/b", "1", "3"),
+        ("ns/a", "2", None), ("ns/c", None, "1"),
+    ]  # fmt: skip
+    assert (parsed, cache.views) == (["a", "b", "a", "b", "c"], {"ns/b": "3", "ns/c": "1"})
+
+
+def test_a_parser_set_later_parses_what_is_held_and_tells_nobody() -> None:
+    """`parse_with` (the reconciler's Workload parser) re-parses the held items in place."""
+
+    async def never(**_: Any) -> Any:
+        raise AssertionError
+
+    cache: informer.Informer[Any] = informer.Informer(never, without_rv, kind="test")
+    told: list[object] = []
+    cache.subscribe(told.append)
+    cache.listed([obj("a", 5, "1")], "10")
+    cache.parse_with(lambda raw: raw["data"]["value"] + "!")
+    cache.event("MODIFIED", obj("a", 11, "2"))
+    assert (len(told), cache.views) == (2, {"ns/a": "2!"})

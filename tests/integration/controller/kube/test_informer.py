@@ -14,7 +14,7 @@ import pytest_asyncio
 from kubernetes_asyncio import client
 
 from controller import marks
-from controller.kube import admission, nodes, runs, watching
+from controller.kube import admission, informer, nodes, runs
 from tests import kueue, support
 
 pytestmark = pytest.mark.cluster
@@ -135,9 +135,9 @@ async def test_a_label_selected_cache_holds_only_the_objects_carrying_the_label(
     """A cache bound to a label selector follows a labelled ConfigMap's create, update and
     delete; one without the label is never held, and one whose label is removed leaves."""
     core = client.CoreV1Api(k8s)
-    cache = watching.Watched(
+    cache: informer.Informer[informer.Raw] = informer.Informer(
         functools.partial(core.list_namespaced_config_map, namespace, label_selector="sel"),
-        watching.trim_object, kind="configmaps",
+        informer.trim_object, kind="configmaps",
     )  # fmt: skip
 
     def body(name: str, labels: dict[str, str]) -> dict[str, Any]:
@@ -151,7 +151,7 @@ async def test_a_label_selected_cache_holds_only_the_objects_carrying_the_label(
 
         async def added() -> None:
             assert {chosen} == set(cache.items)
-            assert [chosen] == [watching.key_of(o) for o in cache.select("sel=a")]
+            assert [chosen] == [informer.key_of(o) for o in cache.select("sel=a")]
             assert not cache.select("sel=b")
 
         await support.eventually(added, what="only the labelled ConfigMap in the cache")
@@ -201,7 +201,7 @@ async def test_a_custom_object_cache_follows_kueue_local_queues(
 
         async def added() -> None:
             listed = await store.list_kueue("localqueues", namespace)
-            assert [key] == [watching.key_of(o) for o in listed]
+            assert [key] == [informer.key_of(o) for o in listed]
             assert "managedFields" not in listed[0]["metadata"]
 
         await support.eventually(added, what="the LocalQueue in the cache")
@@ -237,8 +237,8 @@ async def test_a_kind_the_api_server_does_not_serve_is_cached_as_none(
             "absent.taugrid.dev", "v1", "nones", **kwargs
         )
 
-    cache = watching.Watched(
-        list_absent, watching.trim_object, kind="nones", optional=True, absent_retry_s=0.05
+    cache: informer.Informer[informer.Raw] = informer.Informer(
+        list_absent, informer.trim_object, kind="nones", optional=True, absent_retry_s=0.05
     )
     task = asyncio.create_task(cache.run())
     try:

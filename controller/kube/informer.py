@@ -1,4 +1,5 @@
-"""A list-then-watch cache of one kind, kept as trimmed raw JSON by namespace/name.
+"""The controller's one watch cache: list then watch one kind, keep each object trimmed and
+parsed once, and tell subscribers which keys changed (the informer of client-go and Kueue).
 
 What a loop would otherwise list on every pass (the admission gate's nodes and pods, the
 run reconciler's TauRuns and what they own): one list at start and after a watch error,
@@ -14,6 +15,13 @@ that is not installed: 404) or that we may not read (403: the chart grants no Ra
 without Ray) is served as empty and synced, and asked for again every `absent_retry_s`; any
 other kind's error is retried every `retry_s`, unsynced, so readers list (and see it).
 
+Each object is parsed once, when it arrives (`view`: the reading domain's parser, passed in
+by whoever builds the informer, as client-go's `SetTransform`): a reader takes `views`, never
+parses again, and a raw object that did not change keeps its view. A change of what readers
+see is told to every subscriber (`subscribe`) as a `Change` carrying the key and the old and
+new views: a loop maps it to the keys of its own work (`controller.workqueue`) instead of
+working out afterwards what changed. A relist tells each key that differs from before.
+
 Our own writes can be shown before the watch brings them (`note`), so a reader never acts
 twice on a copy older than what it wrote itself.
 """
@@ -22,9 +30,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import structlog
 from kubernetes_asyncio import client
@@ -67,8 +76,29 @@ def version_of(obj: dict[str, Any]) -> int | None:
     return int(rv) if rv.isdigit() else None
 
 
-class Watched:
-    """List then watch one kind; `items` is current once `synced` is set."""
+V = TypeVar("V")
+
+Raw = dict[str, Any]
+"""A trimmed object, the view of an informer that parses nothing."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Change(Generic[V]):
+    """One key whose object readers see changed: `old` None when it appeared, `new` None
+    when it went away."""
+
+    key: str
+    old: V | None
+    new: V | None
+
+
+def _raw(trimmed: dict[str, Any]) -> Any:
+    return trimmed
+
+
+class Informer(Generic[V]):
+    """List then watch one kind; `items` (trimmed raw) and `views` (parsed once) are current
+    once `synced` is set."""
 
     def __init__(
         self,
@@ -76,6 +106,7 @@ class Watched:
         trim: Callable[[dict[str, Any]], dict[str, Any]],
         *,
         kind: str,
+        view: Callable[[dict[str, Any]], V] = _raw,
         on_change: Callable[[], None] = lambda: None,
         on_delete: Callable[[dict[str, Any]], None] = lambda _obj: None,
         key: Callable[[dict[str, Any]], str] = key_of,
@@ -91,10 +122,14 @@ class Watched:
         """Called with the trimmed object when it is gone: a DELETED event, or a relist
         without it (deleted while the watch was down)."""
         self._key = key
+        self._view = view
+        self._subscribers: list[Callable[[Change[V]], None]] = []
         self._retry_s = retry_s
         self._optional = optional
         self._absent_retry_s = absent_retry_s
         self.items: dict[str, dict[str, Any]] = {}
+        self.views: dict[str, V] = {}
+        """Each item's view, parsed once when it arrived."""
         self.synced = asyncio.Event()
         self.lists = 0
         """LISTs made: one at start, one after each watch failure."""
@@ -105,6 +140,23 @@ class Watched:
         """The resourceVersion the watch has reached (None: not a number, or not listed)."""
         self._noted: dict[str, int] = {}
         """Our own writes shown before the watch brought them: key -> resourceVersion."""
+
+    def subscribe(self, handler: Callable[[Change[V]], None]) -> None:
+        """Tell `handler` each change readers see from now on (called synchronously, in
+        the order the watch brought them; it must not block)."""
+        self._subscribers.append(handler)
+
+    def parse_with(self, view: Callable[[dict[str, Any]], V]) -> None:
+        """Parse with `view` from now on (the reading domain's parser), the items held
+        already included; tells nobody (what the objects say did not change)."""
+        self._view = view
+        self.views = {key: view(item) for key, item in self.items.items()}
+
+    def _tell(self, key: str, old: V | None, new: V | None) -> None:
+        if self._subscribers:
+            change = Change(key, old, new)
+            for handler in self._subscribers:
+                handler(change)
 
     def values(self) -> list[dict[str, Any]]:
         """Every object, as a list (a copy: safe to keep across awaits)."""
@@ -143,7 +195,7 @@ class Watched:
     def reset(self) -> None:
         """Forget everything (the cache stopped): unsynced until it lists again."""
         self.synced.clear()
-        self.items = {}
+        self.items, self.views = {}, {}
         self._noted = {}
         self._rv = None
         self.absent = False
@@ -172,9 +224,11 @@ class Watched:
             log.info("optional kind not served or not permitted; caching none",
                      kind=self.kind, status=status)  # fmt: skip
         changed = bool(self.items) or not self.synced.is_set()
-        for gone in self.items.values():
+        old_items, old_views = self.items, self.views
+        self.items, self.views, self._noted, self._rv, self.absent = {}, {}, {}, None, True
+        for key, gone in old_items.items():
             self._on_delete(gone)
-        self.items, self._noted, self._rv, self.absent = {}, {}, None, True
+            self._tell(key, old_views.get(key), None)
         self.synced.set()
         if changed:
             self._on_change()
@@ -189,9 +243,19 @@ class Watched:
     def listed(self, items: list[dict[str, Any]], rv: str) -> None:
         """Hold what a list returned at `rv` (everything else is forgotten: told gone to
         `on_delete`, deleted while the watch was down): synced."""
-        old, self.items = self.items, {self._key(o): self._trim(o) for o in items}
+        old, old_views = self.items, self.views
+        self.items = {self._key(o): self._trim(o) for o in items}
+        self.views = {}
+        for key, trimmed in self.items.items():
+            before = old.get(key)
+            if before == trimmed:
+                self.views[key] = old_views[key]  # unchanged: parsed already
+            else:
+                self.views[key] = self._view(trimmed)
+                self._tell(key, old_views.get(key), self.views[key])
         for gone in old.keys() - self.items.keys():
             self._on_delete(old[gone])
+            self._tell(gone, old_views.get(gone), None)
         self._noted = {}
         self._rv = int(rv) if rv.isdigit() else None
         self.absent = False
@@ -202,6 +266,9 @@ class Watched:
         trimmed = self._trim(obj)
         if self.items.get(key) != trimmed:
             self.items[key] = trimmed
+            old, new = self.views.get(key), self._view(trimmed)
+            self.views[key] = new
+            self._tell(key, old, new)
             self._on_change()  # only a change of what readers see wakes them
 
     async def _watch(self, rv: str) -> None:
@@ -236,7 +303,9 @@ class Watched:
             del self._noted[key]
         if kind == "DELETED":
             if (gone := self.items.pop(key, None)) is not None:
+                old = self.views.pop(key, None)
                 self._on_delete(gone)
+                self._tell(key, old, None)
                 self._on_change()
         else:
             self._put(key, obj)
