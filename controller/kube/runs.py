@@ -6,11 +6,11 @@ object exists: level-triggered callers simply go on) and deletes tolerate 404 (g
 
 What the reconciler lists on every pass (TauRuns, the run-labelled Jobs, RayJobs and Pods,
 Kueue's Workloads, LocalQueues and WorkloadPriorityClasses, and the nodes' quarantine
-annotations) comes from watch-fed caches (`watching.Watched`, kept by `run_caches` while
+annotations) comes from watch-fed caches (`informer.Informer`, kept by `run_caches` while
 this replica leads) once they are synced; before that, and for a store whose caches do not
 run (the run API's), the same calls list. What must be fresh stays a direct read (`get_run`,
 `read_object`, `list_pods`). Our own writes are shown in the caches as they return
-(`Watched.note`), so a pass never reads a copy older than what this replica wrote.
+(`Informer.note`), so a pass never reads a copy older than what this replica wrote.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import structlog
 from kubernetes_asyncio import client
 
 from controller import errors, marks
-from controller.kube import _api, selectors, watching
+from controller.kube import _api, informer, selectors
 
 log = structlog.get_logger()
 
@@ -110,11 +110,11 @@ def refusal(err: client.ApiException, kind: str) -> errors.ControllerError:
 
 
 def trim_run(raw: dict[str, Any]) -> dict[str, Any]:
-    """A TauRun as the reconciler and the log keeper read it: `watching.trim_object`, and
+    """A TauRun as the reconciler and the log keeper read it: `informer.trim_object`, and
     without `status.results` (the pods' reports: up to most of a run's bytes), which they
     never read (`records.read(..., results=False)`); the results collector reads the run
     fresh (`get_run`)."""
-    out = watching.trim_object(raw)
+    out = informer.trim_object(raw)
     status = out.get("status")
     if isinstance(status, dict) and "results" in status:
         out["status"] = {k: v for k, v in status.items() if k != "results"}
@@ -131,11 +131,11 @@ def trim_node(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 def _kind_trim(kind: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
-    """`watching.trim_object`, stamping the kind (a list's items carry none; readers
+    """`informer.trim_object`, stamping the kind (a list's items carry none; readers
     index by it)."""
 
     def trim(raw: dict[str, Any]) -> dict[str, Any]:
-        return {**watching.trim_object(raw), "kind": kind}
+        return {**informer.trim_object(raw), "kind": kind}
 
     return trim
 
@@ -174,7 +174,7 @@ class RunStore:
         self.kueue = {
             plural: self._cache(
                 functools.partial(self._custom.list_cluster_custom_object, *KUEUE, plural),
-                watching.trim_object,
+                informer.trim_object,
                 plural,
                 optional=plural == "workloadpriorityclasses",  # without: resumes go unboosted
             )
@@ -185,16 +185,33 @@ class RunStore:
 
     def _cache(
         self,
-        call: watching.ListCall,
+        call: informer.ListCall,
         trim: Callable[[dict[str, Any]], dict[str, Any]],
         kind: str,
         *,
         optional: bool = False,
-    ) -> watching.Watched:
-        return watching.Watched(call, trim, kind=kind, on_change=self._changed, optional=optional)
+    ) -> informer.Informer[Any]:
+        return informer.Informer(call, trim, kind=kind, on_change=self._changed, optional=optional)
 
     def _changed(self) -> None:
         self._on_change()
+
+    def subscribe(self, handler: Callable[[str, informer.Change[Any]], None]) -> None:
+        """Tell `handler` every change the caches see, with the cache's name: `TauRun`,
+        `Job`, `RayJob`, `Pod`, a Kueue plural (`workloads` …) or `Node`."""
+        named = {"TauRun": self.runs, **self.labelled, **self.kueue, "Node": self.nodes}
+        for name, cache in named.items():
+            cache.subscribe(functools.partial(handler, name))
+
+    def parse_workloads_with(self, view: Callable[[dict[str, Any]], Any]) -> None:
+        """Keep each cached Workload parsed by `view` (the reconciler's parser), once."""
+        self.kueue["workloads"].parse_with(view)
+
+    def workload_views(self) -> list[Any] | None:
+        """The cached Workloads' views (`parse_workloads_with`); None before the cache is
+        synced (the caller then lists and parses)."""
+        cache = self.kueue["workloads"]
+        return list(cache.views.values()) if cache.synced.is_set() else None
 
     async def run_caches(self, on_change: Callable[[], None] = lambda: None) -> None:
         """Keep the caches current until cancelled, calling `on_change` when what a reader
@@ -446,13 +463,6 @@ class RunStore:
             raise
         return True
 
-    async def patch_rayjob_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
-        """Merge into a RayJob's status (used where no Ray dashboard exists: the dev cluster)."""
-        await self._custom.patch_namespaced_custom_object_status(
-            *RAYJOB[:2], namespace, RAYJOB[2], name, {"status": status},
-            _content_type="application/merge-patch+json",
-        )  # fmt: skip
-
     async def list_labelled(
         self, kind: str, selector: str, *, field_selector: str = ""
     ) -> list[dict[str, Any]]:
@@ -485,7 +495,7 @@ class RunStore:
 
     @staticmethod
     def _select(
-        cache: watching.Watched | None, selector: str, field_selector: str
+        cache: informer.Informer[Any] | None, selector: str, field_selector: str
     ) -> list[dict[str, Any]] | None:
         """What a list with these selectors returns, from `cache` (which holds the objects
         carrying the run label); None when the cache cannot answer: not synced, a selector

@@ -40,6 +40,13 @@ def attempt_name(run_name: str, attempt: int) -> str:
     return f"{run_name}-a{attempt}"
 
 
+def run_of_attempt(name: str) -> str | None:
+    """The run whose attempt object is named `name` (`attempt_name`'s inverse); None when
+    the name is no attempt's."""
+    run, sep, attempt = name.rpartition("-a")
+    return run if sep and run and attempt.isdigit() and not attempt.startswith("0") else None
+
+
 def claim_template_name(run_name: str, attempt: int) -> str:
     """Return the ResourceClaimTemplate of an attempt's pods on DRA: `<run>-a<N>-gpus`."""
     return f"{attempt_name(run_name, attempt)}-gpus"

@@ -1,36 +1,27 @@
-"""The run reconciler: read → decide → execute → patch status, for every TauRun.
+"""The run reconciler: read → decide → execute → patch status, for the TauRuns that are due.
 
-Level-triggered, like the quarantine and admission loops: each pass lists the TauRuns and
-everything they own (Jobs, RayJobs, pods, Kueue Workloads and queues, nodes, the
-WorkloadPriorityClasses), turns one run's share of it into a `policy.RunInput`, asks the pure
-`policy.decide_run` what to do, and carries the plan out (`attempts.Attempts`), writing the
-status through the status subresource only when it changed. It never branches on which event
-woke it: a pass, a submission (`reconcile_now`) and a quarantine (`urgent`) decide alike.
+The store's watch caches (`controller.kube.informer`, kept by `RunStore.run_caches` while
+this replica leads) tell every change (`RunStore.subscribe`), and `_on_change` maps it to
+the runs it concerns, which are queued (`controller.workqueue`):
 
-Submissions and cancels are reconciled at once (the API calls `reconcile_now`), so a
-`POST /v1/runs` returns with its Job already created. Only the leader reconciles, and every
-write checks that the lease is still held.
+- a TauRun: itself; a Job, RayJob or Pod: the run its `taugrid.dev/run` label names; a
+  Workload: the run of the attempt object that owns it;
+- a LocalQueue: the runs of its namespace; a Node (its quarantine annotations): every live
+  run; a WorkloadPriorityClass, or a change of the settings (the GPU request mode): all.
 
-The store answers the pass's lists from watch-fed caches while this replica leads (see
-`controller.kube.runs`), and a change in them pokes a pass: a Job or pod that changes is
-reacted to at once, not at the next interval. Pokes coalesce (one pass answers every poke
-that came during the one before) and passes are spaced `MIN_PASS_GAP_S` apart, so a storm
-of pod updates costs a few passes a second, not one per update. A TauRun whose cached copy
-is older than what this replica last wrote of it is read again (`_stale`), so a lagging
-cache never makes a pass act twice.
+A pass decides the queued runs, the runs whose `requeue_at` has come (the one time a run's
+decision reads the clock differently, `policy.steady`), and the runs whose Workload is
+pending (their queue position and the gate's word are computed or polled, not watched);
+every `full_pass_interval_s` it decides every run (the resync, the safety net). A step that
+wrote something is decided again next pass, reading back what it wrote. A store that tells
+no changes (before its caches sync) gets every run decided every pass.
 
-A cluster's history costs a pass little: a finished run whose last step wrote nothing
-(`policy.settled`) is not decided again while its TauRun keeps its resourceVersion, the
-settings stay the same and its TTL has not come, since a finished run's step reads nothing
-but its TauRun. Only its phase is counted.
-
-Nor do live runs that stand still: each raw object is parsed once while the cache keeps it
-(`snapshots.Views`), and a run whose last step wrote nothing (`policy.steady`) is not
-decided again while its whole `RunInput` stays equal (`policy.same_input`), the settings
-stay the same and its `requeue_at` has not come: `decide_run` is a function of those and
-the clock, and `requeue_at` is when its reading of the clock changes. So a pass decides the
-runs whose objects, queue position, gate word or nodes changed. Every
-`full_pass_interval_s` a pass forgets both and decides every run: the safety net.
+Each run's share of what was read becomes a `policy.RunInput`, the pure `policy.decide_run`
+says what to do, and `attempts.Attempts` carries the plan out, writing the status through the
+status subresource only when it changed. A pass, a submission (`reconcile_now`) and a
+quarantine (`urgent`) decide alike. Only the leader reconciles, and every write checks that
+the lease is still held. Our own writes are shown in the caches as they return
+(`Informer.note`), so a pass never reads a copy older than what this replica wrote.
 """
 
 from __future__ import annotations
@@ -39,11 +30,12 @@ import asyncio
 import dataclasses
 import datetime as dt
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import structlog
 
-from controller import errors, leading, marks, metrics
+from controller import errors, leading, marks, metrics, workqueue
+from controller.kube import informer
 from controller.runs import (
     attempts,
     checkpoints,
@@ -56,17 +48,21 @@ from controller.runs import (
     reruns,
     results,
     snapshots,
+    views,
 )
 from shared import spec as specs
 
 log = structlog.get_logger()
 
 MIN_PASS_GAP_S = 0.5
-"""The least time between two passes that pokes ask for (cache changes, submissions): a
+"""The least time between two passes that changes ask for (cache changes, submissions): a
 storm of pod updates costs at most two passes a second. The interval is not lengthened."""
 FULL_PASS_INTERVAL_S = 30.0
-"""How often a pass decides every run again, kept ones included (the chart's
+"""How often a pass decides every run again (the queue's resync; the chart's
 `fullPassIntervalS`, shared with the quarantine pass)."""
+
+RunKey = tuple[str, str]
+"""(namespace, name) of a TauRun."""
 
 
 class RunNotFoundError(errors.NotFound):
@@ -115,6 +111,27 @@ class RunStore(attempts.ObjectStore, Protocol):
 
     async def write_configmap(self, body: dict[str, Any]) -> None:
         """Merge a ConfigMap's data, creating it when missing."""
+        ...
+
+
+class ChangeFeed(Protocol):
+    """A store whose caches tell their changes (`controller.kube.runs.RunStore`)."""
+
+    def subscribe(self, handler: Callable[[str, informer.Change[Any]], None]) -> None:
+        """Tell `handler` each change, with the name of the cache it came from."""
+        ...
+
+    def parse_workloads_with(self, view: Callable[[dict[str, Any]], Any]) -> None:
+        """Keep each cached Workload parsed by `view`."""
+        ...
+
+    def workload_views(self) -> list[Any] | None:
+        """The cached Workloads' views; None until the cache is synced."""
+        ...
+
+    @property
+    def synced(self) -> bool:
+        """Whether every cache is synced (and so tells every change)."""
         ...
 
 
@@ -170,21 +187,21 @@ class Reconciler:
         """Why our AdmissionCheck holds a Workload back, by (namespace, Workload name)."""
         self.attempts = attempts.Attempts(store, elector, keep_logs)
         self._clock = clock
-        self._wake = asyncio.Event()
+        self.queue: workqueue.WorkQueue[RunKey] = workqueue.WorkQueue(resync_s=full_pass_interval_s)
+        """The runs due for a decision (see the module docstring)."""
+        self._wake = self.queue.wake
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
-        self._written: dict[tuple[str, str], int] = {}
-        self._settled: dict[tuple[str, str], Settled] = {}
-        """Finished runs whose last step wrote nothing (`policy.settled`): a pass skips each
-        while its TauRun and the settings stay as they were and its TTL has not come."""
-        self._steady: dict[tuple[str, str], Steady] = {}
-        """Live runs whose last step wrote nothing (`policy.steady`): a pass skips each while
-        its input and the settings stay equal and its `requeue_at` has not come."""
-        self._views = snapshots.Views()
-        self._kept = 0
-        """Runs kept (not decided again) in the pass under way: counted once it ends."""
-        self.full_pass_interval_s = full_pass_interval_s
-        self._full_at: dt.datetime | None = None
-        """When a pass last decided every run (None: none has yet)."""
+        self._live: set[RunKey] = set()
+        """Runs not settled when last decided (`policy.settled`): what a node's change
+        concerns."""
+        self._namespaces: dict[str, set[RunKey]] = {}
+        """The runs of each namespace as of the last pass (what a LocalQueue concerns)."""
+        self._decided_with: policy.RunSettings | None = None
+        self._feed: ChangeFeed | None = None
+        if hasattr(store, "subscribe"):
+            self._feed = cast("ChangeFeed", store)
+            self._feed.subscribe(self._on_change)
+            self._feed.parse_workloads_with(views.parse_workload)
         self._urgent: set[asyncio.Task[None]] = set()
         self._priority_classes: frozenset[str] | None = None
         self._warned_missing_class = False
@@ -193,6 +210,15 @@ class Reconciler:
             pending_max=results_pending_max, clock=clock,
         )  # fmt: skip
         """Results reports, buffered and written in batches."""
+
+    @property
+    def full_pass_interval_s(self) -> float:
+        """How often a pass decides every run (the queue's resync)."""
+        return self.queue.resync_s
+
+    @full_pass_interval_s.setter
+    def full_pass_interval_s(self, value: float) -> None:
+        self.queue.resync_s = value
 
     @property
     def settings(self) -> policy.RunSettings:
@@ -216,58 +242,87 @@ class Reconciler:
 
     # ------------------------------------------------------------------ passes
     async def pass_once(self) -> float | None:
-        """Reconcile every TauRun once; return the seconds until a run is next due."""
+        """Decide the runs that are due (see the module docstring); return the seconds until
+        a run is next due."""
         items = [i for i in await self.store.list_runs() if self.manages(i)]
         snap, classes = await asyncio.gather(self.snapshot(), self._list_priority_classes())
         counts: dict[tuple[str, str], int] = {}
-        due: list[dt.datetime] = []
         settings = self.settings
+        if settings != self._decided_with:
+            self._decided_with = settings
+            self.queue.resync()
         now = self._clock()
-        if self._full_at is None or (now - self._full_at).total_seconds() >= (
-            self.full_pass_interval_s
-        ):
-            self._full_at = now
-            self._settled.clear()
-            self._steady.clear()
+        batch = self.queue.take(now.timestamp())
+        if self._feed is None or not self._feed.synced:
+            batch = workqueue.Batch(everything=True, keys=batch.keys)
         present = {snapshots.key(i) for i in items}
-        for kept in (self._settled, self._steady):
-            for gone in [k for k in kept if k not in present]:
-                del kept[gone]
+        for gone in self._live - present:
+            self._live.discard(gone)
+            self.queue.forget(gone)
+        self._namespaces = {}
+        kept = 0
         for item in items:
             key = snapshots.key(item)
-            async with self.lock(key):
-                if self._stale(key, item):
-                    fresh = await self.store.get_run(*key)
-                    if fresh is None:
-                        continue
-                    item = fresh  # noqa: PLW2901  (the newer copy replaces the listed one)
-                known = self._settled.get(key)
-                if known is not None and known.holds(item, settings, self._clock()):
-                    result, at = item, known.requeue_at
-                    self._kept += 1
-                else:
-                    self._settled.pop(key, None)
+            self._namespaces.setdefault(key[0], set()).add(key)
+            if batch.wants(key) or self._pending(item, snap):
+                async with self.lock(key):
                     try:
-                        result, at = await self._reconcile(item, snap, classes, keep=True)
+                        item = await self._reconcile(item, snap, classes)  # noqa: PLW2901
+                        self.queue.succeeded(key)
                     except leading.NotLeaderError:
                         raise
                     except Exception as err:  # noqa: BLE001  (one bad run must not stop others)
                         log.warning("run reconcile failed", run=f"{key[0]}/{key[1]}",
                                     error=repr(err))  # fmt: skip
-                        result, at = item, None
-            if at is not None:
-                due.append(at)
-            status = result.get("status") or {}
-            queue = str((result.get("spec") or {}).get("queue") or specs.DEFAULT_QUEUE)
+                        self.queue.failed(key, self._clock().timestamp())
+            else:
+                kept += 1
+            status = item.get("status") or {}
+            queue = str((item.get("spec") or {}).get("queue") or specs.DEFAULT_QUEUE)
             phase = str(status.get("phase") or records.Phase.PENDING)
             counts[(phase, queue)] = counts.get((phase, queue), 0) + 1
-        self._views.sweep()
-        self.metrics.run_decisions.labels("kept").inc(self._kept)
-        self._kept = 0
+        self.metrics.run_decisions.labels("kept").inc(kept)
         self.metrics.runs.clear()
         for (phase, queue), n in counts.items():
             self.metrics.runs.labels(phase, queue).set(n)
-        return (min(due) - self._clock()).total_seconds() if due else None
+        return self.queue.next_scheduled(self._clock().timestamp())
+
+    def _on_change(self, kind: str, change: informer.Change[Any]) -> None:
+        """Queue the runs a cache's change concerns (see the module docstring)."""
+        for obj in (change.old, change.new):
+            for key in self._runs_of(kind, change.key, obj):
+                self.queue.add(key)
+
+    def _runs_of(self, kind: str, key: str, obj: Any) -> Sequence[RunKey]:
+        namespace, _, name = key.rpartition("/")
+        if obj is None:
+            return ()
+        if kind == "TauRun":
+            return [(namespace, name)]
+        if kind in {"Job", "RayJob", "Pod"}:
+            run = ((obj.get("metadata") or {}).get("labels") or {}).get(marks.RUN_LABEL)
+            return [(namespace, str(run))] if run else ()
+        if kind == "workloads":
+            return [(obj.namespace, run)] if (run := objects.run_of_attempt(obj.owner_name)) else ()
+        if kind == "localqueues":
+            return sorted(self._namespaces.get(namespace, ()))
+        if kind == "Node":
+            return sorted(self._live)
+        self.queue.resync()  # what every run's resume may read (WorkloadPriorityClasses)
+        return ()
+
+    @staticmethod
+    def _pending(item: Mapping[str, Any], snap: snapshots.Snapshot) -> bool:
+        """Whether the run's current attempt has a Workload waiting for quota: its queue
+        position and the gate's word are computed or polled every pass, not watched."""
+        status = item.get("status") or {}
+        attempt = status.get("currentAttempt")
+        if not isinstance(attempt, int) or attempt < 1:
+            return False
+        ref = snapshots.key(item)
+        name = objects.attempt_name(ref[1], attempt)
+        workload = snap.workloads.get((ref[0], attempt_kind(item), name))
+        return workload is not None and workload.pending
 
     async def reconcile_now(self, namespace: str, name: str) -> dict[str, Any] | None:
         """Reconcile one run at once (after a submission or a cancel); return it. Only what
@@ -276,7 +331,7 @@ class Reconciler:
             item = await self.store.get_run(namespace, name)
             if item is None or not self.manages(item):
                 return item
-            result, _ = await self._reconcile(item, None, self._priority_classes)
+            result = await self._reconcile(item, None, self._priority_classes)
         self.poke()
         return result
 
@@ -373,7 +428,8 @@ class Reconciler:
             self.store.list_kueue("localqueues"),
             self.store.list_nodes(),
         )
-        return snapshots.index([*jobs, *rayjobs], pods, workloads, lqs, nodes, known=self._views)
+        return snapshots.index([*jobs, *rayjobs], pods, self._workload_views(workloads), lqs,
+                               nodes)  # fmt: skip
 
     async def snapshot_of_run(self, namespace: str, name: str) -> snapshots.Snapshot:
         """What one run's reconcile reads, and nothing else: its objects and pods, its
@@ -391,7 +447,16 @@ class Reconciler:
         pods = [p for p in pods if snapshots.key(p)[0] == namespace]
         on = sorted({str((p.get("spec") or {}).get("nodeName") or "") for p in pods} - {""})
         nodes = await self.store.list_nodes(names=on)
-        return snapshots.index(owned, pods, workloads, lqs, nodes, known=self._views)
+        return snapshots.index(owned, pods, [views.parse_workload(w) for w in workloads], lqs,
+                               nodes)  # fmt: skip
+
+    def _workload_views(self, listed: list[dict[str, Any]]) -> list[views.WorkloadView]:
+        """The Workloads as the cache parsed them once, else (no cache, or not synced yet)
+        what was listed, parsed now."""
+        cached = self._feed.workload_views() if self._feed is not None else None
+        if cached is not None:
+            return cast("list[views.WorkloadView]", cached)
+        return [views.parse_workload(w) for w in listed]
 
     async def _list_priority_classes(self) -> frozenset[str] | None:
         """The WorkloadPriorityClasses, once per pass (None when Kueue cannot list them)."""
@@ -428,7 +493,7 @@ class Reconciler:
         """One run's share of what was read (`snap` None: only the TauRun itself)."""
         meta = item.get("metadata") or {}
         annotations = meta.get("annotations") or {}
-        status = self._views.status(item.get("status"))
+        status = records.read(item.get("status"), results=False)
         ref, spec = objects.run_ref(item), item.get("spec") or {}
         cancel = bool(annotations.get(marks.CANCEL_ANNOTATION))
         rerun_of = reruns.read_source(annotations)
@@ -437,9 +502,7 @@ class Reconciler:
                 ref=ref, spec=spec, status=status, cancel_requested=cancel, observed=False,
                 priority_classes=classes, rerun_of=rerun_of,
             )  # fmt: skip
-        seen = snapshots.attempt_of(
-            snap, ref, attempt_kind(item), status.current_attempt, known=self._views
-        )
+        seen = snapshots.attempt_of(snap, ref, attempt_kind(item), status.current_attempt)
         workload = seen.workload
         position = visible
         if position is None and workload is not None:
@@ -462,12 +525,10 @@ class Reconciler:
         item: dict[str, Any],
         snap: snapshots.Snapshot | None,
         classes: frozenset[str] | None,
-        *,
-        keep: bool = False,
-    ) -> tuple[dict[str, Any], dt.datetime | None]:
-        """Bring one run a step closer to its spec; return it as last written, and when it
-        is next due. `keep` (a pass over every run): skip a live run whose input is what a
-        step that wrote nothing read (`Steady`), and remember such a step."""
+    ) -> dict[str, Any]:
+        """Bring one run a step closer to its spec; return it as last written. Queue it
+        again: next pass when the step wrote something (it is read back), at its
+        `requeue_at` otherwise."""
         key = snapshots.key(item)
         run = self.run_input(item, snap, classes)
         workload = run.workload
@@ -477,20 +538,18 @@ class Reconciler:
             )
             if visible is not None:
                 run = self.run_input(item, snap, classes, visible=visible)
-        settings, now = self.settings, self._clock()
-        steady = self._steady.pop(key, None) if keep else None
-        if steady is not None and steady.holds(run, settings, now):
-            self._steady[key] = steady
-            self._kept += 1
-            return item, steady.requeue_at
-        plan = policy.decide_run(run, settings, now)
+        plan = policy.decide_run(run, self.settings, self._clock())
         self.metrics.run_decisions.labels("decided").inc()
         result = await self._execute(item, plan)
-        if snap is not None and result is item and policy.settled(run, plan):
-            self._settled[key] = Settled(resource_version(item), settings, plan.requeue_at)
-        elif keep and snap is not None and result is item and policy.steady(run, plan):
-            self._steady[key] = Steady(run, settings, plan.requeue_at)
-        return result, plan.requeue_at
+        if snap is not None and policy.settled(run, plan):
+            self._live.discard(key)
+        else:
+            self._live.add(key)
+        if result is not item or not policy.steady(run, plan):
+            self.queue.add(key)
+        at = plan.requeue_at
+        self.queue.due_at(key, at.timestamp() if at is not None else None)
+        return result
 
     async def _execute(self, item: dict[str, Any], plan: policy.RunPlan) -> dict[str, Any]:
         """Carry a plan out: its writes in order, then the status; count what it decided."""
@@ -499,7 +558,6 @@ class Reconciler:
             annotated = await self.attempts.apply(objects.run_ref(item), plan)
             if annotated is not None:
                 item = annotated
-                self._note_written(item)
         except errors.NameTaken as err:
             # Somebody else's object holds a name this run needs (review M4): the run
             # cannot go on without writing into it, so it ends, saying which.
@@ -537,9 +595,7 @@ class Reconciler:
         # The results are written by the collector alone (with them in `status`); a status
         # read without them patches everything else and leaves them as they are.
         raw = item.get("status")
-        stored = (
-            self._views.status(raw) if status.results is None else records.read(raw, results=True)
-        )
+        stored = records.read(raw, results=status.results is not None)
         if records.stored_alike(stored, status):
             return item
         old, new = records.wire(stored), records.wire(status)
@@ -548,7 +604,6 @@ class Reconciler:
         written = await self.store.patch_run_status(namespace, name, records.patch_body(old, new))
         if written is None:
             return item
-        self._note_written(written)
         if new.get("phase") != old.get("phase"):
             log.info("run phase", run=f"{namespace}/{name}", phase=new.get("phase"),
                      attempt=new.get("currentAttempt"), reason=new.get("reason"))  # fmt: skip
@@ -568,63 +623,6 @@ class Reconciler:
 
     def lock(self, key: tuple[str, str]) -> asyncio.Lock:
         return self._locks.setdefault(key, asyncio.Lock())
-
-    def _note_written(self, written: Mapping[str, Any]) -> None:
-        """Remember the version of a TauRun this replica wrote: an older copy is stale."""
-        rv = str((written.get("metadata") or {}).get("resourceVersion", ""))
-        if rv.isdigit():
-            self._written[snapshots.key(written)] = int(rv)
-
-    def _stale(self, key: tuple[str, str], item: Mapping[str, Any]) -> bool:
-        written = self._written.get(key)
-        if written is None:
-            return False
-        rv = str((item.get("metadata") or {}).get("resourceVersion", ""))
-        return not rv.isdigit() or int(rv) < written
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Settled:
-    """A finished run decided with nothing to write (`policy.settled`), and what that
-    decision read: the TauRun's resourceVersion and the settings; it holds until its TTL."""
-
-    resource_version: str
-    settings: policy.RunSettings
-    requeue_at: dt.datetime | None
-
-    def holds(
-        self, item: Mapping[str, Any], settings: policy.RunSettings, now: dt.datetime
-    ) -> bool:
-        """Whether deciding `item` at `now` again would decide the same (nothing to write)."""
-        return (
-            bool(self.resource_version)
-            and resource_version(item) == self.resource_version
-            and settings == self.settings
-            and (self.requeue_at is None or now < self.requeue_at)
-        )
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Steady:
-    """A live run decided with nothing to write (`policy.steady`), the input and settings
-    that decision read, and until when it holds."""
-
-    run: policy.RunInput
-    settings: policy.RunSettings
-    requeue_at: dt.datetime | None
-
-    def holds(self, run: policy.RunInput, settings: policy.RunSettings, now: dt.datetime) -> bool:
-        """Whether deciding `run` at `now` again would decide the same (nothing to write)."""
-        return (
-            (self.requeue_at is None or now < self.requeue_at)
-            and settings == self.settings
-            and policy.same_input(run, self.run)
-        )
-
-
-def resource_version(item: Mapping[str, Any]) -> str:
-    """A raw object's resourceVersion ('' when it has none)."""
-    return str((item.get("metadata") or {}).get("resourceVersion") or "")
 
 
 def manages(item: Mapping[str, Any], manager: str) -> bool:

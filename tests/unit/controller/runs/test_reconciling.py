@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 
 from controller import errors, leading, marks, metrics
+from controller.kube import informer
 from controller.kube import runs as kube_runs
-from controller.runs import checkpoints, policy, reconciling, rendering, views
+from controller.runs import checkpoints, policy, reconciling, rendering, snapshots, views
 from shared import spec as specs
 from tests import support
 from tests.unit.controller.runs.builders import (
@@ -50,7 +51,7 @@ def _owner(obj: dict[str, Any]) -> str | None:
     return next((str(r["uid"]) for r in refs if r.get("controller")), None)
 
 
-class FakeStore:
+class ApiStore:
     """An in-memory API server holding what the reconciler reads and writes."""
 
     def __init__(self) -> None:
@@ -154,6 +155,84 @@ class FakeStore:
     async def write_configmap(self, body: dict[str, Any]) -> None:
         key = (body["metadata"]["namespace"], "ConfigMap", body["metadata"]["name"])
         self.objects.setdefault(key, copy.deepcopy(body))["data"].update(body["data"])
+
+
+class FakeStore(ApiStore):
+    """The in-memory store, read as the watch caches serve it (`informer.Informer`): an object
+    comes back as the same dict while it stays unchanged, and as a new one once it changed;
+    each change (and each object gone from a whole list) is told to the subscribers, as the
+    caches tell theirs. The changes are found when a pass lists, which is before it takes its
+    queue, as a watch's would have come."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._served: dict[tuple[str, ...], tuple[str, dict[str, Any], Any]] = {}
+        self._handlers: list[typing.Callable[[str, informer.Change[Any]], None]] = []
+        self._parse: dict[str, typing.Callable[[dict[str, Any]], Any]] = {}
+        self.synced = True
+
+    def subscribe(self, handler: typing.Callable[[str, informer.Change[Any]], None]) -> None:
+        self._handlers.append(handler)
+
+    def parse_workloads_with(self, view: typing.Callable[[dict[str, Any]], Any]) -> None:
+        self._parse["workloads"] = view
+
+    def workload_views(self) -> list[Any] | None:
+        return None  # parsed from the list, as before a cache syncs
+
+    def _serve(self, kind: str, obj: dict[str, Any]) -> dict[str, Any]:
+        meta = obj.get("metadata") or {}
+        ns, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
+        key = (kind, ns, name)
+        text = json.dumps(obj, sort_keys=True)
+        hit = self._served.get(key)
+        if hit is None or hit[0] != text:
+            served = copy.deepcopy(obj)
+            parse = self._parse.get(kind)
+            view = parse(served) if parse is not None else served
+            self._tell(kind, f"{ns}/{name}" if ns else name, hit[2] if hit else None, view)
+            hit = text, served, view
+            self._served[key] = hit
+        return hit[1]
+
+    def _tell(self, kind: str, key: str, old: Any, new: Any) -> None:
+        for handler in self._handlers:
+            handler(kind, informer.Change(key, old, new))
+
+    def _whole(self, kind: str, listed: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Serve a whole list of a kind, telling those gone since the last one."""
+        out = [self._serve(kind, o) for o in listed]
+        here = {(kind, *snapshots.key(o)) for o in listed}
+        for key in [k for k in self._served if k[0] == kind and k not in here]:
+            _, _, old = self._served.pop(key)
+            self._tell(kind, f"{key[1]}/{key[2]}" if key[1] else key[2], old, None)
+        return out
+
+    async def list_runs(self, namespace: str | None = None) -> list[dict[str, Any]]:
+        listed = await super().list_runs(namespace)
+        if namespace is None:
+            return self._whole("TauRun", listed)
+        return [self._serve("TauRun", r) for r in listed]
+
+    async def list_labelled(
+        self, kind: str, selector: str, *, field_selector: str = ""
+    ) -> list[dict[str, Any]]:
+        listed = await super().list_labelled(kind, selector, field_selector=field_selector)
+        if selector == marks.RUN_LABEL and not field_selector:
+            return self._whole(kind, listed)
+        return [self._serve(kind, o) for o in listed]
+
+    async def list_kueue(self, plural: str, namespace: str | None = None) -> list[dict[str, Any]]:
+        listed = await super().list_kueue(plural, namespace)
+        if namespace is None:
+            return self._whole(plural, listed)
+        return [self._serve(plural, o) for o in listed]
+
+    async def list_nodes(self, names: list[str] | None = None) -> list[dict[str, Any]]:
+        listed = await super().list_nodes(names)
+        if names is None:
+            return self._whole("Node", listed)
+        return [self._serve("Node", o) for o in listed]
 
 
 def _reconciler(

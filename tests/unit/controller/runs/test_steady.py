@@ -1,12 +1,11 @@
-"""A run pass decides what changed: a live run whose input stays equal is kept, not decided
-again (`policy.steady`, `reconciling.Steady`). Checked against a reconciler that decides every
-run on every pass, over the same histories, and step by step."""
+"""A run pass decides what changed: a run that nothing it reads changed for is kept, not
+decided again (the queue of `reconciling.Reconciler`, fed by the caches' changes). Checked
+against a reconciler that decides every run on every pass, over the same histories, and step
+by step."""
 
 from __future__ import annotations
 
-import copy
 import datetime as dt
-import json
 import typing
 from typing import Any
 
@@ -16,46 +15,14 @@ from hypothesis import strategies as st
 
 from controller import leading, marks, metrics
 from controller.kube import runs as kube_runs
-from controller.runs import reconciling, rendering, snapshots
+from controller.runs import reconciling, rendering
 from shared import spec as specs
 from tests import support
 from tests.unit.controller.runs import test_reconciling as tr
 from tests.unit.controller.runs.builders import SPEC, T0, cond, ts
 
-
-class CachedStore(tr.FakeStore):
-    """The in-memory store, read as the watch-fed caches serve it (`watching.Watched`): an
-    object comes back as the same dict while it stays unchanged, and as a new one once it
-    changed; nothing served is ever edited in place."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._served: dict[tuple[str, ...], tuple[str, dict[str, Any]]] = {}
-
-    def _serve(self, kind: str, obj: dict[str, Any]) -> dict[str, Any]:
-        meta = obj.get("metadata") or {}
-        key = (kind, str(meta.get("namespace", "")), str(meta.get("name", "")))
-        text = json.dumps(obj, sort_keys=True)
-        hit = self._served.get(key)
-        if hit is None or hit[0] != text:
-            hit = text, copy.deepcopy(obj)
-            self._served[key] = hit
-        return hit[1]
-
-    async def list_runs(self, namespace: str | None = None) -> list[dict[str, Any]]:
-        return [self._serve("TauRun", r) for r in await super().list_runs(namespace)]
-
-    async def list_labelled(
-        self, kind: str, selector: str, *, field_selector: str = ""
-    ) -> list[dict[str, Any]]:
-        listed = await super().list_labelled(kind, selector, field_selector=field_selector)
-        return [self._serve(kind, o) for o in listed]
-
-    async def list_kueue(self, plural: str, namespace: str | None = None) -> list[dict[str, Any]]:
-        return [self._serve(plural, o) for o in await super().list_kueue(plural, namespace)]
-
-    async def list_nodes(self, names: list[str] | None = None) -> list[dict[str, Any]]:
-        return [self._serve("Node", o) for o in await super().list_nodes(names)]
+CachedStore = tr.FakeStore
+"""The in-memory store, which tells its changes as the caches do."""
 
 
 def _reconciler(
@@ -241,15 +208,3 @@ async def test_a_kept_run_is_decided_when_its_requeue_comes() -> None:
                 (59, 1, False, 1.0), (60, 0, True, None), (61, 0, True, None),
                 (62, 1, True, None)]  # fmt: skip
     assert expected == messages
-
-
-def test_node_facts_equal_to_one_seen_lately_come_back_as_the_same_object() -> None:
-    """A pass's fleet-wide facts, then an urgent run's few nodes, then the fleet again: the
-    third is the first object (kept runs then compare their nodes by identity)."""
-    known = snapshots.Views()
-    fleet = [{"metadata": {"name": "n0"}}, {"metadata": {"name": "n1"}}]
-    first = known.node_facts(fleet)
-    few = known.node_facts(fleet[:1])
-    again = known.node_facts(copy.deepcopy(fleet))
-    changed = known.node_facts([*fleet, {"metadata": {"name": "n2"}}])
-    assert (again is first, few is first, changed == first) == (True, False, False)
