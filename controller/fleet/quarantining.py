@@ -1,11 +1,12 @@
 """The quarantine loop: passes of the pure policy, carried out on Nodes.
 
-Each pass judges the nodes whose inputs changed (a heartbeat that changed something, a
-Node changed in the cache, device quarantine's scope), whose deadline came, or that had
-something left to do, and decides what the full level-triggered pass would decide for the
+Each pass judges the nodes its queue hands out (`controller.workqueue`: a Node the cache
+told changed, parsed once as it arrived), the nodes whose heartbeat changed something
+(`FleetState.take_changed`), device quarantine's scope, and those whose deadline came or that
+had something left to do, and decides what the full level-triggered pass would decide for the
 whole fleet (`controller.fleet.passes`); it writes only the difference
 (`conditions.patch_for` returns None when a node is already as wanted). Every
-`full_pass_interval_s`, and after the node cache relists, a pass judges every node again.
+`full_pass_interval_s` (the queue's resync) a pass judges every node again.
 A heartbeat that changes a verdict or a node event wakes the loop at once; otherwise it
 wakes at the policy's next deadline, at most every `pass_interval_s`. Only the leader acts,
 and every write checks that the lease is still held.
@@ -22,7 +23,7 @@ from typing import Any
 
 import structlog
 
-from controller import errors, leading, marks
+from controller import errors, leading, marks, workqueue
 from controller import metrics as metrics_mod
 from controller.fleet import (
     actions,
@@ -36,6 +37,7 @@ from controller.fleet import (
     state,
 )
 from controller.kube import devices as kube_devices
+from controller.kube import informer
 from controller.kube import nodes as kube_nodes
 
 log = structlog.get_logger()
@@ -96,7 +98,8 @@ class Quarantiner:
         self.elector = elector
         self.metrics = metrics
         self.pass_interval_s = pass_interval_s
-        self.full_pass_interval_s = full_pass_interval_s
+        self.queue: workqueue.WorkQueue[str] = workqueue.WorkQueue(resync_s=full_pass_interval_s)
+        """The nodes whose Node changed, and the resync (see the module docstring)."""
         self.lease_name = lease_name
         self._save_state = save_state
         self._saved: dict[str, str] | None = None
@@ -109,24 +112,23 @@ class Quarantiner:
         self.device_breaker = actions.BreakerState()
         self.last_devices: actions.DeviceDecision | None = None
         self._records: set[asyncio.Task[None]] = set()
-        self._parsed_devices: tuple[tuple[int, int], devices.Inventory,
-                                    list[devices.TaintRule]] | None = None  # fmt: skip
-        """The inventory and rules parsed at the device cache's versions (a pass reuses them:
-        parsing a fleet's slices is most of a pass's cost)."""
+        self._parsed_devices: tuple[devices.Inventory, list[devices.TaintRule]] | None = None
+        """The inventory and rules parsed from the device cache, until it tells a change
+        (parsing a fleet's slices is most of a pass's cost)."""
         self._listings: dict[str, tuple[devicepolicy.Usable, ...]] = {}
         """The GPUs of DRA nodes without a fault as the gate is told of them, valid for the
         parsed inventory and rules above (`devicepolicy.usable`'s memo)."""
-        self._views: dict[str, nodes.NodeView] = {}
-        """Each cached node's view, parsed again only when the cache says it changed."""
         self._in_quarantine: set[str] = set()
         """The cached nodes carrying a quarantine of ours (the gauge)."""
-        self._node_changes = cache.subscribe()
+        cache.parse_with(_parse_node)
+        cache.subscribe(self._node_changed)
+        if device_cache is not None:
+            device_cache.slices.subscribe(self._devices_changed)
+            device_cache.rules.subscribe(self._devices_changed)
         self.ledger = passes.Ledger()
-        self._full_at: dt.datetime | None = None
-        """When the last pass that judged every node ran."""
         """A device action's history entry and Event, written after its rules without
         holding up the next pass (the rules are what fence the GPU)."""
-        self.wake = asyncio.Event()
+        self.wake = self.queue.wake
         self._skips_logged: set[tuple[str, str]] = set()
         self._lock = asyncio.Lock()
         self.on_quarantine: list[Callable[[str], None]] = []
@@ -136,6 +138,25 @@ class Quarantiner:
     def poke(self) -> None:
         """Ask for a pass as soon as possible (a verdict changed, a node changed)."""
         self.wake.set()
+
+    @property
+    def full_pass_interval_s(self) -> float:
+        """How often a pass judges every node (the queue's resync)."""
+        return self.queue.resync_s
+
+    @full_pass_interval_s.setter
+    def full_pass_interval_s(self, value: float) -> None:
+        self.queue.resync_s = value
+
+    def _node_changed(self, change: informer.Change[nodes.NodeView]) -> None:
+        self.queue.add(change.key)
+        if change.new is not None and change.new.quarantine is not None:
+            self._in_quarantine.add(change.key)
+        else:
+            self._in_quarantine.discard(change.key)
+
+    def _devices_changed(self, _change: informer.Change[Any]) -> None:
+        self._parsed_devices = None
 
     # ------------------------------------------------------------------ on-call
     async def manual(
@@ -170,7 +191,7 @@ class Quarantiner:
                 msg = f"node {view.name} does not exist"
                 raise errors.NotFound(msg, field="name")
             self.cache.put(raw)
-            view = nodes.parse(self.cache.nodes.get(view.name) or kube_nodes.trim_node(raw))
+            view = self.cache.views.get(view.name) or nodes.parse(kube_nodes.trim_node(raw))
         self.poke()
         doing = "released" if release else "quarantined"
         msg = (f"node {view.name} changed {MANUAL_ATTEMPTS} times while it was being {doing};"
@@ -223,15 +244,14 @@ class Quarantiner:
         cache = self.device_cache
         if cache is None:
             return devices.Inventory(), []
-        versions = (cache.slices.version, cache.rules.version)
-        if self._parsed_devices is not None and self._parsed_devices[0] == versions:
-            return self._parsed_devices[1], self._parsed_devices[2]
+        if self._parsed_devices is not None:
+            return self._parsed_devices
         inventory = devices.inventory(cache.slices.items.values())
         rules = [devices.parse_rule(r) for r in cache.rules.items.values()]
         for rule in rules:
             if report and rule.problems:
                 log.warning("malformed device rule", rule=rule.name, problems=rule.problems)
-        self._parsed_devices = (versions, inventory, rules)
+        self._parsed_devices = (inventory, rules)
         self._listings = {}
         return inventory, rules
 
@@ -285,43 +305,18 @@ class Quarantiner:
         deadline = await self.run_pass()
         return None if deadline is None else (deadline - self.clock()).total_seconds()
 
-    def views(self, changed: set[str], *, everything: bool) -> dict[str, nodes.NodeView]:
-        """Every cached node's view, by name: the `changed` ones parsed again (all of them,
-        `everything`); malformed annotations are reported, never raised."""
-        known = self._views
-        names = set(self.cache.nodes) | set(known) if everything else changed
-        for name in names:
-            raw = self.cache.nodes.get(name)
-            if raw is None:
-                known.pop(name, None)
-                self._in_quarantine.discard(name)
-                continue
-            seen = known.get(name)
-            rv = str(raw.get("metadata", {}).get("resourceVersion") or "")
-            if seen is not None and rv and seen.resource_version == rv:
-                continue
-            view = nodes.parse(raw)
-            if view.problems:
-                log.warning("malformed node annotations", node=view.name, problems=view.problems)
-            known[name] = view
-            if view.quarantine is not None:
-                self._in_quarantine.add(name)
-            else:
-                self._in_quarantine.discard(name)
-        return known
+    def views(self) -> dict[str, nodes.NodeView]:
+        """Every cached node's view, by name, parsed once as the cache took it."""
+        return self.cache.views
 
     async def run_pass(self) -> dt.datetime | None:
         """One level-triggered pass; return when the next one is due."""
         async with self._lock:
             started = time.perf_counter()
             now = self.clock()
-            relisted, touched = self._node_changes.take()
-            full = (
-                relisted
-                or self._full_at is None
-                or ((now - self._full_at).total_seconds() >= self.full_pass_interval_s)
-            )
-            by_name = self.views(touched, everything=full)
+            batch = self.queue.take(now.timestamp())
+            full, touched = batch.everything, set(batch.keys)
+            by_name = self.views()
             device = self.decide_devices(by_name, now)
             if device is not None:
                 self.device_breaker = device.breaker
@@ -332,8 +327,6 @@ class Quarantiner:
                 device_scope=device.scope if device else frozenset(),
                 device_nodes=device.dra_nodes if device else frozenset(),
             )  # fmt: skip
-            if full:
-                self._full_at = now
             self.metrics.pass_nodes.labels("full" if full else "changed").observe(
                 len(self.ledger.judged)
             )
@@ -652,3 +645,12 @@ def describe(action: actions.NodeAction) -> str:
             return f"released by {action.by}: {action.reason}"
         case actions.ForgetManualRelease():
             return "healthy again; the earlier manual release is forgotten"
+
+
+def _parse_node(raw: dict[str, Any]) -> nodes.NodeView:
+    """A cached node's view (`nodes.parse`); malformed annotations are reported, never
+    raised."""
+    view = nodes.parse(raw)
+    if view.problems:
+        log.warning("malformed node annotations", node=view.name, problems=view.problems)
+    return view

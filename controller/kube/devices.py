@@ -12,7 +12,7 @@ once and read as empty: device quarantine then simply never applies.
 from __future__ import annotations
 
 import asyncio
-import json
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -20,7 +20,7 @@ import structlog
 from kubernetes_asyncio import client
 
 from controller import marks
-from controller.kube import _api
+from controller.kube import _api, informer
 
 log = structlog.get_logger()
 
@@ -76,8 +76,11 @@ def trim_rule(raw: dict[str, Any]) -> dict[str, Any]:
     }  # fmt: skip
 
 
-class _Watched:
-    """One cluster-scoped kind, listed then watched, kept by name."""
+class DeviceKind(informer.Informer[Any]):
+    """One cluster-scoped kind, listed then watched, kept by name (the informer), with our
+    own writes shown at once (`put`, `drop`). A kind the API server does not serve (404) or
+    RBAC refuses (403) is read as empty: device quarantine then stays off instead of
+    stopping every quarantine pass."""
 
     def __init__(
         self,
@@ -87,113 +90,41 @@ class _Watched:
         on_change: Callable[[], None],
         field_selector: str = "",
     ) -> None:
-        self._custom = client.CustomObjectsApi(api)
+        custom = client.CustomObjectsApi(api)
+        selector = {"field_selector": field_selector} if field_selector else {}
+        super().__init__(
+            functools.partial(custom.list_cluster_custom_object, *RESOURCE, plural, **selector),
+            trim, kind=f"{plural}.{RESOURCE[0]}/{RESOURCE[1]}", on_change=on_change,
+            optional=True,
+        )  # fmt: skip
         self.plural = plural
-        self._trim = trim
-        self._on_change = on_change
-        self._selector = {"field_selector": field_selector} if field_selector else {}
-        self.items: dict[str, dict[str, Any]] = {}
-        self.version = 0
-        """Bumped on every change, so readers can reuse what they parsed from `items`."""
-        self.synced = asyncio.Event()
-        self.served = True
-        """False while the API server does not serve the kind (404) or RBAC refuses it (403):
-        device quarantine then stays off instead of stopping every quarantine pass."""
+
+    @property
+    def served(self) -> bool:
+        """False while the API server does not serve the kind or RBAC refuses it."""
+        return not self.absent
 
     def put(self, raw: dict[str, Any]) -> None:
-        """Store an object returned by a write, so the next pass sees it at once."""
-        trimmed = self._trim(raw)
-        self.items[trimmed["metadata"]["name"]] = trimmed
-        self.version += 1
-        self._on_change()
+        """Show an object returned by one of our writes at once."""
+        if self.synced.is_set():
+            self.note(raw)
+        else:
+            self._put(informer.key_of(raw), raw)
 
     def drop(self, name: str) -> None:
-        """Forget an object we deleted."""
-        if self.items.pop(name, None) is not None:
-            self.version += 1
-            self._on_change()
-
-    async def run(self) -> None:
-        while True:
-            try:
-                rv = await self._list()
-                if rv is None:
-                    await asyncio.sleep(30.0)  # not served: look again now and then
-                    continue
-                await self._watch(rv)
-            except asyncio.CancelledError:
-                raise
-            except Exception as err:  # noqa: BLE001  (any API failure: relist after a pause)
-                log.warning("device watch failed; relisting", kind=self.plural, error=str(err))
-                await asyncio.sleep(1.0)
-
-    async def _list(self) -> str | None:
-        try:
-            resp = await self._custom.list_cluster_custom_object(
-                *RESOURCE, self.plural, _preload_content=False, **self._selector
-            )
-            data = await _api.read_json(resp)
-        except client.ApiException as err:
-            if err.status not in (403, 404):
-                raise
-            if self.served:
-                why = "not served" if err.status == 404 else "not permitted (RBAC)"
-                log.warning("device kind unavailable; device quarantine stays off", reason=why,
-                            kind=f"{self.plural}.{RESOURCE[0]}/{RESOURCE[1]}")  # fmt: skip
-            self.served = False
-            self.items = {}
-            self.version += 1
-            self.synced.set()
-            self._on_change()
-            return None
-        self.served = True
-        self.items = {i["metadata"]["name"]: self._trim(i) for i in data.get("items") or []}
-        self.version += 1
-        self.synced.set()
-        self._on_change()
-        return str(data["metadata"]["resourceVersion"])
-
-    async def _watch(self, rv: str) -> None:
-        while True:
-            resp = await self._custom.list_cluster_custom_object(
-                *RESOURCE, self.plural, watch=True, resource_version=rv,
-                allow_watch_bookmarks=True, timeout_seconds=300, _preload_content=False,
-                **self._selector,
-            )  # fmt: skip
-            if resp.status != 200:
-                await _api.read_json(resp)  # raises: relist
-            try:
-                while raw := await resp.content.readline():
-                    if not raw.strip():
-                        continue
-                    event = json.loads(raw)
-                    obj = event.get("object") or {}
-                    kind = event.get("type")
-                    if kind == "ERROR":
-                        return
-                    rv = (obj.get("metadata") or {}).get("resourceVersion", rv)
-                    if kind == "BOOKMARK":
-                        continue
-                    name = (obj.get("metadata") or {}).get("name", "")
-                    if kind == "DELETED":
-                        self.items.pop(name, None)
-                    else:
-                        self.items[name] = self._trim(obj)
-                    self.version += 1
-                    self._on_change()
-            finally:
-                resp.release()
+        """Forget an object we deleted, before the watch tells it."""
+        self.gone(name)
 
 
 class DeviceCache:
     """The ResourceSlices of NVIDIA's driver and every DeviceTaintRule, kept current."""
 
     def __init__(self, api: client.ApiClient, on_change: Callable[[], None]) -> None:
-        self.slices = _Watched(
+        self.slices = DeviceKind(
             api, "resourceslices", trim_slice, on_change,
             field_selector=f"spec.driver={marks.DRA_DRIVER}",
         )  # fmt: skip
-        self.rules = _Watched(api, "devicetaintrules", trim_rule, on_change)
+        self.rules = DeviceKind(api, "devicetaintrules", trim_rule, on_change)
 
     def synced(self) -> bool:
         """Whether both kinds were listed at least once (or found unavailable)."""

@@ -192,6 +192,14 @@ class Informer(Generic[V]):
         self._noted[key] = rv
         self._put(key, obj)
 
+    def gone(self, key: str) -> None:
+        """Forget an object we deleted ourselves, before the watch tells it."""
+        if (held := self.items.pop(key, None)) is not None:
+            old = self.views.pop(key, None)
+            self._on_delete(held)
+            self._tell(key, old, None)
+            self._on_change()
+
     def reset(self) -> None:
         """Forget everything (the cache stopped): unsynced until it lists again."""
         self.synced.clear()

@@ -7,10 +7,7 @@ rather than a deserialised V1Node.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import functools
-import json
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -61,24 +58,9 @@ def trim_node(node: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-class NodeChanges:
-    """The names of the Nodes added, changed or deleted since their consumer last took them;
-    `everything` after a (re)list, when the whole cache may have changed."""
-
-    def __init__(self) -> None:
-        self.names: set[str] = set()
-        self.everything = True
-
-    def take(self) -> tuple[bool, set[str]]:
-        """Return (everything, names) and start afresh."""
-        everything, names = self.everything, self.names
-        self.everything, self.names = False, set()
-        return everything, names
-
-
-class NodeCache:
-    """List and watch Nodes; call `on_change` after any change, and tell each subscriber
-    (`subscribe`) which nodes changed, so a pass reads only those."""
+class NodeCache(informer.Informer[Any]):
+    """List and watch the Nodes (of `label_selector`), trimmed (`trim_node`), by name: the
+    informer, with our own node writes shown at once (`put`)."""
 
     def __init__(
         self,
@@ -88,96 +70,28 @@ class NodeCache:
         *,
         on_delete: Callable[[str], None] = lambda _name: None,
     ) -> None:
-        self._core = client.CoreV1Api(api)
-        self._selector = {"label_selector": label_selector} if label_selector else {}
-        self._on_change = on_change
-        self._on_delete = on_delete
-        """Told the name of a node that left the cache (deleted, or gone at a relist)."""
-        self.nodes: dict[str, dict[str, Any]] = {}
-        self.synced = asyncio.Event()
-        self._subscribers: list[NodeChanges] = []
+        core = client.CoreV1Api(api)
+        selector = {"label_selector": label_selector} if label_selector else {}
+        super().__init__(
+            functools.partial(core.list_node, **selector), trim_node, kind="nodes",
+            on_change=on_change, on_delete=lambda node: on_delete(node["metadata"]["name"]),
+        )  # fmt: skip
 
-    def subscribe(self) -> NodeChanges:
-        """A new record of changes, starting with everything."""
-        changes = NodeChanges()
-        self._subscribers.append(changes)
-        return changes
-
-    def _changed(self, name: str) -> None:
-        for changes in self._subscribers:
-            changes.names.add(name)
-        self._on_change()
+    @property
+    def nodes(self) -> dict[str, dict[str, Any]]:
+        """Every cached node, trimmed, by name."""
+        return self.items
 
     def put(self, node: dict[str, Any]) -> None:
-        """Store a node returned by a write, so the next pass sees our own change at once."""
-        trimmed = trim_node(node)
-        name = trimmed["metadata"]["name"]
-        old = self.nodes.get(name)
-        if old is None or _rv(old) <= _rv(trimmed):
-            self.nodes[name] = trimmed
-            self._changed(name)
-
-    async def run(self) -> None:
-        """Keep the cache current until cancelled; relist after watch errors."""
-        while True:
-            try:
-                rv = await self._list()
-                await self._watch(rv)
-            except asyncio.CancelledError:
-                raise
-            except Exception as err:  # noqa: BLE001  (any API failure: relist after a pause)
-                log.warning("node watch failed; relisting", error=str(err))
-                await asyncio.sleep(1.0)
-
-    async def _list(self) -> str:
-        resp = await self._core.list_node(_preload_content=False, **self._selector)
-        data = await _api.read_json(resp)
-        before = set(self.nodes)
-        self.nodes = {n["metadata"]["name"]: trim_node(n) for n in data.get("items") or []}
-        for name in sorted(before - set(self.nodes)):
-            self._on_delete(name)  # deleted while the watch was down
-        for changes in self._subscribers:
-            changes.everything = True
-        self.synced.set()
-        self._on_change()
-        return str(data["metadata"]["resourceVersion"])
-
-    async def _watch(self, rv: str) -> None:
-        while True:
-            resp = await self._core.list_node(
-                watch=True,
-                resource_version=rv,
-                allow_watch_bookmarks=True,
-                timeout_seconds=300,
-                _preload_content=False,
-                **self._selector,
-            )
-            if resp.status != 200:
-                await _api.read_json(resp)  # raises: relist
-            async with contextlib.aclosing(informer.lines(resp)) as lines:
-                async for line in lines:
-                    event = json.loads(line)
-                    obj = event.get("object") or {}
-                    kind = event.get("type")
-                    if kind == "ERROR":
-                        return  # 410 Gone and friends: relist
-                    rv = obj.get("metadata", {}).get("resourceVersion", rv)
-                    if kind == "BOOKMARK":
-                        continue
-                    name = obj.get("metadata", {}).get("name", "")
-                    if kind == "DELETED":
-                        self.nodes.pop(name, None)
-                        self._on_delete(name)
-                    else:
-                        self.nodes[name] = trim_node(obj)
-                    self._changed(name)
-
-
-def _rv(node: dict[str, Any]) -> int:
-    try:
-        return int(node["metadata"]["resourceVersion"])
-    except (KeyError, ValueError):
-        return 0
+        """Store a node returned by a write, so the next pass sees our own change at once
+        (`note`; before the first list, unless an as new copy is held)."""
+        if self.synced.is_set():
+            self.note(node)
+            return
+        name = str((node.get("metadata") or {}).get("name") or "")
+        held = self.items.get(name)
+        if held is None or (informer.version_of(held) or 0) <= (informer.version_of(node) or 0):
+            self._put(name, node)
 
 
 class EvictionOutcome:
