@@ -288,7 +288,15 @@ class Reconciler:
         return self.queue.next_scheduled(self._clock().timestamp())
 
     def _on_change(self, kind: str, change: informer.Change[Any]) -> None:
-        """Queue the runs a cache's change concerns (see the module docstring)."""
+        """Queue the runs a cache's change concerns (see the module docstring); a change
+        that leaves what a decision reads of the object as it was queues none (a pod's
+        annotation, say)."""
+        if change.old is not None and change.new is not None:
+            read = _READ.get(kind)
+            if read is not None and read(change.old) == read(change.new):
+                return
+            if kind == "workloads" and change.old == change.new:
+                return
         for obj in (change.old, change.new):
             for key in self._runs_of(kind, change.key, obj):
                 self.queue.add(key)
@@ -623,6 +631,25 @@ class Reconciler:
 
     def lock(self, key: tuple[str, str]) -> asyncio.Lock:
         return self._locks.setdefault(key, asyncio.Lock())
+
+
+def _read_owned(parse: Callable[[Mapping[str, Any]], Any]) -> Callable[[Any], Any]:
+    """What a decision reads of a run's Job, RayJob or Pod: its view, and its labels and
+    owners (which attempt it is, whose it is)."""
+
+    def read(obj: Mapping[str, Any]) -> Any:
+        meta = obj.get("metadata") or {}
+        return parse(obj), meta.get("labels"), meta.get("ownerReferences")
+
+    return read
+
+
+_READ = {
+    "Pod": _read_owned(views.parse_pod),
+    "Job": _read_owned(views.parse_attempt_object),
+    "RayJob": _read_owned(views.parse_attempt_object),
+}
+"""By cache: what a decision reads of an object of that kind, to compare before and after."""
 
 
 def manages(item: Mapping[str, Any], manager: str) -> bool:

@@ -80,3 +80,22 @@ async def test_each_kind_of_change_queues_the_runs_it_concerns() -> None:
         ("Node", [("team", "demo")], False),
     ]
     assert rec.queue.take(T0.timestamp() + 4).everything
+
+
+async def test_a_change_no_decision_reads_queues_no_run() -> None:
+    """A run pod's annotation (what a churn of kubectl annotate does) leaves its view, labels
+    and owners as they were: no run is queued. Its phase changing queues its run."""
+    store = tr.FakeStore()
+    store.add_run(SPEC)
+    rec = tr._reconciler(store, clock=lambda: T0)
+    await rec.pass_once()
+    rec.queue.take(T0.timestamp() + 1)
+    pod = tr._raw_pod("Running")
+    annotated = {**pod, "metadata": {**pod["metadata"], "annotations": {"x": "1"}}}
+    failed = tr._raw_pod("Failed", exit_code=3)
+    rec._on_change("Pod", informer.Change("team/demo-a1-x", pod, annotated))
+    quiet = rec.queue.take(T0.timestamp() + 2).keys
+    rec._on_change("Pod", informer.Change("team/demo-a1-x", annotated, failed))
+    assert (quiet, rec.queue.take(T0.timestamp() + 3).keys) == (
+        frozenset(), frozenset({("team", "demo")}),
+    )  # fmt: skip
