@@ -157,8 +157,8 @@ def steady(run: RunInput, plan: RunPlan) -> bool:
     Admitted condition it writes). Then until `plan.requeue_at` (None: never) the same input
     decides the same plan again: `requeue_at` is the earliest time any part of the decision
     reads the clock differently (a timeout, a retry's backoff, a TTL, Kueue's
-    waitForPodsReady deadline or requeue time in a message), so a pass may skip a run whose
-    input stays equal until then."""
+    waitForPodsReady deadline or requeue time in a message), so a pass need not decide a run
+    nothing it reads changed for until then (the reconciler's queue)."""
     return (
         not (plan.annotations or plan.deletes or plan.creates or plan.keep_logs)
         and not (plan.started or plan.ended or plan.resumed)
@@ -166,23 +166,11 @@ def steady(run: RunInput, plan: RunPlan) -> bool:
     )
 
 
-def same_input(a: RunInput, b: RunInput) -> bool:
-    """Whether two inputs are equal, each member compared by identity first: a pass whose
-    views were kept (`snapshots.Views`) hands the same objects again, and the fleet's
-    `NodeFacts` need not be compared set by set for every run."""
-    return all(
-        (x := getattr(a, name)) is (y := getattr(b, name)) or x == y for name in _INPUT_FIELDS
-    )
-
-
-_INPUT_FIELDS = tuple(f.name for f in dataclasses.fields(RunInput))
-
-
 def settled(run: RunInput, plan: RunPlan) -> bool:
     """Whether the run had ended when it was decided and its plan writes nothing. Then until
     `plan.requeue_at` (a finished run's TTL; None: never) the same TauRun decides the same
     again whatever else is observed, since a finished run's step reads only its own spec and
-    status (`_finished`): a pass may skip it while its resourceVersion stays the same."""
+    status (`_finished`): a change of anything but its TauRun need not queue it."""
     return run.status.phase in lifecycle.TERMINAL_PHASES and steady(run, plan)
 
 
