@@ -191,11 +191,6 @@ class TaintRule:
     eviction_message: str = ""
     problems: tuple[str, ...] = ()
 
-    @property
-    def selects_one_device(self) -> bool:
-        """Whether the selector names exactly one device (driver, pool and device)."""
-        return bool(self.driver and self.pool and self.device)
-
     def selects(self, device: Device) -> bool:
         """Whether the rule's selector matches `device` (an empty field matches any)."""
         return (

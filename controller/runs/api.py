@@ -29,9 +29,9 @@ from controller.runs import (
     context,
     experiments,
     keptlogs,
-    lifecycle,
     logs,
     objects,
+    plans,
     policy,
     preflight,
     queues,
@@ -296,7 +296,7 @@ def _first_objects(
 ) -> list[dict[str, Any]]:
     """What the reconciler creates for a new run, from its own decision step
     (`policy.decide_run`): the run's checkpoint ConfigMap, then attempt 1's objects."""
-    run = policy.RunInput(
+    run = plans.RunInput(
         ref=ref, spec=specs.spec_to_wire(spec), status=records.RunStatus(), observed=False
     )
     now = dt.datetime.now(dt.UTC)
@@ -438,7 +438,7 @@ async def get_evidence(request: web.Request) -> web.StreamResponse:
         "name": meta.get("name"),
         "namespace": meta.get("namespace"),
         "uid": meta.get("uid"),
-        "phase": status.get("phase", str(lifecycle.Phase.PENDING)),
+        "phase": status.get("phase", str(records.Phase.PENDING)),
         **(status.get("evidence") or {}),
         "attempts": status.get("attempts") or [],
         "keptLogs": keptlogs.index([k for k in logs_kept if keptlogs.read(k).belongs_to(ref)]),
@@ -466,10 +466,10 @@ async def cancel_run(request: web.Request) -> web.StreamResponse:
     if item is None:
         raise reconciling.RunNotFoundError(namespace, name)
     phase = (item.get("status") or {}).get("phase")
-    if phase in {lifecycle.Phase.SUCCEEDED, lifecycle.Phase.FAILED}:
+    if phase in {records.Phase.SUCCEEDED, records.Phase.FAILED}:
         msg = f"run {name!r} has already ended ({phase}); there is nothing to cancel"
         raise errors.Conflict(msg, field="name", code="AlreadyEnded")
-    if phase != lifecycle.Phase.CANCELLED:
+    if phase != records.Phase.CANCELLED:
         stamp = timestamps.rfc3339(dt.datetime.now(dt.UTC))
         serving.serving_of(request).elector.ensure_leader()
         await ctx.store.annotate_run(

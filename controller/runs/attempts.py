@@ -1,6 +1,6 @@
 """A run's objects on the cluster: the one executor of the run decision's plan.
 
-It carries a `policy.RunPlan` out in order: the TauRun's annotations, then the logs of the
+It carries a `plans.RunPlan` out in order: the TauRun's annotations, then the logs of the
 attempts that end (kept before their pods can go), then the deletes (an attempt that ended,
 a finished run's objects after its TTL), then the creates (the per-run checkpoint
 ConfigMap, each attempt's Job or RayJob and headless Service).
@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
 from controller import leading
-from controller.runs import objects, policy
+from controller.runs import objects, plans
 
 
 class ObjectStore(Protocol):
@@ -51,7 +51,7 @@ class Attempts:
         self.keep_logs = keep_logs
         """Keeps the workers' logs of attempts (the log keeper's `keep_final`)."""
 
-    async def apply(self, ref: objects.RunRef, plan: policy.RunPlan) -> dict[str, Any] | None:
+    async def apply(self, ref: objects.RunRef, plan: plans.RunPlan) -> dict[str, Any] | None:
         """Write the plan's annotations, keep its logs, then its deletes and creates, in that
         order; return the TauRun when its annotations were written (else None)."""
         namespace, name = ref.namespace, ref.name

@@ -16,7 +16,7 @@ from aiohttp import web
 from controller import auth, errors, serving
 from controller.kube import runs as kube_runs
 from controller.runs import identity as run_identity
-from controller.runs import keeping, lifecycle, reconciling, records, schemas
+from controller.runs import keeping, reconciling, records, schemas
 from shared import spec as specs
 
 GROUP = "taugrid.dev"
@@ -105,7 +105,7 @@ def run_json(item: dict[str, Any], *, with_spec: bool = True) -> dict[str, Any]:
         "namespace": meta.get("namespace", ""),
         "kind": spec.get("kind", str(specs.RunKind.JOB)),
         "queue": spec.get("queue", specs.DEFAULT_QUEUE),
-        "phase": status.get("phase", str(lifecycle.Phase.PENDING)),
+        "phase": status.get("phase", str(records.Phase.PENDING)),
         "reason": status.get("reason", ""),
         "message": status.get("message", ""),
         "attempt": status.get("currentAttempt", 0),

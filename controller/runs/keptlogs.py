@@ -31,8 +31,6 @@ _OBJECT_NAME_RE = patterns.compile_full(
 API_VERSION = objects.TAURUN_API_VERSION
 KIND = "TauRunLog"
 DEFAULT_KEEP_BYTES = 64 * 1024
-MAX_KEEP_BYTES = 512 * 1024
-"""Well under etcd's 1.5 MiB object limit, with room for the rest of the object."""
 READ_FACTOR = 4
 """A tail read asks for at most this many times the bytes it keeps (`limitBytes`)."""
 

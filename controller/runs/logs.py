@@ -24,11 +24,11 @@ from controller import errors, marks, serving, timestamps
 from controller.runs import (
     context,
     keptlogs,
-    lifecycle,
     logtext,
     objects,
     owners,
     reconciling,
+    records,
     schemas,
     views,
 )
@@ -144,7 +144,7 @@ async def _stream(request: web.Request, namespace: str, name: str) -> web.Stream
         started = picked is not None and views.parse_pod(picked[0]).phase != "Pending"
         if started or asyncio.get_running_loop().time() >= deadline:
             break
-        if status.get("phase") in {lifecycle.Phase.CANCELLED, lifecycle.Phase.FAILED}:
+        if status.get("phase") in {records.Phase.CANCELLED, records.Phase.FAILED}:
             break
         await asyncio.sleep(LOG_POLL_S)
     if want_kept or picked is None:

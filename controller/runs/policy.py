@@ -1,6 +1,6 @@
 """The run decision step: from what the reconciler read to what it must write (pure).
 
-`decide_run(run, settings, now) -> RunPlan` is the runs domain's `decide`, like the
+`decide_run(run, settings, now) -> plans.RunPlan` is the runs domain's `decide`, like the
 quarantine policy's and the admission gate's: the reconciler reads everything one run needs
 into a `RunInput` (the TauRun, its current attempt's object, Workload and pods, the nodes
 they are on, its place in line, what the gate says), asks this function, and carries out the
@@ -8,27 +8,29 @@ plan in order: annotations, then deletes, then creates, then the status. Nothing
 logs or reads a clock, and the same input always gives the same plan, however the reconciler
 was woken (level-triggered: an event and a timer tick decide alike).
 
-The phases and failure classes are DESIGN.md section 7's (`lifecycle` derives an attempt's
-outcome); an attempt that failed is ended by the controller (its object deleted) before the
-next one is created, so two attempts never run at once.
+The phases and failure classes are DESIGN.md section 7's: `outcomes` says what happened to an
+attempt, and every transition of the run is here. An attempt that failed is ended by the
+controller (its object deleted) before the next one is created, so two attempts never run at
+once.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from collections.abc import Mapping
 from typing import Any
 
 from controller import errors, marks, timestamps
 from controller.runs import (
     checkpoints,
-    lifecycle,
     networks,
     objects,
+    outcomes,
+    plans,
     positions,
     records,
     rendering,
+    retries,
     views,
 )
 from shared import spec as specs
@@ -36,88 +38,97 @@ from shared import spec as specs
 Phase = records.Phase
 
 
-@dataclasses.dataclass(frozen=True)
-class RunSettings:
-    """What every run's decisions depend on besides the run itself."""
-
-    render: rendering.RenderSettings
-    ttl_after_finished_s: float | None
-    """A finished run's objects are deleted this long after it ended; None keeps them."""
-    pod_annotations: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    """Annotations added to every pod of every run (cluster tooling)."""
-    resume_priority_class: str = ""
-    """The class a run resumed after an infrastructure failure gets; '' gives none."""
-    pods_ready_timeout_s: float | None = None
-    """Kueue's `waitForPodsReady.timeout` as the platform configured it (None: not enabled):
-    what an admitted run whose pods do not run is told about its quota."""
-    allowed_priority_classes: tuple[str, ...] = ()
-    """The platform's allowlist of WorkloadPriorityClasses a spec may name (empty: any but
-    the resume class). Checked here, where every run passes, not only on the HTTP API: a
-    TauRun made with kubectl is held to it too (security review 3, finding 5)."""
+# ---------------------------------------------------------------- transitions
 
 
-@dataclasses.dataclass(frozen=True)
-class RunInput:
-    """Everything one run's decision reads, as the reconciler found it."""
-
-    ref: objects.RunRef
-    spec: Mapping[str, Any]
-    """The TauRun's spec as stored (validated here: a TauRun may come from kubectl)."""
-    status: records.RunStatus
-    cancel_requested: bool = False
-    observed: bool = True
-    """False on the fast path (right after a submission): the attempt's object, Workload
-    and pods below were not read, so only what needs none of them is decided."""
-    attempt_object: views.AttemptObjectView | None = None
-    workload: views.WorkloadView | None = None
-    pods: tuple[views.PodView, ...] = ()
-    nodes: views.NodeFacts = dataclasses.field(
-        default_factory=lambda: views.NodeFacts(frozenset(), frozenset())
-    )
-    position: positions.QueuePosition | None = None
-    """Its Workload's place in line (Kueue's visibility API, else computed)."""
-    cluster_queue: str | None = None
-    """The ClusterQueue behind its LocalQueue; None when the LocalQueue does not exist."""
-    held: str | None = None
-    """Why our admission gate holds its Workload back, when it does."""
-    priority_classes: frozenset[str] | None = None
-    """The WorkloadPriorityClasses that exist; None when they could not be listed."""
-    rerun_of: records.RerunSource | None = None
-    """The run this one reruns (its `taugrid.dev/rerun-of` annotation), for the evidence."""
+def resume_refusal(name: str, phase: str) -> str:
+    """Why a run in `phase` cannot be resumed by hand ('' when it can: Failed or Cancelled)."""
+    if phase in {Phase.FAILED, Phase.CANCELLED}:
+        return ""
+    hint = "" if phase in outcomes.TERMINAL_PHASES else " (cancel it first to restart it)"
+    return f"run {name!r} is {phase}; only a Failed or Cancelled run can be resumed{hint}"
 
 
-@dataclasses.dataclass(frozen=True)
-class ObjectRef:
-    """An object to delete."""
+def reopened(status: records.RunStatus, *, by: str, now: dt.datetime) -> records.RunStatus:
+    """An ended run's status, reopened for a manual resume: the end conditions turn False
+    (reason Resumed, who and when), the end time and the TTL clean-up are forgotten, and
+    `retry.maxAttempts` counts afresh from the current attempt."""
+    ended = {str(p) for p in outcomes.TERMINAL_PHASES}
+    conditions = tuple(
+        c.model_copy(update={"status": "False", "reason": "Resumed", "last_transition_time": now,
+                             "message": f"resumed by {by}"})
+        if c.type in ended else c
+        for c in status.conditions
+    )  # fmt: skip
+    return status.model_copy(
+        update={"conditions": conditions, "attempt_budget_from": status.current_attempt,
+                "end_time": None, "objects_deleted": None}
+    )  # fmt: skip
 
-    kind: str
-    namespace: str
-    name: str
+
+def timed_out(spec: specs.TauSpec, first_start: dt.datetime | None, now: dt.datetime) -> bool:
+    """Whether the run's wall-clock `timeout` (measured from its first pod start) has passed."""
+    limit = spec.timeout_s
+    if limit is None or first_start is None:
+        return False
+    return (now - first_start).total_seconds() > limit
 
 
-@dataclasses.dataclass(frozen=True)
-class RunPlan:
-    """What to write for one run, in order, and what to count."""
+def ttl_expired(ended: dt.datetime | None, ttl_s: float | None, now: dt.datetime) -> bool:
+    """Whether a finished run's objects may be deleted (its TauRun and evidence stay)."""
+    if ended is None or ttl_s is None:
+        return False
+    return (now - ended).total_seconds() >= ttl_s
 
-    status: records.RunStatus
-    annotations: Mapping[str, str | None] = dataclasses.field(default_factory=dict)
-    """Annotations of the TauRun to set (None removes one), written first."""
-    deletes: tuple[ObjectRef, ...] = ()
-    creates: tuple[dict[str, Any], ...] = ()
-    """Objects to create, in order (a Secret is written: created, or its data replaced)."""
-    requeue_at: dt.datetime | None = None
-    """The earliest time the decision would change with nothing else changing."""
-    started: tuple[int, ...] = ()
-    """Attempts created by this plan."""
-    ended: str | None = None
-    """How the current attempt ended, when it did now (`Succeeded` or a failure class)."""
-    resumed: str | None = None
-    """The failure class a retry follows, when this plan starts one."""
-    queue_wait_s: float | None = None
-    """Seconds the run waited in line, when it was admitted just now."""
-    keep_logs: tuple[int, ...] = ()
-    """Attempts whose workers' logs are kept now, before the deletes: those the plan deletes
-    and the one that ended (their pods may be gone by the next look)."""
+
+def end(
+    status: records.RunStatus,
+    phase: Phase,
+    reason: str,
+    message: str,
+    *,
+    now: dt.datetime,
+    ended: dt.datetime | None = None,
+) -> records.RunStatus:
+    """End the run: phase, reason and message, its end time, no place in line, and the
+    condition of its final phase."""
+    closed = status.model_copy(
+        update={"phase": phase, "reason": reason, "message": message,
+                "end_time": status.end_time or ended or now, "queue_position": None,
+                "queue_position_in_local_queue": None, "queue_position_source": None}
+    )  # fmt: skip
+    return records.with_phase_condition(closed, phase, reason, message, ended or now)
+
+
+def phase_conditions(
+    status: records.RunStatus,
+    outcome: outcomes.AttemptOutcome,
+    workload: views.WorkloadView | None,
+    now: dt.datetime,
+) -> tuple[records.RunStatus, float | None]:
+    """Keep one condition per phase reached, at the time Kueue or the pods say so; also
+    return the seconds the run waited in line when it was admitted just now (else None)."""
+    waited = None
+    conds = status.conditions
+    if workload is not None and workload.holds("Admitted"):
+        admitted = workload.condition("Admitted")
+        at = admitted.time if admitted is not None and admitted.time else now
+        message = f"admitted by cluster queue {workload.cluster_queue}"
+        conds, changed = records.set_phase_condition(conds, Phase.ADMITTED, "Admitted", message, at)
+        if changed:
+            queued = next((c.last_transition_time for c in conds if c.type == "Queued"), None)
+            if queued is not None:
+                waited = max((at - queued).total_seconds(), 0)
+    if outcome.phase in {Phase.RUNNING, Phase.SUCCEEDED}:
+        ready = workload.condition("PodsReady") if workload is not None else None
+        running_at = ready.time if ready is not None and ready.true else None
+        conds, _ = records.set_phase_condition(
+            conds, Phase.RUNNING, "PodsReady", "", running_at or outcome.started or now
+        )
+    return status.model_copy(update={"conditions": conds}), waited
+
+
+# ---------------------------------------------------------------- the decision
 
 
 def attempt_kind(spec: specs.TauSpec) -> str:
@@ -125,7 +136,7 @@ def attempt_kind(spec: specs.TauSpec) -> str:
     return "RayJob" if spec.kind == specs.RunKind.RAY else "Job"
 
 
-def decide_run(run: RunInput, settings: RunSettings, now: dt.datetime) -> RunPlan:
+def decide_run(run: plans.RunInput, settings: plans.RunSettings, now: dt.datetime) -> plans.RunPlan:
     """Decide one step of one run (see the module docstring)."""
     return _keeping_logs(
         _held_to_priority(run, _decide(run, settings, now), settings, now), run.ref
@@ -133,8 +144,8 @@ def decide_run(run: RunInput, settings: RunSettings, now: dt.datetime) -> RunPla
 
 
 def _held_to_priority(
-    run: RunInput, plan: RunPlan, settings: RunSettings, now: dt.datetime
-) -> RunPlan:
+    run: plans.RunInput, plan: plans.RunPlan, settings: plans.RunSettings, now: dt.datetime
+) -> plans.RunPlan:
     """The plan, unless it starts a later attempt of a spec whose priority class is not
     allowed (changed since attempt 1, or the allowlist was): then the run ends Failed
     `PriorityNotAllowed` and nothing is rendered. A running attempt is left to finish."""
@@ -152,7 +163,7 @@ def _held_to_priority(
     return dataclasses.replace(plan, status=status, creates=(), started=())
 
 
-def steady(run: RunInput, plan: RunPlan) -> bool:
+def steady(run: plans.RunInput, plan: plans.RunPlan) -> bool:
     """Whether the plan writes nothing and counts nothing (`queue_wait_s` comes only with the
     Admitted condition it writes). Then until `plan.requeue_at` (None: never) the same input
     decides the same plan again: `requeue_at` is the earliest time any part of the decision
@@ -166,12 +177,12 @@ def steady(run: RunInput, plan: RunPlan) -> bool:
     )
 
 
-def settled(run: RunInput, plan: RunPlan) -> bool:
+def settled(run: plans.RunInput, plan: plans.RunPlan) -> bool:
     """Whether the run had ended when it was decided and its plan writes nothing. Then until
     `plan.requeue_at` (a finished run's TTL; None: never) the same TauRun decides the same
     again whatever else is observed, since a finished run's step reads only its own spec and
     status (`_finished`): a change of anything but its TauRun need not queue it."""
-    return run.status.phase in lifecycle.TERMINAL_PHASES and steady(run, plan)
+    return run.status.phase in outcomes.TERMINAL_PHASES and steady(run, plan)
 
 
 def name_taken(status: records.RunStatus, message: str, now: dt.datetime) -> records.RunStatus:
@@ -185,17 +196,17 @@ def refused(
 ) -> records.RunStatus:
     """The run ended Failed with `reason`: the executor met a refusal that asking again
     cannot change (a name somebody else holds, the cluster's admission saying no)."""
-    if status.phase in lifecycle.TERMINAL_PHASES:
+    if status.phase in outcomes.TERMINAL_PHASES:
         return status
-    ended = lifecycle.end(status, Phase.FAILED, reason, message, now=now)
+    ended = end(status, Phase.FAILED, reason, message, now=now)
     last = ended.last_attempt
     if last is not None and last.end_time is None:
         last = last.model_copy(update={"end_time": now, "phase": Phase.FAILED})
-        ended = ended.model_copy(update={"attempts": (*ended.attempts[:-1], last)})
+        ended = ended.with_last_attempt(last)
     return ended
 
 
-def _keeping_logs(plan: RunPlan, ref: objects.RunRef) -> RunPlan:
+def _keeping_logs(plan: plans.RunPlan, ref: objects.RunRef) -> plans.RunPlan:
     """The plan, with the attempts whose logs it must keep first (see `RunPlan.keep_logs`)."""
     attempts = {
         n for d in plan.deletes if (n := objects.attempt_number(ref.name, d.name)) is not None
@@ -205,7 +216,7 @@ def _keeping_logs(plan: RunPlan, ref: objects.RunRef) -> RunPlan:
     return dataclasses.replace(plan, keep_logs=tuple(sorted(attempts)))
 
 
-def priority_refusal(spec: specs.TauSpec, settings: RunSettings) -> str:
+def priority_refusal(spec: specs.TauSpec, settings: plans.RunSettings) -> str:
     """Why the spec's priority class is not one the platform allows ('' when it is): the
     controller's resume class (whatever the chart named it), or one outside the allowlist."""
     if spec.priority is None:
@@ -220,32 +231,32 @@ def priority_refusal(spec: specs.TauSpec, settings: RunSettings) -> str:
     return ""
 
 
-def _decide(run: RunInput, settings: RunSettings, now: dt.datetime) -> RunPlan:
+def _decide(run: plans.RunInput, settings: plans.RunSettings, now: dt.datetime) -> plans.RunPlan:
     st = run.status
     try:
         spec = specs.validate_spec(dict(run.spec)).spec
     except specs.SpecError as err:
-        if st.phase not in lifecycle.TERMINAL_PHASES:
+        if st.phase not in outcomes.TERMINAL_PHASES:
             st = st.model_copy(
                 update={"phase": Phase.FAILED, "reason": "InvalidSpec", "end_time": now,
                         "message": f"the spec is not valid: {err}"}
             )  # fmt: skip
-            st = lifecycle.with_phase_condition(st, Phase.FAILED, "InvalidSpec", str(err), now)
-        return RunPlan(st)
+            st = records.with_phase_condition(st, Phase.FAILED, "InvalidSpec", str(err), now)
+        return plans.RunPlan(st)
     refusal = priority_refusal(spec, settings)
-    if refusal and st.phase not in lifecycle.TERMINAL_PHASES and st.current_attempt == 0:
+    if refusal and st.phase not in outcomes.TERMINAL_PHASES and st.current_attempt == 0:
         # Before anything is rendered: a run that already started under an older allowlist
         # is not killed by a platform's change of it (its next attempts keep their class).
         st = st.model_copy(
             update={"phase": Phase.FAILED, "reason": "PriorityNotAllowed", "end_time": now,
                     "message": refusal}
         )  # fmt: skip
-        st = lifecycle.with_phase_condition(st, Phase.FAILED, "PriorityNotAllowed", refusal, now)
-        return RunPlan(st)
-    if st.phase in lifecycle.TERMINAL_PHASES:
+        st = records.with_phase_condition(st, Phase.FAILED, "PriorityNotAllowed", refusal, now)
+        return plans.RunPlan(st)
+    if st.phase in outcomes.TERMINAL_PHASES:
         return _finished(spec, run.ref, st, settings, now)
     if run.cancel_requested:
-        st = lifecycle.end(
+        st = end(
             st, Phase.CANCELLED, "Cancelled", "cancelled on request; its quota is freed", now=now
         )
         last = st.last_attempt
@@ -253,23 +264,25 @@ def _decide(run: RunInput, settings: RunSettings, now: dt.datetime) -> RunPlan:
             last = last.model_copy(
                 update={"end_time": last.end_time or now, "phase": Phase.CANCELLED}
             )
-            st = st.model_copy(update={"attempts": (*st.attempts[:-1], last)})
-        return RunPlan(st, deletes=_attempt_objects(spec, run.ref, st.current_attempt, settings))
+            st = st.with_last_attempt(last)
+        return plans.RunPlan(
+            st, deletes=_attempt_objects(spec, run.ref, st.current_attempt, settings)
+        )
     if st.current_attempt == 0:
         st, first = _run_objects(run.ref, st, settings)
         st, attempt = _start(spec, run.ref, st, 1, now=now, settings=settings)
-        return RunPlan(st, creates=first + attempt, started=(1,))
+        return plans.RunPlan(st, creates=first + attempt, started=(1,))
     if not run.observed:
-        return RunPlan(st)
+        return plans.RunPlan(st)
     if st.phase == Phase.RESUMING:
-        return _resume_if_due(spec, run, st, settings, now, plan=RunPlan(st))
+        return _resume_if_due(spec, run, st, settings, now, plan=plans.RunPlan(st))
     return _observe(spec, run, st, settings, now)
 
 
 def _observe(
-    spec: specs.TauSpec, run: RunInput, st: records.RunStatus, settings: RunSettings,
+    spec: specs.TauSpec, run: plans.RunInput, st: records.RunStatus, settings: plans.RunSettings,
     now: dt.datetime,
-) -> RunPlan:  # fmt: skip
+) -> plans.RunPlan:  # fmt: skip
     """The current attempt is live: follow it, end the run, or retry."""
     current = st.current_attempt
     kind = attempt_kind(spec)
@@ -279,39 +292,36 @@ def _observe(
     creates = (
         () if run.attempt_object is not None else _render(spec, run.ref, current, st, settings)
     )
-    outcome = lifecycle.attempt_outcome(
+    outcome = outcomes.attempt_outcome(
         run.attempt_object, run.workload, run.pods, run.nodes,
         recorded_nodes=st.last_attempt.nodes if st.last_attempt else (),
     )  # fmt: skip
-    record = lifecycle.attempt_record(
+    record = outcomes.attempt_record(
         current, object_kind=kind, object_name=name, outcome=outcome, workload=run.workload,
         previous=st.last_attempt or records.AttemptRecord(number=current),
     )  # fmt: skip
     attempts = (*st.attempts[:-1], record) if st.attempts else (record,)
     st = st.model_copy(
         update={"attempts": attempts,
-                "evidence": lifecycle.evidence(spec, run.ref.namespace, attempts=attempts,
+                "evidence": outcomes.evidence(spec, run.ref.namespace, attempts=attempts,
                                                pods=run.pods, workload=run.workload,
                                                previous=st.evidence, rerun_of=run.rerun_of)}
     )  # fmt: skip
     first_start = st.attempts[0].start_time
-    if (
-        lifecycle.timed_out(spec, first_start, now)
-        and outcome.phase not in lifecycle.TERMINAL_PHASES
-    ):
+    if timed_out(spec, first_start, now) and outcome.phase not in outcomes.TERMINAL_PHASES:
         record = record.model_copy(
             update={"phase": Phase.FAILED, "failure_class": str(specs.FailureClass.TIMEOUT),
                     "end_time": now}
         )  # fmt: skip
-        st = st.model_copy(update={"attempts": (*st.attempts[:-1], record)})
-        st = lifecycle.end(
+        st = st.with_last_attempt(record)
+        st = end(
             st, Phase.FAILED, "Timeout", f"the run exceeded its timeout of {spec.timeout}", now=now
         )
-        return RunPlan(
+        return plans.RunPlan(
             st, deletes=_attempt_objects(spec, run.ref, current, settings), creates=creates,
             ended=str(specs.FailureClass.TIMEOUT),
         )  # fmt: skip
-    st, waited = lifecycle.phase_conditions(st, outcome, run.workload, now)
+    st, waited = phase_conditions(st, outcome, run.workload, now)
     st = positions.place(
         st, spec=spec, phase=outcome.phase, workload=run.workload, namespace=run.ref.namespace,
         position=run.position, cluster_queue=run.cluster_queue, held=run.held, pods=run.pods,
@@ -319,32 +329,30 @@ def _observe(
     )  # fmt: skip
     due = [_timeout_at(spec, first_start),
            positions.changes_at(run.workload, settings.pods_ready_timeout_s, now)]  # fmt: skip
-    plan = RunPlan(
+    plan = plans.RunPlan(
         st, creates=creates, queue_wait_s=waited,
         requeue_at=min((t for t in due if t is not None), default=None),
     )  # fmt: skip
     if outcome.phase == Phase.SUCCEEDED:
-        st = lifecycle.end(
-            st, Phase.SUCCEEDED, "Completed", outcome.message, now=now, ended=outcome.ended
-        )
+        st = end(st, Phase.SUCCEEDED, "Completed", outcome.message, now=now, ended=outcome.ended)
         return dataclasses.replace(
             plan, status=st, ended="Succeeded", requeue_at=_ttl_at(st, settings)
         )
     if outcome.phase == Phase.FAILED:
         failure = outcome.failure_class or specs.FailureClass.UNKNOWN
         budget_from = st.attempt_budget_from
-        if lifecycle.should_retry(spec, failure, current, budget_from=budget_from):
+        if retries.should_retry(spec, failure, current, budget_from=budget_from):
             record = st.attempts[-1]
             if record.end_time is None:  # the backoff counts from here
                 record = record.model_copy(update={"end_time": now})
-                st = st.model_copy(update={"attempts": (*st.attempts[:-1], record)})
+                st = st.with_last_attempt(record)
             message = (
                 f"attempt {current} failed ({outcome.message}); starting attempt {current + 1}"
             )
             st = st.model_copy(
                 update={"phase": Phase.RESUMING, "reason": str(failure), "message": message}
             )
-            st = lifecycle.with_phase_condition(
+            st = records.with_phase_condition(
                 st, Phase.RESUMING, str(failure), outcome.message, now
             )
             plan = dataclasses.replace(
@@ -353,8 +361,8 @@ def _observe(
             )  # fmt: skip
             return _resume_if_due(spec, run, st, settings, now, plan=plan)
         # Kueue frees the quota of a finished Job; the object stays for logs (TTL).
-        message = lifecycle.final_message(spec, failure, current, budget_from, outcome.message)
-        st = lifecycle.end(st, Phase.FAILED, str(failure), message, now=now, ended=outcome.ended)
+        message = retries.final_message(spec, failure, current, budget_from, outcome.message)
+        st = end(st, Phase.FAILED, str(failure), message, now=now, ended=outcome.ended)
         return dataclasses.replace(
             plan, status=st, ended=str(failure), requeue_at=_ttl_at(st, settings)
         )
@@ -363,15 +371,15 @@ def _observe(
 
 
 def _resume_if_due(
-    spec: specs.TauSpec, run: RunInput, st: records.RunStatus, settings: RunSettings,
-    now: dt.datetime, *, plan: RunPlan,
-) -> RunPlan:  # fmt: skip
+    spec: specs.TauSpec, run: plans.RunInput, st: records.RunStatus, settings: plans.RunSettings,
+    now: dt.datetime, *, plan: plans.RunPlan,
+) -> plans.RunPlan:  # fmt: skip
     """Start the next attempt once `retry.backoff` has passed (at once without a backoff)."""
     record = st.last_attempt or records.AttemptRecord(number=st.current_attempt)
     ended = record.end_time or now
     current = st.current_attempt or 1
-    retries = current - 1 - st.attempt_budget_from
-    wait = lifecycle.retry_backoff_s(spec, retries)
+    retried = current - 1 - st.attempt_budget_from
+    wait = retries.retry_backoff_s(spec, retried)
     if wait and (now - ended).total_seconds() < wait:
         due = ended + dt.timedelta(seconds=wait)
         message = (
@@ -382,7 +390,7 @@ def _resume_if_due(
         return dataclasses.replace(
             plan, status=st.model_copy(update={"message": message}), requeue_at=due
         )
-    priority = lifecycle.resume_priority_class(
+    priority = retries.resume_priority_class(
         spec, record.failure_class or "", settings.resume_priority_class
     )
     if priority is not None and priority not in (run.priority_classes or frozenset()):
@@ -396,27 +404,32 @@ def _resume_if_due(
 
 
 def _finished(
-    spec: specs.TauSpec, ref: objects.RunRef, st: records.RunStatus, settings: RunSettings,
+    spec: specs.TauSpec, ref: objects.RunRef, st: records.RunStatus, settings: plans.RunSettings,
     now: dt.datetime,
-) -> RunPlan:  # fmt: skip
+) -> plans.RunPlan:  # fmt: skip
     """A finished run keeps its TauRun; its objects go once the TTL has passed."""
     if st.objects_deleted:
-        return RunPlan(st)
-    if not lifecycle.ttl_expired(st.end_time, settings.ttl_after_finished_s, now):
-        return RunPlan(st, requeue_at=_ttl_at(st, settings))
+        return plans.RunPlan(st)
+    if not ttl_expired(st.end_time, settings.ttl_after_finished_s, now):
+        return plans.RunPlan(st, requeue_at=_ttl_at(st, settings))
     deletes = tuple(
         d for a in st.attempts for d in _attempt_objects(spec, ref, a.number, settings, fence=True)
     )
-    return RunPlan(st.model_copy(update={"objects_deleted": True}), deletes=deletes)
+    return plans.RunPlan(st.model_copy(update={"objects_deleted": True}), deletes=deletes)
 
 
 def decide_resume(
-    run: RunInput, settings: RunSettings, now: dt.datetime, *, checkpoint: str | None, by: str
-) -> RunPlan:
+    run: plans.RunInput,
+    settings: plans.RunSettings,
+    now: dt.datetime,
+    *,
+    checkpoint: str | None,
+    by: str,
+) -> plans.RunPlan:
     """Start the next attempt of a Failed or Cancelled run by hand, from `checkpoint` (else
     the latest reported one), with a fresh `retry.maxAttempts` budget. Raises errors.Conflict
     (code NotResumable) when the run has not ended badly or its spec is not valid."""
-    refusal = lifecycle.resume_refusal(run.ref.name, run.status.phase)
+    refusal = resume_refusal(run.ref.name, run.status.phase)
     if refusal:
         raise errors.Conflict(refusal, field="name", code="NotResumable")
     try:
@@ -428,7 +441,7 @@ def decide_resume(
     if refusal:
         msg = f"run {run.ref.name!r} cannot be resumed: {refusal}"
         raise errors.Conflict(msg, field="priority", code="PriorityNotAllowed")
-    st = lifecycle.reopened(run.status, by=by, now=now)
+    st = reopened(run.status, by=by, now=now)
     directory = spec.checkpoint.dir if spec.checkpoint is not None else None
     if checkpoint is not None:  # what the next attempt loads lies in the run's own storage
         checkpoint = checkpoints.confine(checkpoint, directory, field="checkpoint")
@@ -443,7 +456,7 @@ def decide_resume(
     annotations: dict[str, str | None] = {}
     if run.cancel_requested:
         annotations[marks.CANCEL_ANNOTATION] = None
-    return RunPlan(
+    return plans.RunPlan(
         st.model_copy(update={"message": message}), annotations=annotations,
         creates=first + created, started=(nxt,),
     )  # fmt: skip
@@ -453,7 +466,7 @@ def decide_resume(
 
 
 def _run_objects(
-    ref: objects.RunRef, st: records.RunStatus, settings: RunSettings
+    ref: objects.RunRef, st: records.RunStatus, settings: plans.RunSettings
 ) -> tuple[records.RunStatus, tuple[dict[str, Any], ...]]:
     """The run's checkpoint ConfigMap (with the CA the pods trust for the controller, when it
     has one). The run needs no credential object: its pods get projected tokens."""
@@ -470,7 +483,7 @@ def _start(
     attempt: int,
     *,
     now: dt.datetime,
-    settings: RunSettings,
+    settings: plans.RunSettings,
     priority_class: str | None = None,
     resume_from: str | None = None,
 ) -> tuple[records.RunStatus, tuple[dict[str, Any], ...]]:
@@ -489,7 +502,7 @@ def _start(
                 "message": f"submitted to queue {spec.queue!r}; waiting for Kueue",
                 "start_time": st.start_time or now}
     )  # fmt: skip
-    st = lifecycle.with_phase_condition(
+    st = records.with_phase_condition(
         st, Phase.QUEUED, "Submitted", f"attempt {attempt} created", now
     )
     return st, _render(spec, ref, attempt, st, settings)
@@ -502,7 +515,7 @@ def _dir(spec: specs.TauSpec) -> str | None:
 
 def _render(
     spec: specs.TauSpec, ref: objects.RunRef, attempt: int, st: records.RunStatus,
-    settings: RunSettings,
+    settings: plans.RunSettings,
 ) -> tuple[dict[str, Any], ...]:  # fmt: skip
     """Render attempt `attempt`; what differs between attempts is read back from its record,
     so re-creating a lost object renders it the same."""
@@ -533,10 +546,10 @@ def _attempt_objects(
     spec: specs.TauSpec,
     ref: objects.RunRef,
     attempt: int,
-    settings: RunSettings,
+    settings: plans.RunSettings,
     *,
     fence: bool = False,
-) -> tuple[ObjectRef, ...]:
+) -> tuple[plans.ObjectRef, ...]:
     """The objects of attempt `attempt` (none before the first); with `fence`, its
     NetworkPolicy too. An attempt that ends keeps its policy until the run's objects go
     after their TTL: the Job's pods are deleted in the background and may still run their
@@ -544,20 +557,20 @@ def _attempt_objects(
     if attempt < 1:
         return ()
     name = objects.attempt_name(ref.name, attempt)
-    out = [ObjectRef(attempt_kind(spec), ref.namespace, name)]
+    out = [plans.ObjectRef(attempt_kind(spec), ref.namespace, name)]
     if spec.kind == specs.RunKind.PYTORCH:
-        out.append(ObjectRef("Service", ref.namespace, name))
+        out.append(plans.ObjectRef("Service", ref.namespace, name))
     if fence and networks.fenced(spec):
-        out.append(ObjectRef(networks.KIND, ref.namespace, name))
+        out.append(plans.ObjectRef(networks.KIND, ref.namespace, name))
     if spec.resources.gpus > 0 and settings.render.dra:
         # A template left by an attempt rendered before the mode changed is owned by the
         # TauRun, so it goes with the run.
         template = objects.claim_template_name(ref.name, attempt)
-        out.append(ObjectRef("ResourceClaimTemplate", ref.namespace, template))
+        out.append(plans.ObjectRef("ResourceClaimTemplate", ref.namespace, template))
     return tuple(out)
 
 
-def _ttl_at(st: records.RunStatus, settings: RunSettings) -> dt.datetime | None:
+def _ttl_at(st: records.RunStatus, settings: plans.RunSettings) -> dt.datetime | None:
     if st.end_time is None or settings.ttl_after_finished_s is None or st.objects_deleted:
         return None
     return st.end_time + dt.timedelta(seconds=settings.ttl_after_finished_s)

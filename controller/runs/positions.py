@@ -334,8 +334,7 @@ def place(
             update["message"] = admitted_message(ctx, workload, pods)
             why = pods_not_running(pods)
             if why and last is not None and last.not_ready != why:
-                record = last.model_copy(update={"not_ready": why})
-                update["attempts"] = (*status.attempts[:-1], record)
+                status = status.with_last_attempt(last.model_copy(update={"not_ready": why}))
         return status.model_copy(update=update)
     message = waiting_message(ctx, workload)
     if held:

@@ -8,7 +8,7 @@ from typing import Any
 from aiohttp import web
 
 from controller import serving
-from controller.runs import context, lifecycle, schemas
+from controller.runs import context, records, schemas
 from shared import spec as specs
 
 
@@ -42,7 +42,7 @@ async def get_queues(request: web.Request) -> web.StreamResponse:
         waiting = [
             context.run_json(i, with_spec=False) for i in items
             if (i.get("spec") or {}).get("queue", specs.DEFAULT_QUEUE) == name
-            and (i.get("status") or {}).get("phase") == lifecycle.Phase.QUEUED
+            and (i.get("status") or {}).get("phase") == records.Phase.QUEUED
         ]  # fmt: skip
         waiting.sort(key=lambda r: (r["queuePosition"] is None, r["queuePosition"] or 0))
         lq_status = lq.get("status") or {}

@@ -16,7 +16,7 @@ every `full_pass_interval_s` it decides every run (the resync, the safety net). 
 wrote something is decided again next pass, reading back what it wrote. A store that tells
 no changes (before its caches sync) gets every run decided every pass.
 
-Each run's share of what was read becomes a `policy.RunInput`, the pure `policy.decide_run`
+Each run's share of what was read becomes a `plans.RunInput`, the pure `policy.decide_run`
 says what to do, and `attempts.Attempts` carries the plan out, writing the status through the
 status subresource only when it changed. A pass, a submission (`reconcile_now`) and a
 quarantine (`urgent`) decide alike. Only the leader reconciles, and every write checks that
@@ -41,6 +41,7 @@ from controller.runs import (
     checkpoints,
     collecting,
     objects,
+    plans,
     policy,
     positions,
     records,
@@ -173,7 +174,7 @@ class Reconciler:
         self.dra = dra
         """Whether attempts ask for GPUs through DRA claims now (the fleet detects it under
         `gpuMode: auto`); None keeps `render.dra`."""
-        self._settings = policy.RunSettings(
+        self._settings = plans.RunSettings(
             render=render, ttl_after_finished_s=ttl_after_finished_s,
             pod_annotations=dict(pod_annotations or {}),
             resume_priority_class=resume_priority_class,
@@ -196,7 +197,7 @@ class Reconciler:
         concerns."""
         self._namespaces: dict[str, set[RunKey]] = {}
         """The runs of each namespace as of the last pass (what a LocalQueue concerns)."""
-        self._decided_with: policy.RunSettings | None = None
+        self._decided_with: plans.RunSettings | None = None
         self._feed: ChangeFeed | None = None
         if hasattr(store, "subscribe"):
             self._feed = cast("ChangeFeed", store)
@@ -221,7 +222,7 @@ class Reconciler:
         self.queue.resync_s = value
 
     @property
-    def settings(self) -> policy.RunSettings:
+    def settings(self) -> plans.RunSettings:
         """What every run's decisions depend on, with the GPU request mode of the moment."""
         if self.dra is None:
             return self._settings
@@ -497,7 +498,7 @@ class Reconciler:
         classes: frozenset[str] | None,
         *,
         visible: positions.QueuePosition | None = None,
-    ) -> policy.RunInput:
+    ) -> plans.RunInput:
         """One run's share of what was read (`snap` None: only the TauRun itself)."""
         meta = item.get("metadata") or {}
         annotations = meta.get("annotations") or {}
@@ -506,7 +507,7 @@ class Reconciler:
         cancel = bool(annotations.get(marks.CANCEL_ANNOTATION))
         rerun_of = reruns.read_source(annotations)
         if snap is None:
-            return policy.RunInput(
+            return plans.RunInput(
                 ref=ref, spec=spec, status=status, cancel_requested=cancel, observed=False,
                 priority_classes=classes, rerun_of=rerun_of,
             )  # fmt: skip
@@ -519,7 +520,7 @@ class Reconciler:
         held = None
         if self.gate_message is not None and workload is not None:
             held = self.gate_message(ref.namespace, workload.name)
-        return policy.RunInput(
+        return plans.RunInput(
             ref=ref, spec=spec, status=status, cancel_requested=cancel, observed=True,
             attempt_object=seen.attempt_object, workload=workload, pods=seen.pods,
             nodes=snap.nodes, position=position,
@@ -559,7 +560,7 @@ class Reconciler:
         self.queue.due_at(key, at.timestamp() if at is not None else None)
         return result
 
-    async def _execute(self, item: dict[str, Any], plan: policy.RunPlan) -> dict[str, Any]:
+    async def _execute(self, item: dict[str, Any], plan: plans.RunPlan) -> dict[str, Any]:
         """Carry a plan out: its writes in order, then the status; count what it decided."""
         namespace, name = snapshots.key(item)
         try:

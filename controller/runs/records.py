@@ -241,6 +241,10 @@ class RunStatus(StatusModel):
         """The newest attempt record, None before the first."""
         return self.attempts[-1] if self.attempts else None
 
+    def with_last_attempt(self, record: AttemptRecord) -> RunStatus:
+        """The status with its newest attempt record replaced by `record`."""
+        return self.model_copy(update={"attempts": (*self.attempts[:-1], record)})
+
     def attempt(self, number: int) -> AttemptRecord | None:
         """The record of attempt `number`, None when there is none."""
         return next((a for a in self.attempts if a.number == number), None)
@@ -352,3 +356,39 @@ def crd_status_schema() -> dict[str, Any]:
     return {"type": "object", "description": doc.get("description", ""), **{
         k: v for k, v in status.items() if k != "type"
     }}  # fmt: skip
+
+
+# ---------------------------------------------------------------- condition setters
+
+
+def set_phase_condition(
+    conditions: tuple[Condition, ...],
+    phase: Phase,
+    reason: str,
+    message: str,
+    now: dt.datetime,
+) -> tuple[tuple[Condition, ...], bool]:
+    """Record that the run reached `phase` (a True condition of that type), keeping the
+    first time it was reached. Return the conditions and whether anything changed."""
+    for i, c in enumerate(conditions):
+        if c.type == str(phase):
+            if c.status == "True":
+                return conditions, False
+            changed = c.model_copy(
+                update={"status": "True", "reason": reason, "message": message,
+                        "last_transition_time": now}
+            )  # fmt: skip
+            return (*conditions[:i], changed, *conditions[i + 1 :]), True
+    added = Condition(
+        type=str(phase), status="True", reason=reason or str(phase), message=message,
+        last_transition_time=now,
+    )  # fmt: skip
+    return (*conditions, added), True
+
+
+def with_phase_condition(
+    status: RunStatus, phase: Phase, reason: str, message: str, now: dt.datetime
+) -> RunStatus:
+    """The status with `set_phase_condition` applied."""
+    conditions, _ = set_phase_condition(status.conditions, phase, reason, message, now)
+    return status.model_copy(update={"conditions": conditions})

@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 import pydantic
 from pydantic import alias_generators
 
-from controller.runs import checkpoints, lifecycle, results
+from controller.runs import checkpoints, records, results
 from shared import patterns
 from shared import spec as specs
 
@@ -49,7 +49,7 @@ class Params(Wire):
 def _phase(value: object) -> object:
     """Phases are matched without regard to case (`?phase=running`)."""
     if isinstance(value, str):
-        for phase in lifecycle.Phase:
+        for phase in records.Phase:
             if phase.value.lower() == value.lower():
                 return phase.value
     return value
@@ -80,7 +80,7 @@ class ListQuery(Params):
 
     namespace: specs.DnsLabel | None = None
     """Only this namespace (else every namespace the caller may list)."""
-    phase: Annotated[lifecycle.Phase, pydantic.BeforeValidator(_phase)] | None = None
+    phase: Annotated[records.Phase, pydantic.BeforeValidator(_phase)] | None = None
     """Only runs in this phase (any case)."""
     queue: specs.DnsLabel | None = None
     """Only runs of this LocalQueue."""

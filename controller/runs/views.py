@@ -1,7 +1,7 @@
 """What the run reconciler reads, as small frozen views: Workloads, pods, attempt objects.
 
 The `parse_*` functions turn the raw objects the run store lists into the values the pure
-run core (`controller.runs.lifecycle`, `controller.runs.positions`) decides over; each reads
+run core (`controller.runs.outcomes`, `controller.runs.positions`) decides over; each reads
 only the fields it needs, and a missing field is an absence, never an error.
 """
 

@@ -30,7 +30,7 @@ from agent import metrics as agent_metrics
 from controller import metrics as controller_metrics
 from controller.admission import views
 from controller.fleet import actions, state
-from controller.runs import lifecycle
+from controller.runs import records
 from shared import health, xid
 from shared import spec as specs
 
@@ -287,7 +287,7 @@ LABEL_VALUES: dict[tuple[str, str], frozenset[str]] = {
     ("taugrid_gpu_verdict", "verdict"): frozenset(health.Verdict),
     ("taugrid_gpu_action", "action"): frozenset(health.Action),
     ("taugrid_quarantine_actions_total", "action"): frozenset(actions.ActionKind),
-    ("taugrid_runs", "phase"): frozenset(lifecycle.Phase),
+    ("taugrid_runs", "phase"): frozenset(records.Phase),
     ("taugrid_run_resumes_total", "failure_class"): frozenset(specs.FailureClass),
     ("taugrid_admission_decisions_total", "state"): frozenset(views.CheckState),
     ("taugrid_gpu_xid_total", "xid"): frozenset(str(code) for code in xid.CATALOG),

@@ -13,7 +13,7 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from controller import errors, marks, timestamps
-from controller.runs import objects, policy, positions, records, rendering, views
+from controller.runs import objects, plans, policy, positions, records, rendering, views
 from shared import spec as specs
 from tests.unit.controller.runs.builders import (
     ADMITTED,
@@ -29,7 +29,7 @@ from tests.unit.controller.runs.builders import (
 )
 
 REF = objects.RunRef(name="demo", namespace="team", uid="u1")
-SETTINGS = policy.RunSettings(
+SETTINGS = plans.RunSettings(
     render=rendering.RenderSettings(controller_url="http://taugrid:8080"),
     ttl_after_finished_s=60.0,
     pod_annotations={"kwok.taugrid.dev/run-for": "5s"},
@@ -56,7 +56,7 @@ def status_with(base: dict[str, Any] = QUEUED_1, **fields: Any) -> records.RunSt
     return records.read({**base, **fields})
 
 
-def run(status: records.RunStatus | None = None, **fields: Any) -> policy.RunInput:
+def run(status: records.RunStatus | None = None, **fields: Any) -> plans.RunInput:
     """One run's input: the spec SPEC, attempt 1 queued, unless told otherwise."""
     values: dict[str, Any] = {
         "ref": REF, "spec": specs.spec_to_wire(SPEC),
@@ -65,7 +65,7 @@ def run(status: records.RunStatus | None = None, **fields: Any) -> policy.RunInp
         "priority_classes": frozenset({marks.RESUME_PRIORITY_CLASS}),
     }  # fmt: skip
     values.update(fields)
-    return policy.RunInput(**values)
+    return plans.RunInput(**values)
 
 
 def failed_once(
@@ -89,7 +89,7 @@ def failed_once(
 class Case:
     """One decision: the input and what the plan must say."""
 
-    input: policy.RunInput
+    input: plans.RunInput
     phase: str
     reason: str = ""
     creates: tuple[tuple[str, str], ...] = ()
@@ -99,7 +99,7 @@ class Case:
     resumed: str | None = None
 
 
-def summary(plan: policy.RunPlan) -> dict[str, Any]:
+def summary(plan: plans.RunPlan) -> dict[str, Any]:
     """What a plan says, in the terms of a Case."""
     return {
         "phase": str(plan.status.phase),

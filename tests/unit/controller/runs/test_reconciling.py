@@ -15,7 +15,7 @@ import pytest
 from controller import errors, leading, marks, metrics
 from controller.kube import informer
 from controller.kube import runs as kube_runs
-from controller.runs import checkpoints, policy, reconciling, rendering, snapshots, views
+from controller.runs import checkpoints, plans, policy, reconciling, rendering, snapshots, views
 from shared import spec as specs
 from tests import support
 from tests.unit.controller.runs.builders import (
@@ -642,7 +642,7 @@ async def test_a_finished_run_is_decided_again_only_when_its_taurun_changes_or_i
     decided: list[str] = []
     real = policy.decide_run
 
-    def counting(run: policy.RunInput, *args: Any) -> policy.RunPlan:
+    def counting(run: plans.RunInput, *args: Any) -> plans.RunPlan:
         decided.append(str(run.status.phase))
         return real(run, *args)
 

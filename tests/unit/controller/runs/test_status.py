@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from controller import marks, timestamps
-from controller.runs import lifecycle, positions, records, views
+from controller.runs import outcomes, policy, positions, records, retries, views
 from shared import spec as specs
 from tests.unit.controller.runs.builders import (
     ADMITTED,
@@ -29,89 +29,89 @@ from tests.unit.controller.runs.builders import (
 @pytest.mark.parametrize(
     ("obj", "workload", "pods", "expected"),
     [
-        pytest.param(None, None, [], lifecycle.Phase.QUEUED, id="no object yet is queued"),
+        pytest.param(None, None, [], records.Phase.QUEUED, id="no object yet is queued"),
         pytest.param(
             a_job(suspended=True),
             None,
             [],
-            lifecycle.Phase.QUEUED,
+            records.Phase.QUEUED,
             id="a job without a workload is queued",
         ),
         pytest.param(
             a_job(suspended=True),
             a_workload(cond("QuotaReserved", "False", "Pending", "insufficient quota")),
             [],
-            lifecycle.Phase.QUEUED,
+            records.Phase.QUEUED,
             id="a workload without reserved quota is queued",
         ),
         pytest.param(
             a_job(),
             a_workload(*ADMITTED),
             [a_pod(phase="Pending")],
-            lifecycle.Phase.ADMITTED,
+            records.Phase.ADMITTED,
             id="an admitted workload with pending pods is admitted",
         ),
         pytest.param(
             a_job(),
             a_workload(*ADMITTED, cond("PodsReady")),
             [],
-            lifecycle.Phase.RUNNING,
+            records.Phase.RUNNING,
             id="pods ready means running",
         ),
         pytest.param(
             a_job(),
             a_workload(*ADMITTED),
             [a_pod()],
-            lifecycle.Phase.RUNNING,
+            records.Phase.RUNNING,
             id="a running pod means running even before PodsReady",
         ),
         pytest.param(
             a_job(cond("Complete")),
             a_workload(*ADMITTED, cond("Finished")),
             [a_pod(phase="Succeeded", exit_code=0)],
-            lifecycle.Phase.SUCCEEDED,
+            records.Phase.SUCCEEDED,
             id="a complete job succeeded",
         ),
         pytest.param(
             a_job(cond("Failed", reason="BackoffLimitExceeded")),
             a_workload(*ADMITTED),
             [a_pod(phase="Failed", exit_code=1)],
-            lifecycle.Phase.FAILED,
+            records.Phase.FAILED,
             id="a failed job failed",
         ),
         pytest.param(
             a_job(),
             a_workload(*ADMITTED),
             [a_pod(phase="Failed", exit_code=2)],
-            lifecycle.Phase.FAILED,
+            records.Phase.FAILED,
             id="a failed pod of an admitted job fails the attempt before the job controller does",
         ),
         pytest.param(
             a_job(suspended=True),
             a_workload(cond("Evicted", reason="Preempted"), cond("Requeued")),
             [a_pod(phase="Failed", exit_code=143, disruption="PreemptionByKueue")],
-            lifecycle.Phase.QUEUED,
+            records.Phase.QUEUED,
             id="kueue preemption suspends the job and is not a failure",
         ),
         pytest.param(
             a_rayjob("SUCCEEDED", "Complete"),
             a_workload(*ADMITTED),
             [],
-            lifecycle.Phase.SUCCEEDED,
+            records.Phase.SUCCEEDED,
             id="a succeeded rayjob succeeded",
         ),
         pytest.param(
             a_rayjob("FAILED", "Failed", "AppFailed"),
             a_workload(*ADMITTED),
             [],
-            lifecycle.Phase.FAILED,
+            records.Phase.FAILED,
             id="a failed rayjob failed",
         ),
         pytest.param(
             a_rayjob("RUNNING", "Running"),
             a_workload(*ADMITTED, cond("PodsReady")),
             [],
-            lifecycle.Phase.RUNNING,
+            records.Phase.RUNNING,
             id="a running rayjob with ready pods is running",
         ),
     ],
@@ -120,10 +120,10 @@ def test_attempt_phase(
     obj: views.AttemptObjectView | None,
     workload: views.WorkloadView | None,
     pods: list[views.PodView],
-    expected: lifecycle.Phase,
+    expected: records.Phase,
 ) -> None:
     """The attempt's phase follows the Workload conditions, then the object and its pods."""
-    assert expected == lifecycle.attempt_outcome(obj, workload, pods, NODES).phase
+    assert expected == outcomes.attempt_outcome(obj, workload, pods, NODES).phase
 
 
 @pytest.mark.parametrize(
@@ -183,17 +183,17 @@ def test_failure_class(
     pods: list[views.PodView], object_reason: str, expected: specs.FailureClass
 ) -> None:
     """Infrastructure causes win over the application's exit code; no evidence is Unknown."""
-    failure, message = lifecycle.classify_failure(pods, NODES, object_reason=object_reason)
+    failure, message = outcomes.classify_failure(pods, NODES, object_reason=object_reason)
     assert expected == failure
     assert message
 
 
 def test_failed_attempt_records_exit_codes_and_nodes() -> None:
     """A failed attempt carries its exit codes, nodes and class into the status record."""
-    outcome = lifecycle.attempt_outcome(
+    outcome = outcomes.attempt_outcome(
         a_job(), a_workload(*ADMITTED, cq="cq"), [a_pod(phase="Failed", exit_code=3)], NODES
     )
-    record = lifecycle.attempt_record(
+    record = outcomes.attempt_record(
         1, object_kind="Job", object_name="demo-a1", outcome=outcome,
         workload=a_workload(*ADMITTED, cq="cq"),
     )  # fmt: skip
@@ -350,10 +350,10 @@ def test_evidence_names_where_and_what_ran() -> None:
     """Evidence holds the spec hash, image and ID, cluster queue, flavors and nodes."""
     pod = a_pod(phase="Succeeded", exit_code=0)
     workload = a_workload(*ADMITTED, cq="cq")
-    outcome = lifecycle.attempt_outcome(a_job(cond("Complete")), workload, [pod], NODES)
-    record = lifecycle.attempt_record(1, object_kind="Job", object_name="demo-a1", outcome=outcome,
+    outcome = outcomes.attempt_outcome(a_job(cond("Complete")), workload, [pod], NODES)
+    record = outcomes.attempt_record(1, object_kind="Job", object_name="demo-a1", outcome=outcome,
                                  workload=workload)  # fmt: skip
-    ev = lifecycle.evidence(
+    ev = outcomes.evidence(
         SPEC, "team", attempts=[record], pods=[pod], workload=workload
     ).model_dump(mode="json", by_alias=True, exclude_defaults=True)
     assert specs.spec_hash(SPEC) == ev["specHash"]
@@ -367,9 +367,9 @@ def test_evidence_names_where_and_what_ran() -> None:
 
 def test_evidence_keeps_what_its_sources_no_longer_show() -> None:
     """Once pods are gone, the image ID and flavors recorded earlier remain."""
-    first = lifecycle.evidence(SPEC, "team", attempts=[], pods=[a_pod(exit_code=0)],
+    first = outcomes.evidence(SPEC, "team", attempts=[], pods=[a_pod(exit_code=0)],
                           workload=a_workload(*ADMITTED, cq="cq"))  # fmt: skip
-    later = lifecycle.evidence(SPEC, "team", attempts=[], pods=[], workload=None, previous=first)
+    later = outcomes.evidence(SPEC, "team", attempts=[], pods=[], workload=None, previous=first)
     assert first.image_id == later.image_id
     assert later.kueue.cluster_queue == "cq"
 
@@ -385,20 +385,20 @@ def test_evidence_keeps_what_its_sources_no_longer_show() -> None:
 )
 def test_should_retry(failure: specs.FailureClass, attempt: int, expected: bool) -> None:
     """Retry follows `retry.when` and `retry.maxAttempts` (default: NodeFailure, 3)."""
-    assert expected == lifecycle.should_retry(SPEC, failure, attempt)
+    assert expected == retries.should_retry(SPEC, failure, attempt)
 
 
 def test_phase_conditions_keep_the_first_time_reached() -> None:
     """Reaching a phase again changes nothing; a new phase adds a condition."""
-    conditions, changed = lifecycle.set_phase_condition((), lifecycle.Phase.QUEUED, "", "", T0)
+    conditions, changed = records.set_phase_condition((), records.Phase.QUEUED, "", "", T0)
     assert changed
     later = T0 + dt.timedelta(seconds=5)
-    conditions, changed = lifecycle.set_phase_condition(
-        conditions, lifecycle.Phase.QUEUED, "", "", later
+    conditions, changed = records.set_phase_condition(
+        conditions, records.Phase.QUEUED, "", "", later
     )
     assert not changed
-    conditions, changed = lifecycle.set_phase_condition(
-        conditions, lifecycle.Phase.ADMITTED, "Admitted", "", later
+    conditions, changed = records.set_phase_condition(
+        conditions, records.Phase.ADMITTED, "Admitted", "", later
     )
     assert changed
     assert [("Queued", ts(0)), ("Admitted", ts(5))] == [
@@ -417,7 +417,7 @@ def test_phase_conditions_keep_the_first_time_reached() -> None:
 )
 def test_ttl(ended: dt.datetime | None, ttl: float | None, expected: bool) -> None:
     """Finished runs' objects are deleted once the TTL has passed since they ended."""
-    assert expected == lifecycle.ttl_expired(ended, ttl, T0 + dt.timedelta(seconds=120))
+    assert expected == policy.ttl_expired(ended, ttl, T0 + dt.timedelta(seconds=120))
 
 
 def test_a_running_pod_on_a_node_whose_gpu_failed_ends_the_attempt() -> None:
@@ -431,20 +431,20 @@ def test_a_running_pod_on_a_node_whose_gpu_failed_ends_the_attempt() -> None:
     ])  # fmt: skip
     assert (facts.failed, facts.quarantined) == (frozenset({"dead"}), frozenset({"dead", "sick"}))
     admitted = a_workload(cond("QuotaReserved"), cond("Admitted"), cq="cq")
-    lost = lifecycle.attempt_outcome(
+    lost = outcomes.attempt_outcome(
         a_job(), admitted, [a_pod(node="dead"), a_pod(node="n0")], facts
     )
     assert (lost.phase, lost.failure_class) == (
-        lifecycle.Phase.FAILED,
+        records.Phase.FAILED,
         specs.FailureClass.NODE_FAILURE,
     )
     assert "dead" in lost.message
-    degraded = lifecycle.attempt_outcome(a_job(), admitted, [a_pod(node="sick")], facts)
-    assert degraded.phase == lifecycle.Phase.RUNNING
-    preempted = lifecycle.attempt_outcome(
+    degraded = outcomes.attempt_outcome(a_job(), admitted, [a_pod(node="sick")], facts)
+    assert degraded.phase == records.Phase.RUNNING
+    preempted = outcomes.attempt_outcome(
         a_job(suspended=True), admitted, [a_pod(node="dead")], facts
     )
-    assert preempted.phase != lifecycle.Phase.FAILED
+    assert preempted.phase != records.Phase.FAILED
 
 
 @pytest.mark.parametrize(
@@ -455,7 +455,7 @@ def test_a_manual_resume_grants_a_fresh_attempt_budget(
 ) -> None:
     """maxAttempts (3 by default) counts the attempts since the last manual resume."""
     node = specs.FailureClass.NODE_FAILURE
-    assert lifecycle.should_retry(SPEC, node, attempt, budget_from=budget_from) is expected
+    assert retries.should_retry(SPEC, node, attempt, budget_from=budget_from) is expected
 
 
 def test_the_backoff_doubles_per_retry_up_to_an_hour() -> None:
@@ -463,9 +463,9 @@ def test_the_backoff_doubles_per_retry_up_to_an_hour() -> None:
     spec = specs.parse_spec(
         b"name: d\nimage: i\ncommand: [x]\nretry: {when: [AppError], backoff: 30s}\n"
     ).spec
-    assert [lifecycle.retry_backoff_s(spec, n) for n in range(4)] == [30, 60, 120, 240]
-    assert lifecycle.retry_backoff_s(spec, 20) == lifecycle.MAX_BACKOFF_S
-    assert lifecycle.retry_backoff_s(SPEC, 3) == 0
+    assert [retries.retry_backoff_s(spec, n) for n in range(4)] == [30, 60, 120, 240]
+    assert retries.retry_backoff_s(spec, 20) == retries.MAX_BACKOFF_S
+    assert retries.retry_backoff_s(SPEC, 3) == 0
 
 
 @pytest.mark.parametrize(
@@ -483,8 +483,8 @@ def test_only_infrastructure_failures_keep_their_place_in_line(
 ) -> None:
     """The resume class applies after NodeFailure/Evicted to runs without their own class."""
     spec = SPEC.model_copy(update={"priority": priority})
-    assert lifecycle.resume_priority_class(spec, failure, "taugrid-resume") == expected
-    assert lifecycle.resume_priority_class(spec, failure, "") is None
+    assert retries.resume_priority_class(spec, failure, "taugrid-resume") == expected
+    assert retries.resume_priority_class(spec, failure, "") is None
 
 
 @pytest.mark.parametrize(
@@ -494,7 +494,7 @@ def test_only_infrastructure_failures_keep_their_place_in_line(
 )  # fmt: skip
 def test_only_failed_or_cancelled_runs_resume_by_hand(phase: str, words: str) -> None:
     """A running run must be cancelled first; a succeeded one has nothing to resume."""
-    refusal = lifecycle.resume_refusal("demo", phase)
+    refusal = policy.resume_refusal("demo", phase)
     assert (refusal == "") == (words == ""), refusal
     assert words in refusal
 
@@ -505,7 +505,7 @@ def test_a_reopened_status_forgets_its_end_and_counts_attempts_afresh() -> None:
              "objectsDeleted": True,
              "conditions": [cond("Queued"), cond("Failed", reason="AppError")]}  # fmt: skip
     before = records.read(ended)
-    status = lifecycle.reopened(before, by="ada", now=T0)
+    status = policy.reopened(before, by="ada", now=T0)
     failed = status.conditions[1]
     assert (failed.status, failed.reason, failed.message) == (
         "False", "Resumed", "resumed by ada",
@@ -535,7 +535,7 @@ def test_an_attempt_whose_pods_are_gone_is_judged_by_its_recorded_nodes(
     """A real kubelet removes an evicted pod within a second of its exit, before a pass may
     see it Failed, and the Job says only BackoffLimitExceeded: the nodes the attempt was
     recorded on decide, as its pod would have."""
-    failure, message = lifecycle.classify_failure(
+    failure, message = outcomes.classify_failure(
         [], NODES, object_reason="BackoffLimitExceeded", recorded_nodes=recorded
     )
     assert expected == failure
@@ -544,7 +544,7 @@ def test_an_attempt_whose_pods_are_gone_is_judged_by_its_recorded_nodes(
 
 def test_a_failed_job_without_pods_on_a_quarantined_node_is_a_node_failure() -> None:
     """The reconciler's path: the Job failed, its pods are gone, the record names the node."""
-    outcome = lifecycle.attempt_outcome(
+    outcome = outcomes.attempt_outcome(
         a_job(cond("Failed", reason="BackoffLimitExceeded")),
         a_workload(*ADMITTED),
         [],

@@ -1,8 +1,9 @@
-"""Runs, computed: phases, an attempt's outcome and failure class, retries, and evidence.
+"""What happened to an attempt: its phase, outcome and failure class, its record and evidence.
 
 Purely computational (DESIGN.md section 7): the reconciler reads raw objects from the API
 server, turns them into small views (`controller.runs.views`), and asks these functions what
-the run's state is; `now` is always an argument. No I/O, no clock, no logging.
+happened to the current attempt; what to do about it is `controller.runs.policy`'s. `now` is
+always an argument. No I/O, no clock, no logging.
 
 Phase of one attempt, from Kueue's Workload first and the Job/RayJob and pods second
 (anchors 2.2: read state from the Workload conditions, not from the Job alone):
@@ -32,10 +33,7 @@ from shared import spec as specs
 
 Phase = records.Phase
 
-
 TERMINAL_PHASES = frozenset({Phase.SUCCEEDED, Phase.FAILED, Phase.CANCELLED})
-PHASE_ORDER = (Phase.QUEUED, Phase.ADMITTED, Phase.RUNNING, Phase.SUCCEEDED)
-"""The happy path; a condition per phase reached is kept on the TauRun."""
 
 
 # ---------------------------------------------------------------- one attempt
@@ -204,40 +202,7 @@ def _object_failed(obj: views.AttemptObjectView) -> tuple[bool, str]:
     return False, ""
 
 
-# ---------------------------------------------------------------- status and evidence
-
-
-def set_phase_condition(
-    conditions: tuple[records.Condition, ...],
-    phase: Phase,
-    reason: str,
-    message: str,
-    now: dt.datetime,
-) -> tuple[tuple[records.Condition, ...], bool]:
-    """Record that the run reached `phase` (a True condition of that type), keeping the
-    first time it was reached. Return the conditions and whether anything changed."""
-    for i, c in enumerate(conditions):
-        if c.type == str(phase):
-            if c.status == "True":
-                return conditions, False
-            changed = c.model_copy(
-                update={"status": "True", "reason": reason, "message": message,
-                        "last_transition_time": now}
-            )  # fmt: skip
-            return (*conditions[:i], changed, *conditions[i + 1 :]), True
-    added = records.Condition(
-        type=str(phase), status="True", reason=reason or str(phase), message=message,
-        last_transition_time=now,
-    )  # fmt: skip
-    return (*conditions, added), True
-
-
-def with_phase_condition(
-    status: records.RunStatus, phase: Phase, reason: str, message: str, now: dt.datetime
-) -> records.RunStatus:
-    """The status with `set_phase_condition` applied."""
-    conditions, _ = set_phase_condition(status.conditions, phase, reason, message, now)
-    return status.model_copy(update={"conditions": conditions})
+# ---------------------------------------------------------------- record and evidence
 
 
 def _evictions(workload: views.WorkloadView) -> tuple[records.Eviction, ...]:
@@ -336,154 +301,3 @@ def evidence(
     if rerun_of is not None:
         update["rerun_of"] = rerun_of
     return prev.model_copy(update=update)
-
-
-def resume_refusal(name: str, phase: str) -> str:
-    """Why a run in `phase` cannot be resumed by hand ('' when it can: Failed or Cancelled)."""
-    if phase in {Phase.FAILED, Phase.CANCELLED}:
-        return ""
-    hint = "" if phase in TERMINAL_PHASES else " (cancel it first to restart it)"
-    return f"run {name!r} is {phase}; only a Failed or Cancelled run can be resumed{hint}"
-
-
-def reopened(status: records.RunStatus, *, by: str, now: dt.datetime) -> records.RunStatus:
-    """An ended run's status, reopened for a manual resume: the end conditions turn False
-    (reason Resumed, who and when), the end time and the TTL clean-up are forgotten, and
-    `retry.maxAttempts` counts afresh from the current attempt."""
-    ended = {str(p) for p in TERMINAL_PHASES}
-    conditions = tuple(
-        c.model_copy(update={"status": "False", "reason": "Resumed", "last_transition_time": now,
-                             "message": f"resumed by {by}"})
-        if c.type in ended else c
-        for c in status.conditions
-    )  # fmt: skip
-    return status.model_copy(
-        update={"conditions": conditions, "attempt_budget_from": status.current_attempt,
-                "end_time": None, "objects_deleted": None}
-    )  # fmt: skip
-
-
-def should_retry(
-    spec: specs.TauSpec, failure: specs.FailureClass, attempt: int, *, budget_from: int = 0
-) -> bool:
-    """Whether the controller starts another attempt after `attempt` failed with `failure`.
-
-    `maxAttempts` counts the attempts since `budget_from` (the attempt a person resumed
-    after: a manual resume grants a fresh budget). Unknown is never retried.
-    """
-    if failure == specs.FailureClass.UNKNOWN:
-        return False
-    return str(failure) in spec.retry.when and attempt - budget_from < spec.retry.max_attempts
-
-
-MAX_BACKOFF_S = 3600.0
-"""The longest wait between two attempts, however many have failed."""
-
-
-def retry_backoff_s(spec: specs.TauSpec, retries_so_far: int) -> float:
-    """The wait before the next attempt: `retry.backoff`, doubled for each retry already made
-    (`backoff`, 2×, 4×...), capped at an hour. 0 stays 0: a node failure is not the run's
-    fault and it resumes at once."""
-    base = float(spec.retry.backoff_s)
-    if base <= 0:
-        return 0.0
-    return min(base * 2.0 ** max(retries_so_far, 0), MAX_BACKOFF_S)
-
-
-INFRASTRUCTURE_FAILURES = frozenset({specs.FailureClass.NODE_FAILURE, specs.FailureClass.EVICTED})
-"""Failures that are not the run's fault: its next attempt keeps its place in line."""
-
-
-def resume_priority_class(
-    spec: specs.TauSpec, failure: str, resume_class: str | None
-) -> str | None:
-    """The WorkloadPriorityClass of the next attempt, or None for the run's own.
-
-    A new attempt is a new Workload, which Kueue would queue behind everything submitted
-    since the run first started. After an infrastructure failure (NodeFailure, Evicted) the
-    next attempt of a run in the default band (no `priority`) gets `resume_class`, one step
-    above that band, so it goes ahead of its peers. Runs with a priority class of their own
-    keep it: they already stand ahead of the default band, and a bump could make them
-    preempt work at their own level. Failures of the run's own making (AppError, OOMKilled,
-    Timeout) queue normally.
-    """
-    if not resume_class or spec.priority is not None:
-        return None
-    if failure not in {str(f) for f in INFRASTRUCTURE_FAILURES}:
-        return None
-    return resume_class
-
-
-def timed_out(spec: specs.TauSpec, first_start: dt.datetime | None, now: dt.datetime) -> bool:
-    """Whether the run's wall-clock `timeout` (measured from its first pod start) has passed."""
-    limit = spec.timeout_s
-    if limit is None or first_start is None:
-        return False
-    return (now - first_start).total_seconds() > limit
-
-
-def ttl_expired(ended: dt.datetime | None, ttl_s: float | None, now: dt.datetime) -> bool:
-    """Whether a finished run's objects may be deleted (its TauRun and evidence stay)."""
-    if ended is None or ttl_s is None:
-        return False
-    return (now - ended).total_seconds() >= ttl_s
-
-
-def final_message(
-    spec: specs.TauSpec, failure: specs.FailureClass, attempt: int, budget_from: int, why: str
-) -> str:
-    """Say why a failed attempt ends the run: which policy decided it, in words."""
-    if failure == specs.FailureClass.UNKNOWN:
-        tail = "an Unknown failure is never retried"
-    elif str(failure) not in spec.retry.when:
-        tail = f"{failure} is not in retry.when ({', '.join(spec.retry.when)})"
-    else:
-        tail = f"all {attempt - budget_from} of retry.maxAttempts={spec.retry.max_attempts} used"
-    return f"attempt {attempt} failed ({why}); not retried: {tail}"
-
-
-def end(
-    status: records.RunStatus,
-    phase: Phase,
-    reason: str,
-    message: str,
-    *,
-    now: dt.datetime,
-    ended: dt.datetime | None = None,
-) -> records.RunStatus:
-    """End the run: phase, reason and message, its end time, no place in line, and the
-    condition of its final phase."""
-    closed = status.model_copy(
-        update={"phase": phase, "reason": reason, "message": message,
-                "end_time": status.end_time or ended or now, "queue_position": None,
-                "queue_position_in_local_queue": None, "queue_position_source": None}
-    )  # fmt: skip
-    return with_phase_condition(closed, phase, reason, message, ended or now)
-
-
-def phase_conditions(
-    status: records.RunStatus,
-    outcome: AttemptOutcome,
-    workload: views.WorkloadView | None,
-    now: dt.datetime,
-) -> tuple[records.RunStatus, float | None]:
-    """Keep one condition per phase reached, at the time Kueue or the pods say so; also
-    return the seconds the run waited in line when it was admitted just now (else None)."""
-    waited = None
-    conds = status.conditions
-    if workload is not None and workload.holds("Admitted"):
-        admitted = workload.condition("Admitted")
-        at = admitted.time if admitted is not None and admitted.time else now
-        message = f"admitted by cluster queue {workload.cluster_queue}"
-        conds, changed = set_phase_condition(conds, Phase.ADMITTED, "Admitted", message, at)
-        if changed:
-            queued = next((c.last_transition_time for c in conds if c.type == "Queued"), None)
-            if queued is not None:
-                waited = max((at - queued).total_seconds(), 0)
-    if outcome.phase in {Phase.RUNNING, Phase.SUCCEEDED}:
-        ready = workload.condition("PodsReady") if workload is not None else None
-        running_at = ready.time if ready is not None and ready.true else None
-        conds, _ = set_phase_condition(
-            conds, Phase.RUNNING, "PodsReady", "", running_at or outcome.started or now
-        )
-    return status.model_copy(update={"conditions": conds}), waited
