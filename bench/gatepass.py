@@ -7,19 +7,21 @@ the fleet is full); W Workloads of 2 pods × 8 GPUs wait on the check, and 20 ad
 Workloads' pods are bound. For each N and W, in the same run and on the same state:
 
 - parsing the nodes and pods: all of them (a pass before, or the first pass after a relist),
-  and with `views.Parsed` kept from the pass before, while the cache replaced 1 % of them;
+  and what the caches parse now, as they take the 1 % of them a watch replaced (each is
+  parsed once as it arrives: `controller.kube.informer`);
 - `policy.plan` against the plan that walked everything (`tests/unit/.../reference.py`),
   checking that both decide the same;
-- what `views.Parsed` holds for the fleet (tracemalloc), the leader's memory it costs.
+- what the caches' views hold for the fleet (tracemalloc), the leader's memory it costs.
 
 `--dra`: the same fleet as DRA nodes (8 devices each, one 8-device ResourceClaim on every
 other node, reserved for that node's training pod), and what a pass builds before the plan
 when a DRA Workload waits: the claims, the devices they hold, the pods they are reserved
 for and each DRA node's GPU capacity. Before: the claims LISTed every pass (the controller's
 share of it, decoding the body, is timed; the API server's is not) and read whole, every
-pod and node rebuilt (`reference.py`). Now: the cache's trimmed claims (the 1 % that
-changed trimmed again) parsed once, and only the changed nodes rebuilt, 1 % of nodes, GPU
-listings and claims replaced since the pass before.
+pod and node rebuilt (`reference.py`). Now: the claims cache's watch events for the 1 % of
+claims that changed (each trimmed and parsed once, what the claims hold counted from the
+change: `views.Claims.tell`), and only the changed nodes rebuilt, 1 % of nodes, GPU listings
+and claims replaced since the pass before.
 
 `--workloads`: W Workloads in the cache (the unit tests' Workload: 2 pods × 8 GPUs admitted
 in a flavor, our check Ready, a Job owner; a real template is bigger, so "before" is a
@@ -49,6 +51,7 @@ from typing import Any
 from controller import marks
 from controller.admission import policy, views
 from controller.kube import admission as kube_admission
+from controller.kube import informer
 from tests.unit.controller.admission import reference, test_policy
 
 CHECK = marks.DEFAULT_ADMISSION_CHECK
@@ -121,22 +124,24 @@ def _workload(name: str, *, state: str, admitted: bool) -> views.Workload:
 def measure(count: int, waiting: int) -> dict[str, float]:
     """One row's figures, in ms and MB."""
     raw_nodes, raw_pods = [_node(i) for i in range(count)], _pods(count)
-    node_memo, pod_memo = views.Parsed(views.parse_node), views.Parsed(views.parse_pod)
-    node_memo(raw_nodes), pod_memo(raw_pods)
+    node_cache, pod_cache = _caches(raw_nodes, raw_pods)
     step = int(1 / CHANGED)
-
-    def changed() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        # The cache replaces the objects that changed: new dicts, the rest the same ones.
-        nodes = [_node(i, version=2) if i % step == 0 else n for i, n in enumerate(raw_nodes)]
-        pods = [dict(p) if i % step == 0 else p for i, p in enumerate(raw_pods)]
-        return nodes, pods
+    flips = iter(range(1 << 30))
 
     def parse_all() -> object:
         return [views.parse_node(n) for n in raw_nodes], [views.parse_pod(p) for p in raw_pods]
 
     def parse_kept() -> object:
-        nodes, pods = changed()
-        return node_memo(nodes), pod_memo(pods)
+        # The watch brings the 1 % that changed (a new version each time); the caches parse
+        # them as they take them, and a pass reads the views.
+        version = 2 + next(flips)
+        for i in range(0, count, step):
+            node_cache.event("MODIFIED", _node(i, version=version))
+        for i in range(0, len(raw_pods), step):
+            pod = raw_pods[i]
+            labels = {**pod["metadata"].get("labels", {}), "v": str(version)}
+            pod_cache.event("MODIFIED", {**pod, "metadata": {**pod["metadata"], "labels": labels}})
+        return list(node_cache.views.values()), list(pod_cache.views.values())
 
     node_list = [views.parse_node(n) for n in raw_nodes]
     pods = [views.parse_pod(p) for p in raw_pods]
@@ -153,16 +158,36 @@ def measure(count: int, waiting: int) -> dict[str, float]:
     assert decided == before(), "the plan decided otherwise than the plan that walked all"
     assert len(decided) == waiting, f"{len(decided)} decisions for {waiting} waiting"
     slow = 1 if count * waiting > 100_000 else 5
-    tracemalloc.start()
-    held = views.Parsed(views.parse_node), views.Parsed(views.parse_pod)
-    held[0](raw_nodes), held[1](raw_pods)
+    tracemalloc.start()  # the views the caches keep beside their trimmed copies
+    held = ([views.parse_node(n) for n in node_cache.items.values()],
+            [views.parse_pod(p) for p in pod_cache.items.values()])  # fmt: skip
     kept_mb = tracemalloc.get_traced_memory()[0] / 1e6
     tracemalloc.stop()
+    del held
     return {
         "parse_all": _median_ms(parse_all, 5), "parse_kept": _median_ms(parse_kept, 5),
         "plan": _median_ms(ours, 5), "plan_before": _median_ms(before, slow),
         "kept_mb": kept_mb,
     }  # fmt: skip
+
+
+async def _never(**_: Any) -> Any:
+    raise AssertionError  # the caches are fed by hand: they never list
+
+
+def _caches(
+    raw_nodes: list[dict[str, Any]], raw_pods: list[dict[str, Any]]
+) -> tuple[informer.Informer[views.NodeCapacity], informer.Informer[views.PodUsage]]:
+    """The gate's node and pod caches, listed, parsing with the gate's parsers."""
+    nodes: informer.Informer[views.NodeCapacity] = informer.Informer(
+        _never, kube_admission.trim_node, kind="nodes", view=views.parse_node
+    )
+    pods: informer.Informer[views.PodUsage] = informer.Informer(
+        _never, kube_admission.trim_pod, kind="pods", view=views.parse_pod
+    )
+    nodes.listed(raw_nodes, "1")
+    pods.listed(raw_pods, "1")
+    return nodes, pods
 
 
 def _claim(i: int, *, version: int = 1) -> dict[str, Any]:
@@ -217,16 +242,22 @@ def measure_dra(count: int) -> dict[str, float]:
         return tuple(views.DeviceSlot(name, f"gpu-{d}", True) for d in range(8))
 
     gpus = [listing(i) for i in range(count)]
-    trimmed = [kube_admission.trim_claim(c) for c in raw_claims]
-    claims, with_devices, mark = views.Claims(), views.WithDevices(), views.MarkClaimed()
+    with_devices, mark = views.WithDevices(), views.MarkClaimed()
+    claims = views.Claims()
+    cache: informer.Informer[views.Claim] = informer.Informer(
+        _never, kube_admission.trim_claim, kind="resourceclaims", view=views.parse_claim
+    )
+    cache.subscribe(lambda change: claims.tell(change.old, change.new))
+    cache.listed(raw_claims, "1")
 
     def report_of(listings: list[tuple[views.Slot, ...]]) -> dict[str, Any]:
         # What the fleet hands the gate each pass (`Quarantiner.device_report`), both ways.
         return {n.name: (True, g) for n, g in zip(node_list, listings, strict=True)}
 
     def now(nodes: list[views.NodeCapacity], report: dict[str, Any],
-            raw: list[dict[str, Any]]) -> tuple[object, object]:  # fmt: skip
-        claims(raw)
+            events: list[dict[str, Any]]) -> tuple[object, object]:  # fmt: skip
+        for claim in events:  # the watch's events since the pass before
+            cache.event("MODIFIED", claim)
         return with_devices(nodes, report, claims), mark(pods, claims.pods)
 
     def before(nodes: list[views.NodeCapacity], report: dict[str, Any]) -> tuple[object, object]:
@@ -237,15 +268,15 @@ def measure_dra(count: int) -> dict[str, float]:
         return built, [dataclasses.replace(p, claimed=True)
                        if (p.namespace, p.name) in claimed else p for p in pods]  # fmt: skip
 
-    # Two states 1 % apart (node views, GPU listings and claims replaced, the claims trimmed
-    # as the cache does on their watch events), the rest the same objects: each call after
+    # Two states 1 % apart (node views, GPU listings and claims replaced: the claims as the
+    # watch brings them, each with a new version), the rest the same objects: each call after
     # the first finds 1 % changed since the call before.
     report = report_of(gpus)
-    states = [(node_list, report, trimmed), (
+    changing = range(0, len(raw_claims), step)
+    states = [(node_list, report, [_claim(2 * i, version=3) for i in changing]), (
         [dataclasses.replace(n) if i % step == 0 else n for i, n in enumerate(node_list)],
         report_of([listing(i) if i % step == 0 else g for i, g in enumerate(gpus)]),
-        [kube_admission.trim_claim(_claim(2 * i, version=2)) if i % step == 0 else c
-         for i, c in enumerate(trimmed)],
+        [_claim(2 * i, version=2) for i in changing],
     )]  # fmt: skip
     calls = iter(range(1 << 30))
 

@@ -9,11 +9,12 @@ Each pass, on the leader only:
    Workload; when some Workload admitted through one of them waits on our check, it lists
    nodes, pods, ResourceFlavors and the runs' Jobs/RayJobs, asks the pure `policy.plan`
    what each check should say, and applies only the differences. Workloads, nodes, pods and
-   (with a DRA Workload waiting) ResourceClaims come from watch-fed caches, and only those
-   the caches replaced since the pass before are parsed again (`views.ParsedWorkloads`,
-   `views.Parsed`, `views.Claims`);
-   a DRA node's GPU capacity is built again only when its view, its GPUs or what claims
-   hold on it changed (`views.WithDevices`).
+   ResourceClaims come from the informers (`controller.kube.informer`): nodes, pods and
+   claims are parsed once, as the caches take them; what the claims hold is counted from
+   the claims cache's changes (`views.Claims.tell`); a Workload is parsed again only when the
+   cache replaced it or its owner's labels changed (`views.ParsedWorkloads`, a join of two
+   caches); a DRA node's GPU capacity is built again only when its view, its GPUs or what
+   claims hold on it changed (`views.WithDevices`).
 
 Level-triggered: nothing depends on which event woke the pass. A pass runs every
 `admission_pass_interval_s` and at once after `poke()` (the app pokes on node changes, so a
@@ -84,9 +85,10 @@ class Gate:
         """Every Workload, to see whether one waits."""
         self._workloads = views.ParsedWorkloads(dra_resource=dra_resource)
         """... and with its owner's labels, once one does."""
-        self._nodes = views.Parsed(views.parse_node)
-        self._pods = views.Parsed(views.parse_pod)
         self._claims = views.Claims()
+        """What the claims hold, counted from the claims cache's changes."""
+        store.parse_with(node=views.parse_node, pod=views.parse_pod, claim=views.parse_claim)
+        store.claims.subscribe(lambda change: self._claims.tell(change.old, change.new))
         self._with_devices = views.WithDevices()
         self._mark_claimed = views.MarkClaimed()
 
@@ -132,20 +134,19 @@ class Gate:
         self._forget({(w.namespace, w.name) for w in seen})
         if not queues or not any(self._waits(w, queues) for w in seen):
             return
-        raw_nodes = await self.store.list_nodes()
-        raw_pods = await self.store.list_pods()
+        node_list: list[views.NodeCapacity] = await self.store.node_views()
+        pods: list[views.PodUsage] = await self.store.pod_views()
         raw_flavors = await self.store.list_kueue("resourceflavors")
         owners = await self.store.owner_labels()
         workloads = {(w.namespace, w.name): w for w in self._workloads(raw_workloads, owners)}
         flavors = {f.name: f for f in map(views.parse_flavor, raw_flavors)}
-        node_list = self._nodes(raw_nodes)
-        pods = self._pods(raw_pods)
         if any(w.uses_dra for w in workloads.values()):
             # Fail closed: without the fleet's word every DRA node counts as stale.
             dra = self.devices() if self.devices is not None else {}
-            self._claims(await self.store.list_claims())
-            node_list = self._with_devices(node_list, dra, self._claims)
-            pods = self._mark_claimed(pods, self._claims.pods)
+            listed = await self.store.claim_views()
+            claims = self._claims if listed is None else views.Claims.of(listed)
+            node_list = self._with_devices(node_list, dra, claims)
+            pods = self._mark_claimed(pods, claims.pods)
         decisions = policy.plan(
             list(workloads.values()),
             node_list,

@@ -11,10 +11,10 @@ import dataclasses
 import datetime as dt
 import enum
 import math
-from collections.abc import Callable, Container, Iterable, Mapping
-from typing import Any, Generic, NamedTuple, Protocol, TypeVar
+from collections.abc import Container, Iterable, Mapping
+from typing import Any, NamedTuple, Protocol
 
-from controller import marks, memo, timestamps
+from controller import marks, timestamps
 from shared import spec as specs
 
 DEFAULT_RETRY_AFTER_S = 15.0
@@ -36,34 +36,6 @@ class CheckState(enum.StrEnum):
     READY = "Ready"
     RETRY = "Retry"
     REJECTED = "Rejected"
-
-
-T = TypeVar("T")
-
-
-class Parsed(Generic[T]):
-    """Parse each raw object once while it stays the same object (`memo.Kept`).
-
-    The gate reads nodes and pods from watch-fed caches, which replace an object that
-    changes and never edit one in place (`informer.Informer`): an object seen in the pass
-    before keeps its view, so a pass parses what changed, not the fleet. Objects from a LIST
-    are new every time and are parsed every time. Only the objects of the latest call are
-    kept.
-    """
-
-    def __init__(self, parse: Callable[[Mapping[str, Any]], T]) -> None:
-        self._kept = memo.Kept(parse)
-
-    @property
-    def parsed(self) -> int:
-        """Objects parsed so far (the rest were kept)."""
-        return self._kept.parsed
-
-    def __call__(self, raws: Iterable[Mapping[str, Any]]) -> list[T]:
-        """The view of every raw object, in order."""
-        out = [self._kept(raw) for raw in raws]
-        self._kept.sweep()
-        return out
 
 
 # ---------------------------------------------------------------- resources
@@ -422,35 +394,34 @@ def parse_claim(raw: Mapping[str, Any]) -> Claim:
 class Claims:
     """Every ResourceClaim's devices and pods, kept as claims come, change and go.
 
-    Each call takes the cache's claims; a claim seen in the call before (the same object:
-    the cache replaces a claim that changes, see `Parsed`) is not read again, and what the
-    claims hold is changed by the claims that came or went, not summed again. A pool whose
-    holdings changed gets a new `version`, so `WithDevices` builds again only its nodes."""
+    The claims cache tells each change with the claim's old and new views (`tell`), so what
+    the claims hold is changed by the claims that came or went, never summed again. A pool
+    whose holdings changed gets a new `version`, so `WithDevices` builds again only its
+    nodes."""
 
     def __init__(self) -> None:
-        self._kept: dict[int, tuple[Mapping[str, Any], Claim]] = {}
         self._held: dict[str, dict[str, int]] = {}
         """pool -> device -> how many claims hold it (admin access lets claims share one)."""
         self._pods: dict[tuple[str, str], int] = {}
         self._versions: dict[str, int] = {}
         self._clock = 0
-        self.parsed = 0
-        """Claims parsed so far (the rest were kept)."""
 
-    def __call__(self, raws: Iterable[Mapping[str, Any]]) -> None:
-        """Hold these claims (every claim there is) and what they hold."""
-        kept: dict[int, tuple[Mapping[str, Any], Claim]] = {}
-        for raw in raws:
-            hit = self._kept.get(id(raw))
-            if hit is None or hit[0] is not raw:
-                hit = raw, parse_claim(raw)
-                self.parsed += 1
-                self._count(hit[1], +1)
-            kept[id(raw)] = hit
-        for key, (raw, claim) in self._kept.items():
-            if (now := kept.get(key)) is None or now[0] is not raw:
-                self._count(claim, -1)
-        self._kept = kept
+    @classmethod
+    def of(cls, claims: Iterable[Claim]) -> Claims:
+        """What these claims (every claim there is) hold."""
+        held = cls()
+        for claim in claims:
+            held.tell(None, claim)
+        return held
+
+    def tell(self, old: Claim | None, new: Claim | None) -> None:
+        """A claim changed from `old` to `new` (None: it came, or went)."""
+        if old == new:
+            return
+        if old is not None:
+            self._count(old, -1)
+        if new is not None:
+            self._count(new, +1)
 
     def _count(self, claim: Claim, delta: int) -> None:
         if claim.devices:
@@ -518,7 +489,8 @@ class WithDevices:
     hold. A node the fleet lists without devices, or as stale, offers no GPUs.
 
     Only the DRA nodes whose view, GPUs, freshness or claimed devices changed since the call
-    before are built again. A node's view comes from `Parsed` and its GPUs from the fleet's
+    before are built again. A node's view comes from the nodes cache (parsed once as it
+    arrived: `controller.kube.informer`) and its GPUs from the fleet's
     listing, which keeps a node's tuple while nothing about it changes; both are checked by
     identity (and held here, so an id cannot be reused), its pools' holdings by
     `Claims.version`. Without this, a gate pass on 10,000 DRA nodes rebuilt every node's
@@ -568,7 +540,8 @@ class WithDevices:
 
 class MarkClaimed:
     """Mark the pods a claim is reserved for (`PodUsage.claimed`), keeping each marked copy
-    while its pod's view stays the same object (see `Parsed`)."""
+    while its pod's view stays the same object (the pods cache keeps a pod's view until the
+    pod changes)."""
 
     def __init__(self) -> None:
         self._kept: dict[int, tuple[PodUsage, PodUsage]] = {}
@@ -809,8 +782,9 @@ def parse_workload(
 
 
 class ParsedWorkloads:
-    """`parse_workload` for each raw Workload, once while it stays the same object (see
-    `Parsed`) and its owner's labels stay the same.
+    """`parse_workload` for each raw Workload, once while it stays the same object (the
+    workloads cache replaces an object that changes, never edits one) and its owner's labels
+    stay the same: a join of two caches, which no one cache's views can hold.
 
     Every gate pass reads every Workload to see whether one waits, and again with the
     owners' labels when one does: at ~100 µs a Workload, a cluster running 5,000 Workloads

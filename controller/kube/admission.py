@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import structlog
@@ -127,13 +127,13 @@ class AdmissionStore:
             api, controller=marks.ADMISSION_EVENT_CONTROLLER, instance=component
         )
         self.component = component
-        self.nodes: informer.Informer[informer.Raw] = informer.Informer(
+        self.nodes: informer.Informer[Any] = informer.Informer(
             self._core.list_node, trim_node, kind="nodes"
         )
-        self.pods: informer.Informer[informer.Raw] = informer.Informer(
+        self.pods: informer.Informer[Any] = informer.Informer(
             self._core.list_pod_for_all_namespaces, trim_pod, kind="pods"
         )
-        self.claims: informer.Informer[informer.Raw] = informer.Informer(
+        self.claims: informer.Informer[Any] = informer.Informer(
             functools.partial(self._custom.list_cluster_custom_object, *RESOURCE,
                               "resourceclaims"),
             trim_claim, kind="resourceclaims", optional=True,
@@ -167,6 +167,18 @@ class AdmissionStore:
         caches = [self.nodes, self.pods, self.claims, *self.kueue.values(), *self.owners.values()]
         await asyncio.gather(*(c.run() for c in caches))
 
+    def parse_with(
+        self,
+        *,
+        node: Callable[[dict[str, Any]], Any],
+        pod: Callable[[dict[str, Any]], Any],
+        claim: Callable[[dict[str, Any]], Any],
+    ) -> None:
+        """Keep each cached node, pod and ResourceClaim parsed by the gate's parsers, once."""
+        self.nodes.parse_with(node)
+        self.pods.parse_with(pod)
+        self.claims.parse_with(claim)
+
     # ------------------------------------------------------------------ reads
     async def get_admission_check(self, name: str) -> dict[str, Any] | None:
         """Return an AdmissionCheck, None when it does not exist."""
@@ -195,6 +207,26 @@ class AdmissionStore:
             return self.nodes.values()
         resp = await self._core.list_node(_preload_content=False)
         return list((await _api.read_json(resp)).get("items") or [])
+
+    async def node_views(self) -> list[Any]:
+        """Every node as the gate's parser reads it (`parse_with`): parsed once, as the cache
+        took it; listed and parsed now while the cache is not synced."""
+        if self.nodes.synced.is_set():
+            return list(self.nodes.views.values())
+        return [self.nodes.parse(raw) for raw in await self.list_nodes()]
+
+    async def pod_views(self) -> list[Any]:
+        """Every pod as the gate's parser reads it (see `node_views`)."""
+        if self.pods.synced.is_set():
+            return list(self.pods.views.values())
+        return [self.pods.parse(raw) for raw in await self.list_pods()]
+
+    async def claim_views(self) -> list[Any] | None:
+        """Every ResourceClaim as the gate's parser reads it, listed and parsed now; None once
+        the cache is synced (the gate then counts the changes it tells)."""
+        if self.claims.synced.is_set():
+            return None
+        return [self.claims.parse(raw) for raw in await self.list_claims()]
 
     async def list_pods(self) -> list[dict[str, Any]]:
         """Every pod (the gate counts the bound ones per node and fences on run pods): from

@@ -146,6 +146,10 @@ class Informer(Generic[V]):
         the order the watch brought them; it must not block)."""
         self._subscribers.append(handler)
 
+    def parse(self, raw: dict[str, Any]) -> V:
+        """The view the cache would hold of `raw` (an object listed while it is unsynced)."""
+        return self._view(self._trim(raw))
+
     def parse_with(self, view: Callable[[dict[str, Any]], V]) -> None:
         """Parse with `view` from now on (the reading domain's parser), the items held
         already included; tells nobody (what the objects say did not change)."""

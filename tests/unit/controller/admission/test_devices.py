@@ -73,9 +73,7 @@ def raw_claim(*devices: tuple[str, str], pods: tuple[str, ...] = ()) -> dict[str
 
 def holding(allocated: set[tuple[str, str]]) -> views.Claims:
     """The gate's claims: one claim per device allocated."""
-    claims = views.Claims()
-    claims([raw_claim(one) for one in sorted(allocated)])
-    return claims
+    return views.Claims.of(views.parse_claim(raw_claim(one)) for one in sorted(allocated))
 
 
 def test_a_dra_pod_set_reads_its_gpus_from_kueues_quota_usage() -> None:
@@ -203,8 +201,7 @@ def test_a_pod_is_claimed_when_an_allocated_claim_is_reserved_for_it() -> None:
         {"metadata": {"namespace": "other"}, "status": {
             "allocation": {"devices": {}}, "reservedFor": [{"resource": "pods", "name": "p3"}]}},
     ]  # fmt: skip
-    found = views.Claims()
-    found(claims)
+    found = views.Claims.of(map(views.parse_claim, claims))
     assert set(found.pods) == {("ns", "p1"), ("other", "p3")}
 
 

@@ -1,9 +1,9 @@
 """The gate's DRA inputs, which a pass builds from caches and keeps while they stay the same:
-ResourceClaims trimmed and parsed once, what they hold kept as they come and go
-(`trim_claim`, `Claims`), a DRA node's GPU capacity built again only when it changed
-(`WithDevices`), the pods a claim is reserved for marked once (`MarkClaimed`). Each is held
-by a hypothesis property to what the gate read before (`reference.py`: the raw claims read
-whole, every DRA node built every pass)."""
+ResourceClaims trimmed and parsed once by their cache, what they hold counted from the
+cache's changes as they come, change and go (`trim_claim`, `Claims.tell`), a DRA node's GPU
+capacity built again only when it changed (`WithDevices`), the pods a claim is reserved for
+marked once (`MarkClaimed`). Each is held by a hypothesis property to what the gate read
+before (`reference.py`: the raw claims read whole, every DRA node built every pass)."""
 
 from __future__ import annotations
 
@@ -78,6 +78,39 @@ claims = st.fixed_dictionaries(
 )  # fmt: skip
 
 
+class FedClaims:
+    """A claims cache (`informer.Informer`, fed by hand) and the `Claims` its changes feed,
+    as the gate wires them; `parsed` counts the claims it parsed."""
+
+    def __init__(self, trim: Any = kube_admission.trim_claim) -> None:
+        async def never(**_: Any) -> Any:
+            raise AssertionError  # fed by hand: it never lists
+
+        self.parsed = 0
+
+        def parse(raw: dict[str, Any]) -> views.Claim:
+            self.parsed += 1
+            return views.parse_claim(raw)
+
+        self.cache: informer.Informer[views.Claim] = informer.Informer(
+            never, trim, kind="resourceclaims", view=parse
+        )
+        self.claims = views.Claims()
+        self.cache.subscribe(lambda change: self.claims.tell(change.old, change.new))
+        self._rv = 0
+
+    def list(self, raws: list[dict[str, Any]]) -> views.Claims:
+        """The cache relists these claims (every claim there is): the changes are told."""
+        self._rv += 1
+        self.cache.listed(raws, str(self._rv))
+        return self.claims
+
+
+def _by_key(raws: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One claim per namespace/name, the last (as an API server holds them)."""
+    return list({informer.key_of(c): c for c in raws}.values())
+
+
 @given(
     st.lists(
         st.tuples(st.lists(claims, max_size=5), st.lists(st.booleans(), min_size=5, max_size=5)),
@@ -89,29 +122,30 @@ def test_kept_claims_hold_what_the_raw_claims_held(
     history: list[tuple[list[dict[str, Any]], list[bool]]],
 ) -> None:
     """Over a history of claims that come, change, stay the same object or go, what the
-    kept claims hold (and what the cache's trimmed copies hold) is what the gate read from
-    all the raw claims before; a pool's version changes whenever its holdings do."""
-    kept, trimmed = views.Claims(), views.Claims()
+    counted claims hold (from a cache of raw claims and one of trimmed claims) is what the
+    gate read from all the raw claims before; a pool's version changes whenever its holdings
+    do."""
+    kept, trimmed = FedClaims(trim=lambda raw: raw), FedClaims()
     current: list[dict[str, Any]] = []
     for new, keep in history:
         # Some of the claims before stay the same objects, the rest are gone; new ones come.
-        current = [c for c, k in zip(current, keep, strict=False) if k] + new
-        devices_before = kept.devices
+        current = _by_key([c for c, k in zip(current, keep, strict=False) if k] + new)
+        devices_before = kept.claims.devices
         pools = {p for p, _ in reference.allocated_devices(current) | devices_before}
-        held_before = {pool: kept.version(pool) for pool in pools}
-        kept(current)
-        trimmed([kube_admission.trim_claim(c) for c in current])
+        held_before = {pool: kept.claims.version(pool) for pool in pools}
+        kept.list(current)
+        trimmed.list(current)
         want = (reference.allocated_devices(current), reference.claimed_pods(current))
-        for claims_ in (kept, trimmed):
+        for claims_ in (kept.claims, trimmed.claims):
             assert (claims_.devices, frozenset(claims_.pods)) == want
             assert all(claims_.holds(p, d) for p, d in want[0])
         for pool, version in held_before.items():
-            if {d for p, d in kept.devices if p == pool} != {
+            if {d for p, d in kept.claims.devices if p == pool} != {
                     d for p, d in devices_before if p == pool}:  # fmt: skip
-                assert kept.version(pool) != version, pool
+                assert kept.claims.version(pool) != version, pool
     parsed = kept.parsed
-    kept(current)  # the same objects: none read again
-    assert (kept.parsed, kept.devices) == (parsed, reference.allocated_devices(current))
+    kept.list(current)  # the same objects: none read again
+    assert (kept.parsed, kept.claims.devices) == (parsed, reference.allocated_devices(current))
 
 
 def test_a_claims_changes_that_the_gate_does_not_read_leave_its_trimmed_copy_as_it_was() -> None:
@@ -134,22 +168,13 @@ def test_a_claims_changes_that_the_gate_does_not_read_leave_its_trimmed_copy_as_
         frozenset({("n0", "gpu-0")}), frozenset({("ns", "p")})
     )
 
-    async def never(**_: Any) -> Any:
-        raise AssertionError  # fed by hand: it never lists
-
-    cache: informer.Informer[informer.Raw] = informer.Informer(
-        never, kube_admission.trim_claim, kind="resourceclaims"
-    )
-    cache.listed([raw], "1")
-    claims = views.Claims()
-    claims(cache.values())
+    fed = FedClaims()
+    claims = fed.list([raw])
     version = claims.version("n0")
-    cache.event("MODIFIED", later)
-    claims(cache.values())
-    assert (claims.parsed, claims.version("n0")) == (1, version)
-    cache.event("MODIFIED", {**later, "status": {}})  # deallocated: read again
-    claims(cache.values())
-    assert (claims.parsed, claims.devices, dict(claims.pods)) == (2, frozenset(), {})
+    fed.cache.event("MODIFIED", later)
+    assert (fed.parsed, claims.version("n0")) == (1, version)
+    fed.cache.event("MODIFIED", {**later, "status": {}})  # deallocated: read again
+    assert (fed.parsed, claims.devices, dict(claims.pods)) == (2, frozenset(), {})
     assert claims.version("n0") == 0
 
 
@@ -197,7 +222,7 @@ def test_kept_dra_nodes_are_what_building_every_node_gives(todo: list[tuple[Any,
     fresh = dict.fromkeys(NODES, True)
     listed, present = set(NODES), set(NODES)
     allocated: dict[tuple[str, str], dict[str, Any]] = {}
-    claims = views.Claims()
+    fed = FedClaims()
     memo = views.WithDevices()
     for step in [("nothing",), *todo]:
         kind, node = step[0], (step[1] if len(step) > 1 else "")
@@ -209,7 +234,9 @@ def test_kept_dra_nodes_are_what_building_every_node_gives(todo: list[tuple[Any,
             fresh[node] = step[2]
         elif kind == "allocate":
             if step[3]:
-                allocated[(node, step[2])] = raw_claim((node, step[2]))  # a new claim
+                claim = raw_claim((node, step[2]))  # a new claim
+                claim["metadata"]["name"] = f"{node}-{step[2]}-{len(todo)}"
+                allocated[(node, step[2])] = claim
             else:
                 allocated.pop((node, step[2]), None)
         elif kind in ("unlisted", "gone"):
@@ -217,13 +244,13 @@ def test_kept_dra_nodes_are_what_building_every_node_gives(todo: list[tuple[Any,
             (chosen.add if step[2] else chosen.discard)(node)
         node_list = [views_by_name[n] for n in NODES if n in present]
         dra = {n: views.DeviceNode(fresh[n], devices[n]) for n in NODES if n in listed}
-        claims(allocated.values())
+        claims = fed.list(list(allocated.values()))
         got = memo(node_list, dra, claims)
         assert got == reference.with_devices(node_list, dra, frozenset(allocated)), step
         built = memo.built
         # The next pass, nothing changed: the fleet's listing is handed over anew as plain
         # pairs (as the app does), its GPUs the same tuples.
-        claims(allocated.values())
+        fed.list(list(allocated.values()))
         again = memo(node_list, {n: (d.fresh, d.devices) for n, d in dra.items()}, claims)
         assert (again, memo.built) == (got, built), "a pass with nothing changed built a node"
 

@@ -236,28 +236,37 @@ def _raw_node(name: str, *, healthy: str = "True", rv: str = "1") -> dict[str, A
 
 
 def test_a_node_is_parsed_again_only_when_the_cache_replaced_it() -> None:
+    """The nodes cache parses a node as it takes it and keeps the view while the node's
+    trimmed copy stays the same; a node listed while the cache is unsynced is parsed, and
+    reads the same."""
+
     async def never(**_: Any) -> Any:
         raise AssertionError  # the cache is fed by hand: it never lists
 
-    cache: informer.Informer[informer.Raw] = informer.Informer(
-        never, kube_admission.trim_node, kind="nodes"
+    names: list[str] = []
+
+    def parse(raw: dict[str, Any]) -> views.NodeCapacity:
+        names.append(raw["metadata"]["name"])
+        return views.parse_node(raw)
+
+    cache: informer.Informer[views.NodeCapacity] = informer.Informer(
+        never, kube_admission.trim_node, kind="nodes", view=parse
     )
     cache.listed([_raw_node(f"n{i}") for i in range(4)], "1")
-    parsed = views.Parsed(views.parse_node)
-    first = parsed(cache.values())
-    assert (parsed.parsed, [n.healthy for n in first]) == (4, [True] * 4)
+    first = list(cache.views.values())
+    assert (len(names), [n.healthy for n in first]) == (4, [True] * 4)
 
     cache.event("MODIFIED", _raw_node("n2", healthy="False", rv="2"))
     cache.event("MODIFIED", _raw_node("n3", rv="3"))  # a new version that reads the same
     cache.event("DELETED", _raw_node("n0", rv="4"))
-    second = {n.name: n for n in parsed(cache.values())}
-    assert parsed.parsed == 5  # only n2, whose trimmed object changed
+    second = dict(cache.views)
+    assert len(names) == 5  # only n2, whose trimmed object changed
     assert (second["n2"].healthy, second["n3"].healthy) == (False, True)
     assert second["n1"] is first[1]
     assert "n0" not in second
 
-    fresh = parsed([_raw_node("n1")])  # a LIST's objects are new: parsed, never kept
-    assert (parsed.parsed, [n.name for n in fresh]) == (6, ["n1"])
+    fresh = [cache.parse(_raw_node("n1"))]  # a LIST's objects are new: parsed, never kept
+    assert (len(names), [n.name for n in fresh]) == (6, ["n1"])
     assert fresh[0] == first[1]
 
 
