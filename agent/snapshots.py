@@ -105,7 +105,7 @@ def build_heartbeat(
         agent_url=agent_url,
         interval_s=interval_s,
         sequence=sequence,
-        sent_at=heartbeat.stamp(now),
+        sent_at=now,
         driver_version=view.driver_version,
         dcgm_available=view.dcgm_status.available,
         gpus=gpus,

@@ -538,7 +538,7 @@ def evaluate_gpu(
                             "NVIDIA's table names no action for it"
                         )[:1024],
                         xid=event.xid,
-                        since=heartbeat.stamp(event.at),
+                        since=event.at,
                     )
                 )
                 continue
@@ -595,7 +595,7 @@ def evaluate_gpu(
                 message=occurrence.detail
                 or f"Xid {occurrence.xid}: {entry.description} (the application's fault)",
                 xid=occurrence.xid,
-                since=heartbeat.stamp(occurrence.at),
+                since=occurrence.at,
             )
         )
     for occurrence in nvlink5_pending:
@@ -611,7 +611,7 @@ def evaluate_gpu(
                     f"for up to {policy.nvlink5_decode_window_s:g} s (never escalated)"
                 )[:1024],
                 xid=occurrence.xid,
-                since=heartbeat.stamp(occurrence.at),
+                since=occurrence.at,
             )
         )
     level, pending = _level_findings(state, snapshot, gpu_health, policy, now)
@@ -642,7 +642,7 @@ def evaluate_gpu(
                     action=finding.action,
                     message=finding.message,
                     xid=finding.xid,
-                    since=heartbeat.stamp(now),
+                    since=now,
                 )
             )
             continue
@@ -1227,7 +1227,7 @@ def _latched_reason(fault: latching.LatchedFault, policy: Policy) -> heartbeat.R
         xid=fault.xid,
         latched=True,
         clears_when=clears[:1024],
-        since=heartbeat.stamp(fault.since),
+        since=fault.since,
     )
 
 

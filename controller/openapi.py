@@ -99,9 +99,7 @@ class _Schemas:
             by_alias=True,
             ref_template=REF,
         )
-        return {key: value for (key, _mode), value in keys.items()}, dict(
-            top.get("$defs") or {}
-        )
+        return {key: value for (key, _mode), value in keys.items()}, dict(top.get("$defs") or {})
 
 
 def document(app: web.Application, settings: ControllerSettings | None = None) -> dict[str, Any]:
