@@ -23,7 +23,7 @@ from aiohttp import web
 
 from agent import auth, latching, metrics, monitoring, readings, reporting, settings, snapshots
 from agent.probing import dcgm
-from shared import health
+from shared import health, heartbeat
 
 log = structlog.get_logger("agent.app")
 
@@ -148,7 +148,7 @@ def gpus_document(
                 ),
                 "verdict": str(v.verdict),
                 "action": str(v.action),
-                "reasons": [r.model_dump(mode="json", by_alias=True) for r in v.reasons],
+                "reasons": heartbeat.to_json(list(v.reasons)),
                 "latchedFaults": latched,
                 "readings": snap.model_dump(mode="json", by_alias=True) if snap else None,
                 "recentEvents": [

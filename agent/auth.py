@@ -11,13 +11,15 @@ import dataclasses
 import hashlib
 from typing import Protocol
 
+from agent import errors
+
 _MAX_SOURCES = 4096
 """Sources a `RateLimiter` remembers; past this the fullest buckets are forgotten first."""
 _MAX_CACHED = 4096
 """Answers a `Gate` keeps; past this the oldest go first, so a flood cannot grow memory."""
 
 
-class AuthError(Exception):
+class AuthError(errors.AgentError):
     """The caller could not be authenticated (401) or is not allowed (403)."""
 
     def __init__(self, status: int, message: str) -> None:

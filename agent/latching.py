@@ -19,8 +19,8 @@ from typing import Literal
 
 import pydantic
 
-from agent import readings
-from shared import health, heartbeat
+from agent import readings, wire
+from shared import health
 
 STATE_VERSION: Literal[1] = 1
 
@@ -58,7 +58,7 @@ def clearing_for(action: health.Action) -> ClearingCondition | None:
     return None
 
 
-class LatchedFault(heartbeat.WireModel):
+class LatchedFault(wire.WireModel):
     """A fault that stays on its GPU until `clears_when` is observed."""
 
     code: str
@@ -74,7 +74,7 @@ class LatchedFault(heartbeat.WireModel):
     """For RESET_THEN_DIAG: when the reset was seen; the diagnostic must finish after it."""
 
 
-class XidOccurrence(heartbeat.WireModel):
+class XidOccurrence(wire.WireModel):
     """One counted Xid, kept for escalation and the application-Xid display window."""
 
     xid: int
@@ -83,7 +83,7 @@ class XidOccurrence(heartbeat.WireModel):
     """What to show instead of the catalog's text (an NVLink5 decode, why it is pending)."""
 
 
-class GpuState(heartbeat.WireModel):
+class GpuState(wire.WireModel):
     """What the verdict core remembers about one GPU between probes and across restarts."""
 
     uuid: str
@@ -119,7 +119,7 @@ class GpuState(heartbeat.WireModel):
     """HW slowdown by code: the minutes (truncated) it was seen in, inside the rate window."""
 
 
-class NodeState(heartbeat.WireModel):
+class NodeState(wire.WireModel):
     """The whole state file."""
 
     version: Literal[1] = STATE_VERSION

@@ -12,7 +12,7 @@ import datetime as dt
 import enum
 from typing import Literal
 
-from shared import heartbeat
+from agent import wire
 
 
 class NvmlErrorKind(enum.StrEnum):
@@ -36,7 +36,7 @@ class NvmlErrorKind(enum.StrEnum):
     UNKNOWN = "Unknown"
 
 
-class MissingGpu(heartbeat.WireModel):
+class MissingGpu(wire.WireModel):
     """A GPU the node has that NVML does not give the agent: it failed at
     `nvmlDeviceGetHandleByIndex`, or the PCI bus (or the device plugin's count) has more NVIDIA
     GPUs than NVML enumerates, or NVML cannot be used at all and the PCI bus lists it."""
@@ -59,7 +59,7 @@ class XidSource(enum.StrEnum):
     KMSG = "Kmsg"
 
 
-class GpuSnapshot(heartbeat.WireModel):
+class GpuSnapshot(wire.WireModel):
     """One probe pass over one GPU. Units are in the field names."""
 
     index: int
@@ -108,7 +108,7 @@ class GpuSnapshot(heartbeat.WireModel):
     counters_at: dt.datetime | None = None
 
 
-class XidEvent(heartbeat.WireModel):
+class XidEvent(wire.WireModel):
     """One Xid, from the NVML event set or a kernel-log line."""
 
     xid: int
@@ -128,7 +128,7 @@ class XidEvent(heartbeat.WireModel):
     """Xid 154: the recovery action the kernel-log line says it changed to."""
 
 
-class SxidEvent(heartbeat.WireModel):
+class SxidEvent(wire.WireModel):
     """One NVSwitch SXid kernel-log line: `nvidia-nvswitchN: SXid (PCI:…): NNNNN, Fatal, Link L`."""
 
     sxid: int
@@ -150,7 +150,7 @@ class DiagStatus(enum.StrEnum):
     SKIP = "Skip"
 
 
-class DiagFinding(heartbeat.WireModel):
+class DiagFinding(wire.WireModel):
     """One failed or warned test for one GPU (or for the node: see `DiagResult.node_findings`)."""
 
     test: str
@@ -168,7 +168,7 @@ class DiagFinding(heartbeat.WireModel):
     """DCGM error category (`DCGM_FR_EC_*`), when the layout prints one (3.3 on)."""
 
 
-class GpuDiag(heartbeat.WireModel):
+class GpuDiag(wire.WireModel):
     """The result of one diagnostic for one GPU."""
 
     gpu_index: int
@@ -176,7 +176,7 @@ class GpuDiag(heartbeat.WireModel):
     findings: tuple[DiagFinding, ...] = ()
 
 
-class DiagResult(heartbeat.WireModel):
+class DiagResult(wire.WireModel):
     """One `dcgmi diag -r N -j` run."""
 
     level: int
@@ -200,7 +200,7 @@ HealthValue = Literal["Healthy", "Warning", "Failure", "Unknown"]
 """DCGM's health strings; `Unknown` stands for its "Internal error"."""
 
 
-class GpuHealth(heartbeat.WireModel):
+class GpuHealth(wire.WireModel):
     """`dcgmi health -c -j` for one GPU."""
 
     gpu_index: int
@@ -208,7 +208,7 @@ class GpuHealth(heartbeat.WireModel):
     incidents: tuple[str, ...] = ()
 
 
-class EntityHealth(heartbeat.WireModel):
+class EntityHealth(wire.WireModel):
     """`dcgmi health -c -j` for an entity that is not a GPU (an NVSwitch, a CPU)."""
 
     entity: str
@@ -217,7 +217,7 @@ class EntityHealth(heartbeat.WireModel):
     incidents: tuple[str, ...] = ()
 
 
-class HealthCheck(heartbeat.WireModel):
+class HealthCheck(wire.WireModel):
     """One `dcgmi health -c -j` run."""
 
     at: dt.datetime

@@ -24,6 +24,7 @@ import aiohttp
 import structlog
 
 from agent import monitoring, settings, snapshots
+from shared import heartbeat
 
 log = structlog.get_logger("agent.reporting")
 
@@ -181,18 +182,18 @@ class Reporter:
         if self._monitor.view.taken_at is None:
             return True
         self._sequence += 1
-        body = snapshots.build_heartbeat(
+        body = heartbeat.encode(snapshots.build_heartbeat(
             self._monitor.view,
             interval_s=self._settings.heartbeat_interval_s,
             agent_url=self._settings.effective_agent_url(),
             sequence=self._sequence,
             now=self._clock(),
-        ).model_dump_json(by_alias=True, exclude_none=True)
+        ))  # fmt: skip
         base = self._settings.controller_url.rstrip("/")
         url = base if base.endswith("/v1/heartbeats") else f"{base}/v1/heartbeats"
         return await self._post(url, body)
 
-    async def _post(self, url: str, body: str) -> bool:
+    async def _post(self, url: str, body: bytes) -> bool:
         """POST once (no redirect followed); True when the controller took the report."""
         assert self._session is not None
         for retry_auth in (False, True):

@@ -115,7 +115,7 @@ def _reported(names: list[str], faulty: int, *fleets: state.FleetState) -> devic
     """Every node's heartbeat ingested by each of `fleets` (the first `faulty` with a fault);
     the fleet's parsed slices."""
     for index, name in enumerate(names):
-        hb = heartbeat.Heartbeat.model_validate_json(_body(name, fault=index < faulty))
+        hb = heartbeat.decode(_body(name, fault=index < faulty))
         for fleet in fleets:
             fleet.ingest(hb, T0)
     return devices.inventory(_slice(name) for name in names)

@@ -42,6 +42,7 @@ import aiohttp
 from bench import fleetkit
 from bench import heartbeats as hbench
 from bench import quarantine as qbench
+from shared import heartbeat
 from tests import controllerkit as kit
 
 MAX_IN_FLIGHT = 64
@@ -82,7 +83,7 @@ class Generator:
         gpus = repr([g.verdict for g in agent.gpus])
         cached = self._templates.get(key)
         if cached is None or not cached.startswith(gpus):
-            doc = agent.report(self.interval_s).model_dump_json(by_alias=True)
+            doc = heartbeat.encode(agent.report(self.interval_s)).decode()
             doc = re.sub(r'"sequence":\d+', '"sequence":@SEQ@', doc)
             doc = re.sub(r'"sentAt":"[^"]+"', '"sentAt":"@SENT@"', doc)
             cached = gpus + "\0" + doc

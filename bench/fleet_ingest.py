@@ -13,6 +13,8 @@ import statistics
 import sys
 import time
 
+import msgspec
+
 from controller import marks
 from controller.fleet import actions, nodes, policy, relays
 from controller.fleet import state as fleet
@@ -119,7 +121,7 @@ def main() -> None:
     first = _heartbeats(count, 0, rng)
     rounds = [first] + [
         [
-            hb.model_copy(update={"sequence": r + 1, "sent_at": T0 + dt.timedelta(seconds=10 * r)})
+            msgspec.structs.replace(hb, sequence=r + 1, sent_at=T0 + dt.timedelta(seconds=10 * r))
             for hb in first
         ]
         for r in range(1, ROUNDS)

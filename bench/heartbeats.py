@@ -74,7 +74,7 @@ def _heartbeat(node: str, seq: int) -> bytes:
         sent_at=dt.datetime.now(dt.UTC),
         gpus=gpus,
     )
-    return hb.model_dump_json(by_alias=True).encode()
+    return heartbeat.encode(hb)
 
 
 def _bodies(tokens: dict[str, str], rounds: int, start_seq: int) -> list[tuple[str, bytes]]:

@@ -99,7 +99,7 @@ class Fleet:
             gc.freeze()
 
     def ingest(self, name: str, now: dt.datetime, *, fault: bool = False) -> None:
-        hb = heartbeat.Heartbeat.model_validate_json(_body(name, self.seq, now, fault=fault))
+        hb = heartbeat.decode(_body(name, self.seq, now, fault=fault))
         self.fleet.ingest(hb, now)
 
     def full(self, now: dt.datetime) -> actions.Decision:

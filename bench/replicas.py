@@ -57,7 +57,7 @@ def _report(node: str, seq: int, *, fault: bool = False) -> bytes:
         schema_version=1, node_name=node, boot_id="bench-boot", interval_s=10.0,
         sequence=seq, sent_at=dt.datetime.now(dt.UTC), gpus=gpus,
     )  # fmt: skip
-    return hb.model_dump_json(by_alias=True).encode()
+    return heartbeat.encode(hb)
 
 
 def _cpu_s(pid: int) -> float:

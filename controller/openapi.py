@@ -86,20 +86,20 @@ class _Schemas:
     """The components.schemas being built, with each model's reference."""
 
     def __init__(self) -> None:
-        self.wanted: dict[tuple[type[pydantic.BaseModel], json_schema.JsonSchemaMode], None] = {}
+        self.wanted: dict[tuple[type[Any], json_schema.JsonSchemaMode], None] = {}
 
-    def ref(self, model: type[pydantic.BaseModel], mode: json_schema.JsonSchemaMode) -> None:
+    def ref(self, model: type[Any], mode: json_schema.JsonSchemaMode) -> None:
         self.wanted[(model, mode)] = None
 
     def build(self) -> tuple[dict[tuple[Any, str], Any], dict[str, Any]]:
-        keys, top = json_schema.models_json_schema(
-            list(self.wanted),
+        # TypeAdapter, not models_json_schema: a body may be a msgspec struct (a heartbeat),
+        # which publishes its own schema (shared.heartbeat.json_schema).
+        keys, top = pydantic.TypeAdapter.json_schemas(
+            [((model, mode), mode, pydantic.TypeAdapter(model)) for model, mode in self.wanted],
             by_alias=True,
             ref_template=REF,
         )
-        return {(model, mode): value for (model, mode), value in keys.items()}, dict(
-            top.get("$defs") or {}
-        )
+        return {key: value for (key, _mode), value in keys.items()}, dict(top.get("$defs") or {})
 
 
 def document(app: web.Application, settings: ControllerSettings | None = None) -> dict[str, Any]:
@@ -126,7 +126,7 @@ def document(app: web.Application, settings: ControllerSettings | None = None) -
                     schemas.ref(model, "serialization")
     keys, components = schemas.build()
 
-    def ref(model: type[pydantic.BaseModel], mode: str) -> dict[str, Any]:
+    def ref(model: type[Any], mode: str) -> dict[str, Any]:
         return dict(keys[(model, mode)])
 
     for _, _, op in documented:

@@ -336,7 +336,7 @@ class Agent:
         )
 
     async def send(self, http: aiohttp.ClientSession, url: str, interval_s: float = 1.0) -> int:
-        body = self.report(interval_s).model_dump_json(by_alias=True)
+        body = heartbeat.encode(self.report(interval_s))
         async with http.post(
             f"{url}/v1/heartbeats",
             data=body,

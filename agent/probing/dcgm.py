@@ -30,10 +30,10 @@ import shutil
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from agent import dcgmerrors, readings
+from agent import dcgmerrors, errors, readings
 
 
-class DcgmError(Exception):
+class DcgmError(errors.AgentError):
     """A dcgmi call failed or printed something we cannot read."""
 
 

@@ -17,13 +17,12 @@ import ctypes
 import dataclasses
 import datetime as dt
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
 import pynvml
 
-from agent import readings
+from agent import errors, readings
 
 
 def _abi(name: str, value: int) -> int:
@@ -208,7 +207,7 @@ FALLBACK = object()
 """What `Probe._read` returns when the driver lacks the call (use the older one)."""
 
 
-class NvmlUnavailableError(Exception):
+class NvmlUnavailableError(errors.AgentError):
     """NVML could not be initialised (no driver, no library); the agent reports GPUs Unknown."""
 
     def __init__(self, message: str, code: int | None = None) -> None:
@@ -719,8 +718,3 @@ class EventWatcher:
 def _free(event_set: Any) -> None:
     with contextlib.suppress(pynvml.NVMLError):
         pynvml.nvmlEventSetFree(event_set)
-
-
-def monotonic_s() -> float:
-    """Seconds on the monotonic clock (for probe durations)."""
-    return time.monotonic()

@@ -19,7 +19,7 @@ import sys
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from agent import attribution
+from agent import attribution, errors
 
 if TYPE_CHECKING:
     from grpclib import client as grpclib_client
@@ -31,7 +31,7 @@ MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 its usual consumers'), over gRPC's usual 4 MiB."""
 
 
-class PodResourcesError(Exception):
+class PodResourcesError(errors.AgentError):
     """The client is missing, or the kubelet did not answer."""
 
 

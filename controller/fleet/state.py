@@ -617,12 +617,8 @@ def _with_beat(
     hb: fastheartbeat.Report, sequence: int, sent_at: dt.datetime
 ) -> fastheartbeat.Report:
     """The same report with another sequence number and send time."""
-    if isinstance(hb, fastheartbeat.Heartbeat):
-        stamp = (
-            sent_at if isinstance(sent_at, fastheartbeat.Stamp) else fastheartbeat.stamp(sent_at)
-        )
-        return msgspec.structs.replace(hb, sequence=sequence, sent_at=stamp)
-    return hb.model_copy(update={"sequence": sequence, "sent_at": sent_at})
+    stamp = sent_at if isinstance(sent_at, fastheartbeat.Stamp) else fastheartbeat.stamp(sent_at)
+    return msgspec.structs.replace(hb, sequence=sequence, sent_at=stamp)
 
 
 def _track_gpus(

@@ -27,6 +27,7 @@ from kubernetes_asyncio import client
 
 from controller import auth
 from devcluster import cluster
+from shared import heartbeat
 from tests import controllerkit as kit
 from tests import kueue, leaderservice, runskit, support
 
@@ -345,7 +346,7 @@ async def _beat(
     http: aiohttp.ClientSession, url: str, agent: kit.Agent, interval_s: float = 1.0
 ) -> tuple[int, str | None]:
     """One heartbeat; its status and how the replica relayed it (None: not relayed)."""
-    body = agent.report(interval_s).model_dump_json(by_alias=True)
+    body = heartbeat.encode(agent.report(interval_s))
     async with http.post(
         f"{url}/v1/heartbeats", data=body,
         headers={**_bearer(agent.token), "Content-Type": "application/json"},
@@ -450,7 +451,7 @@ async def test_the_peer_endpoint_takes_replicas_only_and_refuses_bad_entries_one
     limit = leader.settings.peer_max_body_bytes
     too_many: list[dict[str, Any]] = [{}] * (leader.settings.peer_batch_max_entries + 1)
     bad_key = {"entries": [_entry(pair.node, key="Z" * 16)]}
-    slow = agent.report().model_dump(mode="json", by_alias=True, exclude_none=True)
+    slow = heartbeat.to_json(agent.report())
     slow["intervalS"] = leader.settings.heartbeat_max_interval_s + 1
     bad_interval = {"entries": [_entry(pair.node, sequence=slow["sequence"], report=slow,
                                        caller=_agent_caller(namespace, pair.node))]}  # fmt: skip
@@ -462,7 +463,7 @@ async def test_the_peer_endpoint_takes_replicas_only_and_refuses_bad_entries_one
         async with pair.http.post(url, data=io.BytesIO(body), headers=_bearer(peer)) as resp:
             error = (await resp.json())["error"]
             answers.append((resp.status, error["field"]))
-    report = agent.report().model_dump(mode="json", by_alias=True, exclude_none=True)
+    report = heartbeat.to_json(agent.report())
     other = {**report, "nodeName": "not-this-node"}
     caller = _agent_caller(namespace, pair.node)
     batch = {"entries": [

@@ -239,7 +239,7 @@ def test_the_controller_sees_the_node_as_not_healthy(
                           snapshots=snaps)  # fmt: skip
     hb = snapshots.build_heartbeat(view, interval_s=5.0, agent_url="", sequence=1, now=T0)
     report = fastheartbeat.decode(fastheartbeat.encode(fastheartbeat.decode(
-        hb.model_dump_json(by_alias=True).encode())))  # fmt: skip
+        fastheartbeat.encode(hb))))  # fmt: skip
     fleet = fleet_state.FleetState(leader_since=T0 - dt.timedelta(hours=1))
     fleet.ingest(report, T0)
     assert fleet.assess("gpu-node-1", T0, default_interval_s=5.0).state is expected

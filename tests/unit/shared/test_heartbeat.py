@@ -53,13 +53,13 @@ def _raw(text: str, field: str, raw: str) -> str:
 def test_out_of_range_fields_are_refused(body: str, loc: tuple[object, ...]) -> None:
     """Each out-of-range value fails validation at its own field."""
     with pytest.raises(pydantic.ValidationError) as caught:
-        heartbeat.Heartbeat.model_validate_json(body)
+        heartbeat.validate_json(body)
     assert loc == caught.value.errors()[0]["loc"]
 
 
 def test_agent_url_is_accepted_but_carries_no_weight_on_the_wire() -> None:
     """Schema 1 agents still send agentUrl; it validates (the controller ignores it)."""
-    hb = heartbeat.Heartbeat.model_validate_json(_body(agentUrl="https://attacker.example/"))
+    hb = heartbeat.validate_json(_body(agentUrl="https://attacker.example/"))
     expected = "https://attacker.example/"
     assert expected == hb.agent_url
 

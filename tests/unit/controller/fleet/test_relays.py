@@ -13,6 +13,7 @@ import datetime as dt
 from collections.abc import Callable, Sequence
 
 import hypothesis
+import msgspec
 import pytest
 from hypothesis import strategies as st
 
@@ -215,23 +216,23 @@ def test_entries_older_than_the_age_bound_are_dropped_and_reset_forgets_everythi
 
 # ---------------------------------------------------------------------- change keys
 def _gpu0(hb: heartbeat.Heartbeat, **fields: object) -> heartbeat.Heartbeat:
-    gpus = [hb.gpus[0].model_copy(update=fields), *hb.gpus[1:]]
-    return hb.model_copy(update={"gpus": gpus})
+    gpus = [msgspec.structs.replace(hb.gpus[0], **fields), *hb.gpus[1:]]
+    return msgspec.structs.replace(hb, gpus=gpus)
 
 
 BASE = fakes.hb("n1", seq=3, faults={1: [fakes.ecc_rising()]})
 SAME_KEY = [
-    pytest.param(BASE.model_copy(update={"sequence": 9}), id="another sequence"),
-    pytest.param(BASE.model_copy(update={"sent_at": at(99)}), id="another sentAt"),
+    pytest.param(msgspec.structs.replace(BASE, sequence=9), id="another sequence"),
+    pytest.param(msgspec.structs.replace(BASE, sent_at=at(99)), id="another sentAt"),
     pytest.param(_gpu0(BASE, readings=heartbeat.GpuReadings(temperature_c=81.0)),
                  id="other GPU readings"),
     pytest.param(fastheartbeat.decode(fastheartbeat.wire(BASE)), id="the msgspec form"),
 ]  # fmt: skip
 OTHER_KEY = [
-    pytest.param(BASE.model_copy(update={"boot_id": "boot-2"}), id="another boot"),
-    pytest.param(BASE.model_copy(update={"interval_s": 5.0}), id="another interval"),
-    pytest.param(BASE.model_copy(update={"driver_version": "580.1"}), id="another driver"),
-    pytest.param(BASE.model_copy(update={"dcgm_available": True}), id="DCGM now available"),
+    pytest.param(msgspec.structs.replace(BASE, boot_id="boot-2"), id="another boot"),
+    pytest.param(msgspec.structs.replace(BASE, interval_s=5.0), id="another interval"),
+    pytest.param(msgspec.structs.replace(BASE, driver_version="580.1"), id="another driver"),
+    pytest.param(msgspec.structs.replace(BASE, dcgm_available=True), id="DCGM now available"),
     pytest.param(_gpu0(BASE, uuid="GPU-other"), id="another GPU UUID"),
     pytest.param(_gpu0(BASE, name="H200"), id="another GPU name"),
     pytest.param(_gpu0(BASE, pci_bus_id="0000:01:00.0"), id="another PCI bus ID"),
@@ -239,7 +240,7 @@ OTHER_KEY = [
     pytest.param(_gpu0(BASE, action=health.Action.RESET_GPU), id="another action"),
     pytest.param(_gpu0(BASE, reasons=[fakes.xid79()]), id="another finding"),
     pytest.param(_gpu0(BASE, index=7), id="another index"),
-    pytest.param(BASE.model_copy(update={"gpus": BASE.gpus[:7]}), id="one GPU fewer"),
+    pytest.param(msgspec.structs.replace(BASE, gpus=BASE.gpus[:7]), id="one GPU fewer"),
 ]  # fmt: skip
 
 

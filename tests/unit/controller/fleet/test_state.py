@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 
+import msgspec
 import pytest
 
 from controller.fleet import state as fleet
@@ -234,9 +235,9 @@ def test_a_gpu_with_a_bad_verdict_and_no_reasons_still_counts() -> None:
     """An agent that fails a GPU without findings still fails the node, with a generic reason."""
     hb = fakes.hb("n1")
     gpus = list(hb.gpus)
-    gpus[2] = gpus[2].model_copy(update={"verdict": health.Verdict.FAILED})
+    gpus[2] = msgspec.structs.replace(gpus[2], verdict=health.Verdict.FAILED)
     state = fleet.FleetState(leader_since=at(0))
-    state.ingest(hb.model_copy(update={"gpus": gpus}), at(1))
+    state.ingest(msgspec.structs.replace(hb, gpus=gpus), at(1))
 
     actual = _assess(state, at(2))
 
@@ -299,7 +300,7 @@ def test_heartbeat_bounds(interval_s: float, sent_at: dt.datetime, expected: str
     the receive time (DESIGN.md section 10: every field of a heartbeat is bounded). The
     time is set without validation: the wire schema already refuses a time without a zone,
     and the controller's own check must hold even so."""
-    hb = fakes.hb("n1", interval_s=interval_s).model_copy(update={"sent_at": sent_at})
+    hb = msgspec.structs.replace(fakes.hb("n1", interval_s=interval_s), sent_at=sent_at)
     problem = fleet.heartbeat_problem(
         hb, at(100), min_interval_s=1.0, max_interval_s=300.0, max_skew_s=300.0
     )
