@@ -1,13 +1,9 @@
 """The run reconciler: read → decide → execute → patch status, for the TauRuns that are due.
 
 The store's watch caches (`controller.kube.informer`, kept by `RunStore.run_caches` while
-this replica leads) tell every change (`RunStore.subscribe`), and `_on_change` maps it to
-the runs it concerns, which are queued (`controller.workqueue`):
-
-- a TauRun: itself; a Job, RayJob or Pod: the run its `taugrid.dev/run` label names; a
-  Workload: the run of the attempt object that owns it;
-- a LocalQueue: the runs of its namespace; a Node (its quarantine annotations): every live
-  run; a WorkloadPriorityClass, or a change of the settings (the GPU request mode): all.
+this replica leads) tell every change (`RunStore.subscribe`), and `queueing.runs_of` maps it
+to the runs it concerns, which are queued (`controller.workqueue`); a change of the settings
+(the GPU request mode) queues every run.
 
 A pass decides the queued runs, the runs whose `requeue_at` has come (the one time a run's
 decision reads the clock differently, `policy.steady`), and the runs whose Workload is
@@ -30,7 +26,7 @@ import asyncio
 import dataclasses
 import datetime as dt
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, Protocol, cast
+from typing import Any, cast
 
 import structlog
 
@@ -44,11 +40,13 @@ from controller.runs import (
     plans,
     policy,
     positions,
+    queueing,
     records,
     rendering,
     reruns,
     results,
     snapshots,
+    stores,
     views,
 )
 from shared import spec as specs
@@ -62,8 +60,7 @@ FULL_PASS_INTERVAL_S = 30.0
 """How often a pass decides every run again (the queue's resync; the chart's
 `fullPassIntervalS`, shared with the quarantine pass)."""
 
-RunKey = tuple[str, str]
-"""(namespace, name) of a TauRun."""
+RunKey = queueing.RunKey
 
 
 class RunNotFoundError(errors.NotFound):
@@ -71,69 +68,6 @@ class RunNotFoundError(errors.NotFound):
 
     def __init__(self, namespace: str, name: str) -> None:
         super().__init__(f"no run named {name!r} in namespace {namespace}", field="name")
-
-
-class RunStore(attempts.ObjectStore, Protocol):
-    """What the reconciler reads and writes (`controller.kube.runs.RunStore` implements it)."""
-
-    async def get_run(self, namespace: str, name: str) -> dict[str, Any] | None:
-        """A TauRun, None when it does not exist."""
-        ...
-
-    async def list_runs(self, namespace: str | None = None) -> list[dict[str, Any]]:
-        """Every TauRun (of a namespace)."""
-        ...
-
-    async def patch_run_status(
-        self, namespace: str, name: str, status: dict[str, Any]
-    ) -> dict[str, Any] | None:
-        """Merge-patch a TauRun's status; None when it is gone."""
-        ...
-
-    async def list_labelled(
-        self, kind: str, selector: str, *, field_selector: str = ""
-    ) -> list[dict[str, Any]]:
-        """Jobs, RayJobs or Pods with a label selector."""
-        ...
-
-    async def list_kueue(self, plural: str, namespace: str | None = None) -> list[dict[str, Any]]:
-        """Kueue objects of one plural (of a namespace)."""
-        ...
-
-    async def list_nodes(self, names: Sequence[str] | None = None) -> list[dict[str, Any]]:
-        """Nodes (metadata), all or the named ones."""
-        ...
-
-    async def pending_workloads(
-        self, namespace: str, local_queue: str
-    ) -> list[dict[str, Any]] | None:
-        """Kueue's visibility API for a LocalQueue; None when it does not answer."""
-        ...
-
-    async def write_configmap(self, body: dict[str, Any]) -> None:
-        """Merge a ConfigMap's data, creating it when missing."""
-        ...
-
-
-class ChangeFeed(Protocol):
-    """A store whose caches tell their changes (`controller.kube.runs.RunStore`)."""
-
-    def subscribe(self, handler: Callable[[str, informer.Change[Any]], None]) -> None:
-        """Tell `handler` each change, with the name of the cache it came from."""
-        ...
-
-    def parse_workloads_with(self, view: Callable[[dict[str, Any]], Any]) -> None:
-        """Keep each cached Workload parsed by `view`."""
-        ...
-
-    def workload_views(self) -> list[Any] | None:
-        """The cached Workloads' views; None until the cache is synced."""
-        ...
-
-    @property
-    def synced(self) -> bool:
-        """Whether every cache is synced (and so tells every change)."""
-        ...
 
 
 def _now() -> dt.datetime:
@@ -145,7 +79,7 @@ class Reconciler:
 
     def __init__(
         self,
-        store: RunStore,
+        store: stores.RunStore,
         elector: leading.Elector,
         metrics_: metrics.ControllerMetrics,
         render: rendering.RenderSettings,
@@ -198,9 +132,9 @@ class Reconciler:
         self._namespaces: dict[str, set[RunKey]] = {}
         """The runs of each namespace as of the last pass (what a LocalQueue concerns)."""
         self._decided_with: plans.RunSettings | None = None
-        self._feed: ChangeFeed | None = None
+        self._feed: stores.ChangeFeed | None = None
         if hasattr(store, "subscribe"):
-            self._feed = cast("ChangeFeed", store)
+            self._feed = cast("stores.ChangeFeed", store)
             self._feed.subscribe(self._on_change)
             self._feed.parse_workloads_with(views.parse_workload)
         self._urgent: set[asyncio.Task[None]] = set()
@@ -265,7 +199,7 @@ class Reconciler:
         for item in items:
             key = snapshots.key(item)
             self._namespaces.setdefault(key[0], set()).add(key)
-            if batch.wants(key) or self._pending(item, snap):
+            if batch.wants(key) or queueing.pending(item, snap, attempt_kind(item)):
                 async with self.lock(key):
                     try:
                         item = await self._reconcile(item, snap, classes)  # noqa: PLW2901
@@ -289,49 +223,14 @@ class Reconciler:
         return self.queue.next_scheduled(self._clock().timestamp())
 
     def _on_change(self, kind: str, change: informer.Change[Any]) -> None:
-        """Queue the runs a cache's change concerns (see the module docstring); a change
-        that leaves what a decision reads of the object as it was queues none (a pod's
-        annotation, say)."""
-        if change.old is not None and change.new is not None:
-            read = _READ.get(kind)
-            if read is not None and read(change.old) == read(change.new):
-                return
-            if kind == "workloads" and change.old == change.new:
-                return
-        for obj in (change.old, change.new):
-            for key in self._runs_of(kind, change.key, obj):
-                self.queue.add(key)
-
-    def _runs_of(self, kind: str, key: str, obj: Any) -> Sequence[RunKey]:
-        namespace, _, name = key.rpartition("/")
-        if obj is None:
-            return ()
-        if kind == "TauRun":
-            return [(namespace, name)]
-        if kind in {"Job", "RayJob", "Pod"}:
-            run = ((obj.get("metadata") or {}).get("labels") or {}).get(marks.RUN_LABEL)
-            return [(namespace, str(run))] if run else ()
-        if kind == "workloads":
-            return [(obj.namespace, run)] if (run := objects.run_of_attempt(obj.owner_name)) else ()
-        if kind == "localqueues":
-            return sorted(self._namespaces.get(namespace, ()))
-        if kind == "Node":
-            return sorted(self._live)
-        self.queue.resync()  # what every run's resume may read (WorkloadPriorityClasses)
-        return ()
-
-    @staticmethod
-    def _pending(item: Mapping[str, Any], snap: snapshots.Snapshot) -> bool:
-        """Whether the run's current attempt has a Workload waiting for quota: its queue
-        position and the gate's word are computed or polled every pass, not watched."""
-        status = item.get("status") or {}
-        attempt = status.get("currentAttempt")
-        if not isinstance(attempt, int) or attempt < 1:
-            return False
-        ref = snapshots.key(item)
-        name = objects.attempt_name(ref[1], attempt)
-        workload = snap.workloads.get((ref[0], attempt_kind(item), name))
-        return workload is not None and workload.pending
+        """Queue the runs a cache's change concerns (`queueing.runs_of`)."""
+        keys = queueing.runs_of(
+            kind, change.key, change.old, change.new, live=self._live, namespaces=self._namespaces
+        )
+        if keys is queueing.EVERY_RUN:
+            self.queue.resync()
+        for key in keys:
+            self.queue.add(key)
 
     async def reconcile_now(self, namespace: str, name: str) -> dict[str, Any] | None:
         """Reconcile one run at once (after a submission or a cancel); return it. Only what
@@ -632,25 +531,6 @@ class Reconciler:
 
     def lock(self, key: tuple[str, str]) -> asyncio.Lock:
         return self._locks.setdefault(key, asyncio.Lock())
-
-
-def _read_owned(parse: Callable[[Mapping[str, Any]], Any]) -> Callable[[Any], Any]:
-    """What a decision reads of a run's Job, RayJob or Pod: its view, and its labels and
-    owners (which attempt it is, whose it is)."""
-
-    def read(obj: Mapping[str, Any]) -> Any:
-        meta = obj.get("metadata") or {}
-        return parse(obj), meta.get("labels"), meta.get("ownerReferences")
-
-    return read
-
-
-_READ = {
-    "Pod": _read_owned(views.parse_pod),
-    "Job": _read_owned(views.parse_attempt_object),
-    "RayJob": _read_owned(views.parse_attempt_object),
-}
-"""By cache: what a decision reads of an object of that kind, to compare before and after."""
 
 
 def manages(item: Mapping[str, Any], manager: str) -> bool:
