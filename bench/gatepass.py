@@ -20,7 +20,7 @@ for and each DRA node's GPU capacity. Before: the claims LISTed every pass (the 
 share of it, decoding the body, is timed; the API server's is not) and read whole, every
 pod and node rebuilt (`reference.py`). Now: the claims cache's watch events for the 1 % of
 claims that changed (each trimmed and parsed once, what the claims hold counted from the
-change: `views.Claims.tell`), and only the changed nodes rebuilt, 1 % of nodes, GPU listings
+change: `dra.Claims.tell`), and only the changed nodes rebuilt, 1 % of nodes, GPU listings
 and claims replaced since the pass before.
 
 `--workloads`: W Workloads in the cache (the unit tests' Workload: 2 pods × 8 GPUs admitted
@@ -49,7 +49,7 @@ from collections.abc import Callable
 from typing import Any
 
 from controller import marks
-from controller.admission import policy, views
+from controller.admission import dra, policy, views
 from controller.kube import admission as kube_admission
 from controller.kube import informer
 from tests.unit.controller.admission import reference, test_policy
@@ -237,20 +237,20 @@ def measure_dra(count: int) -> dict[str, float]:
     raw_claims = [_claim(i) for i in range(0, count, 2)]
     body = json.dumps({"kind": "ResourceClaimList", "items": raw_claims}).encode()
 
-    def listing(i: int) -> tuple[views.Slot, ...]:
+    def listing(i: int) -> tuple[dra.Slot, ...]:
         name = f"gpu-{i:06d}"
-        return tuple(views.DeviceSlot(name, f"gpu-{d}", True) for d in range(8))
+        return tuple(dra.DeviceSlot(name, f"gpu-{d}", True) for d in range(8))
 
     gpus = [listing(i) for i in range(count)]
-    with_devices, mark = views.WithDevices(), views.MarkClaimed()
-    claims = views.Claims()
-    cache: informer.Informer[views.Claim] = informer.Informer(
-        _never, kube_admission.trim_claim, kind="resourceclaims", view=views.parse_claim
+    with_devices, mark = dra.WithDevices(), dra.MarkClaimed()
+    claims = dra.Claims()
+    cache: informer.Informer[dra.Claim] = informer.Informer(
+        _never, kube_admission.trim_claim, kind="resourceclaims", view=dra.parse_claim
     )
     cache.subscribe(lambda change: claims.tell(change.old, change.new))
     cache.listed(raw_claims, "1")
 
-    def report_of(listings: list[tuple[views.Slot, ...]]) -> dict[str, Any]:
+    def report_of(listings: list[tuple[dra.Slot, ...]]) -> dict[str, Any]:
         # What the fleet hands the gate each pass (`Quarantiner.device_report`), both ways.
         return {n.name: (True, g) for n, g in zip(node_list, listings, strict=True)}
 
@@ -261,7 +261,7 @@ def measure_dra(count: int) -> dict[str, float]:
         return with_devices(nodes, report, claims), mark(pods, claims.pods)
 
     def before(nodes: list[views.NodeCapacity], report: dict[str, Any]) -> tuple[object, object]:
-        dra = {node: views.DeviceNode(fresh, found) for node, (fresh, found) in report.items()}
+        dra = {node: dra.DeviceNode(fresh, found) for node, (fresh, found) in report.items()}
         raw = json.loads(body)["items"]
         claimed = reference.claimed_pods(raw)
         built = reference.with_devices(nodes, dra, reference.allocated_devices(raw))

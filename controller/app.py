@@ -30,7 +30,7 @@ from aiohttp import web
 
 from controller import auth, budget, leading, metrics, openapi, pages, serving
 from controller.admission import admitting
-from controller.admission import views as admission_views
+from controller.admission import dra as admission_dra
 from controller.fleet import agentproxy, devicepolicy, policy, quarantining, state
 from controller.fleet import api as fleet_api
 from controller.kube import admission as kube_admission
@@ -191,9 +191,9 @@ def _runtime(
             retry_period_s=settings.retry_period_s, on_started=started, on_stopped=stopped,
         )  # fmt: skip
 
-        def dra_devices() -> Mapping[str, tuple[bool, tuple[admission_views.Slot, ...]]]:
+        def dra_devices() -> Mapping[str, tuple[bool, tuple[admission_dra.Slot, ...]]]:
             # fleet -> admission: the DRA nodes' GPUs as device quarantine judges them, as
-            # they are (no copy per node per pass: `admission.views.DeviceNode`).
+            # they are (no copy per node per pass: `admission.dra.DeviceNode`).
             return holder[0].device_report(_now()) if holder else {}
 
         admission_store = kube_admission.AdmissionStore(api, component=elector.identity)

@@ -11,10 +11,10 @@ Each pass, on the leader only:
    what each check should say, and applies only the differences. Workloads, nodes, pods and
    ResourceClaims come from the informers (`controller.kube.informer`): nodes, pods and
    claims are parsed once, as the caches take them; what the claims hold is counted from
-   the claims cache's changes (`views.Claims.tell`); a Workload is parsed again only when the
+   the claims cache's changes (`dra.Claims.tell`); a Workload is parsed again only when the
    cache replaced it or its owner's labels changed (`views.ParsedWorkloads`, a join of two
    caches); a DRA node's GPU capacity is built again only when its view, its GPUs or what
-   claims hold on it changed (`views.WithDevices`).
+   claims hold on it changed (`dra.WithDevices`).
 
 Level-triggered: nothing depends on which event woke the pass. A pass runs every
 `admission_pass_interval_s` and at once after `poke()` (the app pokes on node changes, so a
@@ -34,7 +34,7 @@ import structlog
 
 from controller import leading, marks
 from controller import metrics as metrics_mod
-from controller.admission import policy, views
+from controller.admission import dra, policy, views
 from controller.kube import admission as kube_admission
 
 log = structlog.get_logger()
@@ -62,7 +62,7 @@ class Gate:
         pass_interval_s: float = 1.0,
         controller_name: str = marks.ADMISSION_CHECK_CONTROLLER,
         clock: Callable[[], dt.datetime] = _now,
-        devices: Callable[[], Mapping[str, tuple[bool, tuple[views.Slot, ...]]]] | None = None,
+        devices: Callable[[], Mapping[str, tuple[bool, tuple[dra.Slot, ...]]]] | None = None,
         dra_resource: str = marks.GPU_RESOURCE,
     ) -> None:
         self.store = store
@@ -85,12 +85,12 @@ class Gate:
         """Every Workload, to see whether one waits."""
         self._workloads = views.ParsedWorkloads(dra_resource=dra_resource)
         """... and with its owner's labels, once one does."""
-        self._claims = views.Claims()
+        self._claims = dra.Claims()
         """What the claims hold, counted from the claims cache's changes."""
-        store.parse_with(node=views.parse_node, pod=views.parse_pod, claim=views.parse_claim)
+        store.parse_with(node=views.parse_node, pod=views.parse_pod, claim=dra.parse_claim)
         store.claims.subscribe(lambda change: self._claims.tell(change.old, change.new))
-        self._with_devices = views.WithDevices()
-        self._mark_claimed = views.MarkClaimed()
+        self._with_devices = dra.WithDevices()
+        self._mark_claimed = dra.MarkClaimed()
 
     # ------------------------------------------------------------------ API
     def poke(self) -> None:
@@ -142,10 +142,10 @@ class Gate:
         flavors = {f.name: f for f in map(views.parse_flavor, raw_flavors)}
         if any(w.uses_dra for w in workloads.values()):
             # Fail closed: without the fleet's word every DRA node counts as stale.
-            dra = self.devices() if self.devices is not None else {}
+            gpus = self.devices() if self.devices is not None else {}
             listed = await self.store.claim_views()
-            claims = self._claims if listed is None else views.Claims.of(listed)
-            node_list = self._with_devices(node_list, dra, claims)
+            claims = self._claims if listed is None else dra.Claims.of(listed)
+            node_list = self._with_devices(node_list, gpus, claims)
             pods = self._mark_claimed(pods, claims.pods)
         decisions = policy.plan(
             list(workloads.values()),

@@ -59,7 +59,7 @@ def trim_owner(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 def trim_claim(raw: dict[str, Any]) -> dict[str, Any]:
-    """Keep what `admission.views.parse_claim` reads of a ResourceClaim: its identity, the
+    """Keep what `admission.dra.parse_claim` reads of a ResourceClaim: its identity, the
     driver, pool and device of each allocated device, and the consumers it is reserved for.
     A claim's other changes (its spec, conditions, managed fields) then leave the cached copy
     as it was, so the gate does not parse it again."""

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from controller import marks
-from controller.admission import policy, views
+from controller.admission import dra, policy, views
 
 
 def _eligible(
@@ -310,7 +310,7 @@ def claimed_pods(raw_claims: Iterable[Mapping[str, Any]]) -> frozenset[tuple[str
 
 def with_devices(
     node_list: Iterable[views.NodeCapacity],
-    dra: Mapping[str, views.DeviceNode],
+    dra: Mapping[str, dra.DeviceNode],
     allocated: frozenset[tuple[str, str]],
 ) -> list[views.NodeCapacity]:
     """Give every DRA node its GPU capacity: the usable devices, and which of them claims

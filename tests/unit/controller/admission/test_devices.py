@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from controller import marks
-from controller.admission import policy, views
+from controller.admission import dra, policy, views
 from tests.unit.controller.admission import test_policy as base
 from tests.unit.controller.fleet.fakes import T0
 
@@ -43,23 +43,23 @@ def raw_dra_workload(
 
 
 def dra_node(name: str, *, bad: tuple[int, ...] = (), fresh: bool = True,
-             held: tuple[int, ...] = ()) -> tuple[views.NodeCapacity, views.DeviceNode,
+             held: tuple[int, ...] = ()) -> tuple[views.NodeCapacity, dra.DeviceNode,
                                                  set[tuple[str, str]]]:  # fmt: skip
     """A DRA node of 8 GPUs (no nvidia.com/gpu in its allocatable), `bad` ones tainted."""
     capacity = base.node(name, gpus=0)
     slots = tuple(
-        views.DeviceSlot(name, f"gpu-{i}", i not in bad, "tainted" if i in bad else "")
+        dra.DeviceSlot(name, f"gpu-{i}", i not in bad, "tainted" if i in bad else "")
         for i in range(8)
     )  # fmt: skip
-    return capacity, views.DeviceNode(fresh, slots), {(name, f"gpu-{i}") for i in held}
+    return capacity, dra.DeviceNode(fresh, slots), {(name, f"gpu-{i}") for i in held}
 
 
-def fleet(*nodes: tuple[views.NodeCapacity, views.DeviceNode, set[tuple[str, str]]]
+def fleet(*nodes: tuple[views.NodeCapacity, dra.DeviceNode, set[tuple[str, str]]]
           ) -> list[views.NodeCapacity]:  # fmt: skip
     allocated: set[tuple[str, str]] = set()
     for _, _, held in nodes:
         allocated |= held
-    return views.WithDevices()([n for n, _, _ in nodes], {n.name: d for n, d, _ in nodes},
+    return dra.WithDevices()([n for n, _, _ in nodes], {n.name: d for n, d, _ in nodes},
                                holding(allocated))  # fmt: skip
 
 
@@ -71,9 +71,9 @@ def raw_claim(*devices: tuple[str, str], pods: tuple[str, ...] = ()) -> dict[str
                        "reservedFor": [{"resource": "pods", "name": n} for n in pods]}}  # fmt: skip
 
 
-def holding(allocated: set[tuple[str, str]]) -> views.Claims:
+def holding(allocated: set[tuple[str, str]]) -> dra.Claims:
     """The gate's claims: one claim per device allocated."""
-    return views.Claims.of(views.parse_claim(raw_claim(one)) for one in sorted(allocated))
+    return dra.Claims.of(dra.parse_claim(raw_claim(one)) for one in sorted(allocated))
 
 
 def test_a_dra_pod_set_reads_its_gpus_from_kueues_quota_usage() -> None:
@@ -117,7 +117,7 @@ def test_claims_fit_only_on_healthy_untainted_devices_of_fresh_nodes(
 
 def test_a_dra_fleet_without_the_fleets_word_admits_nothing() -> None:
     """A DRA node the fleet does not report (no heartbeat yet) offers no GPUs."""
-    nodes = views.WithDevices()([base.node("d0", gpus=0)], {}, views.Claims())
+    nodes = dra.WithDevices()([base.node("d0", gpus=0)], {}, dra.Claims())
     decision = base.decide(views.parse_workload(raw_dra_workload(pods=1)), nodes)
     assert decision is not None
     assert decision.state == views.CheckState.RETRY
@@ -201,7 +201,7 @@ def test_a_pod_is_claimed_when_an_allocated_claim_is_reserved_for_it() -> None:
         {"metadata": {"namespace": "other"}, "status": {
             "allocation": {"devices": {}}, "reservedFor": [{"resource": "pods", "name": "p3"}]}},
     ]  # fmt: skip
-    found = views.Claims.of(map(views.parse_claim, claims))
+    found = dra.Claims.of(map(dra.parse_claim, claims))
     assert set(found.pods) == {("ns", "p1"), ("other", "p3")}
 
 

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from kubernetes_asyncio import client
 
 from controller import marks
-from controller.admission import views
+from controller.admission import dra, views
 from controller.kube import admission as kube_admission
 from controller.kube import informer
 from tests.unit.controller.admission import reference
@@ -88,18 +88,18 @@ class FedClaims:
 
         self.parsed = 0
 
-        def parse(raw: dict[str, Any]) -> views.Claim:
+        def parse(raw: dict[str, Any]) -> dra.Claim:
             self.parsed += 1
-            return views.parse_claim(raw)
+            return dra.parse_claim(raw)
 
-        self.cache: informer.Informer[views.Claim] = informer.Informer(
+        self.cache: informer.Informer[dra.Claim] = informer.Informer(
             never, trim, kind="resourceclaims", view=parse
         )
-        self.claims = views.Claims()
+        self.claims = dra.Claims()
         self.cache.subscribe(lambda change: self.claims.tell(change.old, change.new))
         self._rv = 0
 
-    def list(self, raws: list[dict[str, Any]]) -> views.Claims:
+    def list(self, raws: list[dict[str, Any]]) -> dra.Claims:
         """The cache relists these claims (every claim there is): the changes are told."""
         self._rv += 1
         self.cache.listed(raws, str(self._rv))
@@ -164,9 +164,7 @@ def test_a_claims_changes_that_the_gate_does_not_read_leave_its_trimmed_copy_as_
         "status": {**raw["status"], "devices": [{"driver": marks.DRA_DRIVER, "conditions": []}]},
     }  # fmt: skip
     assert kube_admission.trim_claim(later) == kube_admission.trim_claim(raw)
-    assert views.parse_claim(raw) == views.Claim(
-        frozenset({("n0", "gpu-0")}), frozenset({("ns", "p")})
-    )
+    assert dra.parse_claim(raw) == dra.Claim(frozenset({("n0", "gpu-0")}), frozenset({("ns", "p")}))
 
     fed = FedClaims()
     claims = fed.list([raw])
@@ -192,9 +190,9 @@ def _node(name: str, gpus_used: int, cpu: int) -> views.NodeCapacity:
                               used=views.Resources(gpus_used, 0, 0))  # fmt: skip
 
 
-def _devices(bad: frozenset[int], pool: str) -> tuple[views.Slot, ...]:
+def _devices(bad: frozenset[int], pool: str) -> tuple[dra.Slot, ...]:
     return tuple(
-        views.DeviceSlot(pool, d, i not in bad, "tainted" if i in bad else "")
+        dra.DeviceSlot(pool, d, i not in bad, "tainted" if i in bad else "")
         for i, d in enumerate(DEVICES)
     )
 
@@ -223,7 +221,7 @@ def test_kept_dra_nodes_are_what_building_every_node_gives(todo: list[tuple[Any,
     listed, present = set(NODES), set(NODES)
     allocated: dict[tuple[str, str], dict[str, Any]] = {}
     fed = FedClaims()
-    memo = views.WithDevices()
+    memo = dra.WithDevices()
     for step in [("nothing",), *todo]:
         kind, node = step[0], (step[1] if len(step) > 1 else "")
         if kind == "view":
@@ -243,15 +241,15 @@ def test_kept_dra_nodes_are_what_building_every_node_gives(todo: list[tuple[Any,
             chosen = listed if kind == "unlisted" else present
             (chosen.add if step[2] else chosen.discard)(node)
         node_list = [views_by_name[n] for n in NODES if n in present]
-        dra = {n: views.DeviceNode(fresh[n], devices[n]) for n in NODES if n in listed}
+        listing = {n: dra.DeviceNode(fresh[n], devices[n]) for n in NODES if n in listed}
         claims = fed.list(list(allocated.values()))
-        got = memo(node_list, dra, claims)
-        assert got == reference.with_devices(node_list, dra, frozenset(allocated)), step
+        got = memo(node_list, listing, claims)
+        assert got == reference.with_devices(node_list, listing, frozenset(allocated)), step
         built = memo.built
         # The next pass, nothing changed: the fleet's listing is handed over anew as plain
         # pairs (as the app does), its GPUs the same tuples.
         fed.list(list(allocated.values()))
-        again = memo(node_list, {n: (d.fresh, d.devices) for n, d in dra.items()}, claims)
+        again = memo(node_list, {n: (d.fresh, d.devices) for n, d in listing.items()}, claims)
         assert (again, memo.built) == (got, built), "a pass with nothing changed built a node"
 
 
@@ -279,7 +277,7 @@ def test_marked_pods_are_what_marking_every_pod_gives(
 ) -> None:
     """Pods replaced or kept from call to call, claims reserved and released: each call marks
     the pods a claim names and no other, and keeps a marked copy while its pod is the same."""
-    mark = views.MarkClaimed()
+    mark = dra.MarkClaimed()
     current = first
     previous: dict[int, tuple[views.PodUsage, views.PodUsage]] = {}
     for replaced, claimed in history:
