@@ -300,3 +300,51 @@ class Decision:
     quarantined: int
     """Nodes in automatic quarantine before this pass's actions."""
     max_quarantined: int
+
+
+# ---------------------------------------------------------------- in words
+
+
+def eviction_notes(
+    node: str, pods: list[dict[str, str]]
+) -> tuple[str, list[tuple[dict[str, str], str]]]:
+    """The notes of an eviction round: the node's, then one per evicted pod.
+
+    The node's Event lives in `default`, which more people read than any one tenant's
+    namespace, and pods of many tenants share a node: so it gives only a count, and each pod
+    is told (by name of its node, never of other pods) in an Event of its own namespace
+    (security review 3, finding 4).
+    """
+    n = len(pods)
+    node_note = f"evicted {n} GPU pod{'s' if n != 1 else ''}; each has an Event of its own"
+    return node_note, [
+        (pod, f"evicted from node {node}: TauGrid quarantined its GPUs") for pod in pods
+    ]
+
+
+def device_of(action: DeviceAction) -> str:
+    """The name of the device an action fences or unfences."""
+    if isinstance(action, FenceDevice):
+        return action.device.name
+    return action.device
+
+
+def describe(action: NodeAction) -> str:
+    """One line for the Event and the log that says what was done and why."""
+    match action:
+        case SetCondition():
+            return f"GPUHealthy={action.condition.status}: {action.condition.message}"
+        case Quarantine():
+            return f"quarantined: {action.message}"
+        case UpdateQuarantine():
+            return f"quarantine updated: clears with {action.record.clears_with}"
+        case RestoreTaint():
+            return "restored the taugrid.dev/gpu-unhealthy taint"
+        case EvictGpuPods():
+            return f"evicting GPU pods: {action.reason}"
+        case Release():
+            return f"released: {action.message}"
+        case ManualRelease():
+            return f"released by {action.by}: {action.reason}"
+        case ForgetManualRelease():
+            return "healthy again; the earlier manual release is forgotten"

@@ -511,3 +511,18 @@ def _judge_breaker(
 
 def _when(at: dt.datetime | None) -> str:
     return at.isoformat() if at is not None else "?"
+
+
+def fenced_and_kept(
+    decision: actions.DeviceDecision, inventory: devices.Inventory | None
+) -> tuple[int, int]:
+    """The GPUs fenced now (by a rule of a fencing kind), and the healthy GPUs their nodes
+    keep serving (none counted without an inventory)."""
+    real = [f for fenced in decision.fenced.values() for f in fenced
+            if any(r.kind in devices.FENCING_KINDS for r in f.rules)]  # fmt: skip
+    if inventory is None:
+        return len(real), 0
+    nodes = {f.node for f in real}
+    kept = sum(len(inventory[n].devices) for n in nodes if n in inventory)
+    kept -= sum(1 for f in real if f.node in inventory)
+    return len(real), max(kept, 0)

@@ -53,23 +53,6 @@ MANUAL_ATTEMPTS = 5
 node as it is now, this many times at most (then 409)."""
 
 
-def eviction_notes(
-    node: str, pods: list[dict[str, str]]
-) -> tuple[str, list[tuple[dict[str, str], str]]]:
-    """The notes of an eviction round: the node's, then one per evicted pod.
-
-    The node's Event lives in `default`, which more people read than any one tenant's
-    namespace, and pods of many tenants share a node: so it gives only a count, and each pod
-    is told (by name of its node, never of other pods) in an Event of its own namespace
-    (security review 3, finding 4).
-    """
-    n = len(pods)
-    node_note = f"evicted {n} GPU pod{'s' if n != 1 else ''}; each has an Event of its own"
-    return node_note, [
-        (pod, f"evicted from node {node}: TauGrid quarantined its GPUs") for pod in pods
-    ]
-
-
 class Quarantiner:
     """Owns the breaker state and the pass loop."""
 
@@ -112,6 +95,8 @@ class Quarantiner:
         self.device_breaker = actions.BreakerState()
         self.last_devices: actions.DeviceDecision | None = None
         self._records: set[asyncio.Task[None]] = set()
+        """A device action's history entry and Event, written after its rules without
+        holding up the next pass (the rules are what fence the GPU)."""
         self._parsed_devices: tuple[devices.Inventory, list[devices.TaintRule]] | None = None
         """The inventory and rules parsed from the device cache, until it tells a change
         (parsing a fleet's slices is most of a pass's cost)."""
@@ -126,8 +111,6 @@ class Quarantiner:
             device_cache.slices.subscribe(self._devices_changed)
             device_cache.rules.subscribe(self._devices_changed)
         self.ledger = passes.Ledger()
-        """A device action's history entry and Event, written after its rules without
-        holding up the next pass (the rules are what fence the GPU)."""
         self.wake = self.queue.wake
         self._skips_logged: set[tuple[str, str]] = set()
         self._lock = asyncio.Lock()
@@ -139,21 +122,10 @@ class Quarantiner:
         """Ask for a pass as soon as possible (a verdict changed, a node changed)."""
         self.wake.set()
 
-    @property
-    def full_pass_interval_s(self) -> float:
-        """How often a pass judges every node (the queue's resync)."""
-        return self.queue.resync_s
-
-    @full_pass_interval_s.setter
-    def full_pass_interval_s(self, value: float) -> None:
-        self.queue.resync_s = value
-
     def _node_changed(self, change: informer.Change[nodes.NodeView]) -> None:
         self.queue.add(change.key)
-        if change.new is not None and change.new.quarantine is not None:
-            self._in_quarantine.add(change.key)
-        else:
-            self._in_quarantine.discard(change.key)
+        held = change.new is not None and change.new.quarantine is not None
+        (self._in_quarantine.add if held else self._in_quarantine.discard)(change.key)
 
     def _devices_changed(self, _change: informer.Change[Any]) -> None:
         self._parsed_devices = None
@@ -478,7 +450,7 @@ class Quarantiner:
                     failed=outcome.failed,
                 )
             if outcome.evicted:
-                node_note, told = eviction_notes(action.node, outcome.evicted_pods)
+                node_note, told = actions.eviction_notes(action.node, outcome.evicted_pods)
                 await self.writer.event(raw, "Evicted", node_note, warning=True)
                 for pod, note in told:
                     await self.writer.pod_event(pod, "Evicted", note)
@@ -501,7 +473,7 @@ class Quarantiner:
         log.info("node action", node=action.node, action=action.kind.value)
 
     async def _event(self, action: actions.NodeAction, raw: dict[str, Any]) -> None:
-        note = describe(action)
+        note = actions.describe(action)
         warning = isinstance(action, actions.Quarantine | actions.EvictGpuPods) or (
             isinstance(action, actions.SetCondition)
             and action.condition.status is not nodes.ConditionStatus.TRUE
@@ -526,11 +498,14 @@ class Quarantiner:
     async def apply_device(self, action: DeviceStep, now: dt.datetime) -> None:
         """Carry out one device action: the rules, then the node's history and an Event."""
         if isinstance(action, actions.SkippedDevice):
-            key = (action.node, f"{action.wanted.kind}:{action.why}:{_device_of(action.wanted)}")
+            key = (
+                action.node,
+                f"{action.wanted.kind}:{action.why}:{actions.device_of(action.wanted)}",
+            )
             if key not in self._skips_logged:
                 self._skips_logged.add(key)
                 log.info("device action held back", node=action.node,
-                         action=action.wanted.kind.value, device=_device_of(action.wanted),
+                         action=action.wanted.kind.value, device=actions.device_of(action.wanted),
                          reason=action.why.value)  # fmt: skip
                 self.metrics.quarantine_actions.labels(action.wanted.kind.value, "true").inc()
             return
@@ -600,16 +575,10 @@ class Quarantiner:
     def _export_devices(self, device: actions.DeviceDecision | None) -> None:
         if device is None:
             return
-        real = [f for fenced in device.fenced.values() for f in fenced
-                if any(r.kind in devices.FENCING_KINDS for r in f.rules)]  # fmt: skip
-        self.metrics.quarantined_devices.set(len(real))
-        fenced_nodes = {f.node for f in real}
-        kept = 0
-        if self.device_cache is not None:
-            inventory, _ = self.device_inputs()
-            kept = sum(len(inventory[n].devices) for n in fenced_nodes if n in inventory)
-            kept -= sum(1 for f in real if f.node in inventory)
-        self.metrics.gpus_kept.set(max(kept, 0))
+        inventory = self.device_inputs()[0] if self.device_cache is not None else None
+        fenced, kept = devicepolicy.fenced_and_kept(device, inventory)
+        self.metrics.quarantined_devices.set(fenced)
+        self.metrics.gpus_kept.set(kept)
         self.metrics.device_breaker_open.set(1 if device.breaker.open else 0)
 
 
@@ -618,33 +587,6 @@ _ORDER = (devices.RuleKind.UNHEALTHY, devices.RuleKind.DRY_RUN, devices.RuleKind
           devices.RuleKind.FAILED)  # fmt: skip
 """NoSchedule before NoExecute: a tolerating claim must never be allocated the device in
 between."""
-
-
-def _device_of(action: actions.DeviceAction) -> str:
-    if isinstance(action, actions.FenceDevice):
-        return action.device.name
-    return action.device
-
-
-def describe(action: actions.NodeAction) -> str:
-    """One line for the Event and the log that says what was done and why."""
-    match action:
-        case actions.SetCondition():
-            return f"GPUHealthy={action.condition.status}: {action.condition.message}"
-        case actions.Quarantine():
-            return f"quarantined: {action.message}"
-        case actions.UpdateQuarantine():
-            return f"quarantine updated: clears with {action.record.clears_with}"
-        case actions.RestoreTaint():
-            return "restored the taugrid.dev/gpu-unhealthy taint"
-        case actions.EvictGpuPods():
-            return f"evicting GPU pods: {action.reason}"
-        case actions.Release():
-            return f"released: {action.message}"
-        case actions.ManualRelease():
-            return f"released by {action.by}: {action.reason}"
-        case actions.ForgetManualRelease():
-            return "healthy again; the earlier manual release is forgotten"
 
 
 def _parse_node(raw: dict[str, Any]) -> nodes.NodeView:

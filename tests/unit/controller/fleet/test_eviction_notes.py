@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from controller.fleet import quarantining
+from controller.fleet import actions
 
 
 def _pod(namespace: str, name: str) -> dict[str, str]:
@@ -30,7 +30,7 @@ def test_the_nodes_eviction_note_names_no_pod_and_no_namespace(
     pods: list[dict[str, str]],
 ) -> None:
     """The node's note says how many pods went and nothing of whose they were."""
-    node_note, _ = quarantining.eviction_notes("gpu-7", pods)
+    node_note, _ = actions.eviction_notes("gpu-7", pods)
     named = [w for p in pods for w in (p["name"], p["namespace"]) if w in node_note]
     assert (named, str(len(pods)) in node_note) == ([], True), node_note
 
@@ -39,7 +39,7 @@ def test_each_evicted_pod_is_told_in_its_own_namespace_about_itself_only() -> No
     """Each pod gets one note, regarding that pod (so its Event lands in its namespace),
     naming the node and no other pod."""
     pods = [_pod("team-a", "trainer-0"), _pod("team-b", "secret-project-1")]
-    _, told = quarantining.eviction_notes("gpu-7", pods)
+    _, told = actions.eviction_notes("gpu-7", pods)
     seen = [
         (pod["namespace"], pod["name"], "gpu-7" in note,
          [o["name"] for o in pods if o is not pod and o["name"] in note])
