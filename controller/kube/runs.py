@@ -17,21 +17,26 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import structlog
 from kubernetes_asyncio import client
 
 from controller import errors, marks
-from controller.kube import _api, informer, selectors
+from controller.kube import _api, informer, runlogs, selectors
+from controller.kube.refusals import (
+    ConflictError,
+    NotFoundError,
+    RejectedError,
+    api_status,
+    refusal,
+)
 
 log = structlog.get_logger()
 
 TAURUN = ("taugrid.dev", "v1alpha1", "tauruns")
-TAURUNLOG = ("taugrid.dev", "v1alpha1", "taurunlogs")
 KUEUE = ("kueue.x-k8s.io", "v1beta2")
 RAYJOB = ("ray.io", "v1", "rayjobs")
 CLAIM_TEMPLATES = ("resource.k8s.io", "v1", "resourceclaimtemplates")
@@ -44,69 +49,8 @@ NODE_ANNOTATIONS = (marks.QUARANTINED_BY_ANNOTATION, marks.QUARANTINE_ANNOTATION
 """The node annotations the reconciler reads (`views.node_facts`): all the node cache keeps."""
 CACHED_KUEUE = ("workloads", "localqueues", "workloadpriorityclasses")
 """The Kueue plurals the reconciler lists every pass, served from caches."""
-MAX_MESSAGE_CHARS = 600
-"""How much of the API server's message a refusal carries."""
 VISIBILITY_RETRY_S = 60.0
 """After the visibility API fails, use the computed fallback this long before asking again."""
-
-
-class ConflictError(errors.Conflict):
-    """The object already exists (HTTP 409 from the API server)."""
-
-
-class NotFoundError(errors.NotFound):
-    """The object, or its namespace, does not exist (HTTP 404 from the API server)."""
-
-
-class RejectedError(errors.Invalid):
-    """The API server refused an object we asked it to create (HTTP 400 or 422): `field` is
-    the object's field at fault (`spec.template.spec.containers[0].env[0].name`), as the API
-    server's Status names it, and `kind` the object's kind."""
-
-    default_code = "RejectedByAPIServer"
-
-    def __init__(self, kind: str, message: str, field: str) -> None:
-        super().__init__(message, field=field)
-        self.kind = kind
-
-
-def _status(err: client.ApiException) -> dict[str, Any]:
-    """The API server's Status object in an error, {} when the body is not one."""
-    try:
-        parsed = json.loads(str(err.reason or ""))
-    except ValueError:
-        return {}
-    return parsed if isinstance(parsed, dict) else {}
-
-
-def _admission_denial(message: str) -> bool:
-    """Whether a 403's message is an admission denial, as the API server words one
-    (`ValidatingAdmissionPolicy '…' with binding '…' denied request: …`, `admission webhook
-    "…" denied the request: …`), rather than RBAC's."""
-    return "denied request" in message or "denied the request" in message
-
-
-def refusal(err: client.ApiException, kind: str) -> errors.ControllerError:
-    """The error kind for an API server's refusal of a create: 400/422 RejectedError naming
-    the field its Status names, 403 Forbidden (the controller may not create there), other
-    statuses Unavailable (retry later). The message keeps the API server's words."""
-    text = str(err.reason or "")
-    status = _status(err)
-    message = str(status.get("message") or text or err.status)[:MAX_MESSAGE_CHARS]
-    causes = (status.get("details") or {}).get("causes") or []
-    field = next((str(c.get("field") or "") for c in causes if isinstance(c, dict)), "")
-    if err.status in (400, 422):
-        return RejectedError(kind, f"the API server refused the {kind}: {message}", field)
-    if err.status == 403 and _admission_denial(message):
-        # An admission policy or webhook said no to this object: asking again will not change
-        # its answer, so the run ends saying why (a Secret its namespace does not list).
-        msg = f"the cluster's admission refused the {kind}: {message}"
-        return errors.AdmissionRefused(msg)
-    if err.status == 403:
-        msg = f"the controller may not create the {kind} there: {message}"
-        return errors.Forbidden(msg, code="ControllerForbidden")
-    msg = f"the API server did not create the {kind} ({err.status}): {message}"
-    return errors.Unavailable(msg, code="APIServerError")
 
 
 def trim_run(raw: dict[str, Any]) -> dict[str, Any]:
@@ -140,7 +84,7 @@ def _kind_trim(kind: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
     return trim
 
 
-class RunStore:
+class RunStore(runlogs.RunLogs):
     """Every API call the run reconciler and the run API make."""
 
     def __init__(self, api: client.ApiClient, *, streams: client.ApiClient | None = None) -> None:
@@ -278,7 +222,7 @@ class RunStore:
             if err.status == 409:
                 return False
             if err.status == 404:
-                if (_status(err).get("details") or {}).get("kind") == "namespaces":
+                if (api_status(err).get("details") or {}).get("kind") == "namespaces":
                     raise NotFoundError(str(obj["metadata"]["namespace"])) from err
                 msg = f"this cluster cannot create a {kind}: {str(err.reason)[:200]}"
                 raise RejectedError(kind, msg, "kind") from err
@@ -619,99 +563,6 @@ class RunStore:
             return list(data.get("items") or [])
         self._visibility_down_until = time.monotonic() + VISIBILITY_RETRY_S
         return None
-
-    # ------------------------------------------------------------------ kept logs
-    async def read_log_tail(
-        self, namespace: str, pod: str, container: str, *, tail_lines: int, limit_bytes: int,
-        timeout_s: float,
-    ) -> bytes:  # fmt: skip
-        """The last `tail_lines` lines of a container's log, at most `limit_bytes` (counted
-        from the first of those lines, as the kubelet counts), within `timeout_s`."""
-        resp = await self._core.read_namespaced_pod_log(
-            pod, namespace, container=container, tail_lines=tail_lines,
-            limit_bytes=limit_bytes, _preload_content=False, _request_timeout=timeout_s,
-        )  # fmt: skip
-        try:
-            data = await resp.read()
-        finally:
-            resp.release()
-        if not 200 <= resp.status <= 299:
-            reason = data.decode(errors="replace")[: _api.MAX_REASON_CHARS]
-            raise client.ApiException(status=resp.status, reason=reason)
-        return bytes(data)
-
-    async def get_run_log(self, namespace: str, name: str) -> dict[str, Any] | None:
-        """A TauRunLog, None when there is none."""
-        return await _api.json_or_none(
-            self._custom.get_namespaced_custom_object(
-                *TAURUNLOG[:2], namespace, TAURUNLOG[2], name, _preload_content=False
-            )
-        )
-
-    async def list_run_logs(self, namespace: str, selector: str) -> list[dict[str, Any]]:
-        """The TauRunLogs of a namespace with a label selector."""
-        resp = await self._custom.list_namespaced_custom_object(
-            *TAURUNLOG[:2], namespace, TAURUNLOG[2], label_selector=selector,
-            _preload_content=False,
-        )  # fmt: skip
-        return list((await _api.read_json(resp)).get("items") or [])
-
-    async def create_run_log(self, body: dict[str, Any]) -> bool:
-        """Create a TauRunLog; False when one of that name exists already."""
-        try:
-            resp = await self._custom.create_namespaced_custom_object(
-                *TAURUNLOG[:2], body["metadata"]["namespace"], TAURUNLOG[2], body,
-                _preload_content=False,
-            )  # fmt: skip
-            await _api.read_json(resp)
-        except client.ApiException as err:
-            if err.status == 409:
-                return False
-            raise
-        return True
-
-    async def replace_run_log(self, body: dict[str, Any], resource_version: str) -> bool:
-        """Replace a TauRunLog at the version read; False when it changed since (409)."""
-        meta = {**body["metadata"], "resourceVersion": resource_version}
-        try:
-            resp = await self._custom.replace_namespaced_custom_object(
-                *TAURUNLOG[:2], meta["namespace"], TAURUNLOG[2], meta["name"],
-                {**body, "metadata": meta}, _preload_content=False,
-            )  # fmt: skip
-            await _api.read_json(resp)
-        except client.ApiException as err:
-            if err.status == 409:
-                return False
-            raise
-        return True
-
-    # ------------------------------------------------------------------ logs
-    async def stream_log(
-        self,
-        namespace: str,
-        pod: str,
-        container: str,
-        *,
-        follow: bool,
-        tail_lines: int | None,
-        since_seconds: int | None = None,
-    ) -> AsyncIterator[bytes]:
-        """Yield a container's log as it is written (through the API server)."""
-        kwargs: dict[str, Any] = {"container": container, "follow": follow}
-        if tail_lines is not None:
-            kwargs["tail_lines"] = tail_lines
-        if since_seconds is not None:
-            kwargs["since_seconds"] = since_seconds
-        resp = await self._logs.read_namespaced_pod_log(
-            pod, namespace, _preload_content=False, **kwargs
-        )
-        if not 200 <= resp.status <= 299:
-            await _api.read_json(resp)  # raises with the API server's message
-        try:
-            async for chunk in resp.content.iter_any():
-                yield chunk
-        finally:
-            resp.release()
 
 
 def controller_of(obj: dict[str, Any]) -> dict[str, Any] | None:

@@ -23,7 +23,7 @@ import structlog
 from aiohttp import web
 
 from controller import auth, errors, marks, serving, timestamps
-from controller.kube import runs as kube_runs
+from controller.kube import refusals as kube_refusals
 from controller.runs import (
     checkpoints,
     context,
@@ -149,7 +149,7 @@ async def post_run(request: web.Request) -> web.StreamResponse:
             return web.json_response(await _dry_run(request, identity, spec, body, warnings))
         try:
             created = await _create_run(request, identity, spec, body, warnings)
-        except kube_runs.ConflictError as err:
+        except kube_refusals.ConflictError as err:
             existing = await ctx.store.get_run(namespace, spec.name)
             stored = ((existing or {}).get("metadata") or {}).get("annotations") or {}
             if (
@@ -275,7 +275,7 @@ async def _create_run(
 ) -> dict[str, Any]:  # fmt: skip
     """Create the TauRun of a validated, pre-flighted spec, once the API server has checked
     attempt 1's objects (`_server_check`, whose warnings join `warnings`); NotFound for a
-    namespace that does not exist, a 422 for a refusal; kube_runs.ConflictError (for the
+    namespace that does not exist, a 422 for a refusal; kube_refusals.ConflictError (for the
     caller to word) when the name is taken."""
     ctx = context.context_of(request)
     namespace = str(body["metadata"]["namespace"])
@@ -284,10 +284,10 @@ async def _create_run(
     serving.serving_of(request).elector.ensure_leader()
     try:
         return await ctx.store.create_run(namespace, body)
-    except kube_runs.NotFoundError as err:
+    except kube_refusals.NotFoundError as err:
         msg = f"namespace {namespace!r} does not exist"
         raise errors.NotFound(msg, field="namespace") from err
-    except kube_runs.RejectedError as err:
+    except kube_refusals.RejectedError as err:
         raise _rejected(err) from err
 
 
@@ -319,10 +319,10 @@ async def _server_check(
     for obj in _first_objects(ctx, spec, ref):
         try:
             free = await ctx.store.dry_run_create(obj)
-        except kube_runs.NotFoundError as err:
+        except kube_refusals.NotFoundError as err:
             msg = f"namespace {ref.namespace!r} does not exist"
             raise errors.NotFound(msg, field="namespace") from err
-        except kube_runs.RejectedError as err:
+        except kube_refusals.RejectedError as err:
             raise _rejected(err) from err
         kind, meta = str(obj["kind"]), obj["metadata"]
         group, resource = preflight.OBJECT_RESOURCES.get(kind, ("", ""))
@@ -336,7 +336,7 @@ async def _server_check(
     return preflight.name_check(spec.name, names)
 
 
-def _rejected(err: kube_runs.RejectedError) -> errors.Invalid:
+def _rejected(err: kube_refusals.RejectedError) -> errors.Invalid:
     """An API server's refusal as a 422 naming the tau.yaml field behind the object's."""
     field = rendering.spec_field(err.kind, err.field)
     return errors.Invalid(err.message, field=field, code=err.code)
@@ -351,12 +351,12 @@ async def _dry_run(
     namespace = str(body["metadata"]["namespace"])
     try:
         checked = await ctx.store.create_run(namespace, body, dry_run=True)
-    except kube_runs.NotFoundError as err:
+    except kube_refusals.NotFoundError as err:
         msg = f"namespace {namespace!r} does not exist"
         raise errors.NotFound(msg, field="namespace") from err
-    except kube_runs.RejectedError as err:
+    except kube_refusals.RejectedError as err:
         raise _rejected(err) from err
-    except kube_runs.ConflictError as err:
+    except kube_refusals.ConflictError as err:
         msg = f"a run named {spec.name!r} already exists in namespace {namespace}"
         raise errors.Conflict(msg, field="name", code="AlreadyExists") from err
     uid = str((checked.get("metadata") or {}).get("uid") or DRY_RUN_UID)
@@ -666,7 +666,7 @@ async def post_rerun(request: web.Request) -> web.StreamResponse:
         created = await _create_run(
             request, identity, spec, _taurun(spec, namespace, annotations), checked
         )
-    except kube_runs.ConflictError as err:
+    except kube_refusals.ConflictError as err:
         msg = f"a run named {name!r} already exists in namespace {namespace}; pick another name"
         raise errors.Conflict(msg, field="name", code="AlreadyExists") from err
     result = await ctx.reconciler.reconcile_now(namespace, name) or created

@@ -8,6 +8,7 @@ import pytest
 from kubernetes_asyncio import client
 
 from controller import errors, marks
+from controller.kube import refusals as kube_refusals
 from controller.kube import runs as kube_runs
 
 STATUS_422 = json.dumps({
@@ -42,7 +43,7 @@ def test_a_refusal_becomes_an_error_kind(
     status: int, reason: str, kind: type[errors.ControllerError], field: str
 ) -> None:
     """Each refusal of a create maps to an error kind (so never to a 500)."""
-    err = kube_runs.refusal(client.ApiException(status=status, reason=reason), "Job")
+    err = kube_refusals.refusal(client.ApiException(status=status, reason=reason), "Job")
     expected = (True, field)
     assert expected == (isinstance(err, kind), err.field)
 
