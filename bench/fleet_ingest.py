@@ -16,7 +16,7 @@ import time
 import msgspec
 
 from controller import marks
-from controller.fleet import actions, nodes, policy, relays
+from controller.fleet import actions, nodes, policy, relays, reports
 from controller.fleet import state as fleet
 from controller.settings import ControllerSettings
 from shared import fastheartbeat, health, heartbeat
@@ -71,14 +71,14 @@ def _heartbeats(count: int, round_: int, rng: random.Random) -> list[heartbeat.H
 
 def _deliver(relay: relays.Relay, now: float) -> None:
     while batch := relay.take(now):
-        relay.settle(batch, [relays.Answer(fleet.Relayed.ACCEPTED)] * len(batch), now)
+        relay.settle(batch, [relays.Answer(reports.Relayed.ACCEPTED)] * len(batch), now)
 
 
 def _relay_costs(rounds: list[list[heartbeat.Heartbeat]], count: int) -> None:
     """The leader's cost of a relayed liveness entry beside a full ingest of the same report,
     and the follower's of deciding it (change key and queueing), side by side."""
     structs = [[fastheartbeat.decode(fastheartbeat.wire(hb)) for hb in beats] for beats in rounds]
-    keys = [fleet.change_key(hb, "pod") for hb in structs[0]]
+    keys = [reports.change_key(hb, "pod") for hb in structs[0]]
     full = fleet.FleetState(leader_since=T0 - dt.timedelta(hours=1))
     live = fleet.FleetState(leader_since=T0 - dt.timedelta(hours=1))
     for hb, key in zip(structs[0], keys, strict=True):
@@ -102,7 +102,7 @@ def _relay_costs(rounds: list[list[heartbeat.Heartbeat]], count: int) -> None:
         costs["liveness"].append((time.perf_counter() - start) / count)
         start = time.perf_counter()
         for hb in beats:
-            relay.offer(hb, "pod", fleet.change_key(hb, "pod"), 10.0 * r)
+            relay.offer(hb, "pod", reports.change_key(hb, "pod"), 10.0 * r)
         costs["follower"].append((time.perf_counter() - start) / count)
         _deliver(relay, 10.0 * r)
     f, lv, fo = (statistics.median(costs[k]) * 1e6 for k in ("full", "liveness", "follower"))

@@ -78,3 +78,11 @@ def parse_strict(value: object, field: str) -> dt.datetime:
         msg = f"{field}: time without a zone: {value!r}"
         raise ValueError(msg)
     return when
+
+
+def require_aware(field: str, when: dt.datetime) -> None:
+    """ValueError naming `field` unless `when` carries a time zone (a programming error: the
+    controller's clocks are all UTC)."""
+    if when.tzinfo is None:
+        msg = f"{field} must be timezone-aware, got naive {when.isoformat()}"
+        raise ValueError(msg)

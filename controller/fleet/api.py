@@ -37,6 +37,7 @@ from controller.fleet import (
     quarantining,
     relaying,
     relays,
+    reports,
     schemas,
     state,
 )
@@ -134,7 +135,7 @@ async def post_heartbeat(request: web.Request) -> web.StreamResponse:
             hb = _explain_bad_heartbeat(raw)
         auth.check_heartbeat_sender(identity, agent, hb.node_name)
         s = st.settings
-        problem = state.heartbeat_problem(
+        problem = reports.heartbeat_problem(
             hb, _now(), min_interval_s=s.heartbeat_min_interval_s,
             max_interval_s=s.heartbeat_max_interval_s, max_skew_s=s.heartbeat_max_skew_s,
         )  # fmt: skip
@@ -302,7 +303,7 @@ async def post_peer_heartbeats(request: web.Request) -> web.StreamResponse:
             except msgspec.ValidationError as err:
                 raise errors.Invalid(f"{where}: {err}", field=f"{where}.gpus") from err
             # The interval range is the published schema's too (the Heartbeat component).
-            problem = state.interval_problem(
+            problem = reports.interval_problem(
                 entry.report, min_interval_s=st.settings.heartbeat_min_interval_s,
                 max_interval_s=st.settings.heartbeat_max_interval_s,
             )  # fmt: skip
@@ -326,18 +327,18 @@ async def post_peer_heartbeats(request: web.Request) -> web.StreamResponse:
             if node in needed:
                 # A node's entries apply in order: after one the leader needs in full, the
                 # rest come again after it.
-                outcome = state.Relayed.NEED
+                outcome = reports.Relayed.NEED
             else:
                 before = _verdict_key(ctx.fleet.get(entry.node))
                 outcome = await _relayed(ctx, st, entry, now)
                 poke = poke or _verdict_key(ctx.fleet.get(entry.node)) != before
         except errors.ControllerError as err:
-            outcome = state.Relayed.REFUSED
+            outcome = reports.Relayed.REFUSED
             field = err.field if err.field.startswith(where) else f"{where}.{err.field}"
             refused.append({"index": index, "node": node, "status": serving.status_of(err),
                             "code": err.code, "message": err.message,
                             "field": field.rstrip(".")})  # fmt: skip
-        if outcome is state.Relayed.NEED and node not in needed:
+        if outcome is reports.Relayed.NEED and node not in needed:
             needed.add(node)
             need.append(node)
         outcomes.append(outcome.value)
@@ -350,7 +351,7 @@ async def post_peer_heartbeats(request: web.Request) -> web.StreamResponse:
 
 async def _relayed(
     ctx: FleetContext, st: serving.ServingState, entry: relays.WireEntry, now: dt.datetime
-) -> state.Relayed:
+) -> reports.Relayed:
     """Apply one entry of a follower's batch: as a direct heartbeat received when the
     follower received it (within the skew window of now), or as liveness."""
     s = st.settings
@@ -393,7 +394,7 @@ async def _relayed(
         auth.check_heartbeat_sender(caller, agent, hb.node_name)
     except errors.Forbidden as err:
         raise errors.Forbidden(err.message, field="caller") from err
-    problem = state.heartbeat_problem(
+    problem = reports.heartbeat_problem(
         hb, last_at, min_interval_s=s.heartbeat_min_interval_s,
         max_interval_s=s.heartbeat_max_interval_s, max_skew_s=s.heartbeat_max_skew_s,
     )  # fmt: skip
@@ -403,7 +404,7 @@ async def _relayed(
     if hb.agent_url != url:
         hb = fastheartbeat.with_agent_url(hb, url)
     pod_uid = caller.pod_uid or ""
-    key = state.change_key(hb, pod_uid)
+    key = reports.change_key(hb, pod_uid)
     return ctx.fleet.ingest_relayed(hb, first_at, last_at, pod_uid=pod_uid, key=key)
 
 

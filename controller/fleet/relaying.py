@@ -20,7 +20,7 @@ import msgspec
 import structlog
 
 from controller import auth, errors, serving
-from controller.fleet import relays, state
+from controller.fleet import relays, reports
 from controller.settings import ControllerSettings
 from shared import fastheartbeat
 
@@ -59,7 +59,7 @@ class Relayer:
         """Relay one checked report from the agent `who`: LIVENESS once queued, CHANGE once
         the leader took it; the leader's refusal, or Unavailable (503), otherwise."""
         now = self._clock()
-        key = state.change_key(hb, who.pod_uid or "")
+        key = reports.change_key(hb, who.pod_uid or "")
         kind, ticket = self.core.offer(hb, who, key, now)
         if ticket is None:
             if self.core.down(now):
@@ -73,7 +73,7 @@ class Relayer:
             answer = await future
         finally:
             self._waiting.pop(ticket, None)
-        if answer.outcome is state.Relayed.REFUSED:
+        if answer.outcome is reports.Relayed.REFUSED:
             raise serving.error_of(answer.status, answer.code, answer.message, answer.field)
         return kind
 

@@ -2,7 +2,7 @@
 
 A follower authenticates, decodes and checks every heartbeat it receives, as the leader
 would; what it then sends the leader is only what the leader needs:
-- a **change** (a report whose `state.change_key` differs from the one this replica last
+- a **change** (a report whose `reports.change_key` differs from the one this replica last
   delivered for the node, or the first it sees of it, or one after a gap of more than half
   the node's staleAfter) goes as the full report at once, and the agent's POST waits for
   the leader's answer to it: a verdict, fault or boot change keeps the latency and the
@@ -40,7 +40,7 @@ from typing import Annotated
 
 import msgspec
 
-from controller.fleet import state
+from controller.fleet import reports
 from shared import fastheartbeat, heartbeat, patterns
 
 
@@ -75,7 +75,7 @@ class Entry:
 class Answer:
     """The leader's answer to one entry, as the waiting agent gets it."""
 
-    outcome: state.Relayed
+    outcome: reports.Relayed
     status: int = 202
     code: str = ""
     message: str = ""
@@ -222,18 +222,18 @@ class Relay:
         done: dict[int, Answer] = {}
         resend: list[Entry] = []
         for entry, answer in zip(batch, answers, strict=True):
-            if answer.outcome is state.Relayed.NEED:
+            if answer.outcome is reports.Relayed.NEED:
                 # A liveness entry the leader cannot apply, or an entry of a node the leader
                 # needs an earlier entry of first: all go again, in order, in full.
                 entry.full = True
                 resend.append(entry)
                 continue
-            if answer.outcome is state.Relayed.REFUSED:
+            if answer.outcome is reports.Relayed.REFUSED:
                 done.update(dict.fromkeys(entry.tickets, answer))
                 continue
             known = self._nodes.setdefault(entry.node, _Node())
             known.delivered = entry.key
-            if entry.full and answer.outcome is state.Relayed.ACCEPTED:
+            if entry.full and answer.outcome is reports.Relayed.ACCEPTED:
                 known.full_at = now
             done.update(dict.fromkeys(entry.tickets, answer))
         self._requeue(resend)
@@ -336,7 +336,7 @@ class WireAnswer(_Wire, frozen=True):
     """The leader's answer: an outcome per entry, in order; the nodes it needs in full; the
     entries it refused, with why."""
 
-    outcomes: list[state.Relayed]
+    outcomes: list[reports.Relayed]
     need: list[str] = []
     refused: list[WireRefusal] = []
 

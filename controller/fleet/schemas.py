@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 import pydantic
 from pydantic import alias_generators
 
-from controller.fleet import actions, relays
+from controller.fleet import actions, relays, reports
 from controller.fleet import state as fleet_state
 from shared import heartbeat, patterns
 from shared import spec as specs
@@ -125,7 +125,7 @@ class PeerEntry(Wire):
         pydantic.StringConstraints(pattern=patterns.rust(relays.KEY_PATTERN)),
         pydantic.Field(json_schema_extra={"pattern": patterns.schema(relays.KEY_PATTERN)}),
     ]
-    """The report's change key (`state.change_key`)."""
+    """The report's change key (`reports.change_key`)."""
     boot_id: Annotated[str, pydantic.StringConstraints(min_length=1, max_length=64)]
     sequence: Annotated[int, pydantic.Field(ge=0, le=heartbeat.MAX_SEQUENCE)]
     sent_at: heartbeat.Timestamp
@@ -171,7 +171,7 @@ class PeerRefusal(Wire):
 class PeerAnswer(Wire):
     """What the leader made of a follower's batch, entry by entry."""
 
-    outcomes: list[fleet_state.Relayed]
+    outcomes: list[reports.Relayed]
     need: list[str]
     """Nodes whose full report the leader needs (the follower sends it at once)."""
     refused: list[PeerRefusal]

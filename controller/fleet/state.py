@@ -15,13 +15,13 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import enum
-import hashlib
 from collections.abc import Iterator
 from typing import NamedTuple
 
 import msgspec
 
 from controller import timestamps
+from controller.fleet import reports
 from shared import fastheartbeat, health
 
 DEFAULT_STALE_MULTIPLIER = 3.0
@@ -85,87 +85,6 @@ class NodeState(enum.StrEnum):
     """No heartbeat reached this leader since it took over, past its warm-up."""
     WARMING_UP = "WarmingUp"
     """No heartbeat yet, and the leader is still inside its warm-up: no judgement."""
-
-
-def interval_problem(
-    hb: fastheartbeat.Report, *, min_interval_s: float, max_interval_s: float
-) -> str | None:
-    """Why a heartbeat's `intervalS` lies outside the range this controller accepts (the
-    published schema's range too); None when it does not."""
-    if min_interval_s <= hb.interval_s <= max_interval_s:
-        return None
-    return (
-        f"intervalS {hb.interval_s:g} is outside {min_interval_s:g}..{max_interval_s:g} s,"
-        " the range this controller accepts (agent.heartbeatIntervalS in the chart)"
-    )
-
-
-def heartbeat_problem(
-    hb: fastheartbeat.Report,
-    now: dt.datetime,
-    *,
-    min_interval_s: float,
-    max_interval_s: float,
-    max_skew_s: float,
-) -> tuple[str, str] | None:
-    """The field of a heartbeat outside what this controller accepts, and why; None if none.
-
-    Every field an agent sends is bounded (DESIGN.md section 10): `intervalS` within the
-    chart's range, since staleness is measured in intervals, and `sentAt` within a skew of
-    the receive time `now`, since replays are told apart by it. The sequence's bound (int64)
-    is the wire schema's.
-    """
-    problem = interval_problem(hb, min_interval_s=min_interval_s, max_interval_s=max_interval_s)
-    if problem is not None:
-        return "intervalS", problem
-    if hb.sent_at.tzinfo is None:
-        return "sentAt", "sentAt must carry a time zone (RFC 3339, e.g. 2026-01-01T00:00:00Z)"
-    skew = (hb.sent_at - now).total_seconds()
-    if abs(skew) > max_skew_s:
-        msg = (
-            f"sentAt is {abs(skew):.0f} s {'ahead of' if skew > 0 else 'behind'} the"
-            f" controller's clock; at most {max_skew_s:g} s is accepted (is the node's clock"
-            " synchronised?)"
-        )
-        return "sentAt", msg
-    return None
-
-
-def change_key(hb: fastheartbeat.Report, pod_uid: str) -> str:
-    """A short digest of everything in a report the leader's decisions depend on, but the
-    sequence, `sentAt` and the GPU readings: boot, interval, driver, DCGM, each GPU's
-    identity, verdict, action and findings, and the agent pod the report came from (so a new
-    agent pod's `agentUrl` reaches the leader). Two reports with one key make the leader
-    decide the same; a follower relays a report whose key it already delivered as a compact
-    liveness entry (`controller.fleet.relays`), and the leader checks the key against its
-    record of the node before it applies one. Same value for either form of a report."""
-    gpus = [
-        (g.index, g.uuid, g.name, g.pci_bus_id, g.verdict.value, g.action.value, [
-            (r.code, r.verdict.value, r.action.value, r.message, r.xid, r.latched,
-             r.clears_when, None if r.since is None else r.since.isoformat())
-            for r in g.reasons
-        ])
-        for g in hb.gpus
-    ]  # fmt: skip
-    parts = (hb.boot_id, float(hb.interval_s), hb.driver_version, hb.dcgm_available, pod_uid)
-    digest = hashlib.blake2b(msgspec.msgpack.encode((parts, gpus)), digest_size=8)
-    return digest.hexdigest()
-
-
-class Relayed(enum.StrEnum):
-    """What the leader made of one entry of a follower's batch (`POST /v1/peer/heartbeats`)."""
-
-    ACCEPTED = "Accepted"
-    REPLAY = "Replay"
-    """Not newer than what the leader holds (same boot, sequence and `sentAt` no later)."""
-    NEED = "Need"
-    """A liveness entry the leader cannot apply (no record, or its record has another key):
-    the follower sends the full report at once."""
-    OUTDATED = "Outdated"
-    """A liveness entry older than the leader's record, which has another key (a newer
-    report came through another replica): nothing to apply."""
-    REFUSED = "Refused"
-    """A full report refused as a direct heartbeat would be (the error says why)."""
 
 
 BAD_STATES = frozenset(
@@ -257,7 +176,7 @@ class FleetState:
         if stale_multiplier <= 0:
             msg = f"stale_multiplier must be positive, got {stale_multiplier}"
             raise ValueError(msg)
-        _require_aware("leader_since", leader_since)
+        timestamps.require_aware("leader_since", leader_since)
         self._records: dict[str, NodeRecord] = {}
         self._changed: set[str] = set()
         self._faulty: set[str] = set()
@@ -282,7 +201,7 @@ class FleetState:
 
     def become_leader(self, now: dt.datetime) -> None:
         """Start the warm-up: no node is judged stale before one staleAfter from `now`."""
-        _require_aware("now", now)
+        timestamps.require_aware("now", now)
         self.leader_since = now
 
     def forget(self, node: str) -> None:
@@ -396,7 +315,7 @@ class FleetState:
         *,
         pod_uid: str,
         key: str | None = None,
-    ) -> Relayed:
+    ) -> reports.Relayed:
         """Record a report a follower relayed: first received there at `first_at`, and, when
         it coalesced later reports of the same key into it, last at `last_at`.
 
@@ -415,15 +334,15 @@ class FleetState:
         node = hb.node_name
         old = self._records.get(node)
         if key is None:
-            key = change_key(hb, pod_uid)
+            key = reports.change_key(hb, pod_uid)
         if old is not None and last_at < old.received_at and self.record_key(node) != key:
-            return Relayed.OUTDATED
+            return reports.Relayed.OUTDATED
         at = first_at if old is None else max(first_at, old.received_at)
         if not self.ingest(hb, at, pod_uid=pod_uid, key=key):
-            return Relayed.REPLAY
+            return reports.Relayed.REPLAY
         record = self._records[node]
         record.received_at = max(record.received_at, last_at)
-        return Relayed.ACCEPTED
+        return reports.Relayed.ACCEPTED
 
     def record_key(self, node: str) -> str | None:
         """The `change_key` of the node's record (computed once, then kept); None without one."""
@@ -431,7 +350,7 @@ class FleetState:
         if record is None:
             return None
         if record.key is None:
-            record.key = change_key(record.heartbeat, record.pod_uid)
+            record.key = reports.change_key(record.heartbeat, record.pod_uid)
         return record.key
 
     def ingest_liveness(
@@ -444,7 +363,7 @@ class FleetState:
         sent_at: dt.datetime,
         first_at: dt.datetime,
         last_at: dt.datetime,
-    ) -> Relayed:
+    ) -> reports.Relayed:
         """Apply a follower's liveness entry: a report of `node` whose key is `key`, relayed
         without its body.
 
@@ -457,9 +376,10 @@ class FleetState:
         """
         record = self._records.get(node)
         if record is None:
-            return Relayed.NEED
+            return reports.Relayed.NEED
         if self.record_key(node) != key or record.heartbeat.boot_id != boot_id:
-            return Relayed.OUTDATED if last_at < record.received_at else Relayed.NEED
+            late = last_at < record.received_at
+            return reports.Relayed.OUTDATED if late else reports.Relayed.NEED
         hb = _with_beat(record.heartbeat, sequence, sent_at)
         return self.ingest_relayed(hb, first_at, last_at, pod_uid=record.pod_uid, key=key)
 
@@ -669,9 +589,3 @@ def describe_faults(faults: tuple[Fault, ...]) -> str:
     if len(message) > MAX_MESSAGE_CHARS:
         message = message[: MAX_MESSAGE_CHARS - 1] + "…"
     return message
-
-
-def _require_aware(field: str, when: dt.datetime) -> None:
-    if when.tzinfo is None:
-        msg = f"{field} must be timezone-aware, got naive {when.isoformat()}"
-        raise ValueError(msg)

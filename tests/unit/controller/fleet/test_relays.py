@@ -17,13 +17,13 @@ import msgspec
 import pytest
 from hypothesis import strategies as st
 
-from controller.fleet import relays
+from controller.fleet import relays, reports
 from controller.fleet import state as fleet
 from shared import fastheartbeat, health, heartbeat
 from tests.unit.controller.fleet import fakes
 from tests.unit.controller.fleet.fakes import at
 
-ACCEPTED = relays.Answer(fleet.Relayed.ACCEPTED)
+ACCEPTED = relays.Answer(reports.Relayed.ACCEPTED)
 LIMITS = relays.Limits(max_entries=500, refresh_s=60.0, max_age_s=300.0, down_after_s=5.0)
 
 
@@ -37,7 +37,7 @@ def _beat(node: str = "n1", *, seq: int = 1, fault: bool = False, boot: str = "b
 
 def _offer(relay: relays.Relay, hb: fastheartbeat.Report, now: float, pod: str = "pod-1"
            ) -> tuple[relays.Kind, int | None]:  # fmt: skip
-    return relay.offer(hb, pod, fleet.change_key(hb, pod), now)
+    return relay.offer(hb, pod, reports.change_key(hb, pod), now)
 
 
 def _deliver(relay: relays.Relay, now: float) -> list[relays.Entry]:
@@ -173,7 +173,7 @@ def test_what_the_leader_needs_is_queued_again_in_full_at_once() -> None:
     _deliver(relay, 0.0)
     _offer(relay, _beat(seq=2), 1.0)
     batch = relay.take(1.5)
-    _, again = relay.settle(batch, [relays.Answer(fleet.Relayed.NEED)], 1.5)
+    _, again = relay.settle(batch, [relays.Answer(reports.Relayed.NEED)], 1.5)
     resent = relay.take(1.5)
     actual = (again, [(e.report.sequence, e.full, e.first_at) for e in resent])
     expected = (True, [(2, True, 1.0)])
@@ -186,7 +186,7 @@ def test_a_refused_change_answers_its_agent_with_the_leaders_reason() -> None:
     relay = relays.Relay(LIMITS)
     _, ticket = _offer(relay, _beat(seq=1), 0.0)
     batch = relay.take(0.0)
-    refusal = relays.Answer(fleet.Relayed.REFUSED, 403, "Forbidden", "not your node", "caller")
+    refusal = relays.Answer(reports.Relayed.REFUSED, 403, "Forbidden", "not your node", "caller")
     done, _ = relay.settle(batch, [refusal], 0.0)
     assert ticket is not None
     actual = (done, _offer(relay, _beat(seq=2), 1.0)[0])
@@ -247,43 +247,43 @@ OTHER_KEY = [
 @pytest.mark.parametrize("other", SAME_KEY)
 def test_the_change_key_ignores_what_decides_nothing(other: fastheartbeat.Report) -> None:
     """Sequence, sentAt and readings leave the key as it is, in either form of a report."""
-    assert fleet.change_key(BASE, "pod-1") == fleet.change_key(other, "pod-1")
+    assert reports.change_key(BASE, "pod-1") == reports.change_key(other, "pod-1")
 
 
 @pytest.mark.parametrize("other", OTHER_KEY)
 def test_the_change_key_covers_what_the_leader_decides_on(other: heartbeat.Heartbeat) -> None:
     """Every field the leader's decisions depend on changes the key."""
-    assert fleet.change_key(BASE, "pod-1") != fleet.change_key(other, "pod-1")
+    assert reports.change_key(BASE, "pod-1") != reports.change_key(other, "pod-1")
 
 
 def test_the_change_key_covers_the_agent_pod() -> None:
     """A new agent pod (a new agentUrl) is a new key."""
-    assert fleet.change_key(BASE, "pod-1") != fleet.change_key(BASE, "pod-2")
+    assert reports.change_key(BASE, "pod-1") != reports.change_key(BASE, "pod-2")
 
 
 # ---------------------------------------------------------------------- the leader's side
 @pytest.mark.parametrize(
     ("setup", "entry", "expected"),
     [
-        pytest.param("none", {}, fleet.Relayed.NEED, id="a node without a record is needed"),
-        pytest.param("same", {}, fleet.Relayed.ACCEPTED,
+        pytest.param("none", {}, reports.Relayed.NEED, id="a node without a record is needed"),
+        pytest.param("same", {}, reports.Relayed.ACCEPTED,
                      id="the record's key is applied"),
-        pytest.param("same", {"sequence": 5, "sent_at": at(5)}, fleet.Relayed.REPLAY,
+        pytest.param("same", {"sequence": 5, "sent_at": at(5)}, reports.Relayed.REPLAY,
                      id="an entry no newer than the record is a replay"),
-        pytest.param("other", {}, fleet.Relayed.NEED,
+        pytest.param("other", {}, reports.Relayed.NEED,
                      id="a newer entry of another key is needed"),
-        pytest.param("other", {"first_at": at(4), "last_at": at(4.5)}, fleet.Relayed.OUTDATED,
+        pytest.param("other", {"first_at": at(4), "last_at": at(4.5)}, reports.Relayed.OUTDATED,
                      id="an entry of another key received before the record is outdated"),
     ],
 )  # fmt: skip
 def test_the_leader_applies_a_liveness_entry_only_to_a_record_of_its_key(
-    setup: str, entry: dict[str, object], expected: fleet.Relayed
+    setup: str, entry: dict[str, object], expected: reports.Relayed
 ) -> None:
     """Liveness is applied when the record holds a report of the same key; otherwise the
     leader needs the full report, unless the entry reached its follower before the
     record's report reached the leader."""
     leader = fleet.FleetState(leader_since=at(0))
-    key = fleet.change_key(fakes.hb("n1"), "pod-1")
+    key = reports.change_key(fakes.hb("n1"), "pod-1")
     if setup != "none":
         faults = {0: [fakes.xid79()]} if setup == "other" else None
         leader.ingest(fakes.hb("n1", seq=5, faults=faults), at(5), pod_uid="pod-1")
@@ -302,14 +302,14 @@ def test_liveness_is_the_previous_report_with_its_sequence_moved_on() -> None:
     assert before is not None
     verdict, faults = before.verdict, before.faults
     outcome = leader.ingest_liveness(
-        "n1", key=fleet.change_key(hb, "pod-1"), boot_id="boot-1", sequence=8,
+        "n1", key=reports.change_key(hb, "pod-1"), boot_id="boot-1", sequence=8,
         sent_at=at(8), first_at=at(6), last_at=at(8),
     )  # fmt: skip
     after = leader.get("n1")
     assert after is not None
     actual = (outcome, after.verdict, after.faults == faults, after.heartbeat.sequence,
               after.heartbeat.sent_at, after.received_at)  # fmt: skip
-    expected = (fleet.Relayed.ACCEPTED, verdict, True, 8, at(8), at(8))
+    expected = (reports.Relayed.ACCEPTED, verdict, True, 8, at(8), at(8))
     assert expected == actual
 
 
@@ -408,7 +408,7 @@ class RelayedWorld:
             self.leader.ingest(hb, at(event.t), pod_uid=pod)
             return
         relay = self.followers[event.route]
-        kind, _ = relay.offer(hb, pod, fleet.change_key(hb, pod), event.t)
+        kind, _ = relay.offer(hb, pod, reports.change_key(hb, pod), event.t)
         if kind is relays.Kind.CHANGE:
             self.flush(relay, event.t, urgent=True)
 
@@ -425,9 +425,9 @@ class RelayedWorld:
             answers = []
             for e in batch:  # as the endpoint does: a node's entries in order
                 answer = (
-                    relays.Answer(fleet.Relayed.NEED) if e.node in needed else self._apply(e, now)
+                    relays.Answer(reports.Relayed.NEED) if e.node in needed else self._apply(e, now)
                 )
-                if answer.outcome is fleet.Relayed.NEED:
+                if answer.outcome is reports.Relayed.NEED:
                     needed.add(e.node)
                 answers.append(answer)
             relay.settle(batch, answers, now)
@@ -437,7 +437,7 @@ class RelayedWorld:
         first_at = at(now - relays.ago_ms(now, e.first_at) / 1000)
         pod = str(e.caller)
         if e.full:
-            key = fleet.change_key(e.report, pod)
+            key = reports.change_key(e.report, pod)
             return relays.Answer(
                 self.leader.ingest_relayed(e.report, first_at, last_at, pod_uid=pod, key=key)
             )
@@ -622,7 +622,7 @@ def test_a_held_back_report_of_the_previous_boot_does_not_undo_a_reboot() -> Non
     record = leader.get("n1")
     assert record is not None
     actual = (outcome, record.heartbeat.boot_id, record.previous_boot_id)
-    expected = (fleet.Relayed.OUTDATED, "boot-2", "boot-1")
+    expected = (reports.Relayed.OUTDATED, "boot-2", "boot-1")
     assert expected == actual
 
 

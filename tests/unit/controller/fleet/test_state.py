@@ -8,6 +8,7 @@ import datetime as dt
 import msgspec
 import pytest
 
+from controller.fleet import reports
 from controller.fleet import state as fleet
 from shared import fastheartbeat, health, heartbeat
 from tests.unit.controller.fleet import fakes
@@ -301,7 +302,7 @@ def test_heartbeat_bounds(interval_s: float, sent_at: dt.datetime, expected: str
     time is set without validation: the wire schema already refuses a time without a zone,
     and the controller's own check must hold even so."""
     hb = msgspec.structs.replace(fakes.hb("n1", interval_s=interval_s), sent_at=sent_at)
-    problem = fleet.heartbeat_problem(
+    problem = reports.heartbeat_problem(
         hb, at(100), min_interval_s=1.0, max_interval_s=300.0, max_skew_s=300.0
     )
     assert expected == (problem[0] if problem else None)
