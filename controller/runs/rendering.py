@@ -59,6 +59,7 @@ from typing import Any
 
 from controller import marks
 from controller.runs import networks, objects
+from controller.runs import volumes as volumes_
 from shared import spec as specs
 
 CONTAINER_NAME = "main"
@@ -67,24 +68,10 @@ RAY_HEAD_CONTAINER = "ray-head"
 RAY_WORKER_CONTAINER = "ray-worker"
 RAY_WORKER_GROUP = "workers"
 
-CHECKPOINT_FILE = f"{specs.CHECKPOINT_MOUNT_DIR}/{objects.CHECKPOINT_CONFIGMAP_KEY}"
-CA_FILE = f"{specs.CHECKPOINT_MOUNT_DIR}/{objects.CA_CONFIGMAP_KEY}"
-"""Where run pods find the controller's CA (`TAU_CA_FILE`)."""
-
 
 GPU_VISIBILITY_ENV = "NVIDIA_VISIBLE_DEVICES"
 NO_GPUS = "void"
 """The container toolkit's value for "no GPU at all" (not even the driver's files)."""
-
-RUN_TOKEN_DIR = "/var/run/secrets/taugrid.dev/run"  # noqa: S105  (a path, not a secret)
-RUN_TOKEN_FILE = f"{RUN_TOKEN_DIR}/token"
-"""Where a run pod finds its projected `taugrid-run` token (`TAU_TOKEN_FILE`); tau.yaml may
-not mount anything over /var/run/secrets."""
-
-VOLUME_SHM = "dshm"
-VOLUME_RUN_TOKEN = "taugrid-run-token"  # noqa: S105  (a volume name, not a secret)
-VOLUME_CHECKPOINT_FILE = "taugrid-checkpoint"
-VOLUME_CHECKPOINT_CLAIM = "checkpoint"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -253,19 +240,19 @@ def _tau_env(
         {"name": "TAU_ATTEMPT", "value": str(ctx.attempt)},
         {"name": "TAU_WORKERS", "value": str(spec.workers)},
         {"name": "TAU_URL", "value": settings.controller_url},
-        {"name": "TAU_TOKEN_FILE", "value": RUN_TOKEN_FILE},
+        {"name": "TAU_TOKEN_FILE", "value": volumes_.RUN_TOKEN_FILE},
     ]
     if spec.checkpoint is not None:
         env.append({"name": "TAU_CHECKPOINT_DIR", "value": spec.checkpoint.dir})
     env.extend(
         [
-            {"name": "TAU_CHECKPOINT_FILE", "value": CHECKPOINT_FILE},
+            {"name": "TAU_CHECKPOINT_FILE", "value": volumes_.CHECKPOINT_FILE},
             {"name": "TAU_RESUME_FROM", "value": ctx.resume_from},
             {"name": "TAU_FAILURE_REASON", "value": ctx.failure_reason},
         ]
     )
     if settings.ca_pem:
-        env.append({"name": "TAU_CA_FILE", "value": CA_FILE})
+        env.append({"name": "TAU_CA_FILE", "value": volumes_.CA_FILE})
     return env
 
 
@@ -343,71 +330,6 @@ def _resources(spec: specs.TauSpec, *, gpus: int, claims: bool = False) -> dict[
     return result
 
 
-def _volumes_and_mounts(
-    spec: specs.TauSpec, ctx: AttemptContext, settings: RenderSettings
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The spec's claims, the checkpoint claim, /dev/shm, the checkpoint file (and the
-    controller's CA beside it, when it has one) and the pod's `taugrid-run` token."""
-    with_ca = bool(settings.ca_pem)
-    volumes: list[dict[str, Any]] = []
-    mounts: list[dict[str, Any]] = []
-    for index, volume in enumerate(spec.volumes):
-        name = f"vol-{index}"
-        volumes.append(
-            {
-                "name": name,
-                "persistentVolumeClaim": {
-                    "claimName": volume.claim,
-                    "readOnly": volume.read_only,
-                },
-            }
-        )
-        mounts.append({"name": name, "mountPath": volume.mount_path, "readOnly": volume.read_only})
-    checkpoint = spec.checkpoint
-    listed = checkpoint is not None and any(v.claim == checkpoint.volume for v in spec.volumes)
-    if checkpoint is not None and checkpoint.volume is not None and not listed:
-        volumes.append(
-            {
-                "name": VOLUME_CHECKPOINT_CLAIM,
-                "persistentVolumeClaim": {"claimName": checkpoint.volume},
-            }
-        )
-        mounts.append({"name": VOLUME_CHECKPOINT_CLAIM, "mountPath": checkpoint.dir})
-    volumes.append(
-        {"name": VOLUME_SHM, "emptyDir": {"medium": "Memory", "sizeLimit": spec.shm_size}}
-    )
-    mounts.append({"name": VOLUME_SHM, "mountPath": specs.SHM_MOUNT_PATH})
-    items = [{"key": objects.CHECKPOINT_CONFIGMAP_KEY, "path": objects.CHECKPOINT_CONFIGMAP_KEY}]
-    if with_ca:
-        items.append({"key": objects.CA_CONFIGMAP_KEY, "path": objects.CA_CONFIGMAP_KEY})
-    volumes.append(
-        {
-            "name": VOLUME_CHECKPOINT_FILE,
-            "configMap": {
-                "name": ctx.checkpoint_configmap,
-                # Optional: a pod must start even if the ConfigMap is briefly missing.
-                "optional": True,
-                "items": items,
-            },
-        }
-    )
-    mounts.append(
-        {"name": VOLUME_CHECKPOINT_FILE, "mountPath": specs.CHECKPOINT_MOUNT_DIR, "readOnly": True}
-    )
-    # The run's credential for our API (DESIGN.md section 10): bound to this pod, of an
-    # audience no Kubernetes API server accepts, rotated by the kubelet, dead with the pod.
-    token = {
-        "audience": settings.run_token_audience,
-        "expirationSeconds": settings.run_token_expiration_s,
-        "path": "token",
-    }
-    volumes.append(
-        {"name": VOLUME_RUN_TOKEN, "projected": {"sources": [{"serviceAccountToken": token}]}}
-    )
-    mounts.append({"name": VOLUME_RUN_TOKEN, "mountPath": RUN_TOKEN_DIR, "readOnly": True})
-    return volumes, mounts
-
-
 def _container_command(spec: specs.TauSpec) -> tuple[list[str], list[str]]:
     """Return (command, args): exec form as given; a string under `/bin/sh -c`."""
     argv = spec.argv
@@ -424,7 +346,11 @@ def _pod_spec(
     *,
     gpus: int = 0,
 ) -> dict[str, Any]:
-    volumes, mounts = _volumes_and_mounts(spec, ctx, settings)
+    volumes, mounts = volumes_.volumes_and_mounts(
+        spec, configmap=ctx.checkpoint_configmap, with_ca=bool(settings.ca_pem),
+        token_audience=settings.run_token_audience,
+        token_expiration_s=settings.run_token_expiration_s,
+    )  # fmt: skip
     pod: dict[str, Any] = {
         "restartPolicy": "Never",
         "terminationGracePeriodSeconds": settings.termination_grace_period_s,
