@@ -7,7 +7,7 @@ and wakes the quarantine loop only when a verdict, the faults or the boot change
 on-call calls read and act on the leader's fleet state: each is authorised here as the
 Kubernetes verb on nodes it stands for (`get` to read, `patch` to act), and a follower then
 sends it to the leader for the caller it reviewed, under its own peer token
-(`serving.unless_leader`).
+(`forwarding.unless_leader`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import pydantic
 import structlog
 from aiohttp import web
 
-from controller import auth, errors, serving, timestamps
+from controller import auth, errors, forwarding, serving, timestamps
 from controller.fleet import (
     actions,
     agentcalls,
@@ -147,7 +147,7 @@ async def post_heartbeat(request: web.Request) -> web.StreamResponse:
             relayer = request.app[FLEET].relayer if FLEET in request.app else None
             if relayer is None:
                 st.metrics.count_heartbeat("forwarded")
-                return await serving.forward(request, identity, fastheartbeat.wire(hb))
+                return await forwarding.forward(request, identity, fastheartbeat.wire(hb))
             kind = await relayer.submit(hb, identity)
             st.metrics.count_heartbeat("relayed")
             body = {"accepted": True, "node": hb.node_name, "sequence": hb.sequence,
@@ -475,7 +475,7 @@ FLEET_VIEW = {200: serving.Reply("The fleet's breaker, mode and counts.", schema
 async def list_nodes(request: web.Request) -> web.StreamResponse:
     """Fleet health: every GPU node with its state and quarantine (on-call: `get nodes`)."""
     who = await serving.on_call(request, "get")
-    if (leader := await serving.unless_leader(request, who)) is not None:
+    if (leader := await forwarding.unless_leader(request, who)) is not None:
         return leader
     query = serving.query_of(request, schemas.NodesQuery)
     ctx = _ctx(request)
@@ -490,7 +490,7 @@ async def list_nodes(request: web.Request) -> web.StreamResponse:
 async def get_node(request: web.Request) -> web.StreamResponse:
     """One node: per-GPU detail, quarantine state and history (on-call: `get nodes`)."""
     who = await serving.on_call(request, "get")
-    if (leader := await serving.unless_leader(request, who)) is not None:
+    if (leader := await forwarding.unless_leader(request, who)) is not None:
         return leader
     ctx = _ctx(request)
     name = serving.path_of(request, schemas.NodePath).name
@@ -501,7 +501,7 @@ async def get_node(request: web.Request) -> web.StreamResponse:
 
 async def _manual(request: web.Request, release: bool) -> web.StreamResponse:
     identity = await serving.on_call(request, "patch")
-    if (leader := await serving.unless_leader(request, identity)) is not None:
+    if (leader := await forwarding.unless_leader(request, identity)) is not None:
         return leader
     ctx = _ctx(request)
     name = serving.path_of(request, schemas.NodePath).name
@@ -617,7 +617,7 @@ def _fleet_json(st: serving.ServingState, ctx: FleetContext) -> dict[str, Any]:
 async def get_fleet(request: web.Request) -> web.StreamResponse:
     """Breaker state, dry-run mode and fleet counts (on-call: `get nodes`)."""
     who = await serving.on_call(request, "get")
-    if (leader := await serving.unless_leader(request, who)) is not None:
+    if (leader := await forwarding.unless_leader(request, who)) is not None:
         return leader
     return serving.json_response(_fleet_json(serving.serving_of(request), _ctx(request)))
 
@@ -634,7 +634,7 @@ async def reset_breaker(request: web.Request) -> web.StreamResponse:
     optional, so a call without a body (older clients) still resets, with no reason recorded.
     """
     identity = await serving.on_call(request, "patch")
-    if (leader := await serving.unless_leader(request, identity)) is not None:
+    if (leader := await forwarding.unless_leader(request, identity)) is not None:
         return leader
     sent = request.body_exists  # no body: no reason; a body must carry one, as a release's
     body = await serving.json_document(request, schemas.BreakerResetRequest, optional=True)
@@ -655,7 +655,7 @@ async def reset_breaker(request: web.Request) -> web.StreamResponse:
 async def put_mode(request: web.Request) -> web.StreamResponse:
     """Switch dry run on or off at runtime (`patch nodes`)."""
     identity = await serving.on_call(request, "patch")
-    if (leader := await serving.unless_leader(request, identity)) is not None:
+    if (leader := await forwarding.unless_leader(request, identity)) is not None:
         return leader
     body = await serving.json_body(request, schemas.ModeRequest)
     ctx = _ctx(request)
@@ -697,7 +697,7 @@ async def _agent_call(
     heartbeats say where each agent is), then make the call with the controller's own
     credential and relay the agent's answer."""
     identity = await serving.on_call(request, verb)
-    if (leader := await serving.unless_leader(request, identity)) is not None:
+    if (leader := await forwarding.unless_leader(request, identity)) is not None:
         return leader
     ctx = _ctx(request)
     name = serving.path_of(request, schemas.NodePath).name

@@ -5,7 +5,7 @@ authentication, decoding and the checks: it queues the report in the pure core
 (`controller.fleet.relays`) and, for a change, waits for the leader's answer to it. `run`
 sends `POST /v1/peer/heartbeats` every `peer_batch_interval_s`, and at once when a change
 is queued or the leader needs a full report, to the leader-only address as every forward
-does (`serving.to_leader`: the chart's CA, no redirects, this replica's peer token). A
+does (`forwarding.to_leader`: the chart's CA, no redirects, this replica's peer token). A
 batch larger than `peer_max_body_bytes` goes as several requests, in order.
 """
 
@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 import msgspec
 import structlog
 
-from controller import auth, errors, serving
+from controller import auth, errors, forwarding, serving
 from controller.fleet import relays, reports
 from controller.settings import ControllerSettings
 from shared import fastheartbeat
@@ -74,7 +74,7 @@ class Relayer:
         finally:
             self._waiting.pop(ticket, None)
         if answer.outcome is reports.Relayed.REFUSED:
-            raise serving.error_of(answer.status, answer.code, answer.message, answer.field)
+            raise forwarding.error_of(answer.status, answer.code, answer.message, answer.field)
         return kind
 
     async def run(self) -> None:
@@ -133,12 +133,12 @@ class Relayer:
         m = self._st.metrics
         full = sum(1 for e in chunk if e.full)
         body = b'{"entries":[' + b",".join(bodies) + b"]}"
-        status, _, payload = await serving.to_leader(
+        status, _, payload = await forwarding.to_leader(
             self._st, "POST", PATH, body, {"Content-Type": serving.JSON}
         )
         self.batches += 1
         if status != 200:
-            code = serving.error_code(payload)
+            code = forwarding.error_code(payload)
             msg = f"the leader answered {status} {code}: {payload[:200]!r}"
             raise errors.Unavailable(msg, code="LeaderUnreachable")
         try:

@@ -22,7 +22,7 @@ from typing import Any
 import structlog
 from aiohttp import web
 
-from controller import auth, errors, marks, serving, timestamps
+from controller import auth, errors, forwarding, marks, serving, timestamps
 from controller.kube import refusals as kube_refusals
 from controller.runs import (
     checkpoints,
@@ -134,7 +134,7 @@ async def post_run(request: web.Request) -> web.StreamResponse:
         _check_priority(spec, st.settings)
         context.check_run_namespace(request, namespace)
         await _check_secrets(request, identity, spec, namespace)
-        if (leader := await serving.unless_leader(request, identity, raw)) is not None:
+        if (leader := await forwarding.unless_leader(request, identity, raw)) is not None:
             outcome = "forwarded"
             return leader
         checked = await _preflight(request, identity, spec, namespace)
@@ -459,7 +459,7 @@ async def cancel_run(request: web.Request) -> web.StreamResponse:
         await context.allow(request, identity, "delete", namespace)
     except errors.Forbidden:
         await context.allow(request, identity, "patch", namespace)
-    if (leader := await serving.unless_leader(request, identity)) is not None:
+    if (leader := await forwarding.unless_leader(request, identity)) is not None:
         return leader
     ctx = context.context_of(request)
     item = await ctx.store.get_run(namespace, name)
@@ -508,7 +508,7 @@ async def _run_caller(request: web.Request, verb: str, subresource: str = "") ->
         return auth.run_caller(namespace, name, pod.attempt)
     identity = await serving.identity(request)
     run = auth.run_of(identity)
-    if serving.forwarded(request) and run is not None and run[:2] == (namespace, name):
+    if forwarding.forwarded(request) and run is not None and run[:2] == (namespace, name):
         return identity
     await context.allow(request, identity, verb, namespace, subresource=subresource)
     return identity
@@ -536,7 +536,7 @@ async def post_checkpoint(request: web.Request) -> web.StreamResponse:
     `update tauruns/status`. A report from an attempt that is over (or not begun) is a 409.
     """
     caller = await _run_caller(request, "update", "status")
-    if (leader := await serving.unless_leader(request, caller)) is not None:
+    if (leader := await forwarding.unless_leader(request, caller)) is not None:
         return leader
     namespace, name = context.run_path(request)
     _report_rate(request, caller, namespace, name)
@@ -601,7 +601,7 @@ async def post_resume(request: web.Request) -> web.StreamResponse:
     identity = await serving.identity(request)
     namespace, name = context.run_path(request)
     await context.allow(request, identity, "patch", namespace)
-    if (leader := await serving.unless_leader(request, identity)) is not None:
+    if (leader := await forwarding.unless_leader(request, identity)) is not None:
         return leader
     body = await serving.json_body(request, schemas.ResumeRequest, optional=True)
     item = await context.context_of(request).reconciler.request_resume(
@@ -628,7 +628,7 @@ async def post_rerun(request: web.Request) -> web.StreamResponse:
     namespace, old = context.run_path(request)
     await context.allow(request, identity, "create", namespace)
     context.check_run_namespace(request, namespace)
-    if (leader := await serving.unless_leader(request, identity)) is not None:
+    if (leader := await forwarding.unless_leader(request, identity)) is not None:
         return leader
     body = await serving.json_body(request, schemas.RerunRequest, optional=True)
     ctx = context.context_of(request)
@@ -694,7 +694,7 @@ async def post_results(request: web.Request) -> web.StreamResponse:
     `update tauruns/status`.
     """
     caller = await _run_caller(request, "update", "status")
-    if (leader := await serving.unless_leader(request, caller)) is not None:
+    if (leader := await forwarding.unless_leader(request, caller)) is not None:
         return leader
     namespace, name = context.run_path(request)
     _report_rate(request, caller, namespace, name)

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from controller import errors, serving
+from controller import errors, forwarding, serving
 from controller.fleet import agentcalls
 
 
@@ -115,5 +115,5 @@ def test_a_deep_answer_from_an_agent_or_the_leader_is_no_error_code_not_a_crash(
     body (security review 3, finding 12): 100,000 brackets read as "no code", where a plain
     `json.loads` raised RecursionError (a 500 for the on-call call that relayed it)."""
     deep = b"[" * 100_000
-    assert (agentcalls._agent_error(deep), serving.error_code(deep)) == (("", "", ""), "")
-    assert serving.error_code(b'{"error": {"code": "NotLeader"}}') == "NotLeader"
+    assert (agentcalls._agent_error(deep), forwarding.error_code(deep)) == (("", "", ""), "")
+    assert forwarding.error_code(b'{"error": {"code": "NotLeader"}}') == "NotLeader"
