@@ -33,6 +33,7 @@ from controller.admission import admitting
 from controller.admission import dra as admission_dra
 from controller.fleet import agentproxy, devicepolicy, policy, quarantining, state
 from controller.fleet import api as fleet_api
+from controller.fleet import routes as fleet_routes
 from controller.kube import admission as kube_admission
 from controller.kube import client as kube_client
 from controller.kube import devices as kube_devices
@@ -63,7 +64,7 @@ def make_app(
         middlewares=[serving.make_middleware(settings.handler_timeout_s)],
         client_max_size=settings.max_body_bytes,
     )
-    fleet_api.add_routes(app)
+    fleet_routes.add_routes(app)
     pages.add_routes(app, ca_file=settings.tls_ca_file)
     openapi.add_route(app, settings)
     runs_api.add_routes(app)

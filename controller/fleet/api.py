@@ -13,13 +13,12 @@ sends it to the leader for the caller it reviewed, under its own peer token
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import dataclasses
 import datetime as dt
 import re
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import msgspec
@@ -27,13 +26,9 @@ import pydantic
 import structlog
 from aiohttp import web
 
-from controller import auth, errors, forwarding, serving, timestamps
+from controller import auth, errors, forwarding, serving
 from controller.fleet import (
-    actions,
-    agentcalls,
     agentproxy,
-    devices,
-    nodes,
     quarantining,
     relaying,
     relays,
@@ -66,27 +61,13 @@ class FleetContext:
 FLEET = web.AppKey("fleet", FleetContext)
 
 
-def add_routes(app: web.Application) -> None:
-    """Register the fleet routes."""
-    app.router.add_post("/v1/heartbeats", post_heartbeat)
-    app.router.add_post(relaying.PATH, post_peer_heartbeats)
-    app.router.add_get("/v1/nodes", list_nodes)
-    app.router.add_get("/v1/nodes/{name}", get_node)
-    app.router.add_post("/v1/nodes/{name}/quarantine", post_quarantine)
-    app.router.add_delete("/v1/nodes/{name}/quarantine", delete_quarantine)
-    app.router.add_get("/v1/nodes/{name}/gpus", get_agent_gpus)
-    app.router.add_post("/v1/nodes/{name}/diag", post_agent_diag)
-    app.router.add_post("/v1/nodes/{name}/agent/release", post_agent_release)
-    app.router.add_get("/v1/fleet", get_fleet)
-    app.router.add_post("/v1/fleet/breaker/reset", reset_breaker)
-    app.router.add_put("/v1/fleet/mode", put_mode)
-
-
-def _now() -> dt.datetime:
+def utcnow() -> dt.datetime:
+    """The controller's clock (UTC)."""
     return dt.datetime.now(dt.UTC)
 
 
-def _ctx(request: web.Request) -> FleetContext:
+def context_of(request: web.Request) -> FleetContext:
+    """The fleet's live objects; 503 Starting before the runtime has made them."""
     if FLEET not in request.app:
         raise errors.Unavailable("the controller is starting; retry shortly", code="Starting")
     return request.app[FLEET]
@@ -136,7 +117,7 @@ async def post_heartbeat(request: web.Request) -> web.StreamResponse:
         auth.check_heartbeat_sender(identity, agent, hb.node_name)
         s = st.settings
         problem = reports.heartbeat_problem(
-            hb, _now(), min_interval_s=s.heartbeat_min_interval_s,
+            hb, utcnow(), min_interval_s=s.heartbeat_min_interval_s,
             max_interval_s=s.heartbeat_max_interval_s, max_skew_s=s.heartbeat_max_skew_s,
         )  # fmt: skip
         if problem is not None:
@@ -153,12 +134,12 @@ async def post_heartbeat(request: web.Request) -> web.StreamResponse:
             body = {"accepted": True, "node": hb.node_name, "sequence": hb.sequence,
                     "relayed": kind.value}  # fmt: skip
             return heartbeat_accepted(body)
-        ctx = _ctx(request)
+        ctx = context_of(request)
         url = _agent_url(ctx, st, identity)
         if hb.agent_url != url:  # the chart's agents send the same URL: no copy then
             hb = fastheartbeat.with_agent_url(hb, url)
         before = _verdict_key(ctx.fleet.get(hb.node_name))
-        ingested = ctx.fleet.ingest(hb, _now(), pod_uid=identity.pod_uid or "")
+        ingested = ctx.fleet.ingest(hb, utcnow(), pod_uid=identity.pod_uid or "")
         if ingested and _verdict_key(ctx.fleet.get(hb.node_name)) != before:
             # Only a change of verdict, faults or boot wakes the quarantine loop at once; a
             # steady report does not, so a big fleet's heartbeats do not cost a pass each.
@@ -269,7 +250,7 @@ async def post_peer_heartbeats(request: web.Request) -> web.StreamResponse:
     await serving.peer(request)
     if not st.elector.is_leader():
         raise errors.Unavailable("this replica does not lead; retry", code="NotLeader")
-    ctx = _ctx(request)
+    ctx = context_of(request)
     raw = await serving.read_body(request, st.settings.peer_max_body_bytes)
     try:
         # Before decoding: msgspec recurses into an entry's raw JSON (security review 3,
@@ -310,7 +291,7 @@ async def post_peer_heartbeats(request: web.Request) -> web.StreamResponse:
             if problem is not None:
                 raise errors.Invalid(f"{where}: {problem}", field=f"{where}.intervalS")
         entries.append(entry)
-    now = _now()
+    now = utcnow()
     outcomes: list[str] = []
     need: list[str] = []
     needed: set[str] = set()
@@ -406,369 +387,3 @@ async def _relayed(
     pod_uid = caller.pod_uid or ""
     key = reports.change_key(hb, pod_uid)
     return ctx.fleet.ingest_relayed(hb, first_at, last_at, pod_uid=pod_uid, key=key)
-
-
-# ---------------------------------------------------------------------- on-call
-def _node_json(ctx: FleetContext, name: str, *, detail: bool) -> dict[str, Any]:
-    now = _now()
-    raw = ctx.cache.nodes.get(name)
-    view = nodes.parse(raw) if raw is not None else None
-    q = ctx.quarantiner
-    h = q.last.health.get(name) if q.last is not None else None
-    if h is None and name in ctx.fleet:
-        h = ctx.fleet.assess(name, now, default_interval_s=q.settings.default_interval_s)
-    rec = ctx.fleet.get(name)
-    out: dict[str, Any] = {
-        "name": name,
-        "state": h.state.value if h else "Unknown",
-        "reason": h.reason if h else "",
-        "message": h.message if h else "",
-        "lastHeartbeat": timestamps.rfc3339_exact(rec.received_at) if rec else None,
-        "bootId": rec.heartbeat.boot_id if rec else None,
-        "agentUrl": rec.heartbeat.agent_url if rec else None,
-        "managed": view.managed if view else True,
-        "unschedulable": view.unschedulable if view else False,
-        "cordonedByUs": view.cordoned_by_us if view else False,
-        "tainted": view.tainted if view else False,
-        "gpuCapacity": view.gpu_capacity if view else 0,
-        "quarantine": None,
-        "inCluster": raw is not None,
-        "fencedGpus": len(_fenced(q, name)),
-    }
-    if view is not None and view.quarantine is not None:
-        record = view.quarantine
-        out["quarantine"] = {
-            "mode": record.mode.value,
-            "by": record.by,
-            "at": timestamps.rfc3339_exact(record.at),
-            "reason": record.reason,
-            "clearsWith": record.clears_with.value,
-            "evictAfter": timestamps.rfc3339_exact(record.evict_after),
-        }
-    if detail:
-        out["devices"] = [_fenced_json(f, q) for f in _fenced(q, name)]
-        gpus = rec.heartbeat.gpus if rec else []
-        out["gpus"] = [fastheartbeat.gpu_json(g) for g in gpus]
-        out["history"] = [e.to_json() for e in view.history] if view else []
-        out["problems"] = list(view.problems) if view else []
-        condition = view.condition if view else None
-        out["condition"] = (
-            {
-                "status": condition.status.value,
-                "reason": condition.reason,
-                "message": condition.message,
-            }
-            if condition
-            else None
-        )
-    return out
-
-
-NODE_DETAIL = {200: serving.Reply("The node, with per-GPU detail.", schemas.NodeDetail)}
-FLEET_VIEW = {200: serving.Reply("The fleet's breaker, mode and counts.", schemas.FleetView)}
-
-
-@serving.operation(
-    "listNodes", tag=TAG, query=schemas.NodesQuery,
-    replies={200: serving.Reply("Every GPU node.", schemas.NodeList)},
-)  # fmt: skip
-async def list_nodes(request: web.Request) -> web.StreamResponse:
-    """Fleet health: every GPU node with its state and quarantine (on-call: `get nodes`)."""
-    who = await serving.on_call(request, "get")
-    if (leader := await forwarding.unless_leader(request, who)) is not None:
-        return leader
-    query = serving.query_of(request, schemas.NodesQuery)
-    ctx = _ctx(request)
-    names = sorted(set(ctx.cache.nodes) | set(ctx.fleet))
-    items = [_node_json(ctx, n, detail=False) for n in names]
-    if query.state is not None:
-        items = [i for i in items if i["state"] == query.state]
-    return serving.json_response({"items": items})
-
-
-@serving.operation("getNode", tag=TAG, path=schemas.NodePath, replies=NODE_DETAIL, errors=(404,))
-async def get_node(request: web.Request) -> web.StreamResponse:
-    """One node: per-GPU detail, quarantine state and history (on-call: `get nodes`)."""
-    who = await serving.on_call(request, "get")
-    if (leader := await forwarding.unless_leader(request, who)) is not None:
-        return leader
-    ctx = _ctx(request)
-    name = serving.path_of(request, schemas.NodePath).name
-    if name not in ctx.cache.nodes and name not in ctx.fleet:
-        raise errors.NotFound(f"node {name} is not known", field="name")
-    return serving.json_response(_node_json(ctx, name, detail=True))
-
-
-async def _manual(request: web.Request, release: bool) -> web.StreamResponse:
-    identity = await serving.on_call(request, "patch")
-    if (leader := await forwarding.unless_leader(request, identity)) is not None:
-        return leader
-    ctx = _ctx(request)
-    name = serving.path_of(request, schemas.NodePath).name
-    body = await serving.json_body(request, schemas.QuarantineRequest)
-    raw = ctx.cache.nodes.get(name)
-    if raw is None:
-        raise errors.NotFound(f"node {name} does not exist", field="name")
-    await ctx.quarantiner.manual(nodes.parse(raw), release=release, by=identity.username,
-                                 reason=body.reason, now=_now())  # fmt: skip
-    return serving.json_response(_node_json(ctx, name, detail=True))
-
-
-QUARANTINE_BODY = serving.Body(schemas.QuarantineRequest)
-
-
-@serving.operation(
-    "quarantineNode", tag=TAG, path=schemas.NodePath, body=QUARANTINE_BODY,
-    replies=NODE_DETAIL, errors=(404, 409),
-)  # fmt: skip
-async def post_quarantine(request: web.Request) -> web.StreamResponse:
-    """Quarantine a node by hand (reason required); only a manual release ends it.
-
-    On-call: `patch nodes`.
-    """
-    return await _manual(request, release=False)
-
-
-@serving.operation(
-    "releaseNode", tag=TAG, path=schemas.NodePath, body=QUARANTINE_BODY,
-    replies=NODE_DETAIL, errors=(404, 409),
-)  # fmt: skip
-async def delete_quarantine(request: web.Request) -> web.StreamResponse:
-    """Release a node by hand (reason required). On-call: `patch nodes`."""
-    return await _manual(request, release=True)
-
-
-def _fenced(q: quarantining.Quarantiner, node: str) -> tuple[actions.FencedDevice, ...]:
-    devs = q.last_devices
-    return devs.fenced.get(node, ()) if devs is not None else ()
-
-
-def _clears(f: actions.FencedDevice, q: quarantining.Quarantiner) -> str:
-    """What clears a fenced GPU, in words, from its record and where its streak stands."""
-    after = q.device_settings.release_after_s if q.device_settings else 0
-    if f.release_at is not None:
-        return f"healthy since {timestamps.rfc3339(f.healthy_since)}: released at " + str(
-            timestamps.rfc3339(f.release_at)
-        )
-    first = "the agent clearing its latched fault"
-    if f.record is not None and f.record.clears_with is nodes.Clearing.MANUAL_RELEASE:
-        first = "an on-call release of the latched fault on the agent (POST /v1/release)"
-    elif f.record is not None:
-        first = "a GPU reset the agent observes (then a passing diagnostic, with DCGM)"
-    return f"{first}, then healthy reports for {after:g}s"
-
-
-def _fenced_json(f: actions.FencedDevice, q: quarantining.Quarantiner) -> dict[str, Any]:
-    record = f.record
-    return {
-        "device": f.device,
-        "gpuUuid": f.gpu_uuid,
-        "dryRun": all(r.kind is devices.RuleKind.DRY_RUN for r in f.rules),
-        "reason": record.reason if record else "",
-        "message": record.message if record else "",
-        "since": timestamps.rfc3339_exact(record.at) if record else None,
-        "clearsWith": record.clears_with.value if record else None,
-        "clears": _clears(f, q),
-        "healthySince": timestamps.rfc3339_exact(f.healthy_since),
-        "releaseAt": timestamps.rfc3339_exact(f.release_at),
-        "rules": [
-            {
-                "name": r.name,
-                "key": r.key,
-                "effect": r.effect,
-                "timeAdded": timestamps.rfc3339(r.time_added),
-                "evictionInProgress": (
-                    {"status": r.eviction_status, "message": r.eviction_message}
-                    if r.eviction_status
-                    else None
-                ),
-            }
-            for r in f.rules
-        ],
-    }
-
-
-def _fleet_json(st: serving.ServingState, ctx: FleetContext) -> dict[str, Any]:
-    q = ctx.quarantiner
-    last = q.last
-    states = collections.Counter(h.state.value for h in last.health.values()) if last else {}
-    devs = q.last_devices
-    device_json = {
-        "gpuMode": q.device_settings.mode.value if q.device_settings else "device-plugin",
-        "breaker": q.device_breaker.model_dump(mode="json", by_alias=True),
-        "draNodes": len(devs.dra_nodes) if devs else 0,
-        "gpus": devs.devices_total if devs else 0,
-        "quarantined": devs.quarantined_devices if devs else 0,
-        "maxQuarantined": devs.max_quarantined_devices if devs else None,
-    }
-    return {
-        "leader": st.elector.identity,
-        "dryRun": q.settings.dry_run,
-        "breaker": q.breaker.model_dump(mode="json", by_alias=True),
-        "nodes": len(set(ctx.cache.nodes) | set(ctx.fleet)),
-        "quarantined": last.quarantined if last else 0,
-        "maxQuarantined": last.max_quarantined if last else None,
-        "states": dict(sorted(states.items())),
-        "devices": device_json,
-    }
-
-
-@serving.operation("getFleet", tag=TAG, replies=FLEET_VIEW)
-async def get_fleet(request: web.Request) -> web.StreamResponse:
-    """Breaker state, dry-run mode and fleet counts (on-call: `get nodes`)."""
-    who = await serving.on_call(request, "get")
-    if (leader := await forwarding.unless_leader(request, who)) is not None:
-        return leader
-    return serving.json_response(_fleet_json(serving.serving_of(request), _ctx(request)))
-
-
-@serving.operation(
-    "resetBreaker", tag=TAG,
-    body=serving.Body(schemas.BreakerResetRequest, required=False), replies=FLEET_VIEW,
-)  # fmt: skip
-async def reset_breaker(request: web.Request) -> web.StreamResponse:
-    """Close the quarantine circuit breaker (an operator's decision; `patch nodes`).
-
-    The body `{"reason": "..."}` says why (1 to 1,024 characters), kept in the breaker's
-    Event on the controller's Lease and in the controller's log with who reset it; it is
-    optional, so a call without a body (older clients) still resets, with no reason recorded.
-    """
-    identity = await serving.on_call(request, "patch")
-    if (leader := await forwarding.unless_leader(request, identity)) is not None:
-        return leader
-    sent = request.body_exists  # no body: no reason; a body must carry one, as a release's
-    body = await serving.json_document(request, schemas.BreakerResetRequest, optional=True)
-    reason = ""
-    if sent:
-        try:
-            reason = schemas.BreakerResetRequest.model_validate(body).reason
-        except pydantic.ValidationError as err:
-            raise errors.validation_error(err, root="body") from err
-    ctx = _ctx(request)
-    await ctx.quarantiner.reset_breaker(by=identity.username, now=_now(), reason=reason)
-    return serving.json_response(_fleet_json(serving.serving_of(request), ctx))
-
-
-@serving.operation(
-    "setFleetMode", tag=TAG, body=serving.Body(schemas.ModeRequest), replies=FLEET_VIEW
-)
-async def put_mode(request: web.Request) -> web.StreamResponse:
-    """Switch dry run on or off at runtime (`patch nodes`)."""
-    identity = await serving.on_call(request, "patch")
-    if (leader := await forwarding.unless_leader(request, identity)) is not None:
-        return leader
-    body = await serving.json_body(request, schemas.ModeRequest)
-    ctx = _ctx(request)
-    ctx.quarantiner.set_dry_run(body.dry_run, by=identity.username)
-    return serving.json_response(_fleet_json(serving.serving_of(request), ctx))
-
-
-# ---------------------------------------------------------------------- the agent, proxied
-AGENT_ANSWER = "The agent's own answer, relayed as it is (its `error` envelope on a refusal)."
-
-
-def _agent_of(ctx: FleetContext, name: str) -> tuple[agentproxy.AgentClient, str]:
-    """The client and the IP of the agent of node `name`: the pod its last heartbeat's token
-    was bound to (never an address a report carried). NotFound for a node this controller
-    does not know; BadGateway (502) when no agent of it can be reached, saying why."""
-    if name not in ctx.cache.nodes and name not in ctx.fleet:
-        raise errors.NotFound(f"node {name} is not known", field="name")
-    if ctx.agent_client is None:
-        msg = "this controller does not call agents (not wired); use a port-forward to the agent"
-        raise errors.BadGateway(msg, code="AgentUnreachable")
-    rec = ctx.fleet.get(name)
-    if rec is None or not rec.pod_uid:
-        msg = f"no agent of node {name} has reported to this controller; is its agent running?"
-        raise errors.BadGateway(msg, code="AgentUnreachable")
-    ip = ctx.agents.ip_of(rec.pod_uid)
-    if not ip or not ctx.agents.alive(rec.pod_uid):
-        msg = (
-            f"the agent pod of node {name} that last reported (uid {rec.pod_uid}) is gone or"
-            " has no IP; wait for its successor's first heartbeat"
-        )
-        raise errors.BadGateway(msg, code="AgentUnreachable")
-    return ctx.agent_client, ip
-
-
-async def _agent_call(
-    request: web.Request, verb: str, make: Callable[[], agentcalls.AgentCall]
-) -> web.StreamResponse:
-    """Authorise the caller for `verb` on nodes (as every on-call call), on the leader (whose
-    heartbeats say where each agent is), then make the call with the controller's own
-    credential and relay the agent's answer."""
-    identity = await serving.on_call(request, verb)
-    if (leader := await forwarding.unless_leader(request, identity)) is not None:
-        return leader
-    ctx = _ctx(request)
-    name = serving.path_of(request, schemas.NodePath).name
-    call = make()
-    agent, ip = _agent_of(ctx, name)
-    with_token = True
-    if call.call is agentcalls.Call.GPUS:
-        # Pod names (which tenant holds which GPU) go only to the on-call right the agent
-        # shows them to (`patch nodes`): for a caller who may only read, the agent is asked
-        # as anyone is, and leaves them out itself.
-        with_token = await _may(request, identity, "patch")
-    log.info("agent_call_requested", node=name, action=call.call.value, by=identity.username)
-    relayed = await agent.call(name, ip, call, with_token=with_token)
-    return web.Response(body=relayed.payload, status=relayed.status, content_type=serving.JSON)
-
-
-async def _may(request: web.Request, who: auth.Identity, verb: str) -> bool:
-    try:
-        await serving.allow(request, who, auth.Access(verb=verb, resource="nodes"))
-    except errors.Forbidden:
-        return False
-    return True
-
-
-AGENT_GPUS = {200: serving.Reply("The agent's view of its GPUs.", schemas.AgentAnswer)}
-
-
-@serving.operation(
-    "getNodeAgentGpus", tag=TAG, path=schemas.NodePath, replies=AGENT_GPUS, errors=(404, 502)
-)
-async def get_agent_gpus(request: web.Request) -> web.StreamResponse:
-    """The node's agent's own view of its GPUs, through the controller (`get nodes`).
-
-    The agent's `GET /v1/gpus` (latched faults and what clears them, last diagnostics, DCGM
-    and NVML status), called by the controller with its own credential. Pod names are shown
-    to a caller who may also `patch nodes`, as the agent shows them. 502 when the node has
-    no reachable agent, 504 when it does not answer in time.
-    """
-    return await _agent_call(request, "get", agentcalls.gpus)
-
-
-@serving.operation(
-    "runNodeDiagnostic", tag=TAG, path=schemas.NodePath, query=schemas.DiagQuery,
-    replies={202: serving.Reply("The diagnostic started; its result appears in /gpus.",
-                                schemas.AgentAnswer)},
-    errors=(404, 409, 502),
-)  # fmt: skip
-async def post_agent_diag(request: web.Request) -> web.StreamResponse:
-    """Start a DCGM diagnostic on the node's agent (`patch nodes`).
-
-    The agent's `POST /v1/diag?level=N`, never waited for: read the result in
-    `GET /v1/nodes/{name}/gpus` (`lastDiagnostic`). The agent refuses 409 while one runs,
-    or a level above 1 on a node whose GPUs are in use, and 503 without DCGM.
-    """
-    level = serving.query_of(request, schemas.DiagQuery).level
-    return await _agent_call(request, "patch", lambda: agentcalls.diag(level))
-
-
-@serving.operation(
-    "releaseNodeAgentLatch", tag=TAG, path=schemas.NodePath, query=schemas.LatchReleaseQuery,
-    replies={200: serving.Reply("The faults released.", schemas.AgentAnswer)},
-    errors=(404, 502),
-)  # fmt: skip
-async def post_agent_release(request: web.Request) -> web.StreamResponse:
-    """Release latched faults on the node's agent (`patch nodes`).
-
-    The agent's `POST /v1/release`: an Inspect fault stays latched (the node Failed) until a
-    person releases it here; then release the node (`DELETE .../quarantine`). `force=true`
-    releases other faults too. 404 NothingReleased when no latched fault matched.
-    """
-    q = serving.query_of(request, schemas.LatchReleaseQuery)
-    return await _agent_call(
-        request, "patch", lambda: agentcalls.release(gpu=q.gpu, code=q.code, force=q.force)
-    )
