@@ -39,9 +39,8 @@ from shared import heartbeat
 from tests.unit.controller.fleet import fakes
 
 T0 = dt.datetime(2026, 3, 1, tzinfo=dt.UTC)
-SETTINGS = devicepolicy.settings_from(
-    ControllerSettings(max_quarantined_devices=100_000, device_breaker_percent=100)
-)
+_PROCESS = ControllerSettings(max_quarantined_devices=100_000, device_breaker_percent=100)
+SETTINGS = devicepolicy.settings_from(_PROCESS.devices, _PROCESS.fleet)
 FAULTY_COUNTS = (0, 10, 100)
 
 

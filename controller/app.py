@@ -43,7 +43,7 @@ from controller.kube import pods as kube_pods
 from controller.kube import runs as kube_runs
 from controller.runs import api as runs_api
 from controller.runs import context as runs_context
-from controller.runs import keeping, reconciling, rendering, results
+from controller.runs import keeping, reconciling, rendering
 from controller.settings import ControllerSettings
 from shared import kubetoken
 
@@ -167,15 +167,14 @@ def _runtime(
             lease_api, settings.namespace, settings.lease_name,
             timeout_s=min(timeout_s, settings.renew_deadline_s / 2),
         )  # fmt: skip
-        holder: list[quarantining.Quarantiner] = []
         marks_: list[leading.LeaderMark] = []
         run_caches = leading.WhileLeading("run-caches")
 
         async def started() -> None:
             fleet.become_leader(_now())
-            holder[0].restore(elector.lease_state)
+            quarantiner.restore(elector.lease_state)
             log.info("became leader", identity=elector.identity, url=url)
-            holder[0].poke()
+            quarantiner.poke()
             for mark in marks_:
                 mark.poke()
             run_caches.start()
@@ -195,7 +194,7 @@ def _runtime(
         def dra_devices() -> Mapping[str, tuple[bool, tuple[admission_dra.Slot, ...]]]:
             # fleet -> admission: the DRA nodes' GPUs as device quarantine judges them, as
             # they are (no copy per node per pass: `admission.dra.DeviceNode`).
-            return holder[0].device_report(_now()) if holder else {}
+            return quarantiner.device_report(_now())
 
         admission_store = kube_admission.AdmissionStore(api, component=elector.identity)
         gate = admitting.Gate(
@@ -206,7 +205,7 @@ def _runtime(
         )  # fmt: skip
 
         def node_changed() -> None:
-            holder[0].poke()
+            quarantiner.poke()
             gate.poke()  # a quarantine or a release changes what fits: decide again at once
 
         cache = kube_nodes.NodeCache(
@@ -215,15 +214,14 @@ def _runtime(
         )  # fmt: skip
         device_cache = kube_devices.DeviceCache(api, on_change=node_changed)
         quarantiner = quarantining.Quarantiner(
-            fleet, cache=cache, settings=policy.settings_from(settings), elector=elector,
+            fleet, cache=cache, settings=policy.settings_from(settings.fleet), elector=elector,
             writer=kube_nodes.NodeWriter(control, settings.namespace, component=elector.identity),
             metrics=m, pass_interval_s=settings.pass_interval_s, lease_name=settings.lease_name,
             full_pass_interval_s=settings.full_pass_interval_s,
             save_state=lease_store.save_state, device_cache=device_cache,
             device_writer=kube_devices.DeviceWriter(api),
-            device_settings=devicepolicy.settings_from(settings),
+            device_settings=devicepolicy.settings_from(settings.devices, settings.fleet),
         )  # fmt: skip
-        holder.append(quarantiner)
         if settings.pod_name:
             pod = kube_pods.PodLabel(lease_api, settings.namespace, settings.pod_name)
             marks_.append(leading.LeaderMark(pod, elector, interval_s=settings.retry_period_s))
@@ -235,34 +233,12 @@ def _runtime(
             interval_s=settings.run_log_capture_interval_s,
             read_timeout_s=settings.run_log_read_timeout_s,
         )  # fmt: skip
-        reconciler = reconciling.Reconciler(
-            store, elector, m,
-            rendering.RenderSettings(
-                controller_url=settings.run_controller_url or url,
-                termination_grace_period_s=settings.run_termination_grace_s,
-                ray_version=settings.ray_version, ca_pem=run_ca,
-                ray_operator_namespace=settings.ray_operator_namespace,
-                ray_token_auth=settings.ray_token_auth,
-                run_token_audience=settings.run_token_audience,
-                run_token_expiration_s=settings.run_token_expiration_s,
-                dra_grace_s=settings.run_device_grace_s,
-            ),
-            pass_interval_s=settings.run_pass_interval_s,
-            ttl_after_finished_s=settings.run_ttl_after_finished_s,
-            pod_annotations=settings.run_pod_annotations, manager=settings.run_manager,
-            resume_priority_class=settings.resume_priority_class,
-            allowed_priority_classes=settings.allowed_priority_classes,
-            pods_ready_timeout_s=settings.pods_ready_timeout_s,
-            checkpoints_kept=settings.run_checkpoints_kept, gate_message=gate.message_for,
-            results_limits=results.Limits(
-                points=settings.run_results_points, metrics=settings.run_results_metrics,
-                artifacts=settings.run_results_artifacts,
-            ),
-            results_flush_s=settings.run_results_flush_s,
-            results_pending_max=settings.run_results_pending_max,
+        reconciler = reconciling.Reconciler.from_settings(
+            store, elector, m, settings.runs,
+            rendering.RenderSettings.from_section(settings.runs, controller_url=url, ca_pem=run_ca),
+            full_pass_interval_s=settings.full_pass_interval_s, gate_message=gate.message_for,
             keep_logs=keeper.keep_final,
             dra=quarantiner.dra_render,  # fleet -> runs: how GPUs are requested now
-            full_pass_interval_s=settings.full_pass_interval_s,
         )  # fmt: skip
         # The reconciler's lists come from watch-fed caches while this replica leads (only
         # the leader reconciles); each change pokes it (coalesced, passes spaced).

@@ -1,10 +1,13 @@
-"""The controller's settings: one class, environment prefix `TAUGRID_CONTROLLER_`."""
+"""The controller's settings: one class per process, environment prefix `TAUGRID_CONTROLLER_`,
+in sections (kopf's `OperatorSettings`, Kueue's `Configuration`): each section declares its
+fields once, and each domain takes its own (`ControllerSettings.fleet`, `.runs` …)."""
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import urllib.parse
-from typing import Literal
+from typing import Literal, TypeVar
 
 import pydantic
 import pydantic_settings
@@ -12,12 +15,10 @@ import pydantic_settings
 from controller import marks
 
 
-class ControllerSettings(pydantic_settings.BaseSettings):
-    """Every knob of the controller process. Durations are seconds (`*_s`)."""
+class ApiSettings(pydantic.BaseModel):
+    """Serving the API: listeners, TLS, the leader, callers and their limits, timeouts."""
 
-    model_config = pydantic_settings.SettingsConfigDict(
-        env_prefix="TAUGRID_CONTROLLER_", frozen=True, extra="forbid"
-    )
+    model_config = pydantic.ConfigDict(frozen=True, extra="forbid")
 
     host: str = "0.0.0.0"  # noqa: S104  (in a pod every interface is the pod's own)
     """Address to listen on. In a pod every interface is the pod's own."""
@@ -47,7 +48,6 @@ class ControllerSettings(pydantic_settings.BaseSettings):
     allow_insecure_http: bool = False
     """Serve plain HTTP on a non-loopback address, and reach the leader over plain HTTP;
     only behind a proxy or mesh that terminates TLS."""
-
     leader_url: str = ""
     """Where a follower sends what only the leader can do (heartbeats, on-call calls, run
     writes): the chart's leader-only Service, `https://<fullname>-controller-leader.<ns>.svc:
@@ -61,44 +61,8 @@ class ControllerSettings(pydantic_settings.BaseSettings):
     `X-TauGrid-Caller` header; re-read when the kubelet rotates it."""
     peer_audience: str = "taugrid-peer"
     """Audience of the replicas' peer tokens; the leader reviews them with it."""
-    controller_service_account: str = "taugrid-controller"
-    """The replicas' ServiceAccount in `namespace`: only its peer tokens may speak for a
-    caller a follower has already authenticated and authorised."""
-    pod_name: str = ""
-    """This replica's pod (the chart sets it from the downward API). The leader labels it
-    `taugrid.dev/leader=true` and removes the label when it stops leading, so the
-    leader-only Service reaches the leader alone. Empty: no pod to label (a host process)."""
     forward_timeout_s: float = pydantic.Field(default=10.0, gt=0)
     """How long a follower waits for the leader's answer before it answers 503."""
-
-    # Heartbeat relay (a follower sends the leader changes at once and liveness in batches).
-    heartbeat_relay: bool = True
-    """On a follower, relay heartbeats (a change in full at once, the agent waiting for the
-    leader's answer; a steady report as liveness in the next batch) instead of forwarding
-    each one. Off only to compare the two (bench/fleet_ingest.py)."""
-    peer_batch_interval_s: float = pydantic.Field(default=1.0, gt=0, le=60)
-    """How often a follower sends the leader its pending liveness entries (a change goes at
-    once, with whatever is pending). Must stay well below a staleAfter (3 × the agents'
-    interval): the leader sees a steady node's receipt at most this late."""
-    peer_batch_max_entries: int = pydantic.Field(default=500, ge=1, le=10_000)
-    """Entries in one batch; more are split into several requests. A batch holding only
-    liveness entries is ~150 bytes each; full 8-GPU reports ~2 KiB."""
-    peer_full_refresh_s: float = pydantic.Field(default=60.0, gt=0)
-    """A follower sends each node's full report at least this often, so the leader's GPU
-    readings (the on-call API shows them) are never older than this."""
-    peer_unreachable_after_s: float = pydantic.Field(default=5.0, gt=0)
-    """When a follower's flushes have failed this long, its agents' steady heartbeats are
-    answered 503 LeaderUnreachable (as a forward would be) instead of 202, so they see it."""
-    peer_max_body_bytes: int = pydantic.Field(default=8 * 1024 * 1024, ge=64 * 1024)
-    """Largest `POST /v1/peer/heartbeats` body the leader reads; a follower splits batches
-    below it. At least `max_body_bytes` plus 64 KiB, so one report of the largest size fits."""
-
-    kubeconfig: str = ""
-    """Kubeconfig path; empty means the in-cluster ServiceAccount."""
-    namespace: str = "taugrid-system"
-    """Install namespace: the Lease, Events of our own, and the agent ServiceAccount live here."""
-    agent_service_account: str = "taugrid-agent"
-    """Name of the agents' ServiceAccount in `namespace`; only its tokens may send heartbeats."""
     token_audience: str = "taugrid"  # noqa: S105  (an audience name, not a secret)
     """Audience the agents' projected tokens carry; TokenReview checks it."""
     user_audiences: tuple[str, ...] = ()
@@ -107,65 +71,6 @@ class ControllerSettings(pydantic_settings.BaseSettings):
     work as they are. A dedicated audience (`kubectl create token --audience taugrid-api`,
     an OIDC client id) keeps a token that leaks at TauGrid from being a Kubernetes
     credential (docs/security.md). Either way a token is only ever sent to TokenReview."""
-
-    heartbeat_min_interval_s: float = pydantic.Field(default=1.0, gt=0)
-    """Shortest `intervalS` a heartbeat may announce. The chart's agents report every 5 s; a
-    shorter interval would make a node stale after a few hundred milliseconds of silence."""
-    heartbeat_max_interval_s: float = pydantic.Field(default=300.0, gt=0, le=3600)
-    """Longest `intervalS` a heartbeat may announce: a node is stale only after 3 intervals
-    without a report, so one forged `intervalS: 3600` would hide a dead node for 3 hours
-    (security review M6). The chart's `agent.heartbeatIntervalS` must lie in this range."""
-    heartbeat_max_skew_s: float = pydantic.Field(default=300.0, gt=0)
-    """How far a heartbeat's `sentAt` may be from the controller's clock, either way. One report
-    dated 2099 would otherwise make every genuine report after it look like a replay."""
-    agent_port: int = pydantic.Field(default=9400, ge=1, le=65535)
-    """Port of the agents' API; with the pod IP the agent's token is bound to, it makes the
-    `agentUrl` the on-call API shows (the chart's `agent.port`)."""
-    agent_scheme: Literal["http", "https"] = "http"
-    """Scheme of the agents' API in that URL, and of the on-call calls the controller makes
-    to an agent for its caller (`/v1/nodes/{name}/gpus`, `/diag`, `/agent/release`); https is
-    verified with `tls_ca_file` alone, as the leader is. The chart's agents serve http."""
-    agent_token_file: str = ""
-    """The projected ServiceAccount token (the chart's: audience `taugrid-agent`, bound to
-    this pod, renewed by the kubelet) the controller presents to an agent when it makes an
-    on-call call for a caller: never the caller's credential, and never a token the API
-    server or the leader accepts, so an agent that keeps it holds nothing beyond the agents'
-    own API. Empty: the calls go without a token (the agent then hides pod names, and
-    refuses diagnostics and releases: 502 naming this setting)."""
-    agent_timeout_s: float = pydantic.Field(default=5.0, gt=0, le=60)
-    """How long the controller waits for an agent's whole answer before it answers 504. Well
-    below `forward_timeout_s`, so a call a follower forwards gets the leader's 504, not its
-    own 503; an agent answers from memory (a diagnostic is only started)."""
-    agent_max_response_bytes: int = pydantic.Field(default=4 * 1024 * 1024, ge=64 * 1024)
-    """Largest agent answer relayed; a larger one is 502. An 8-GPU `/v1/gpus` with its recent
-    events is ~100 KiB; the cap keeps one agent from filling the controller's memory."""
-    allowed_priority_classes: tuple[str, ...] = ()
-    """WorkloadPriorityClasses a tau.yaml may name (a platform's allowlist; JSON list in the
-    environment). Empty allows any class but the controller's own resume class, which is
-    refused either way (the platform's, not a researcher's, to give)."""
-
-    node_selector: str = ""
-    """Label selector of the nodes this controller manages (empty: every node; GPU nodes are
-    those advertising `nvidia.com/gpu`). Lets one API server host several fleets, and tests."""
-
-    lease_name: str = "taugrid-controller"
-    """Lease used for leader election."""
-    identity: str = ""
-    """This replica's identity in the Lease; empty means `<hostname>-<random>`."""
-    lease_duration_s: float = pydantic.Field(default=15.0, gt=0)
-    """How long a Lease stays valid without renewal. 15 s is client-go's default: long enough
-    to ride out an API-server hiccup, short enough that a failover takes seconds."""
-    renew_deadline_s: float = pydantic.Field(default=10.0, gt=0)
-    """A leader that cannot renew within this time steps down (must be < lease_duration_s)."""
-    retry_period_s: float = pydantic.Field(default=2.0, gt=0)
-    """How often candidates try to acquire and leaders renew."""
-
-    pass_interval_s: float = pydantic.Field(default=1.0, gt=0)
-    """Upper bound between two quarantine passes; heartbeats with a change trigger one at once.
-    A pass judges only the nodes whose inputs changed or whose deadline came."""
-    full_pass_interval_s: float = pydantic.Field(default=30.0, gt=0)
-    """How often a quarantine pass judges every node again, and a run pass decides every run
-    again, level-triggered: the safety net under the passes that look only at what changed."""
     auth_cache_ttl_s: float = pydantic.Field(default=60.0, ge=0)
     """How long a SubjectAccessReview answer is reused. A minute bounds how long a revoked
     permission lingers while keeping a busy endpoint from loading the API server."""
@@ -177,33 +82,6 @@ class ControllerSettings(pydantic_settings.BaseSettings):
     minute bounds how long a deleted pod's token is still taken here (review L7). Tokens
     bound to the install namespace's pods (agents, replicas) are forgotten when the watch
     sees their pod deleted, and kept up to token_cache_max_s otherwise."""
-    api_timeout_s: float = pydantic.Field(default=10.0, gt=0)
-    """Every call to the API server gives up after this long (a watch: its own server-side
-    timeout plus 30 s of silence; a followed log: this long to connect), so no caller and no
-    loop waits forever on a pooled connection or a stuck API server. Lease calls are bounded
-    by `renew_deadline_s` as well."""
-    api_writes_per_s: float = pydantic.Field(default=100.0, gt=0)
-    """The API write budget of this replica, refilled per second (client-side, like
-    client-go's QPS): every POST, PUT, PATCH and DELETE we send spends one token, and writes
-    that find none wait, served lease first, then node and device writes, runs, Events,
-    evictions (`controller.budget`). Reviews spend `api_reviews_per_s` instead."""
-    api_write_burst: int = pydantic.Field(default=300, ge=1)
-    """Writes this replica may send at once before the rate applies (client-go's burst)."""
-    api_write_aging_s: float = pydantic.Field(default=2.0, gt=0)
-    """A write waiting this long is promoted one class, so a long storm starves nothing."""
-    api_evictions_per_s: float = pydantic.Field(default=20.0, gt=0)
-    """Evictions per second at most, within the budget: a big drain is paced."""
-    api_eviction_burst: int = pydantic.Field(default=40, ge=1)
-    """Evictions at once before their pace applies."""
-    api_reviews_per_s: float = pydantic.Field(default=100.0, gt=0)
-    """The reviews' own budget, refilled per second: TokenReviews and SubjectAccessReviews
-    (which any authenticated caller can cause) never spend the write budget above, so a flood
-    of them never delays the Lease renewal or a quarantine write (security review 3,
-    finding 1). Reviews past it wait, at most `api_timeout_s`. As large as the write budget,
-    which reviews shared before: a fleet's (or a new leader's) first TokenReviews, one per
-    node, take no longer than they did (`bench/quarantine.py --burst`, issue 29)."""
-    api_review_burst: int = pydantic.Field(default=300, ge=1)
-    """Reviews this replica may send at once before `api_reviews_per_s` applies."""
     log_streams_per_identity: int = pydantic.Field(default=4, ge=1)
     """Concurrent `logs` calls one identity may hold open on a replica; more are 429. Four
     lets a researcher follow a multi-worker run's workers side by side."""
@@ -266,6 +144,131 @@ class ControllerSettings(pydantic_settings.BaseSettings):
     log_json: bool | None = None
     """JSON logs (None: JSON unless stderr is a terminal)."""
 
+
+class KubeSettings(pydantic.BaseModel):
+    """The Kubernetes side: the API server, namespace, Lease and write budgets."""
+
+    model_config = pydantic.ConfigDict(frozen=True, extra="forbid")
+
+    controller_service_account: str = "taugrid-controller"
+    """The replicas' ServiceAccount in `namespace`: only its peer tokens may speak for a
+    caller a follower has already authenticated and authorised."""
+    pod_name: str = ""
+    """This replica's pod (the chart sets it from the downward API). The leader labels it
+    `taugrid.dev/leader=true` and removes the label when it stops leading, so the
+    leader-only Service reaches the leader alone. Empty: no pod to label (a host process)."""
+    kubeconfig: str = ""
+    """Kubeconfig path; empty means the in-cluster ServiceAccount."""
+    namespace: str = "taugrid-system"
+    """Install namespace: the Lease, Events of our own, and the agent ServiceAccount live here."""
+    agent_service_account: str = "taugrid-agent"
+    """Name of the agents' ServiceAccount in `namespace`; only its tokens may send heartbeats."""
+    lease_name: str = "taugrid-controller"
+    """Lease used for leader election."""
+    identity: str = ""
+    """This replica's identity in the Lease; empty means `<hostname>-<random>`."""
+    lease_duration_s: float = pydantic.Field(default=15.0, gt=0)
+    """How long a Lease stays valid without renewal. 15 s is client-go's default: long enough
+    to ride out an API-server hiccup, short enough that a failover takes seconds."""
+    renew_deadline_s: float = pydantic.Field(default=10.0, gt=0)
+    """A leader that cannot renew within this time steps down (must be < lease_duration_s)."""
+    retry_period_s: float = pydantic.Field(default=2.0, gt=0)
+    """How often candidates try to acquire and leaders renew."""
+    api_timeout_s: float = pydantic.Field(default=10.0, gt=0)
+    """Every call to the API server gives up after this long (a watch: its own server-side
+    timeout plus 30 s of silence; a followed log: this long to connect), so no caller and no
+    loop waits forever on a pooled connection or a stuck API server. Lease calls are bounded
+    by `renew_deadline_s` as well."""
+    api_writes_per_s: float = pydantic.Field(default=100.0, gt=0)
+    """The API write budget of this replica, refilled per second (client-side, like
+    client-go's QPS): every POST, PUT, PATCH and DELETE we send spends one token, and writes
+    that find none wait, served lease first, then node and device writes, runs, Events,
+    evictions (`controller.budget`). Reviews spend `api_reviews_per_s` instead."""
+    api_write_burst: int = pydantic.Field(default=300, ge=1)
+    """Writes this replica may send at once before the rate applies (client-go's burst)."""
+    api_write_aging_s: float = pydantic.Field(default=2.0, gt=0)
+    """A write waiting this long is promoted one class, so a long storm starves nothing."""
+    api_evictions_per_s: float = pydantic.Field(default=20.0, gt=0)
+    """Evictions per second at most, within the budget: a big drain is paced."""
+    api_eviction_burst: int = pydantic.Field(default=40, ge=1)
+    """Evictions at once before their pace applies."""
+    api_reviews_per_s: float = pydantic.Field(default=100.0, gt=0)
+    """The reviews' own budget, refilled per second: TokenReviews and SubjectAccessReviews
+    (which any authenticated caller can cause) never spend the write budget above, so a flood
+    of them never delays the Lease renewal or a quarantine write (security review 3,
+    finding 1). Reviews past it wait, at most `api_timeout_s`. As large as the write budget,
+    which reviews shared before: a fleet's (or a new leader's) first TokenReviews, one per
+    node, take no longer than they did (`bench/quarantine.py --burst`, issue 29)."""
+    api_review_burst: int = pydantic.Field(default=300, ge=1)
+    """Reviews this replica may send at once before `api_reviews_per_s` applies."""
+
+
+class FleetSettings(pydantic.BaseModel):
+    """Node quarantine (the fleet policy's `Settings`), heartbeats, calls to agents."""
+
+    model_config = pydantic.ConfigDict(frozen=True, extra="forbid")
+
+    # Heartbeat relay (a follower sends the leader changes at once and liveness in batches).
+    heartbeat_relay: bool = True
+    """On a follower, relay heartbeats (a change in full at once, the agent waiting for the
+    leader's answer; a steady report as liveness in the next batch) instead of forwarding
+    each one. Off only to compare the two (bench/fleet_ingest.py)."""
+    peer_batch_interval_s: float = pydantic.Field(default=1.0, gt=0, le=60)
+    """How often a follower sends the leader its pending liveness entries (a change goes at
+    once, with whatever is pending). Must stay well below a staleAfter (3 × the agents'
+    interval): the leader sees a steady node's receipt at most this late."""
+    peer_batch_max_entries: int = pydantic.Field(default=500, ge=1, le=10_000)
+    """Entries in one batch; more are split into several requests. A batch holding only
+    liveness entries is ~150 bytes each; full 8-GPU reports ~2 KiB."""
+    peer_full_refresh_s: float = pydantic.Field(default=60.0, gt=0)
+    """A follower sends each node's full report at least this often, so the leader's GPU
+    readings (the on-call API shows them) are never older than this."""
+    peer_unreachable_after_s: float = pydantic.Field(default=5.0, gt=0)
+    """When a follower's flushes have failed this long, its agents' steady heartbeats are
+    answered 503 LeaderUnreachable (as a forward would be) instead of 202, so they see it."""
+    peer_max_body_bytes: int = pydantic.Field(default=8 * 1024 * 1024, ge=64 * 1024)
+    """Largest `POST /v1/peer/heartbeats` body the leader reads; a follower splits batches
+    below it. At least `max_body_bytes` plus 64 KiB, so one report of the largest size fits."""
+    heartbeat_min_interval_s: float = pydantic.Field(default=1.0, gt=0)
+    """Shortest `intervalS` a heartbeat may announce. The chart's agents report every 5 s; a
+    shorter interval would make a node stale after a few hundred milliseconds of silence."""
+    heartbeat_max_interval_s: float = pydantic.Field(default=300.0, gt=0, le=3600)
+    """Longest `intervalS` a heartbeat may announce: a node is stale only after 3 intervals
+    without a report, so one forged `intervalS: 3600` would hide a dead node for 3 hours
+    (security review M6). The chart's `agent.heartbeatIntervalS` must lie in this range."""
+    heartbeat_max_skew_s: float = pydantic.Field(default=300.0, gt=0)
+    """How far a heartbeat's `sentAt` may be from the controller's clock, either way. One report
+    dated 2099 would otherwise make every genuine report after it look like a replay."""
+    agent_port: int = pydantic.Field(default=9400, ge=1, le=65535)
+    """Port of the agents' API; with the pod IP the agent's token is bound to, it makes the
+    `agentUrl` the on-call API shows (the chart's `agent.port`)."""
+    agent_scheme: Literal["http", "https"] = "http"
+    """Scheme of the agents' API in that URL, and of the on-call calls the controller makes
+    to an agent for its caller (`/v1/nodes/{name}/gpus`, `/diag`, `/agent/release`); https is
+    verified with `tls_ca_file` alone, as the leader is. The chart's agents serve http."""
+    agent_token_file: str = ""
+    """The projected ServiceAccount token (the chart's: audience `taugrid-agent`, bound to
+    this pod, renewed by the kubelet) the controller presents to an agent when it makes an
+    on-call call for a caller: never the caller's credential, and never a token the API
+    server or the leader accepts, so an agent that keeps it holds nothing beyond the agents'
+    own API. Empty: the calls go without a token (the agent then hides pod names, and
+    refuses diagnostics and releases: 502 naming this setting)."""
+    agent_timeout_s: float = pydantic.Field(default=5.0, gt=0, le=60)
+    """How long the controller waits for an agent's whole answer before it answers 504. Well
+    below `forward_timeout_s`, so a call a follower forwards gets the leader's 504, not its
+    own 503; an agent answers from memory (a diagnostic is only started)."""
+    agent_max_response_bytes: int = pydantic.Field(default=4 * 1024 * 1024, ge=64 * 1024)
+    """Largest agent answer relayed; a larger one is 502. An 8-GPU `/v1/gpus` with its recent
+    events is ~100 KiB; the cap keeps one agent from filling the controller's memory."""
+    node_selector: str = ""
+    """Label selector of the nodes this controller manages (empty: every node; GPU nodes are
+    those advertising `nvidia.com/gpu`). Lets one API server host several fleets, and tests."""
+    pass_interval_s: float = pydantic.Field(default=1.0, gt=0)
+    """Upper bound between two quarantine passes; heartbeats with a change trigger one at once.
+    A pass judges only the nodes whose inputs changed or whose deadline came."""
+    full_pass_interval_s: float = pydantic.Field(default=30.0, gt=0)
+    """How often a quarantine pass judges every node again, and a run pass decides every run
+    again, level-triggered: the safety net under the passes that look only at what changed."""
     dry_run: bool = False
     """Start in dry-run mode: decide and record, but change no node. Settable at runtime."""
     max_quarantined_fraction: float = pydantic.Field(default=0.2, gt=0, le=1)
@@ -299,6 +302,12 @@ class ControllerSettings(pydantic_settings.BaseSettings):
     eviction_retry_s: float = pydantic.Field(default=5.0, gt=0)
     """Back-off between eviction attempts refused with 429 (a PodDisruptionBudget) or 409."""
 
+
+class DeviceSettings(pydantic.BaseModel):
+    """Device quarantine on a DRA fleet: the GPU request mode and the limits."""
+
+    model_config = pydantic.ConfigDict(frozen=True, extra="forbid")
+
     gpu_mode: Literal["auto", "dra", "device-plugin"] = "auto"
     """How the cluster's GPUs are advertised (DESIGN.md section 2). `auto`: a node whose
     GPUs NVIDIA's DRA driver lists in ResourceSlices gets device quarantine, others node
@@ -320,16 +329,16 @@ class ControllerSettings(pydantic_settings.BaseSettings):
     firmware roll-out, a cooling loop), which fencing them one by one would not fix."""
     device_breaker_min_devices: int = pydantic.Field(default=4, ge=1)
     """The device breaker never opens for fewer GPUs than this."""
-    run_device_grace_s: int = pydantic.Field(default=60, ge=0)
-    """A run's checkpoint grace on DRA clusters unless its tau.yaml sets `checkpoint.grace`:
-    the `tolerationSeconds` of its claims for our `taugrid.dev/gpu-evict` taint, i.e. how
-    long it keeps a fenced GPU to reach a checkpoint before kube-controller-manager deletes
-    its pod (which then has `run_termination_grace_s` more to exit). A minute, like the
-    SIGTERM window: enough for a run that checkpoints often to lose little."""
+
+
+class AdmissionSettings(pydantic.BaseModel):
+    """The AdmissionCheck the gate answers, and how often."""
+
+    model_config = pydantic.ConfigDict(frozen=True, extra="forbid")
+
     dra_quota_resource: str = pydantic.Field(default=marks.GPU_RESOURCE, min_length=1)
     """The name Kueue's `resources.deviceClassMappings` gives NVIDIA's DeviceClass: the
     admission gate reads a DRA pod set's GPUs from its quota usage under this name."""
-
     admission_check: str = pydantic.Field(default=marks.DEFAULT_ADMISSION_CHECK, min_length=1)
     """Name of the AdmissionCheck this controller answers (DESIGN.md section 7); it must name
     `taugrid.dev/gpu-health` as its `spec.controllerName`. Another name lets a second
@@ -343,6 +352,23 @@ class ControllerSettings(pydantic_settings.BaseSettings):
     before it queues a Workload that did not fit on healthy nodes again. Without it Kueue
     retries at once, a hot loop; 15 s lets a quarantine or a release settle first."""
 
+
+class RunsSettings(pydantic.BaseModel):
+    """Runs: the pass, how attempts are rendered, retries, results, kept logs, Ray."""
+
+    model_config = pydantic.ConfigDict(frozen=True, extra="forbid")
+
+    run_device_grace_s: int = pydantic.Field(default=60, ge=0)
+    """A run's checkpoint grace on DRA clusters unless its tau.yaml sets `checkpoint.grace`:
+    the `tolerationSeconds` of its claims for our `taugrid.dev/gpu-evict` taint, i.e. how
+    long it keeps a fenced GPU to reach a checkpoint before kube-controller-manager deletes
+    its pod (which then has `run_termination_grace_s` more to exit). A minute, like the
+    SIGTERM window: enough for a run that checkpoints often to lose little."""
+
+    allowed_priority_classes: tuple[str, ...] = ()
+    """WorkloadPriorityClasses a tau.yaml may name (a platform's allowlist; JSON list in the
+    environment). Empty allows any class but the controller's own resume class, which is
+    refused either way (the platform's, not a researcher's, to give)."""
     run_namespaces: tuple[str, ...] = ()
     """Namespaces runs may be submitted to (the chart's `controller.runNamespaces`, where it
     grants the controller its run-object rights); a submission elsewhere is 403
@@ -431,6 +457,45 @@ class ControllerSettings(pydantic_settings.BaseSettings):
     objects are deleted and its next attempt created, so a kubelet that stops answering (a
     lost node) delays a resume by at most this; its periodic capture is what is kept then."""
 
+
+class ControllerSettings(
+    ApiSettings,
+    KubeSettings,
+    FleetSettings,
+    DeviceSettings,
+    AdmissionSettings,
+    RunsSettings,
+    pydantic_settings.BaseSettings,
+):
+    """Every knob of the controller process, read from `TAUGRID_CONTROLLER_<FIELD>`: the
+    sections' fields, each declared once in its section. Durations are seconds (`*_s`). Each
+    domain takes its own section (`fleet`, `devices`, `admission`, `runs`); the root and the
+    HTTP plumbing read the API and Kubernetes sections' fields from the process settings."""
+
+    model_config = pydantic_settings.SettingsConfigDict(
+        env_prefix="TAUGRID_CONTROLLER_", frozen=True, extra="forbid"
+    )
+
+    @functools.cached_property
+    def fleet(self) -> FleetSettings:
+        """The fleet section (the quarantine policy's settings)."""
+        return _section(self, FleetSettings)
+
+    @functools.cached_property
+    def devices(self) -> DeviceSettings:
+        """The device quarantine section."""
+        return _section(self, DeviceSettings)
+
+    @functools.cached_property
+    def admission(self) -> AdmissionSettings:
+        """The admission section."""
+        return _section(self, AdmissionSettings)
+
+    @functools.cached_property
+    def runs(self) -> RunsSettings:
+        """The runs section."""
+        return _section(self, RunsSettings)
+
     @pydantic.model_validator(mode="after")
     def _peer_body_holds_a_report(self) -> ControllerSettings:
         """A relayed batch must have room for the largest heartbeat the controller takes."""
@@ -478,6 +543,14 @@ class ControllerSettings(pydantic_settings.BaseSettings):
             )
             raise ValueError(msg)
         return self
+
+
+S = TypeVar("S", bound=pydantic.BaseModel)
+
+
+def _section(settings: ControllerSettings, section: type[S]) -> S:
+    """One section of the settings, with the process's values."""
+    return section.model_validate({name: getattr(settings, name) for name in section.model_fields})
 
 
 def _at_least(version: str, minimum: tuple[int, ...]) -> bool:

@@ -37,7 +37,7 @@ from pydantic import alias_generators
 
 from controller import marks
 from controller.fleet import actions, devices, nodes, state
-from controller.settings import ControllerSettings
+from controller.settings import DeviceSettings, FleetSettings
 from shared import health
 
 DEVICE_ACTIONS = frozenset({health.Action.RESET_GPU, health.Action.INSPECT})
@@ -88,19 +88,20 @@ class Settings(pydantic.BaseModel):
         return max(1, math.floor(total * self.max_quarantined_devices_fraction))
 
 
-def settings_from(process: ControllerSettings) -> Settings:
-    """Device quarantine's settings from the process settings, field for field."""
+def settings_from(devices: DeviceSettings, fleet: FleetSettings) -> Settings:
+    """Device quarantine's settings from the device section, and the fleet section's breaker
+    window and release timing, which it shares with node quarantine."""
     return Settings(
-        mode=GpuMode(process.gpu_mode),
-        max_per_node=process.device_quarantine_max_per_node,
-        max_quarantined_devices=process.max_quarantined_devices,
-        max_quarantined_devices_fraction=process.max_quarantined_devices_fraction,
-        breaker_percent=process.device_breaker_percent,
-        breaker_min_devices=process.device_breaker_min_devices,
-        breaker_window_s=process.breaker_window_s,
-        breaker_healthy_close_s=process.breaker_healthy_close_s,
-        release_after_s=process.release_after_s,
-        default_interval_s=process.default_interval_s,
+        mode=GpuMode(devices.gpu_mode),
+        max_per_node=devices.device_quarantine_max_per_node,
+        max_quarantined_devices=devices.max_quarantined_devices,
+        max_quarantined_devices_fraction=devices.max_quarantined_devices_fraction,
+        breaker_percent=devices.device_breaker_percent,
+        breaker_min_devices=devices.device_breaker_min_devices,
+        breaker_window_s=fleet.breaker_window_s,
+        breaker_healthy_close_s=fleet.breaker_healthy_close_s,
+        release_after_s=fleet.release_after_s,
+        default_interval_s=fleet.default_interval_s,
     )
 
 

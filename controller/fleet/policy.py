@@ -28,13 +28,13 @@ from pydantic import alias_generators
 
 from controller import errors, marks, timestamps
 from controller.fleet import actions, nodes, state
-from controller.settings import ControllerSettings
+from controller.settings import FleetSettings
 
 
 class Settings(pydantic.BaseModel):
     """Every limit of the quarantine policy, as the pure core takes it.
 
-    No field has a default: the process settings (`ControllerSettings`, documented in
+    No field has a default: the process settings (`ControllerSettings.fleet`, documented in
     docs/quarantine.md and the chart) are the one source of truth, translated once by
     `settings_from`; tests size every limit to their fleet explicitly.
     """
@@ -80,23 +80,10 @@ class Settings(pydantic.BaseModel):
         return max(1, math.floor(gpu_nodes * self.max_quarantined_fraction))
 
 
-def settings_from(process: ControllerSettings) -> Settings:
-    """The policy's settings from the process settings, field for field."""
-    return Settings(
-        stale_multiplier=process.stale_multiplier,
-        default_interval_s=process.default_interval_s,
-        stale_quarantine_after_s=process.stale_quarantine_after_s,
-        evict_grace_s=process.evict_grace_s,
-        degraded_drain_after_s=process.degraded_drain_after_s,
-        release_after_s=process.release_after_s,
-        max_quarantined=process.max_quarantined,
-        max_quarantined_fraction=process.max_quarantined_fraction,
-        breaker_percent=process.breaker_percent,
-        breaker_window_s=process.breaker_window_s,
-        breaker_min_nodes=process.breaker_min_nodes,
-        breaker_healthy_close_s=process.breaker_healthy_close_s,
-        dry_run=process.dry_run,
-    )
+def settings_from(section: FleetSettings) -> Settings:
+    """The policy's settings from the fleet section of the process settings (the same names;
+    the policy's own type names a bad field in camelCase and has no defaults)."""
+    return Settings.model_validate({name: getattr(section, name) for name in Settings.model_fields})
 
 
 _QUARANTINE_PRIORITY = {

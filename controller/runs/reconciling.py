@@ -49,6 +49,7 @@ from controller.runs import (
     stores,
     views,
 )
+from controller.settings import RunsSettings
 from shared import spec as specs
 
 log = structlog.get_logger()
@@ -145,6 +146,39 @@ class Reconciler:
             pending_max=results_pending_max, clock=clock,
         )  # fmt: skip
         """Results reports, buffered and written in batches."""
+
+    @classmethod
+    def from_settings(
+        cls,
+        store: stores.RunStore,
+        elector: leading.Elector,
+        metrics_: metrics.ControllerMetrics,
+        runs: RunsSettings,
+        render: rendering.RenderSettings,
+        *,
+        full_pass_interval_s: float,
+        gate_message: Callable[[str, str], str | None] | None = None,
+        keep_logs: Callable[[objects.RunRef, Sequence[int]], Awaitable[None]] | None = None,
+        dra: Callable[[], bool] | None = None,
+    ) -> Reconciler:
+        """A reconciler with the runs section's settings (the resync is the fleet's
+        `full_pass_interval_s`, which the quarantine pass shares)."""
+        return cls(
+            store, elector, metrics_, render,
+            pass_interval_s=runs.run_pass_interval_s,
+            ttl_after_finished_s=runs.run_ttl_after_finished_s,
+            pod_annotations=runs.run_pod_annotations, manager=runs.run_manager,
+            resume_priority_class=runs.resume_priority_class,
+            allowed_priority_classes=runs.allowed_priority_classes,
+            pods_ready_timeout_s=runs.pods_ready_timeout_s,
+            checkpoints_kept=runs.run_checkpoints_kept, gate_message=gate_message,
+            results_limits=results.Limits(points=runs.run_results_points,
+                                          metrics=runs.run_results_metrics,
+                                          artifacts=runs.run_results_artifacts),
+            results_flush_s=runs.run_results_flush_s,
+            results_pending_max=runs.run_results_pending_max,
+            keep_logs=keep_logs, dra=dra, full_pass_interval_s=full_pass_interval_s,
+        )  # fmt: skip
 
     @property
     def full_pass_interval_s(self) -> float:

@@ -60,6 +60,7 @@ from typing import Any
 from controller import marks
 from controller.runs import networks, objects
 from controller.runs import volumes as volumes_
+from controller.settings import RunsSettings
 from shared import spec as specs
 
 CONTAINER_NAME = "main"
@@ -126,6 +127,21 @@ class RenderSettings:
     dra_grace_s: int = 60
     """`tolerationSeconds` for `taugrid.dev/gpu-evict` when the run sets no
     `checkpoint.grace`."""
+
+    @classmethod
+    def from_section(
+        cls, runs: RunsSettings, *, controller_url: str, ca_pem: str
+    ) -> RenderSettings:
+        """Rendering's inputs from the runs section; `controller_url` (this replica's URL) where
+        the section names none, `ca_pem` as the controller read its CA file."""
+        return cls(
+            controller_url=runs.run_controller_url or controller_url,
+            termination_grace_period_s=runs.run_termination_grace_s,
+            ray_version=runs.ray_version, ca_pem=ca_pem,
+            ray_operator_namespace=runs.ray_operator_namespace, ray_token_auth=runs.ray_token_auth,
+            run_token_audience=runs.run_token_audience,
+            run_token_expiration_s=runs.run_token_expiration_s, dra_grace_s=runs.run_device_grace_s,
+        )  # fmt: skip
 
 
 def render_attempt(

@@ -8,7 +8,7 @@ import ssl
 import pydantic
 import pytest
 
-from controller import serving
+from controller import serving, settings
 from controller.settings import ControllerSettings
 from devcluster import pki
 
@@ -84,3 +84,26 @@ def test_a_relayed_batch_always_has_room_for_one_heartbeat(
         message = str(err)
     expected = (refused, refused)
     assert expected == (bool(message), "peer_max_body_bytes" in message)
+
+
+def test_every_setting_is_declared_in_one_section_and_read_from_its_old_name(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The sections split the fields without overlap or loss, the env names stay
+    `TAUGRID_CONTROLLER_<FIELD>`, and each domain's section carries the values read."""
+    sections = (
+        settings.ApiSettings, settings.KubeSettings, settings.FleetSettings,
+        settings.DeviceSettings, settings.AdmissionSettings, settings.RunsSettings,
+    )  # fmt: skip
+    declared = [name for section in sections for name in section.model_fields]
+    assert sorted(declared) == sorted(settings.ControllerSettings.model_fields)
+    assert len(declared) == len(set(declared))
+    monkeypatch.setenv("TAUGRID_CONTROLLER_DRY_RUN", "true")
+    monkeypatch.setenv("TAUGRID_CONTROLLER_RUN_PASS_INTERVAL_S", "7")
+    monkeypatch.setenv("TAUGRID_CONTROLLER_GPU_MODE", "dra")
+    monkeypatch.setenv("TAUGRID_CONTROLLER_ADMISSION_CHECK", "my-check")
+    process = settings.ControllerSettings()
+    got = (process.fleet.dry_run, process.runs.run_pass_interval_s, process.devices.gpu_mode,
+           process.admission.admission_check)  # fmt: skip
+    assert got == (True, 7.0, "dra", "my-check")
+    assert type(process.fleet) is settings.FleetSettings
