@@ -154,7 +154,10 @@ class Informer(Generic[V]):
         """Parse with `view` from now on (the reading domain's parser), the items held
         already included; tells nobody (what the objects say did not change)."""
         self._view = view
-        self.views = {key: view(item) for key, item in self.items.items()}
+        held, self.items, self.views = self.items, {}, {}
+        for key, item in held.items():
+            if (parsed := self._parse(key, item)) is not None:
+                self.items[key], self.views[key] = item, parsed[0]
 
     def _tell(self, key: str, old: V | None, new: V | None) -> None:
         if self._subscribers:
@@ -256,15 +259,14 @@ class Informer(Generic[V]):
         """Hold what a list returned at `rv` (everything else is forgotten: told gone to
         `on_delete`, deleted while the watch was down): synced."""
         old, old_views = self.items, self.views
-        self.items = {self._key(o): self._trim(o) for o in items}
-        self.views = {}
-        for key, trimmed in self.items.items():
-            before = old.get(key)
-            if before == trimmed:
-                self.views[key] = old_views[key]  # unchanged: parsed already
-            else:
-                self.views[key] = self._view(trimmed)
-                self._tell(key, old_views.get(key), self.views[key])
+        listed = {self._key(o): self._trim(o) for o in items}
+        self.items, self.views = {}, {}
+        for key, trimmed in listed.items():
+            if old.get(key) == trimmed:
+                self.items[key], self.views[key] = trimmed, old_views[key]  # parsed already
+            elif (parsed := self._parse(key, trimmed)) is not None:
+                self.items[key], self.views[key] = trimmed, parsed[0]
+                self._tell(key, old_views.get(key), parsed[0])
         for gone in old.keys() - self.items.keys():
             self._on_delete(old[gone])
             self._tell(gone, old_views.get(gone), None)
@@ -276,12 +278,27 @@ class Informer(Generic[V]):
 
     def _put(self, key: str, obj: dict[str, Any]) -> None:
         trimmed = self._trim(obj)
-        if self.items.get(key) != trimmed:
-            self.items[key] = trimmed
-            old, new = self.views.get(key), self._view(trimmed)
-            self.views[key] = new
-            self._tell(key, old, new)
-            self._on_change()  # only a change of what readers see wakes them
+        if self.items.get(key) == trimmed:
+            return  # only a change of what readers see wakes them
+        parsed = self._parse(key, trimmed)
+        if parsed is None:
+            self.gone(key)  # unreadable now: readers no longer see its earlier copy
+            return
+        self.items[key] = trimmed
+        old, self.views[key] = self.views.get(key), parsed[0]
+        self._tell(key, old, parsed[0])
+        self._on_change()
+
+    def _parse(self, key: str, trimmed: dict[str, Any]) -> tuple[V] | None:
+        """The view of an object (in a 1-tuple), None when the parser fails on it: the object
+        is left out of the cache and logged, and the watch goes on (one object nobody's
+        parser expected must not stop a loop from seeing every other)."""
+        try:
+            return (self._view(trimmed),)
+        except Exception:  # any parser failure: this object only
+            log.warning("object left out of the cache: its view failed", kind=self.kind,
+                        key=key, exc_info=True)  # fmt: skip
+            return None
 
     async def _watch(self, rv: str) -> None:
         while True:

@@ -222,3 +222,35 @@ def test_a_parser_set_later_parses_what_is_held_and_tells_nobody() -> None:
     cache.parse_with(lambda raw: raw["data"]["value"] + "!")
     cache.event("MODIFIED", obj("a", 11, "2"))
     assert (len(told), cache.views) == (2, {"ns/a": "2!"})
+
+
+def test_an_object_its_parser_fails_on_is_left_out_and_the_watch_goes_on() -> None:
+    """A view that raises leaves that object out (logged), never the others, and never stops
+    the cache: a later version it can read is taken, one it cannot read again is dropped
+    (its earlier copy told gone), and a relist does the same."""
+
+    async def never(**_: Any) -> Any:
+        raise AssertionError
+
+    def view(raw: dict[str, Any]) -> str:
+        value = str(raw["data"]["value"])
+        if value == "bad":
+            raise ValueError(value)
+        return value
+
+    cache = informer.Informer(never, without_rv, kind="test", view=view)
+    told: list[tuple[str, str | None, str | None]] = []
+    cache.subscribe(lambda c: told.append((c.key, c.old, c.new)))
+    cache.listed([obj("a", 5, "bad"), obj("b", 5, "1")], "10")
+    held = [dict(cache.views)]
+    cache.event("MODIFIED", obj("a", 11, "2"))
+    cache.event("MODIFIED", obj("b", 12, "bad"))
+    held.append(dict(cache.views))
+    cache.listed([obj("a", 13, "bad"), obj("b", 13, "3")], "14")
+    held.append(dict(cache.views))
+    assert held == [{"ns/b": "1"}, {"ns/a": "2"}, {"ns/b": "3"}]
+    assert told == [
+        ("ns/b", None, "1"), ("ns/a", None, "2"), ("ns/b", "1", None),
+        ("ns/b", None, "3"), ("ns/a", "2", None),
+    ]  # fmt: skip
+    assert set(cache.items) == {"ns/b"}
