@@ -225,7 +225,8 @@ class Reconciler:
         if self._feed is None or not self._feed.synced:
             batch = workqueue.Batch(everything=True, keys=batch.keys)
         present = {snapshots.key(i) for i in items}
-        for gone in self._live - present:
+        seen = set().union(self._live, *self._namespaces.values())
+        for gone in seen - present:  # deleted (or no longer ours): nothing queued for it
             self._live.discard(gone)
             self.queue.forget(gone)
         self._namespaces = {}

@@ -99,3 +99,21 @@ async def test_a_change_no_decision_reads_queues_no_run() -> None:
     assert (quiet, rec.queue.take(T0.timestamp() + 3).keys) == (
         frozenset(), frozenset({("team", "demo")}),
     )  # fmt: skip
+
+
+async def test_a_deleted_run_leaves_nothing_queued() -> None:
+    """A finished run waits for its TTL (a scheduled look); once its TauRun is deleted the
+    next pass forgets it, so no pass is woken for it."""
+    store = tr.FakeStore()
+    store.add_run(SPEC)
+    store.runs[("team", "demo")]["status"] = {
+        "phase": "Succeeded", "endTime": ts(0), "currentAttempt": 1,
+    }  # fmt: skip
+    rec = tr._reconciler(store, clock=lambda: T0 + dt.timedelta(seconds=1))
+    await rec.pass_once()
+    scheduled = rec.queue.next_scheduled(T0.timestamp() + 1)
+    del store.runs[("team", "demo")]
+    due = await rec.pass_once()
+    assert (scheduled is not None, due, rec.queue.next_scheduled(T0.timestamp() + 1)) == (
+        True, None, None,
+    )  # fmt: skip
