@@ -169,6 +169,8 @@ def _runtime(
         )  # fmt: skip
         marks_: list[leading.LeaderMark] = []
         run_caches = leading.WhileLeading("run-caches")
+        # The closures below read `quarantiner`, built further down: they run only once the
+        # runtime is up (the elector's callbacks, the gate's and the node cache's calls).
 
         async def started() -> None:
             fleet.become_leader(_now())

@@ -536,7 +536,7 @@ class Quarantiner:
             for name, uid in action.rules:
                 self.elector.ensure_leader()
                 if await writer.delete_rule(name, uid):
-                    cache.rules.drop(name)
+                    cache.rules.gone(name)
                     removed.append(name)
             if not removed:
                 return

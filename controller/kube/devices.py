@@ -77,10 +77,10 @@ def trim_rule(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 class DeviceKind(informer.Informer[Any]):
-    """One cluster-scoped kind, listed then watched, kept by name (the informer), with our
-    own writes shown at once (`put`, `drop`). A kind the API server does not serve (404) or
-    RBAC refuses (403) is read as empty: device quarantine then stays off instead of
-    stopping every quarantine pass."""
+    """One cluster-scoped kind, listed then watched, kept by name (the informer; our own
+    writes shown at once by `Informer.put` and `Informer.gone`). A kind the API server does
+    not serve (404) or RBAC refuses (403) is read as empty: device quarantine then stays off
+    instead of stopping every quarantine pass."""
 
     def __init__(
         self,
@@ -103,17 +103,6 @@ class DeviceKind(informer.Informer[Any]):
     def served(self) -> bool:
         """False while the API server does not serve the kind or RBAC refuses it."""
         return not self.absent
-
-    def put(self, raw: dict[str, Any]) -> None:
-        """Show an object returned by one of our writes at once."""
-        if self.synced.is_set():
-            self.note(raw)
-        else:
-            self._put(informer.key_of(raw), raw)
-
-    def drop(self, name: str) -> None:
-        """Forget an object we deleted, before the watch tells it."""
-        self.gone(name)
 
 
 class DeviceCache:

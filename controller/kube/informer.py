@@ -199,6 +199,17 @@ class Informer(Generic[V]):
         self._noted[key] = rv
         self._put(key, obj)
 
+    def put(self, obj: dict[str, Any]) -> None:
+        """Show an object as one of our writes returned it: `note` once synced; before the
+        first list (a cache fed by hand), held unless a copy at least as new is."""
+        if self.synced.is_set():
+            self.note(obj)
+            return
+        key = self._key(obj)
+        held = self.items.get(key)
+        if held is None or (version_of(held) or 0) <= (version_of(obj) or 0):
+            self._put(key, obj)
+
     def gone(self, key: str) -> None:
         """Forget an object we deleted ourselves, before the watch tells it."""
         if (held := self.items.pop(key, None)) is not None:

@@ -60,7 +60,7 @@ def trim_node(node: dict[str, Any]) -> dict[str, Any]:
 
 class NodeCache(informer.Informer[Any]):
     """List and watch the Nodes (of `label_selector`), trimmed (`trim_node`), by name: the
-    informer, with our own node writes shown at once (`put`)."""
+    informer, with our own node writes shown at once (`Informer.put`)."""
 
     def __init__(
         self,
@@ -81,17 +81,6 @@ class NodeCache(informer.Informer[Any]):
     def nodes(self) -> dict[str, dict[str, Any]]:
         """Every cached node, trimmed, by name."""
         return self.items
-
-    def put(self, node: dict[str, Any]) -> None:
-        """Store a node returned by a write, so the next pass sees our own change at once
-        (`note`; before the first list, unless an as new copy is held)."""
-        if self.synced.is_set():
-            self.note(node)
-            return
-        name = str((node.get("metadata") or {}).get("name") or "")
-        held = self.items.get(name)
-        if held is None or (informer.version_of(held) or 0) <= (informer.version_of(node) or 0):
-            self._put(name, node)
 
 
 class EvictionOutcome:

@@ -205,8 +205,16 @@ def _object_failed(obj: views.AttemptObjectView) -> tuple[bool, str]:
 # ---------------------------------------------------------------- record and evidence
 
 
-def _evictions(workload: views.WorkloadView) -> tuple[records.Eviction, ...]:
-    return tuple(records.Eviction(reason=r, count=n) for r, n in workload.evictions)
+def _workload_fields(workload: views.WorkloadView) -> dict[str, Any]:
+    """What an attempt record and the evidence keep of a Workload: its name, and its cluster
+    queue and flavors once admitted, and its evictions when it had any."""
+    out: dict[str, Any] = {"workload": workload.name}
+    if workload.cluster_queue:
+        out["cluster_queue"] = workload.cluster_queue
+        out["flavors"] = dict(workload.flavors)
+    if workload.evictions:
+        out["evictions"] = tuple(records.Eviction(reason=r, count=n) for r, n in workload.evictions)
+    return out
 
 
 def attempt_record(
@@ -239,12 +247,7 @@ def attempt_record(
         update["failure_class"] = str(outcome.failure_class)
         update["message"] = outcome.message
     if workload is not None:
-        update["workload"] = workload.name
-        if workload.cluster_queue:
-            update["cluster_queue"] = workload.cluster_queue
-            update["flavors"] = dict(workload.flavors)
-        if workload.evictions:
-            update["evictions"] = _evictions(workload)
+        update.update(_workload_fields(workload))
     return prev.model_copy(update=update)
 
 
@@ -268,12 +271,7 @@ def evidence(
     if spec.priority:
         kueue["priority_class"] = spec.priority
     if workload is not None:
-        kueue["workload"] = workload.name
-        if workload.cluster_queue:
-            kueue["cluster_queue"] = workload.cluster_queue
-            kueue["flavors"] = dict(workload.flavors)
-        if workload.evictions:
-            kueue["evictions"] = _evictions(workload)
+        kueue.update(_workload_fields(workload))
     update: dict[str, Any] = {
         "spec_hash": specs.spec_hash(spec),
         "image": spec.image,

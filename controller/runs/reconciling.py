@@ -133,9 +133,8 @@ class Reconciler:
         self._namespaces: dict[str, set[RunKey]] = {}
         """The runs of each namespace as of the last pass (what a LocalQueue concerns)."""
         self._decided_with: plans.RunSettings | None = None
-        self._feed: stores.ChangeFeed | None = None
-        if hasattr(store, "subscribe"):
-            self._feed = cast("stores.ChangeFeed", store)
+        self._feed = store if isinstance(store, stores.ChangeFeed) else None
+        if self._feed is not None:
             self._feed.subscribe(self._on_change)
             self._feed.parse_workloads_with(views.parse_workload)
         self._urgent: set[asyncio.Task[None]] = set()
@@ -367,12 +366,11 @@ class Reconciler:
             self.store.list_labelled("Job", selector),
             self._optional(self.store.list_labelled("RayJob", selector)),
             self.store.list_labelled("Pod", selector),
-            self.store.list_kueue("workloads"),
+            self._workload_views(),
             self.store.list_kueue("localqueues"),
             self.store.list_nodes(),
         )
-        return snapshots.index([*jobs, *rayjobs], pods, self._workload_views(workloads), lqs,
-                               nodes)  # fmt: skip
+        return snapshots.index([*jobs, *rayjobs], pods, workloads, lqs, nodes)
 
     async def snapshot_of_run(self, namespace: str, name: str) -> snapshots.Snapshot:
         """What one run's reconcile reads, and nothing else: its objects and pods, its
@@ -393,13 +391,13 @@ class Reconciler:
         return snapshots.index(owned, pods, [views.parse_workload(w) for w in workloads], lqs,
                                nodes)  # fmt: skip
 
-    def _workload_views(self, listed: list[dict[str, Any]]) -> list[views.WorkloadView]:
+    async def _workload_views(self) -> list[views.WorkloadView]:
         """The Workloads as the cache parsed them once, else (no cache, or not synced yet)
-        what was listed, parsed now."""
+        listed and parsed now."""
         cached = self._feed.workload_views() if self._feed is not None else None
         if cached is not None:
             return cast("list[views.WorkloadView]", cached)
-        return [views.parse_workload(w) for w in listed]
+        return [views.parse_workload(w) for w in await self.store.list_kueue("workloads")]
 
     async def _list_priority_classes(self) -> frozenset[str] | None:
         """The WorkloadPriorityClasses, once per pass (None when Kueue cannot list them)."""

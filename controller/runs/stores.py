@@ -4,7 +4,7 @@ real one; the unit tests' store is in memory)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from controller.kube import informer
 from controller.runs import attempts
@@ -52,6 +52,7 @@ class RunStore(attempts.ObjectStore, Protocol):
         ...
 
 
+@runtime_checkable
 class ChangeFeed(Protocol):
     """A store whose caches tell their changes (`controller.kube.runs.RunStore`)."""
 

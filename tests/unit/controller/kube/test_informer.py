@@ -254,3 +254,20 @@ def test_an_object_its_parser_fails_on_is_left_out_and_the_watch_goes_on() -> No
         ("ns/b", None, "3"), ("ns/a", "2", None),
     ]  # fmt: skip
     assert set(cache.items) == {"ns/b"}
+
+
+def test_our_own_write_is_held_before_the_first_list_and_noted_after() -> None:
+    """`put` on a cache fed by hand keeps the newest copy by resourceVersion; once listed, it
+    is `note` (a copy the watch has passed is not shown again)."""
+
+    async def never(**_: Any) -> Any:
+        raise AssertionError
+
+    cache: informer.Informer[informer.Raw] = informer.Informer(never, keep_rv, kind="test")
+    cache.put(obj("a", 7, "7"))
+    cache.put(obj("a", 5, "5"))  # older than what is held: not shown
+    before = cache.items["ns/a"]["data"]["value"]
+    cache.listed([obj("a", 8, "8")], "10")
+    cache.put(obj("a", 9, "9"))  # the watch is past it (10)
+    cache.put(obj("a", 12, "12"))
+    assert (before, cache.items["ns/a"]["data"]["value"]) == ("7", "12")
