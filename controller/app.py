@@ -203,6 +203,7 @@ def _runtime(
             admission_store, elector, m,
             check=settings.admission_check, retry_after_s=settings.admission_retry_after_s,
             pass_interval_s=settings.admission_pass_interval_s, devices=dra_devices,
+            full_pass_interval_s=settings.full_pass_interval_s,
             dra_resource=settings.dra_quota_resource,
         )  # fmt: skip
 

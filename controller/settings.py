@@ -267,8 +267,9 @@ class FleetSettings(pydantic.BaseModel):
     """Upper bound between two quarantine passes; heartbeats with a change trigger one at once.
     A pass judges only the nodes whose inputs changed or whose deadline came."""
     full_pass_interval_s: float = pydantic.Field(default=30.0, gt=0)
-    """How often a quarantine pass judges every node again, and a run pass decides every run
-    again, level-triggered: the safety net under the passes that look only at what changed."""
+    """How often a quarantine pass judges every node again, a run pass decides every run and
+    the admission gate every waiting Workload again, level-triggered: the safety net under the
+    passes that look only at what changed."""
     dry_run: bool = False
     """Start in dry-run mode: decide and record, but change no node. Settable at runtime."""
     max_quarantined_fraction: float = pydantic.Field(default=0.2, gt=0, le=1)

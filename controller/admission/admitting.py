@@ -1,47 +1,57 @@
 """The admission gate loop: our AdmissionCheck (`taugrid.dev/gpu-health`) answered on Workloads.
 
-Each pass, on the leader only:
+The caches (`controller.kube.informer`, in `kube.admission.AdmissionStore`) parse each node,
+pod, ResourceClaim and Workload once, as they arrive, and tell their changes; the gate maps
+each change to the Workloads it concerns and queues their keys (`controller.workqueue`):
+- a Workload that waits on our check (`views.waits`) → itself; one Ready on DRA devices
+  whose pods do not run yet → itself every `pass_interval_s` until they do (its devices may
+  fail meanwhile, and no watch tells a heartbeat going stale);
+- a node change (`poke`: a quarantine, a release, a device verdict) → every waiting
+  Workload, at once; a pod, claim or ResourceFlavor change → every waiting one, at the next
+  pass;
+- an AdmissionCheck or ClusterQueue change → everything (which queues name the check);
+- a Workload gone → nothing more, and what we remember of it is forgotten.
+
+A pass with no key due reads and writes nothing. Otherwise, on the leader only, it
 1. reads the AdmissionCheck named by the `admission_check` setting; a check that does not
    exist or names another controller is left alone (and nothing else happens);
 2. keeps its `Active` condition True (Kueue deactivates every ClusterQueue that references an
    inactive check);
-3. lists the ClusterQueues whose `admissionChecksStrategy` names the check and every
-   Workload; when some Workload admitted through one of them waits on our check, it lists
-   nodes, pods, ResourceFlavors and the runs' Jobs/RayJobs, asks the pure `policy.plan`
-   what each check should say, and applies only the differences. Workloads, nodes, pods and
-   ResourceClaims come from the informers (`controller.kube.informer`): nodes, pods and
-   claims are parsed once, as the caches take them; what the claims hold is counted from
-   the claims cache's changes (`dra.Claims.tell`); a Workload is parsed again only when the
-   cache replaced it or its owner's labels changed (`views.ParsedWorkloads`, a join of two
-   caches); a DRA node's GPU capacity is built again only when its view, its GPUs or what
-   claims hold on it changed (`dra.WithDevices`).
+3. asks the pure `policy.plan` what each waiting Workload's check should say (the plan is
+   global, since capacity is shared: every Workload is counted) and writes the answers of
+   the Workloads the queue handed out (all of them on a resync, every
+   `full_pass_interval_s`). What the claims hold is counted from the claims cache's changes
+   (`dra.Claims.tell`); a DRA node's GPU capacity is built again only when its view, its
+   GPUs or what claims hold on it changed (`dra.WithDevices`).
 
-Level-triggered: nothing depends on which event woke the pass. A pass runs every
-`admission_pass_interval_s` and at once after `poke()` (the app pokes on node changes, so a
-quarantine or a release is seen at once). Every write checks that the lease is still held.
-Kueue resets a check to Pending after a Retry and drops its message, so the last message we
-wrote per Workload is kept in memory for the run reconciler (`message_for`).
+Every write checks that the lease is still held. Kueue resets a check to Pending after a
+Retry and drops its message, so the last message we wrote per Workload is kept in memory
+for the run reconciler (`message_for`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
+import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import structlog
 
-from controller import leading, marks
+from controller import leading, marks, workqueue
 from controller import metrics as metrics_mod
 from controller.admission import dra, policy, views
 from controller.kube import admission as kube_admission
+from controller.kube import informer
 
 log = structlog.get_logger()
 
 MIN_PASS_GAP_S = 0.2
 """Pokes come with every node change; passes are spaced at least this much."""
 RETRY_EVENT_REASON = "GPUHealthRetry"
+
+Key = tuple[str, str]
+"""A Workload's (namespace, name)."""
 
 
 def _now() -> dt.datetime:
@@ -60,6 +70,7 @@ class Gate:
         check: str = marks.DEFAULT_ADMISSION_CHECK,
         retry_after_s: float = views.DEFAULT_RETRY_AFTER_S,
         pass_interval_s: float = 1.0,
+        full_pass_interval_s: float = 30.0,
         controller_name: str = marks.ADMISSION_CHECK_CONTROLLER,
         clock: Callable[[], dt.datetime] = _now,
         devices: Callable[[], Mapping[str, tuple[bool, tuple[dra.Slot, ...]]]] | None = None,
@@ -76,26 +87,32 @@ class Gate:
         self.devices = devices
         """The DRA nodes' GPUs as device quarantine judges them (wired by the root from
         the fleet); None: no DRA fleet, and DRA pod sets fit nowhere."""
-        self.dra_resource = dra_resource
-        self._wake = asyncio.Event()
-        self._messages: dict[tuple[str, str], str] = {}
-        self._evented: dict[tuple[str, str], str] = {}
+        self.queue: workqueue.WorkQueue[Key] = workqueue.WorkQueue(resync_s=full_pass_interval_s)
+        """The Workloads to decide (see the module docstring)."""
+        self._waiting: set[Key] = set()
+        """The Workloads waiting on our check, as the cache last told them."""
+        self._messages: dict[Key, str] = {}
+        self._evented: dict[Key, str] = {}
         self._refusal = ""
-        self._seen = views.ParsedWorkloads(dra_resource=dra_resource)
-        """Every Workload, to see whether one waits."""
-        self._workloads = views.ParsedWorkloads(dra_resource=dra_resource)
-        """... and with its owner's labels, once one does."""
         self._claims = dra.Claims()
         """What the claims hold, counted from the claims cache's changes."""
-        store.parse_with(node=views.parse_node, pod=views.parse_pod, claim=dra.parse_claim)
-        store.claims.subscribe(lambda change: self._claims.tell(change.old, change.new))
+        store.parse_with(
+            node=views.parse_node, pod=views.parse_pod, claim=dra.parse_claim,
+            workload=functools.partial(views.parse_workload, dra_resource=dra_resource),
+        )  # fmt: skip
+        store.claims.subscribe(self._claim_changed)
+        store.kueue["workloads"].subscribe(self._workload_changed)
+        for cache in (store.pods, store.kueue["resourceflavors"]):
+            cache.subscribe(lambda _change: self._all_waiting(at_once=False))
+        for cache in (store.kueue["admissionchecks"], store.kueue["clusterqueues"]):
+            cache.subscribe(lambda _change: self.queue.resync())
         self._with_devices = dra.WithDevices()
         self._mark_claimed = dra.MarkClaimed()
 
     # ------------------------------------------------------------------ API
     def poke(self) -> None:
-        """Ask for a pass as soon as possible (a node changed)."""
-        self._wake.set()
+        """A node or a device verdict changed: decide every waiting Workload again at once."""
+        self._all_waiting(at_once=True)
 
     def message_for(self, namespace: str, workload: str) -> str | None:
         """Why the check holds the Workload back: the last Retry or Pending message this
@@ -109,19 +126,53 @@ class Gate:
     async def run(self) -> None:
         """Pass after pass until cancelled; an API failure costs one pass, never the loop."""
         await leading.run_passes(
-            "admission", self._pass, wake=self._wake, interval_s=self.pass_interval_s,
+            "admission", self.pass_once, wake=self.queue.wake, interval_s=self.pass_interval_s,
             elector=self.elector, min_gap_s=MIN_PASS_GAP_S,
             on_follower=lambda: self.metrics.admission_check_active.set(0),
             failures=lambda loop: self.metrics.pass_failures.labels(loop).inc(),
         )  # fmt: skip
 
-    async def _pass(self) -> None:
-        await self.pass_once()
+    # ------------------------------------------------------------------ changes → keys
+    def _workload_changed(self, change: informer.Change[Any]) -> None:
+        w: views.Workload | None = change.new
+        key = _key(change.key)
+        if w is None or not views.waits(w, self.check):
+            self._waiting.discard(key)
+            self.queue.forget(key)
+            if w is None:
+                self._messages.pop(key, None)
+                self._evented.pop(key, None)
+            return
+        self._waiting.add(key)
+        ours = w.check(self.check)
+        if ours is not None and ours.state == views.CheckState.READY:
+            self._recheck(key)  # its pods are on their way: looked at again on the timer
+        else:
+            self.queue.add(key)
+
+    def _claim_changed(self, change: informer.Change[Any]) -> None:
+        self._claims.tell(change.old, change.new)
+        self._all_waiting(at_once=False)
+
+    def _all_waiting(self, *, at_once: bool) -> None:
+        """Queue every waiting Workload: now (`at_once`), or for the next pass."""
+        now = self._clock().timestamp()
+        for key in self._waiting:
+            if at_once:
+                self.queue.add(key)
+            else:
+                self.queue.due_at(key, now)
+
+    def _recheck(self, key: Key) -> None:
+        self.queue.due_at(key, self._clock().timestamp() + self.pass_interval_s)
 
     # ------------------------------------------------------------------ one pass
     async def pass_once(self) -> None:
-        """Keep the check Active and answer every Workload waiting on it."""
+        """Keep the check Active and answer the Workloads the queue hands out."""
         now = self._clock()
+        batch = self.queue.take(now.timestamp())
+        if not batch.everything and not batch.keys:
+            return
         raw_check = await self.store.get_admission_check(self.check)
         if raw_check is None or not policy.owns_check(raw_check, self.controller_name):
             self._refuse(raw_check)
@@ -129,22 +180,25 @@ class Gate:
         self._refusal = ""
         await self._keep_active(raw_check, now)
         queues = policy.queues_with_check(await self.store.list_kueue("clusterqueues"), self.check)
-        raw_workloads = await self.store.list_kueue("workloads")
-        seen = self._seen(raw_workloads)
-        self._forget({(w.namespace, w.name) for w in seen})
-        if not queues or not any(self._waits(w, queues) for w in seen):
+        listed: list[views.Workload] = await self.store.workload_views()
+        if batch.everything:
+            self._forget({(w.namespace, w.name) for w in listed})
+        if not queues or not any(views.waits(w, self.check, queues) for w in listed):
             return
         node_list: list[views.NodeCapacity] = await self.store.node_views()
         pods: list[views.PodUsage] = await self.store.pod_views()
         raw_flavors = await self.store.list_kueue("resourceflavors")
         owners = await self.store.owner_labels()
-        workloads = {(w.namespace, w.name): w for w in self._workloads(raw_workloads, owners)}
+        workloads = {
+            (w.namespace, w.name): views.with_owner(w, owners.get((w.namespace, *w.owner)))
+            for w in listed
+        }
         flavors = {f.name: f for f in map(views.parse_flavor, raw_flavors)}
         if any(w.uses_dra for w in workloads.values()):
             # Fail closed: without the fleet's word every DRA node counts as stale.
             gpus = self.devices() if self.devices is not None else {}
-            listed = await self.store.claim_views()
-            claims = self._claims if listed is None else dra.Claims.of(listed)
+            claim_list = await self.store.claim_views()
+            claims = self._claims if claim_list is None else dra.Claims.of(claim_list)
             node_list = self._with_devices(node_list, gpus, claims)
             pods = self._mark_claimed(pods, claims.pods)
         decisions = policy.plan(
@@ -157,20 +211,15 @@ class Gate:
             retry_after_s=self.retry_after_s,
             queues=queues,
         )
-        for key, decision in decisions.items():
-            await self._write(workloads[key], decision)
-
-    def _waits(self, w: views.Workload, queues: frozenset[str]) -> bool:
-        """Whether the Workload may need a decision: cheap, before the expensive lists."""
-        ours = w.check(self.check)
-        if ours is None or w.cluster_queue not in queues or not w.quota_reserved:
-            return False
-        if w.evicted or w.finished:
-            return False
-        if ours.state == views.CheckState.READY:
-            # Passed but not running: its DRA devices are checked again until it runs.
-            return w.uses_dra and not w.pods_ready
-        return ours.state in {views.CheckState.PENDING, ""} and not w.admitted
+        for key, w in workloads.items():
+            if not batch.wants(key):
+                if key in decisions:  # its answer changed for another's sake: the next pass
+                    self.queue.due_at(key, now.timestamp())
+                continue
+            if (decision := decisions.get(key)) is not None:
+                await self._write(w, decision)
+            if w.uses_dra and views.waits(w, self.check, queues):
+                self._recheck(key)
 
     def _refuse(self, raw_check: Mapping[str, Any] | None) -> None:
         """Log once why the configured check is not ours to answer."""
@@ -204,11 +253,11 @@ class Gate:
     async def _write(self, w: views.Workload, decision: policy.Decision) -> None:
         self.elector.ensure_leader()
         body = policy.check_state_body(self.check, decision)
+        key = (w.namespace, w.name)
         written = await self.store.apply_check_state(w.namespace, w.name, w.resource_version, body)
         if written is None:
-            self.poke()  # changed since we read it (or gone): the next pass decides again
+            self.queue.add(key)  # changed since we read it (or gone): decided again
             return
-        key = (w.namespace, w.name)
         if decision.state == views.CheckState.READY:
             self._messages.pop(key, None)  # a Ready check holds nothing back
         else:
@@ -221,3 +270,8 @@ class Gate:
             self._evented[key] = decision.message
             await self.store.workload_event(w.namespace, w.name, w.uid, RETRY_EVENT_REASON,
                                             decision.message, warning=True)  # fmt: skip
+
+
+def _key(cache_key: str) -> Key:
+    namespace, _, name = cache_key.partition("/")
+    return namespace, name

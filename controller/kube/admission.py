@@ -1,11 +1,11 @@
 """The admission gate's adapter: Kueue objects, nodes and pods as raw JSON, and its writes.
 
-Nodes, pods, ResourceClaims, Kueue's ClusterQueues, Workloads and ResourceFlavors and the
-runs' Jobs and RayJobs come from watch-fed caches (`informer.Informer`, started by
-`run_caches`) once they are synced, so a pass lists none of them; until then, and in tests
-without the caches running, they are listed. A Workload the gate wrote is shown in its
-cache as the write returned it (`Informer.note`), so the next pass does not answer it again
-from an older copy.
+Nodes, pods, ResourceClaims, Kueue's AdmissionChecks, ClusterQueues, Workloads and
+ResourceFlavors and the runs' Jobs and RayJobs come from watch-fed caches
+(`informer.Informer`, started by `run_caches`) once they are synced, so a pass lists none
+of them; until then, and in tests without the caches running, they are listed. A Workload
+or AdmissionCheck the gate wrote is shown in its cache as the write returned it
+(`Informer.note`), so the next pass does not answer it again from an older copy.
 
 Reads use `_preload_content=False` and return plain dicts, which `controller.admission.views`
 parses; kubernetes_asyncio checks the HTTP status only when it preloads the content, so every
@@ -87,8 +87,8 @@ def trim_claim(raw: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-CACHED_KUEUE = ("clusterqueues", "workloads", "resourceflavors")
-"""The Kueue plurals the gate lists every pass, served from caches."""
+CACHED_KUEUE = ("admissionchecks", "clusterqueues", "workloads", "resourceflavors")
+"""The Kueue plurals the gate reads, served from caches."""
 
 
 def trim_pod(raw: dict[str, Any]) -> dict[str, Any]:
@@ -146,7 +146,7 @@ class AdmissionStore:
             )
             for plural in CACHED_KUEUE
         }  # fmt: skip
-        """ClusterQueues, Workloads and ResourceFlavors."""
+        """AdmissionChecks, ClusterQueues, Workloads and ResourceFlavors."""
         self.owners: dict[str, informer.Informer[informer.Raw]] = {
             "Job": informer.Informer(
                 functools.partial(self._batch.list_job_for_all_namespaces,
@@ -159,11 +159,7 @@ class AdmissionStore:
         }  # fmt: skip
 
     async def run_caches(self) -> None:
-        """Keep the caches current until cancelled. A change pokes nothing: the fleet pokes
-        the gate on the node changes that matter, and a pass runs every interval. (Poking
-        it on every Workload change was tried: a DRA Workload rechecked between its claims'
-        allocation and its pods' binding counts its own devices as taken and is sent back
-        to Retry, and the pokes made passes land in that window often.)"""
+        """Keep the caches current until cancelled (the gate subscribes to their changes)."""
         caches = [self.nodes, self.pods, self.claims, *self.kueue.values(), *self.owners.values()]
         await asyncio.gather(*(c.run() for c in caches))
 
@@ -173,15 +169,22 @@ class AdmissionStore:
         node: Callable[[dict[str, Any]], Any],
         pod: Callable[[dict[str, Any]], Any],
         claim: Callable[[dict[str, Any]], Any],
+        workload: Callable[[dict[str, Any]], Any],
     ) -> None:
-        """Keep each cached node, pod and ResourceClaim parsed by the gate's parsers, once."""
+        """Keep each cached node, pod, ResourceClaim and Workload parsed by the gate's
+        parsers, once."""
         self.nodes.parse_with(node)
         self.pods.parse_with(pod)
         self.claims.parse_with(claim)
+        self.kueue["workloads"].parse_with(workload)
 
     # ------------------------------------------------------------------ reads
     async def get_admission_check(self, name: str) -> dict[str, Any] | None:
-        """Return an AdmissionCheck, None when it does not exist."""
+        """Return an AdmissionCheck, None when it does not exist: from the cache once it is
+        synced, else read."""
+        cache = self.kueue["admissionchecks"]
+        if cache.synced.is_set():
+            return cache.items.get(name)
         try:
             resp = await self._custom.get_cluster_custom_object(
                 *KUEUE, "admissionchecks", name, _preload_content=False
@@ -200,6 +203,13 @@ class AdmissionStore:
             return cache.values()
         resp = await self._custom.list_cluster_custom_object(*KUEUE, plural, _preload_content=False)
         return list((await _api.read_json(resp)).get("items") or [])
+
+    async def workload_views(self) -> list[Any]:
+        """Every Workload as the gate's parser reads it (see `node_views`)."""
+        cache = self.kueue["workloads"]
+        if cache.synced.is_set():
+            return list(cache.views.values())
+        return [cache.parse(raw) for raw in await self.list_kueue("workloads")]
 
     async def list_nodes(self) -> list[dict[str, Any]]:
         """Every node: from the cache once it is synced, else listed."""
@@ -314,11 +324,13 @@ class AdmissionStore:
                 field_manager=marks.ADMISSION_FIELD_MANAGER, force=True, _content_type=APPLY,
                 _preload_content=False,
             )  # fmt: skip
-            return dict(await _api.read_json(resp))
+            written = dict(await _api.read_json(resp))
         except client.ApiException as err:
             if err.status == 404:
                 return None
             raise
+        self.kueue["admissionchecks"].note(written)
+        return written
 
     async def workload_event(
         self, namespace: str, name: str, uid: str, reason: str, note: str, *, warning: bool

@@ -277,28 +277,26 @@ def _owned(name: str, rv: str = "7") -> dict[str, Any]:
     return raw
 
 
-def test_a_workload_is_parsed_again_only_when_replaced_or_its_owners_labels_change() -> None:
-    """Kept while the cache keeps the object and its Job's labels read the same; parsed
-    again when the cache replaced it, or when its owner's labels (its run and attempt)
-    changed; a LIST's new objects are parsed, and read the same."""
+def test_a_workload_parsed_once_joined_with_its_owners_labels_reads_as_parsed_with_them() -> None:
+    """The workloads cache parses a Workload once, without its owner; the pass joins it with
+    its Job's labels (`with_owner`): the same view as parsing it with them, its run and
+    attempt following the owner's labels when they change, and the cached view itself when
+    they name no run or the same."""
     raws = [_owned(f"w{i}") for i in range(3)]
     owners = {("ns", "Job", f"job-w{i}"): {marks.RUN_LABEL: f"r{i}", marks.ATTEMPT_LABEL: "1"}
               for i in range(3)}  # fmt: skip
-    parsed = views.ParsedWorkloads()
-    first = parsed(raws, owners)
-    assert first == [views.parse_workload(r, owners[views.owner_ref(r)]) for r in raws]
-    runs = [(w.run, w.attempt) for w in first]
-    assert (parsed.parsed, runs) == (3, [("r0", 1), ("r1", 1), ("r2", 1)])
-    again = parsed(raws, {k: dict(v) for k, v in owners.items()})  # equal labels, new dicts
-    assert parsed.parsed == 3
-    assert all(a is b for a, b in zip(again, first, strict=True))
+    cached = [views.parse_workload(r) for r in raws]
+    assert [w.owner for w in cached] == [("Job", f"job-w{i}") for i in range(3)]
 
-    raws[1] = _owned("w1", rv="8")  # replaced by the cache
+    def joined() -> list[views.Workload]:
+        return [views.with_owner(w, owners.get((w.namespace, *w.owner))) for w in cached]
+
+    first = joined()
+    assert first == [views.parse_workload(r, owners[views.owner_ref(r)]) for r in raws]
+    assert [(w.run, w.attempt) for w in first] == [("r0", 1), ("r1", 1), ("r2", 1)]
     owners[("ns", "Job", "job-w2")] = {marks.RUN_LABEL: "r2", marks.ATTEMPT_LABEL: "2"}
-    third = parsed(raws, owners)
-    assert parsed.parsed == 5
-    assert (third[0] is first[0], third[1].resource_version, third[2].attempt) == (True, "8", 2)
-    assert parsed([_owned("w0")], owners) == [first[0]]  # a LIST: parsed again, the same view
-    assert parsed.parsed == 6
-    unowned = views.ParsedWorkloads()
-    assert unowned(raws) == [views.parse_workload(r) for r in raws]
+    assert joined()[2] == views.parse_workload(raws[2], owners[views.owner_ref(raws[2])])
+    assert (joined()[2].attempt, cached[2].attempt) == (2, None), "the cached view is kept"
+    assert all(views.with_owner(w, None) is w for w in cached)
+    same = views.with_owner(first[0], owners[("ns", "Job", "job-w0")])
+    assert same is first[0], "labels naming the same run and attempt copy nothing"
