@@ -128,10 +128,15 @@ class Inventory(dict[str, NodeDevices]):
 
 
 def inventory(slices: Iterable[Mapping[str, Any]]) -> Inventory:
-    """Every node's GPUs from all the slices (a node may have several slices)."""
+    """Every node's GPUs from all the raw slices (a node may have several slices)."""
+    return inventory_of(map(parse_slice, slices))
+
+
+def inventory_of(parsed: Iterable[tuple[Device, ...]]) -> Inventory:
+    """Every node's GPUs from the slices' devices, parsed (`parse_slice`) once each."""
     found: dict[str, list[Device]] = {}
-    for raw in slices:
-        for device in parse_slice(raw):
+    for slice_devices in parsed:
+        for device in slice_devices:
             found.setdefault(device.node, []).append(device)
     return Inventory({
         node: NodeDevices(node, tuple(sorted(devs, key=lambda d: _natural(d.name))))

@@ -97,19 +97,23 @@ class Quarantiner:
         self._records: set[asyncio.Task[None]] = set()
         """A device action's history entry and Event, written after its rules without
         holding up the next pass (the rules are what fence the GPU)."""
-        self._parsed_devices: tuple[devices.Inventory, list[devices.TaintRule]] | None = None
-        """The inventory and rules parsed from the device cache, until it tells a change
-        (parsing a fleet's slices is most of a pass's cost)."""
+        self._inventory: devices.Inventory | None = None
+        """The DRA fleet's GPUs, gathered from the slices' parsed views; None after a slice
+        changed (gathered again when next read)."""
+        self._rules: list[devices.TaintRule] | None = None
+        """Every DeviceTaintRule's parsed view; None after a rule changed."""
         self._listings: dict[str, tuple[devicepolicy.Usable, ...]] = {}
-        """The GPUs of DRA nodes without a fault as the gate is told of them, valid for the
-        parsed inventory and rules above (`devicepolicy.usable`'s memo)."""
+        """The GPUs of DRA nodes without a fault as the gate is told of them: a node's
+        listing goes when one of its slices changes, all of them when a rule does."""
         self._in_quarantine: set[str] = set()
         """The cached nodes carrying a quarantine of ours (the gauge)."""
         cache.parse_with(_parse_node)
         cache.subscribe(self._node_changed)
         if device_cache is not None:
-            device_cache.slices.subscribe(self._devices_changed)
-            device_cache.rules.subscribe(self._devices_changed)
+            device_cache.slices.parse_with(devices.parse_slice)
+            device_cache.rules.parse_with(devices.parse_rule)
+            device_cache.slices.subscribe(self._slice_changed)
+            device_cache.rules.subscribe(self._rule_changed)
         self.ledger = passes.Ledger()
         self.wake = self.queue.wake
         self._skips_logged: set[tuple[str, str]] = set()
@@ -127,8 +131,18 @@ class Quarantiner:
         held = change.new is not None and change.new.quarantine is not None
         (self._in_quarantine.add if held else self._in_quarantine.discard)(change.key)
 
-    def _devices_changed(self, _change: informer.Change[Any]) -> None:
-        self._parsed_devices = None
+    def _slice_changed(self, change: informer.Change[tuple[devices.Device, ...]]) -> None:
+        self._inventory = None
+        for device in (*(change.old or ()), *(change.new or ())):
+            self._listings.pop(device.node, None)
+            self.queue.add(device.node)  # the node's GPUs changed: judged again
+
+    def _rule_changed(self, change: informer.Change[devices.TaintRule]) -> None:
+        self._rules = None
+        self._listings.clear()  # a rule may select devices on any node
+        for rule in (change.old, change.new):
+            if rule is not None and rule.node:
+                self.queue.add(rule.node)
 
     # ------------------------------------------------------------------ on-call
     async def manual(
@@ -211,21 +225,19 @@ class Quarantiner:
     def device_inputs(
         self, *, report: bool = False
     ) -> tuple[devices.Inventory, list[devices.TaintRule]]:
-        """The DRA inventory and every DeviceTaintRule, from the device cache (`report`:
-        log the problems of damaged rules, once per pass)."""
+        """The DRA inventory and every DeviceTaintRule, from the device cache's parsed views
+        (`report`: log the problems of damaged rules, once each time the rules change)."""
         cache = self.device_cache
         if cache is None:
             return devices.Inventory(), []
-        if self._parsed_devices is not None:
-            return self._parsed_devices
-        inventory = devices.inventory(cache.slices.items.values())
-        rules = [devices.parse_rule(r) for r in cache.rules.items.values()]
-        for rule in rules:
-            if report and rule.problems:
-                log.warning("malformed device rule", rule=rule.name, problems=rule.problems)
-        self._parsed_devices = (inventory, rules)
-        self._listings = {}
-        return inventory, rules
+        if self._inventory is None:
+            self._inventory = devices.inventory_of(cache.slices.views.values())
+        if self._rules is None:
+            self._rules = list(cache.rules.views.values())
+            for rule in self._rules:
+                if report and rule.problems:
+                    log.warning("malformed device rule", rule=rule.name, problems=rule.problems)
+        return self._inventory, self._rules
 
     def decide_devices(
         self, views: Mapping[str, nodes.NodeView], now: dt.datetime
