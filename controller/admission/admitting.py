@@ -6,9 +6,8 @@ each change to the Workloads it concerns and queues their keys (`controller.work
 - a Workload that waits on our check (`views.waits`) → itself; one Ready on DRA devices
   whose pods do not run yet → itself every `pass_interval_s` until they do (its devices may
   fail meanwhile, and no watch tells a heartbeat going stale);
-- a node change (`poke`: a quarantine, a release, a device verdict) → every waiting
-  Workload, at once; a pod, claim or ResourceFlavor change → every waiting one, at the next
-  pass;
+- the fleet's poke (a quarantine, a release, a device verdict) → every waiting Workload, at
+  once; a node, pod, claim or ResourceFlavor change → every waiting one, at the next pass;
 - an AdmissionCheck or ClusterQueue change → everything (which queues name the check);
 - a Workload gone → nothing more, and what we remember of it is forgotten.
 
@@ -102,7 +101,7 @@ class Gate:
         )  # fmt: skip
         store.claims.subscribe(self._claim_changed)
         store.kueue["workloads"].subscribe(self._workload_changed)
-        for cache in (store.pods, store.kueue["resourceflavors"]):
+        for cache in (store.nodes, store.pods, store.kueue["resourceflavors"]):
             cache.subscribe(lambda _change: self._all_waiting(at_once=False))
         for cache in (store.kueue["admissionchecks"], store.kueue["clusterqueues"]):
             cache.subscribe(lambda _change: self.queue.resync())

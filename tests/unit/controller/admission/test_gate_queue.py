@@ -5,15 +5,20 @@ API server, and a pass with nothing due must not try to."""
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import datetime as dt
 import typing
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from hypothesis import example, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 from kubernetes_asyncio import client
 
-from controller import leading, metrics
+from controller import leading, marks, metrics
 from controller.admission import admitting, views
 from controller.kube import admission as kube_admission
 from tests import support
@@ -166,3 +171,197 @@ def test_views_waits_is_the_gates_filter() -> None:
     assert not views.waits(test_policy.workload(conditions=("QuotaReserved", "Evicted")), CHECK)
     assert not views.waits(test_policy.workload(conditions=("QuotaReserved", "Finished")), CHECK)
     assert not views.waits(test_policy.workload(state="Ready"), CHECK)
+
+
+# ---------------------------------------------------------------- the queue against full passes
+
+NODES = ("n0", "n1", "n2")
+
+
+class World:
+    """The API server as one gate sees it: raw objects it is told of through its caches, and
+    its own writes of our check applied and told back (as the watch would)."""
+
+    def __init__(self, gate: admitting.Gate, store: kube_admission.AdmissionStore) -> None:
+        self.gate, self.store = gate, store
+        self.workloads: dict[str, dict[str, Any]] = {}
+        self.writes = 0
+        self.version = 100
+        store.apply_check_state = self.apply_check_state  # type: ignore[method-assign]
+        store.apply_active = self.apply_active  # type: ignore[method-assign]
+        store.workload_event = self.workload_event  # type: ignore[method-assign]
+        store.kueue["admissionchecks"].event("ADDED", {
+            "metadata": {"name": CHECK, "generation": 1, "resourceVersion": "1"},
+            "spec": {"controllerName": marks.ADMISSION_CHECK_CONTROLLER},
+        })  # fmt: skip
+        store.kueue["clusterqueues"].event("ADDED", {
+            "metadata": {"name": "cq", "resourceVersion": "2"},
+            "spec": {"admissionChecksStrategy": {"admissionChecks": [{"name": CHECK}]}},
+        })  # fmt: skip
+        store.kueue["resourceflavors"].event("ADDED", {
+            "metadata": {"name": test_policy.FLAVOR, "resourceVersion": "3"},
+            "spec": {"nodeLabels": test_policy.PRODUCT},
+        })  # fmt: skip
+        for name in NODES:
+            self.node(name, cordoned=False)
+
+    def _rv(self) -> str:
+        self.version += 1
+        return str(self.version)
+
+    def node(self, name: str, *, cordoned: bool) -> None:
+        self.store.nodes.event("MODIFIED", {
+            "metadata": {"name": name, "labels": dict(test_policy.PRODUCT),
+                         "resourceVersion": self._rv()},
+            "spec": {"unschedulable": cordoned},
+            "status": {"allocatable": {"nvidia.com/gpu": "8", "cpu": "96", "memory": "1Ti"},
+                       "conditions": [{"type": "Ready", "status": "True"}]},
+        })  # fmt: skip
+        self.gate.poke()  # as the fleet's node cache does (app.py)
+
+    def pod(self, node: str, gpus: int) -> None:
+        """A pod of someone else's on `node` taking `gpus` GPUs (0: none there)."""
+        raw = {
+            "metadata": {"namespace": "other", "name": f"p-{node}", "resourceVersion": self._rv()},
+            "spec": {"nodeName": node, "containers": [
+                {"name": "c", "resources": {"requests": {"nvidia.com/gpu": str(gpus)}}}]},
+            "status": {"phase": "Running"},
+        }  # fmt: skip
+        self.store.pods.event("DELETED" if gpus == 0 else "MODIFIED", raw)
+
+    def fence(self, name: str, *, running: bool) -> None:
+        """A pod of attempt 1 of run `name` (its Workloads are attempt 2) runs, or is gone."""
+        raw = {
+            "metadata": {"namespace": "ns", "name": f"old-{name}", "resourceVersion": self._rv(),
+                         "labels": {marks.RUN_LABEL: name, marks.ATTEMPT_LABEL: "1"}},
+            "spec": {"nodeName": NODES[0], "containers": [{"name": "c", "resources": {}}]},
+            "status": {"phase": "Running"},
+        }  # fmt: skip
+        self.store.pods.event("MODIFIED" if running else "DELETED", raw)
+
+    def requeue(self) -> None:
+        """What Kueue does after a Retry: our check Pending again, the quota reserved anew."""
+        for raw in self.workloads.values():
+            if raw["status"]["admissionChecks"][0]["state"] == "Retry":
+                raw["status"]["admissionChecks"] = [{"name": CHECK, "state": "Pending",
+                                                     "message": ""}]  # fmt: skip
+                raw["metadata"]["resourceVersion"] = self._rv()
+                self.store.kueue["workloads"].event("MODIFIED", copy.deepcopy(raw))
+
+    def add(self, name: str, pods: int, gpus: int, created: int) -> None:
+        run = {marks.RUN_LABEL: name, marks.ATTEMPT_LABEL: "2"}
+        raw = test_policy.raw_workload(name, pod_sets=[("main", pods, gpus)], labels=run,
+                                       created=f"2025-03-01T11:{created:02d}:00Z")  # fmt: skip
+        raw["metadata"]["resourceVersion"] = self._rv()
+        self.workloads[name] = raw
+        self.store.kueue["workloads"].event("ADDED", copy.deepcopy(raw))
+
+    def delete(self, name: str) -> None:
+        if (raw := self.workloads.pop(name, None)) is not None:
+            self.store.kueue["workloads"].event("DELETED", copy.deepcopy(raw))
+
+    async def apply_check_state(
+        self, namespace: str, name: str, resource_version: str, state: dict[str, Any]
+    ) -> dict[str, Any] | None:
+        raw = self.workloads.get(name)
+        if raw is None or raw["metadata"]["resourceVersion"] != resource_version:
+            return None
+        raw["status"]["admissionChecks"] = [dict(state)]
+        raw["metadata"]["resourceVersion"] = self._rv()
+        self.writes += 1
+        self.store.kueue["workloads"].event("MODIFIED", copy.deepcopy(raw))
+        return raw
+
+    async def apply_active(self, name: str, condition: dict[str, Any]) -> dict[str, Any]:
+        raw = copy.deepcopy(self.store.kueue["admissionchecks"].items[name])
+        raw["status"] = {"conditions": [dict(condition)]}
+        raw["metadata"]["resourceVersion"] = self._rv()
+        self.store.kueue["admissionchecks"].event("MODIFIED", raw)
+        return raw
+
+    async def workload_event(self, *_args: Any, **_kwargs: Any) -> None:
+        return None
+
+    async def settle(self) -> None:
+        """Pass until a pass writes nothing."""
+        for _ in range(20):
+            before = self.writes
+            await self.gate.pass_once()
+            if self.writes == before:
+                return
+        raise AssertionError("the gate never settled")
+
+    def checks(self) -> dict[str, tuple[str, str]]:
+        return {
+            name: (raw["status"]["admissionChecks"][0]["state"],
+                   raw["status"]["admissionChecks"][0]["message"])
+            for name, raw in self.workloads.items()
+        }  # fmt: skip
+
+
+OPS = st.lists(
+    st.one_of(
+        st.tuples(
+            st.just("add"), st.integers(0, 2), st.integers(1, 2), st.sampled_from([1, 2, 4, 8])
+        ),
+        st.tuples(st.just("delete"), st.integers(0, 2)),
+        st.tuples(st.just("fence"), st.integers(0, 2), st.booleans()),
+        st.tuples(st.just("requeue")),
+        st.tuples(st.just("cordon"), st.integers(0, 2), st.booleans()),
+        st.tuples(st.just("pod"), st.integers(0, 2), st.sampled_from([0, 2, 4, 8])),
+    ),
+    min_size=1,
+    max_size=16,
+)
+
+
+@hsettings(max_examples=80, deadline=None)
+@given(ops=OPS)
+@example(ops=[("fence", 0, True), ("add", 0, 1, 8), ("fence", 0, False)])
+@example(ops=[("fence", 0, True), ("add", 0, 1, 8), ("cordon", 0, True), ("fence", 0, False)])
+@example(ops=[("add", 0, 2, 8), ("add", 1, 2, 8), ("delete", 0), ("requeue",)])
+async def test_the_queue_driven_gate_answers_as_a_gate_deciding_everything_every_pass(
+    ops: list[tuple[Any, ...]],
+) -> None:
+    """The same changes told to two gates: one that decides only what its queue hands out,
+    and one whose queue resyncs on every take (each pass decides every waiting Workload, as
+    the gate did before its queue). After each change both settle to the same checks. Runs
+    whose earlier attempt still runs wait (Pending), so a pod's or a node's change must bring
+    the waiting Workloads back; Kueue's requeue after a Retry brings a Workload back too."""
+    clock = Clock()
+    async with contextlib.AsyncExitStack() as stack:
+        worlds = []
+        for resync_s in (30.0, 0.0):
+            api = client.ApiClient()
+            stack.push_async_callback(api.close)
+            store = kube_admission.AdmissionStore(api)
+            gate = admitting.Gate(
+                store, typing.cast("leading.Elector", support.AlwaysLeading()),
+                metrics.make_metrics(), check=CHECK, full_pass_interval_s=resync_s, clock=clock,
+            )  # fmt: skip
+            for cache in (store.nodes, store.pods, store.claims, *store.kueue.values(),
+                          *store.owners.values()):  # fmt: skip
+                cache.listed([], "1")
+            worlds.append(World(gate, store))
+        for world in worlds:
+            await world.settle()
+        for step, op in enumerate(ops):
+            clock.now += dt.timedelta(seconds=1)
+            for world in worlds:
+                match op:
+                    case ("add", i, pods, gpus):
+                        if f"w{i}" not in world.workloads:
+                            world.add(f"w{i}", pods, gpus, created=step)
+                    case ("delete", i):
+                        world.delete(f"w{i}")
+                    case ("cordon", n, cordoned):
+                        world.node(NODES[n], cordoned=cordoned)
+                    case ("pod", n, gpus):
+                        world.pod(NODES[n], gpus)
+                    case ("fence", i, running):
+                        world.fence(f"w{i}", running=running)
+                    case ("requeue",):
+                        world.requeue()
+                await world.settle()
+            queued, full = worlds
+            assert queued.checks() == full.checks(), f"after {op}"
