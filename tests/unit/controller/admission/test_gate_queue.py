@@ -9,7 +9,7 @@ import contextlib
 import copy
 import datetime as dt
 import typing
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import pytest
@@ -261,7 +261,7 @@ class World:
             self.store.kueue["workloads"].event("DELETED", copy.deepcopy(raw))
 
     async def apply_check_state(
-        self, namespace: str, name: str, resource_version: str, state: dict[str, Any]
+        self, namespace: str, name: str, resource_version: str, state: Mapping[str, Any]
     ) -> dict[str, Any] | None:
         raw = self.workloads.get(name)
         if raw is None or raw["metadata"]["resourceVersion"] != resource_version:
@@ -272,7 +272,7 @@ class World:
         self.store.kueue["workloads"].event("MODIFIED", copy.deepcopy(raw))
         return raw
 
-    async def apply_active(self, name: str, condition: dict[str, Any]) -> dict[str, Any]:
+    async def apply_active(self, name: str, condition: Mapping[str, Any]) -> dict[str, Any]:
         raw = copy.deepcopy(self.store.kueue["admissionchecks"].items[name])
         raw["status"] = {"conditions": [dict(condition)]}
         raw["metadata"]["resourceVersion"] = self._rv()
