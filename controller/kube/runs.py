@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import structlog
@@ -254,27 +254,23 @@ class RunStore(runlogs.RunLogs):
     ) -> dict[str, Any] | None:
         """Replace the run's status through the status subresource (merge patch); None if
         the run is gone."""
-        written = await _api.json_or_none(
-            self._custom.patch_namespaced_custom_object_status(
-                *TAURUN[:2], namespace, TAURUN[2], name, {"status": status},
-                _content_type="application/merge-patch+json", _preload_content=False,
-            )
-        )  # fmt: skip
-        if written is not None:
-            self.runs.note(written)
-        return written
+        return await self._patched_run(self._custom.patch_namespaced_custom_object_status(
+            *TAURUN[:2], namespace, TAURUN[2], name, {"status": status},
+            _content_type="application/merge-patch+json", _preload_content=False,
+        ))  # fmt: skip
 
     async def annotate_run(
         self, namespace: str, name: str, annotations: dict[str, str | None]
     ) -> dict[str, Any] | None:
         """Merge annotations into a TauRun (None removes one); None if it is gone."""
-        written = await _api.json_or_none(
-            self._custom.patch_namespaced_custom_object(
-                *TAURUN[:2], namespace, TAURUN[2], name,
-                {"metadata": {"annotations": annotations}},
-                _content_type="application/merge-patch+json", _preload_content=False,
-            )
-        )  # fmt: skip
+        return await self._patched_run(self._custom.patch_namespaced_custom_object(
+            *TAURUN[:2], namespace, TAURUN[2], name, {"metadata": {"annotations": annotations}},
+            _content_type="application/merge-patch+json", _preload_content=False,
+        ))  # fmt: skip
+
+    async def _patched_run(self, call: Awaitable[Any]) -> dict[str, Any] | None:
+        """The TauRun a patch wrote, shown in the cache at once; None if the run is gone."""
+        written = await _api.json_or_none(call)
         if written is not None:
             self.runs.note(written)
         return written
@@ -475,12 +471,7 @@ class RunStore(runlogs.RunLogs):
         if names is None and self.nodes.synced.is_set():
             return self.nodes.values()
         if names is None:
-            resp = await self.api.call_api(
-                "/api/v1/nodes", "GET",
-                header_params={"Accept": NODE_METADATA}, auth_settings=["BearerToken"],
-                _preload_content=False, _return_http_data_only=True,
-            )  # fmt: skip
-            return list((await _api.read_json(resp)).get("items") or [])
+            return list((await _api.read_json(await self._node_metadata())).get("items") or [])
         out: list[dict[str, Any]] = []
         for name in names:
             resp = await self._core.list_node(
