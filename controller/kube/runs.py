@@ -289,7 +289,7 @@ class RunStore(runlogs.RunLogs):
             meta = obj["metadata"]
             existing = await self.read_object(obj["kind"], meta["namespace"], meta["name"])
             if existing is not None:
-                _check_owner(existing, obj["kind"], _owner_uid(obj))
+                _check_owner(existing, obj["kind"], obj)
             return False
         cache = self.labelled.get(str(obj["kind"]))
         labels = (created.get("metadata") or {}).get("labels") or {}
@@ -356,7 +356,7 @@ class RunStore(runlogs.RunLogs):
         if existing is None:
             await self.create(body)
             return
-        _check_owner(existing, "ConfigMap", _owner_uid(body))
+        _check_owner(existing, "ConfigMap", body)
         # The UID precondition: the object checked is the object patched.
         patch = {"metadata": {"uid": existing["metadata"]["uid"]}, "data": body.get("data") or {}}
         resp = await self._core.patch_namespaced_config_map(
@@ -570,13 +570,10 @@ def _controller_uid(obj: dict[str, Any]) -> str | None:
     return None if ref is None else str(ref.get("uid") or "")
 
 
-def _owner_uid(obj: dict[str, Any]) -> str:
-    """The UID of the TauRun an object we are writing belongs to."""
-    return _controller_uid(obj) or ""
-
-
-def _check_owner(existing: dict[str, Any], kind: str, owner_uid: str) -> None:
-    """errors.NameTaken unless `existing` is controlled by the run `owner_uid`."""
+def _check_owner(existing: dict[str, Any], kind: str, written: dict[str, Any]) -> None:
+    """errors.NameTaken unless `existing` is controlled by the run `written` (the object we
+    are writing) belongs to."""
+    owner_uid = _controller_uid(written)
     if owner_uid and _controller_uid(existing) == owner_uid:
         return
     meta = existing.get("metadata") or {}
