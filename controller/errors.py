@@ -44,8 +44,6 @@ class Invalid(ControllerError):  # noqa: N818  (the kinds read as outcomes: Inva
 class InvalidParameter(Invalid):
     """A path or query parameter is not acceptable."""
 
-    default_code = "Invalid"
-
 
 class Malformed(Invalid):
     """The body cannot be read at all (not UTF-8, not JSON, empty)."""

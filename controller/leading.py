@@ -247,13 +247,9 @@ class LeaderMark:
         self._label = label
         self._elector = elector
         self._interval_s = interval_s
-        self._written: bool | None = None
-        self._wake = asyncio.Event()
-
-    @property
-    def written(self) -> bool | None:
+        self.written: bool | None = None
         """The label last written (True: set), None before the first write succeeded."""
-        return self._written
+        self._wake = asyncio.Event()
 
     def poke(self) -> None:
         """Sync at once (the elector started or stopped leading)."""
@@ -262,9 +258,9 @@ class LeaderMark:
     async def sync(self) -> None:
         """Write the label when it differs from whether this replica leads now."""
         leading = self._elector.is_leader()
-        if leading != self._written:
+        if leading != self.written:
             await self._label.set_leader(leading)
-            self._written = leading
+            self.written = leading
             log.info("leader label", leading=leading)
 
     async def run(self) -> None:
@@ -285,7 +281,7 @@ class LeaderMark:
         """Remove the label (shutdown), before the lease is given up; best effort."""
         try:
             await self._label.set_leader(False)
-            self._written = False
+            self.written = False
         except Exception:  # noqa: BLE001  (shutting down: the next leader's label wins anyway)
             log.warning("leader label not removed on shutdown")
 

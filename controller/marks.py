@@ -17,10 +17,10 @@ PREFIX = "taugrid.dev/"
 
 # ---------------------------------------------------------------- others' names we use
 GPU_RESOURCE = "nvidia.com/gpu"
+"""The device plugin's extended resource: what a GPU node advertises and a run requests."""
 SIMULATED_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 """KWOK manages a node carrying this annotation: it plays the kubelet, runs no process and so
 keeps no container log (read only, to say so in words)."""
-"""The device plugin's extended resource: what a GPU node advertises and a run requests."""
 QUEUE_NAME_LABEL = "kueue.x-k8s.io/queue-name"
 PRIORITY_CLASS_LABEL = "kueue.x-k8s.io/priority-class"
 JOB_COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"

@@ -82,24 +82,21 @@ def routes(app: web.Application) -> Iterable[tuple[str, str, serving.Operation |
             yield route.method, path, serving.operation_of(route.handler)
 
 
-class _Schemas:
-    """The components.schemas being built, with each model's reference."""
-
-    def __init__(self) -> None:
-        self.wanted: dict[tuple[type[Any], json_schema.JsonSchemaMode], None] = {}
-
-    def ref(self, model: type[Any], mode: json_schema.JsonSchemaMode) -> None:
-        self.wanted[(model, mode)] = None
-
-    def build(self) -> tuple[dict[tuple[Any, str], Any], dict[str, Any]]:
-        # TypeAdapter, not models_json_schema: a body may be a msgspec struct (a heartbeat),
-        # which publishes its own schema (shared.heartbeat.json_schema).
-        keys, top = pydantic.TypeAdapter.json_schemas(
-            [((model, mode), mode, pydantic.TypeAdapter(model)) for model, mode in self.wanted],
-            by_alias=True,
-            ref_template=REF,
-        )
-        return {key: value for (key, _mode), value in keys.items()}, dict(top.get("$defs") or {})
+def _schemas(
+    wanted: Iterable[tuple[type[Any], json_schema.JsonSchemaMode]],
+) -> tuple[dict[tuple[Any, str], Any], dict[str, Any]]:
+    """Each (model, mode)'s reference, and the components.schemas they refer to."""
+    # TypeAdapter, not models_json_schema: a body may be a msgspec struct (a heartbeat),
+    # which publishes its own schema (shared.heartbeat.json_schema).
+    keys, top = pydantic.TypeAdapter.json_schemas(
+        [
+            ((model, mode), mode, pydantic.TypeAdapter(model))
+            for model, mode in dict.fromkeys(wanted)
+        ],
+        by_alias=True,
+        ref_template=REF,
+    )
+    return {key: value for (key, _mode), value in keys.items()}, dict(top.get("$defs") or {})
 
 
 def document(app: web.Application, settings: ControllerSettings | None = None) -> dict[str, Any]:
@@ -112,19 +109,15 @@ def document(app: web.Application, settings: ControllerSettings | None = None) -
         msg = f"routes without an operation (serving.operation): {', '.join(missing)}"
         raise ValueError(msg)
     documented = [(method, path, op) for method, path, op in found if op is not None]
-    schemas = _Schemas()
-    schemas.ref(serving.ErrorBody, "serialization")
+    wanted: list[tuple[type[Any], json_schema.JsonSchemaMode]] = [
+        (serving.ErrorBody, "serialization")
+    ]
     for _, _, op in documented:
-        for model in (op.path, op.query):
-            if model is not None:
-                schemas.ref(model, "validation")
-        if op.body is not None:
-            schemas.ref(op.body.model, "validation")
+        body = op.body.model if op.body is not None else None
+        wanted += [(m, "validation") for m in (op.path, op.query, body) if m is not None]
         for reply in op.replies.values():
-            for model in (reply.model, *reply.any_of):
-                if model is not None:
-                    schemas.ref(model, "serialization")
-    keys, components = schemas.build()
+            wanted += [(m, "serialization") for m in (reply.model, *reply.any_of) if m is not None]
+    keys, components = _schemas(wanted)
 
     def ref(model: type[Any], mode: str) -> dict[str, Any]:
         return dict(keys[(model, mode)])
@@ -220,9 +213,7 @@ def _operation(op: serving.Operation, ref: Any, components: dict[str, Any]) -> d
             "required": op.body.required,
             "content": {media: {"schema": schema} for media in op.body.media_types},
         }
-    responses: dict[str, Any] = {}
-    for status, reply in sorted(op.replies.items()):
-        responses[str(status)] = _reply(reply, ref)
+    responses = {str(status): _reply(reply, ref) for status, reply in sorted(op.replies.items())}
     for status in op.error_statuses():
         responses[str(status)] = {"$ref": f"#/components/responses/{ERROR_RESPONSES[status][0]}"}
     out["responses"] = responses

@@ -18,10 +18,9 @@ import pathlib
 import re
 
 import prometheus_client
-import pydantic
 from aiohttp import web
 
-from controller import errors, serving
+from controller import errors, serving, wire
 
 ASSETS = pathlib.Path(__file__).resolve().parent / "assets"
 WEB_PAGE = ASSETS / "index.html"
@@ -44,18 +43,16 @@ def add_routes(app: web.Application, *, ca_file: str = "") -> None:
 TAG = "service"
 
 
-class Health(pydantic.BaseModel):
+class Health(wire.Wire):
     """The process answers."""
 
-    model_config = pydantic.ConfigDict(frozen=True, extra="forbid")
     ok: bool
 
 
-class Readiness(pydantic.BaseModel):
+class Readiness(wire.Wire):
     """Whether this replica serves and whether it leads (never where the leader is: review
     finding L6)."""
 
-    model_config = pydantic.ConfigDict(frozen=True, extra="forbid")
     ready: bool
     leader: bool
 

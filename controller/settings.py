@@ -15,10 +15,14 @@ import pydantic_settings
 from controller import marks
 
 
-class ApiSettings(pydantic.BaseModel):
-    """Serving the API: listeners, TLS, the leader, callers and their limits, timeouts."""
+class Section(pydantic.BaseModel):
+    """A section of the settings: frozen, unknown fields refused."""
 
     model_config = pydantic.ConfigDict(frozen=True, extra="forbid")
+
+
+class ApiSettings(Section):
+    """Serving the API: listeners, TLS, the leader, callers and their limits, timeouts."""
 
     host: str = "0.0.0.0"  # noqa: S104  (in a pod every interface is the pod's own)
     """Address to listen on. In a pod every interface is the pod's own."""
@@ -145,10 +149,8 @@ class ApiSettings(pydantic.BaseModel):
     """JSON logs (None: JSON unless stderr is a terminal)."""
 
 
-class KubeSettings(pydantic.BaseModel):
+class KubeSettings(Section):
     """The Kubernetes side: the API server, namespace, Lease and write budgets."""
-
-    model_config = pydantic.ConfigDict(frozen=True, extra="forbid")
 
     controller_service_account: str = "taugrid-controller"
     """The replicas' ServiceAccount in `namespace`: only its peer tokens may speak for a
@@ -203,10 +205,8 @@ class KubeSettings(pydantic.BaseModel):
     """Reviews this replica may send at once before `api_reviews_per_s` applies."""
 
 
-class FleetSettings(pydantic.BaseModel):
+class FleetSettings(Section):
     """Node quarantine (the fleet policy's `Settings`), heartbeats, calls to agents."""
-
-    model_config = pydantic.ConfigDict(frozen=True, extra="forbid")
 
     # Heartbeat relay (a follower sends the leader changes at once and liveness in batches).
     heartbeat_relay: bool = True
@@ -304,10 +304,8 @@ class FleetSettings(pydantic.BaseModel):
     """Back-off between eviction attempts refused with 429 (a PodDisruptionBudget) or 409."""
 
 
-class DeviceSettings(pydantic.BaseModel):
+class DeviceSettings(Section):
     """Device quarantine on a DRA fleet: the GPU request mode and the limits."""
-
-    model_config = pydantic.ConfigDict(frozen=True, extra="forbid")
 
     gpu_mode: Literal["auto", "dra", "device-plugin"] = "auto"
     """How the cluster's GPUs are advertised (DESIGN.md section 2). `auto`: a node whose
@@ -332,10 +330,8 @@ class DeviceSettings(pydantic.BaseModel):
     """The device breaker never opens for fewer GPUs than this."""
 
 
-class AdmissionSettings(pydantic.BaseModel):
+class AdmissionSettings(Section):
     """The AdmissionCheck the gate answers, and how often."""
-
-    model_config = pydantic.ConfigDict(frozen=True, extra="forbid")
 
     dra_quota_resource: str = pydantic.Field(default=marks.GPU_RESOURCE, min_length=1)
     """The name Kueue's `resources.deviceClassMappings` gives NVIDIA's DeviceClass: the
@@ -354,10 +350,8 @@ class AdmissionSettings(pydantic.BaseModel):
     retries at once, a hot loop; 15 s lets a quarantine or a release settle first."""
 
 
-class RunsSettings(pydantic.BaseModel):
+class RunsSettings(Section):
     """Runs: the pass, how attempts are rendered, retries, results, kept logs, Ray."""
-
-    model_config = pydantic.ConfigDict(frozen=True, extra="forbid")
 
     run_device_grace_s: int = pydantic.Field(default=60, ge=0)
     """A run's checkpoint grace on DRA clusters unless its tau.yaml sets `checkpoint.grace`:
@@ -546,7 +540,7 @@ class ControllerSettings(
         return self
 
 
-S = TypeVar("S", bound=pydantic.BaseModel)
+S = TypeVar("S", bound=Section)
 
 
 def _section(settings: ControllerSettings, section: type[S]) -> S:

@@ -14,22 +14,12 @@ import enum
 from collections.abc import Mapping
 from typing import ClassVar
 
-import pydantic
-from pydantic import alias_generators
-
+from controller import wire
 from controller.fleet import devices, nodes, state
 
 
-class BreakerState(pydantic.BaseModel):
+class BreakerState(wire.Wire):
     """The circuit breaker's memory between passes; the shell keeps it (and may persist it)."""
-
-    model_config = pydantic.ConfigDict(
-        frozen=True,
-        extra="forbid",
-        alias_generator=alias_generators.to_camel,
-        populate_by_name=True,
-        use_attribute_docstrings=True,
-    )
 
     open: bool = False
     opened_at: dt.datetime | None = None

@@ -10,30 +10,16 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 import pydantic
-from pydantic import alias_generators
 
+from controller import wire
 from controller.fleet import actions, relays, reports
 from controller.fleet import state as fleet_state
 from shared import heartbeat, patterns
 from shared import spec as specs
 
-
-class Wire(pydantic.BaseModel):
-    """camelCase on the wire, frozen, unknown fields refused, docstrings as descriptions."""
-
-    model_config = pydantic.ConfigDict(
-        frozen=True,
-        extra="forbid",
-        alias_generator=alias_generators.to_camel,
-        populate_by_name=True,
-        use_attribute_docstrings=True,
-    )
-
-
-class Params(Wire):
-    """Path or query parameters: unknown ones are ignored, as HTTP clients expect."""
-
-    model_config = pydantic.ConfigDict(extra="ignore")
+Wire = wire.Wire
+Params = wire.Lenient
+"""Path or query parameters: unknown ones are ignored, as HTTP clients expect."""
 
 
 # ---------------------------------------------------------------- parameters

@@ -31,8 +31,8 @@ MAX_PENDING_EVENTS = 5000
 """Events queued at once per recorder; beyond it they are dropped (and logged)."""
 
 
-async def read_json(resp: Any) -> Any:
-    """Read a raw response; raise ApiException on an error status."""
+async def read_bytes(resp: Any) -> bytes:
+    """Read a raw response's body; raise ApiException on an error status."""
     try:
         data = await resp.read()
     finally:
@@ -40,7 +40,12 @@ async def read_json(resp: Any) -> Any:
     if not 200 <= resp.status <= 299:
         reason = data.decode(errors="replace")[:MAX_REASON_CHARS]
         raise client.ApiException(status=resp.status, reason=reason)
-    return json.loads(data)
+    return bytes(data)
+
+
+async def read_json(resp: Any) -> Any:
+    """Read a raw response as JSON; raise ApiException on an error status."""
+    return json.loads(await read_bytes(resp))
 
 
 async def json_or_none(call: Awaitable[Any]) -> dict[str, Any] | None:

@@ -31,14 +31,7 @@ class RunLogs:
             pod, namespace, container=container, tail_lines=tail_lines,
             limit_bytes=limit_bytes, _preload_content=False, _request_timeout=timeout_s,
         )  # fmt: skip
-        try:
-            data = await resp.read()
-        finally:
-            resp.release()
-        if not 200 <= resp.status <= 299:
-            reason = data.decode(errors="replace")[: _api.MAX_REASON_CHARS]
-            raise client.ApiException(status=resp.status, reason=reason)
-        return bytes(data)
+        return await _api.read_bytes(resp)
 
     async def get_run_log(self, namespace: str, name: str) -> dict[str, Any] | None:
         """A TauRunLog, None when there is none."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import structlog
@@ -254,27 +254,23 @@ class RunStore(runlogs.RunLogs):
     ) -> dict[str, Any] | None:
         """Replace the run's status through the status subresource (merge patch); None if
         the run is gone."""
-        written = await _api.json_or_none(
-            self._custom.patch_namespaced_custom_object_status(
-                *TAURUN[:2], namespace, TAURUN[2], name, {"status": status},
-                _content_type="application/merge-patch+json", _preload_content=False,
-            )
-        )  # fmt: skip
-        if written is not None:
-            self.runs.note(written)
-        return written
+        return await self._patched_run(self._custom.patch_namespaced_custom_object_status(
+            *TAURUN[:2], namespace, TAURUN[2], name, {"status": status},
+            _content_type="application/merge-patch+json", _preload_content=False,
+        ))  # fmt: skip
 
     async def annotate_run(
         self, namespace: str, name: str, annotations: dict[str, str | None]
     ) -> dict[str, Any] | None:
         """Merge annotations into a TauRun (None removes one); None if it is gone."""
-        written = await _api.json_or_none(
-            self._custom.patch_namespaced_custom_object(
-                *TAURUN[:2], namespace, TAURUN[2], name,
-                {"metadata": {"annotations": annotations}},
-                _content_type="application/merge-patch+json", _preload_content=False,
-            )
-        )  # fmt: skip
+        return await self._patched_run(self._custom.patch_namespaced_custom_object(
+            *TAURUN[:2], namespace, TAURUN[2], name, {"metadata": {"annotations": annotations}},
+            _content_type="application/merge-patch+json", _preload_content=False,
+        ))  # fmt: skip
+
+    async def _patched_run(self, call: Awaitable[Any]) -> dict[str, Any] | None:
+        """The TauRun a patch wrote, shown in the cache at once; None if the run is gone."""
+        written = await _api.json_or_none(call)
         if written is not None:
             self.runs.note(written)
         return written
@@ -293,7 +289,7 @@ class RunStore(runlogs.RunLogs):
             meta = obj["metadata"]
             existing = await self.read_object(obj["kind"], meta["namespace"], meta["name"])
             if existing is not None:
-                _check_owner(existing, obj["kind"], _owner_uid(obj))
+                _check_owner(existing, obj["kind"], obj)
             return False
         cache = self.labelled.get(str(obj["kind"]))
         labels = (created.get("metadata") or {}).get("labels") or {}
@@ -360,7 +356,7 @@ class RunStore(runlogs.RunLogs):
         if existing is None:
             await self.create(body)
             return
-        _check_owner(existing, "ConfigMap", _owner_uid(body))
+        _check_owner(existing, "ConfigMap", body)
         # The UID precondition: the object checked is the object patched.
         patch = {"metadata": {"uid": existing["metadata"]["uid"]}, "data": body.get("data") or {}}
         resp = await self._core.patch_namespaced_config_map(
@@ -475,12 +471,7 @@ class RunStore(runlogs.RunLogs):
         if names is None and self.nodes.synced.is_set():
             return self.nodes.values()
         if names is None:
-            resp = await self.api.call_api(
-                "/api/v1/nodes", "GET",
-                header_params={"Accept": NODE_METADATA}, auth_settings=["BearerToken"],
-                _preload_content=False, _return_http_data_only=True,
-            )  # fmt: skip
-            return list((await _api.read_json(resp)).get("items") or [])
+            return list((await _api.read_json(await self._node_metadata())).get("items") or [])
         out: list[dict[str, Any]] = []
         for name in names:
             resp = await self._core.list_node(
@@ -579,13 +570,10 @@ def _controller_uid(obj: dict[str, Any]) -> str | None:
     return None if ref is None else str(ref.get("uid") or "")
 
 
-def _owner_uid(obj: dict[str, Any]) -> str:
-    """The UID of the TauRun an object we are writing belongs to."""
-    return _controller_uid(obj) or ""
-
-
-def _check_owner(existing: dict[str, Any], kind: str, owner_uid: str) -> None:
-    """errors.NameTaken unless `existing` is controlled by the run `owner_uid`."""
+def _check_owner(existing: dict[str, Any], kind: str, written: dict[str, Any]) -> None:
+    """errors.NameTaken unless `existing` is controlled by the run `written` (the object we
+    are writing) belongs to."""
+    owner_uid = _controller_uid(written)
     if owner_uid and _controller_uid(existing) == owner_uid:
         return
     meta = existing.get("metadata") or {}

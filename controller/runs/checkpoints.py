@@ -28,6 +28,7 @@ from typing import Annotated, Any, Protocol
 import pydantic
 
 from controller import errors
+from controller import wire as wirebase  # `wire` here is the answer builder below
 from controller.runs import records
 from shared import patterns
 
@@ -86,10 +87,8 @@ CheckpointPath = Annotated[
 """A checkpoint's path: one line, no NUL (it is written into a ConfigMap and a pod's env)."""
 
 
-class ReportBody(pydantic.BaseModel):
+class ReportBody(wirebase.Wire):
     """The body of `POST /v1/runs/{ns}/{name}/checkpoints` (`tau checkpoint --step N --path P`)."""
-
-    model_config = pydantic.ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
     attempt: Annotated[int, pydantic.Strict(), pydantic.Field(ge=1, le=MAX_STEP)]
     """The attempt that saved it (`TAU_ATTEMPT`); only the run's current attempt may report."""

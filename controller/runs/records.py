@@ -15,9 +15,9 @@ from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 import pydantic
-from pydantic import alias_generators
 
 from controller import timestamps
+from controller import wire as wirebase  # `wire` here is the answer builder below
 
 
 def _time(value: object) -> object:
@@ -51,16 +51,8 @@ class Phase(enum.StrEnum):
     CANCELLED = "Cancelled"
 
 
-class StatusModel(pydantic.BaseModel):
-    """camelCase on the wire, frozen, and tolerant of members an older controller wrote."""
-
-    model_config = pydantic.ConfigDict(
-        frozen=True,
-        extra="ignore",
-        alias_generator=alias_generators.to_camel,
-        populate_by_name=True,
-        use_attribute_docstrings=True,
-    )
+class StatusModel(wirebase.Lenient):
+    """Tolerant of members an older controller wrote."""
 
 
 class Condition(StatusModel):

@@ -33,6 +33,7 @@ from typing import Annotated, Any
 import pydantic
 
 from controller import errors
+from controller import wire as wirebase  # `wire` here is the answer builder below
 from controller.runs import records
 
 MAX_STEP = 2**63 - 1
@@ -78,13 +79,8 @@ class Limits:
     """Artifacts per run; past it the oldest go."""
 
 
-class ReportModel(pydantic.BaseModel):
-    """camelCase, frozen, unknown fields refused: a report is a trust boundary."""
-
-    model_config = pydantic.ConfigDict(
-        frozen=True, extra="forbid", populate_by_name=True, use_attribute_docstrings=True,
-        alias_generator=pydantic.alias_generators.to_camel,
-    )  # fmt: skip
+ReportModel = wirebase.Wire
+"""camelCase, frozen, unknown fields refused: a report is a trust boundary."""
 
 
 class MetricReport(ReportModel):

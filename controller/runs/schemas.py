@@ -15,8 +15,8 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 import pydantic
-from pydantic import alias_generators
 
+from controller import wire
 from controller.runs import checkpoints, records, results
 from shared import patterns
 from shared import spec as specs
@@ -28,22 +28,9 @@ MAX_SINCE_S = 366 * 24 * 3600
 """`sinceSeconds` of a log call: a year, beyond any pod's life; catches a unit mix-up."""
 
 
-class Wire(pydantic.BaseModel):
-    """camelCase on the wire, frozen, unknown fields refused, docstrings as descriptions."""
-
-    model_config = pydantic.ConfigDict(
-        frozen=True,
-        extra="forbid",
-        alias_generator=alias_generators.to_camel,
-        populate_by_name=True,
-        use_attribute_docstrings=True,
-    )
-
-
-class Params(Wire):
-    """Path or query parameters: unknown ones are ignored, as HTTP clients expect."""
-
-    model_config = pydantic.ConfigDict(extra="ignore")
+Wire = wire.Wire
+Params = wire.Lenient
+"""Path or query parameters: unknown ones are ignored, as HTTP clients expect."""
 
 
 def _phase(value: object) -> object:
