@@ -196,91 +196,52 @@ class AdmissionStore:
             raise
 
     async def list_kueue(self, plural: str) -> list[dict[str, Any]]:
-        """List Workloads (all namespaces), ClusterQueues or ResourceFlavors: from the
-        cache once it is synced, else listed."""
-        cache = self.kueue.get(plural)
-        if cache is not None and cache.synced.is_set():
-            return cache.values()
-        resp = await self._custom.list_cluster_custom_object(*KUEUE, plural, _preload_content=False)
-        return list((await _api.read_json(resp)).get("items") or [])
+        """Every Workload, ClusterQueue or ResourceFlavor (`Informer.current`)."""
+        return await self.kueue[plural].current()
 
     async def workload_views(self) -> list[Any]:
         """Every Workload as the gate's parser reads it (see `node_views`)."""
-        cache = self.kueue["workloads"]
-        if cache.synced.is_set():
-            return list(cache.views.values())
-        return [cache.parse(raw) for raw in await self.list_kueue("workloads")]
+        return await self.kueue["workloads"].current_views()
 
     async def list_nodes(self) -> list[dict[str, Any]]:
-        """Every node: from the cache once it is synced, else listed."""
-        if self.nodes.synced.is_set():
-            return self.nodes.values()
-        resp = await self._core.list_node(_preload_content=False)
-        return list((await _api.read_json(resp)).get("items") or [])
+        """Every node (`Informer.current`)."""
+        return await self.nodes.current()
+
+    async def list_pods(self) -> list[dict[str, Any]]:
+        """Every pod (`Informer.current`)."""
+        return await self.pods.current()
+
+    async def list_claims(self) -> list[dict[str, Any]]:
+        """Every ResourceClaim (`Informer.current`; none where the cluster serves no
+        `resource.k8s.io/v1`)."""
+        return await self.claims.current()
 
     async def node_views(self) -> list[Any]:
         """Every node as the gate's parser reads it (`parse_with`): parsed once, as the cache
         took it; listed and parsed now while the cache is not synced."""
-        if self.nodes.synced.is_set():
-            return list(self.nodes.views.values())
-        return [self.nodes.parse(raw) for raw in await self.list_nodes()]
+        return await self.nodes.current_views()
 
     async def pod_views(self) -> list[Any]:
         """Every pod as the gate's parser reads it (see `node_views`)."""
-        if self.pods.synced.is_set():
-            return list(self.pods.views.values())
-        return [self.pods.parse(raw) for raw in await self.list_pods()]
+        return await self.pods.current_views()
 
     async def claim_views(self) -> list[Any] | None:
         """Every ResourceClaim as the gate's parser reads it, listed and parsed now; None once
-        the cache is synced (the gate then counts the changes it tells)."""
-        if self.claims.synced.is_set():
-            return None
-        return [self.claims.parse(raw) for raw in await self.list_claims()]
-
-    async def list_pods(self) -> list[dict[str, Any]]:
-        """Every pod (the gate counts the bound ones per node and fences on run pods): from
-        the cache once it is synced, else listed."""
-        if self.pods.synced.is_set():
-            return self.pods.values()
-        resp = await self._core.list_pod_for_all_namespaces(_preload_content=False)
-        return list((await _api.read_json(resp)).get("items") or [])
-
-    async def list_claims(self) -> list[dict[str, Any]]:
-        """Every ResourceClaim (the gate counts the devices they hold): from the cache once it
-        is synced, else listed; none where the cluster serves no `resource.k8s.io/v1`."""
-        if self.claims.synced.is_set():
-            return self.claims.values()
-        try:
-            resp = await self._custom.list_cluster_custom_object(
-                *RESOURCE, "resourceclaims", _preload_content=False
-            )
-            return list((await _api.read_json(resp)).get("items") or [])
-        except client.ApiException as err:
-            if err.status == 404:
-                return []
-            raise
+        the cache is synced (the gate then counts the changes it tells). None are listed where
+        the cluster serves no `resource.k8s.io/v1`."""
+        return None if self.claims.synced.is_set() else await self.claims.current_views()
 
     async def owner_labels(self) -> dict[tuple[str, str, str], dict[str, str]]:
         """Labels of every run's Job and RayJob, keyed by (namespace, kind, name): they name
-        the run and attempt of the Workload Kueue made for them (from the caches once both
-        are synced, else listed)."""
-        if all(c.synced.is_set() for c in self.owners.values()):
-            return _owner_labels({k: c.values() for k, c in self.owners.items()})
-        jobs = await self._batch.list_job_for_all_namespaces(
-            label_selector=marks.RUN_LABEL, _preload_content=False
-        )
-        job_items = (await _api.read_json(jobs)).get("items") or []
-        rayjobs = await self._custom.list_cluster_custom_object(
-            *RAYJOB, label_selector=marks.RUN_LABEL, _preload_content=False
-        )
-        try:
-            ray_items = (await _api.read_json(rayjobs)).get("items") or []
-        except client.ApiException as err:
-            if err.status != 404:
-                raise
-            ray_items = []  # no KubeRay: no RayJobs
-        return _owner_labels({"Job": job_items, "RayJob": ray_items})
+        the run and attempt of the Workload Kueue made for them (from the caches once
+        synced, else listed; no RayJobs without KubeRay)."""
+        out: dict[tuple[str, str, str], dict[str, str]] = {}
+        for kind, cache in self.owners.items():
+            for item in await cache.current():
+                meta = item.get("metadata") or {}
+                key = (str(meta.get("namespace", "")), kind, str(meta.get("name", "")))
+                out[key] = dict(meta.get("labels") or {})
+        return out
 
     # ------------------------------------------------------------------ writes
     async def apply_check_state(
@@ -339,16 +300,3 @@ class AdmissionStore:
         regarding = {"apiVersion": "/".join(KUEUE), "kind": "Workload",
                      "name": name, "namespace": namespace, "uid": uid}  # fmt: skip
         await self.events.emit(namespace, regarding, reason, note, warning=warning)
-
-
-def _owner_labels(
-    by_kind: Mapping[str, list[dict[str, Any]]],
-) -> dict[tuple[str, str, str], dict[str, str]]:
-    """Labels by (namespace, kind, name) of the Jobs and RayJobs listed by kind."""
-    out: dict[tuple[str, str, str], dict[str, str]] = {}
-    for kind, items in by_kind.items():
-        for item in items:
-            meta = item.get("metadata") or {}
-            key = (str(meta.get("namespace", "")), kind, str(meta.get("name", "")))
-            out[key] = dict(meta.get("labels") or {})
-    return out

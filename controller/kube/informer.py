@@ -165,6 +165,25 @@ class Informer(Generic[V]):
             for handler in self._subscribers:
                 handler(change)
 
+    async def current(self) -> list[dict[str, Any]]:
+        """Every object, trimmed: the cache's once synced, else listed now (not held; an
+        optional kind the API server does not serve or show is empty)."""
+        if self.synced.is_set():
+            return self.values()
+        try:
+            data = await _api.read_json(await self._list_call(_preload_content=False))
+        except client.ApiException as err:
+            if self._optional and err.status in {403, 404}:
+                return []
+            raise
+        return [self._trim(o) for o in data.get("items") or []]
+
+    async def current_views(self) -> list[V]:
+        """Every object's view: the cache's once synced, else listed and parsed now."""
+        if self.synced.is_set():
+            return list(self.views.values())
+        return [self._view(o) for o in await self.current()]
+
     def values(self) -> list[dict[str, Any]]:
         """Every object, as a list (a copy: safe to keep across awaits)."""
         return list(self.items.values())
