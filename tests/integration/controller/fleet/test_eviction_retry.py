@@ -1,0 +1,90 @@
+"""An eviction a PodDisruptionBudget refuses (429) is tried again, on the real control plane:
+the quarantine pass judges only the nodes its queue hands out, so a node whose eviction was
+blocked must come back to the queue, not wait for the next resync."""
+
+from __future__ import annotations
+
+import pathlib
+from collections.abc import AsyncIterator
+
+import pytest
+import pytest_asyncio
+from kubernetes_asyncio import client
+
+from devcluster import cluster
+from tests import controllerkit as kit
+from tests import support
+
+pytestmark = pytest.mark.cluster
+
+
+@pytest_asyncio.fixture
+async def fleet(
+    k8s: client.ApiClient, dev_cluster: cluster.Cluster, bin_dir: pathlib.Path, namespace: str
+) -> AsyncIterator[list[str]]:
+    """Two fake GPU nodes that only this test's controller manages."""
+    async with kit.own_fleet(k8s, dev_cluster, bin_dir, namespace, 2, tag="e") as names:
+        yield names
+
+
+async def test_an_eviction_a_disruption_budget_blocked_is_tried_again_once_it_allows(
+    k8s: client.ApiClient,
+    dev_cluster: cluster.Cluster,
+    namespace: str,
+    fleet: list[str],
+) -> None:
+    """Xid 79 on a node whose GPU pod a PodDisruptionBudget protects: the node is quarantined
+    and the eviction refused; once the budget is deleted the pod is evicted within a few
+    retries, long before the resync (10 minutes here) would have judged the node again."""
+    agents = [kit.Agent(n, await kit.agent_token(k8s, namespace, n)) for n in fleet]
+    core = client.CoreV1Api(k8s)
+    policy = client.PolicyV1Api(k8s)
+    bad = fleet[0]
+    overrides = {"full_pass_interval_s": 600.0}
+    async with kit.running(dev_cluster, namespace, agents, **overrides) as (ctl, _http, _loops):
+        await core.create_namespaced_pod(namespace, {
+            "metadata": {"name": "trainer", "labels": {"app": "trainer"},
+                         "annotations": {"kwok.taugrid.dev/run-for": "1h"}},
+            "spec": {"nodeName": bad, "restartPolicy": "Never",
+                     "containers": [{"name": "main", "image": "train@sha256:" + "4" * 64,
+                                     "resources": {"limits": {"nvidia.com/gpu": "8"}}}]},
+        })  # fmt: skip
+        await policy.create_namespaced_pod_disruption_budget(namespace, {
+            "metadata": {"name": "keep-trainer"},
+            "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "trainer"}}},
+        })  # fmt: skip
+
+        async def protected() -> None:
+            pdb = await policy.read_namespaced_pod_disruption_budget("keep-trainer", namespace)
+            assert pdb.status is not None
+            assert (pdb.status.expected_pods, pdb.status.current_healthy) == (1, 1)
+
+        await support.eventually(protected, what="the budget to count the trainer")
+
+        async def healthy() -> None:
+            cond = kit.gpu_condition(await kit.read_node(k8s, bad))
+            assert cond is not None
+            assert cond["status"] == "True"
+
+        await support.eventually(healthy, what="GPUHealthy=True from heartbeats")
+        agents[0].fail(3)
+        registry = ctl.serving.metrics.registry
+
+        async def refused() -> None:
+            blocked = registry.get_sample_value("taugrid_evictions_total", {"outcome": "blocked"})
+            assert (blocked or 0) >= 2, "the eviction was not refused and retried"
+
+        await support.eventually(refused, what="the eviction refused by the budget, twice")
+        assert (await core.read_namespaced_pod("trainer", namespace)).metadata.name == "trainer"
+        await policy.delete_namespaced_pod_disruption_budget("keep-trainer", namespace)
+
+        async def evicted() -> None:
+            try:
+                await core.read_namespaced_pod("trainer", namespace)
+            except client.ApiException as err:
+                if err.status == 404:
+                    return
+                raise
+            raise AssertionError("the GPU pod is still on the quarantined node")
+
+        await support.eventually(evicted, what="the GPU pod evicted once the budget is gone")
