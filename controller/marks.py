@@ -96,6 +96,14 @@ ADMISSION_FIELD_MANAGER = "taugrid-gpu-health"
 """The server-side-apply field manager of our entry in a Workload's admission checks."""
 CHECK_ACTIVE_CONDITION = "Active"
 CHECK_ACTIVE_REASON = "ControllerReady"
+GATE_PASSED_LABEL = "taugrid.dev/gpu-health-passed"
+"""Put on the pods of a Workload our check passed (value `true`, through its
+`podSetUpdates`): selects the pods the GPU-health gate let in."""
+GATE_CHECK_ANNOTATION = "taugrid.dev/gpu-health-check"
+"""Names the AdmissionCheck that passed the pod (a name may be too long for a label value)."""
+GATE_PASSED_AT_ANNOTATION = "taugrid.dev/gpu-health-passed-at"
+"""When our check went Ready (RFC 3339): a quarantine later than this found a fault that
+came after admission, not one the gate let through."""
 
 # ---------------------------------------------------------------- runs
 RUN_LABEL = "taugrid.dev/run"

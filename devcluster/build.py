@@ -29,7 +29,13 @@ GO_DIR = pathlib.Path(__file__).resolve().parent / "go"
 
 K8S_VERSION = "v1.37.2"
 ETCD_VERSION = "v3.6.16"
-KUEUE_VERSION = "v0.17.0"
+KUEUE_VERSION = "v0.19.2"
+"""The newest Kueue the Go module proxy serves: proxy.golang.org answers 403 for every
+v0.19.3+, v0.20.x and v0.21.0-rc.x (docs/platform.md, "Kueue versions")."""
+KUEUE_VERSIONS = ("v0.17.0", "v0.17.1", "v0.18.4", "v0.19.2")
+"""The Kueue versions a dev cluster may be built against (`TAUGRID_KUEUE_VERSION`): the
+supported floor (v0.17, the first to serve `kueue.x-k8s.io/v1beta2`), the newest of each
+minor line the proxy serves, and the default. Each builds with the same metrics patch."""
 KUBERAY_VERSION = "v1.5.0"
 KWOK_VERSION = "v0.8.0"
 HELM_VERSION = "v3.22.0"
@@ -55,6 +61,17 @@ KUEUE_CERT_PATCH = (
 
 class BuildError(Exception):
     """A component could not be built; the message says which and why."""
+
+
+def kueue_version() -> str:
+    """The Kueue to build and run: `$TAUGRID_KUEUE_VERSION` when set (one of
+    `KUEUE_VERSIONS`, so the floor can be tried without editing code), else `KUEUE_VERSION`.
+    Each version has its own cache stamp, so switching back rebuilds nothing."""
+    raw = os.environ.get("TAUGRID_KUEUE_VERSION", "").strip() or KUEUE_VERSION
+    if raw not in KUEUE_VERSIONS:
+        msg = f"TAUGRID_KUEUE_VERSION must be one of {', '.join(KUEUE_VERSIONS)}, not {raw!r}"
+        raise BuildError(msg)
+    return raw
 
 
 class PrerequisiteError(BuildError):
@@ -285,7 +302,7 @@ def versions() -> dict[str, str]:
     return {
         "kubernetes": K8S_VERSION,
         "etcd": ETCD_VERSION,
-        "kueue": KUEUE_VERSION,
+        "kueue": kueue_version(),
         "kuberay": KUBERAY_VERSION,
         "kwok": KWOK_VERSION,
         "helm": HELM_VERSION,
@@ -347,8 +364,14 @@ def _build_kwok(b: Builder) -> None:
     _make_writable(dest)
 
 
+def _kueue_ldflags(version: str) -> str:
+    """Stamp the version into the binary, as Kueue's Makefile does, so its log names it."""
+    return f"-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion={version}"
+
+
 def _build_kueue(b: Builder) -> None:
-    src = b.module_dir(f"sigs.k8s.io/kueue@{KUEUE_VERSION}")
+    version = kueue_version()
+    src = b.module_dir(f"sigs.k8s.io/kueue@{version}")
     work = b.dir / "src" / "kueue"
     if work.exists():
         _make_writable(work)
@@ -360,19 +383,17 @@ def _build_kueue(b: Builder) -> None:
     text = main.read_text()
     old, new = KUEUE_CERT_PATCH
     if old not in text:
-        msg = (
-            f"Kueue {KUEUE_VERSION}: metrics certificate path not found in {main}; update the patch"
-        )
+        msg = f"Kueue {version}: metrics certificate path not found in {main}; update the patch"
         raise BuildError(msg)
     main.write_text(text.replace(old, new))
     b.run(
-        "kueue " + KUEUE_VERSION,
+        "kueue " + version,
         [
             "go",
             "build",
             "-trimpath",
             "-ldflags",
-            "-s -w",
+            _kueue_ldflags(version),
             "-o",
             str(b.bin / "kueue"),
             "./cmd/kueue",
@@ -483,7 +504,12 @@ def _components() -> list[Component]:
         ),
         Component("etcd", ("etcd",), (ETCD_VERSION, *_wrapper_inputs("etcd")), _build_etcd),
         Component("kwok", ("kwok",), (KWOK_VERSION,), _build_kwok),
-        Component("kueue", ("kueue",), (KUEUE_VERSION, *KUEUE_CERT_PATCH), _build_kueue),
+        Component(
+            "kueue",
+            ("kueue",),
+            (kueue_version(), _kueue_ldflags(kueue_version()), *KUEUE_CERT_PATCH),
+            _build_kueue,
+        ),
         Component("kuberay", ("ray-operator",), (KUBERAY_VERSION,), _build_kuberay),
         Component("helm", ("helm",), (HELM_VERSION,), _build_helm),
         Component(

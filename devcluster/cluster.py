@@ -579,10 +579,10 @@ class Cluster:
             "manageJobsWithoutQueueName": False,
             "waitForPodsReady": {"timeout": f"{PODS_READY_TIMEOUT_S}s", "blockAdmission": False},
             "integrations": {"frameworks": ["batch/job", "ray.io/rayjob", "ray.io/raycluster"]},
-            # Kueue counts DRA devices only behind its alpha gate, and only for the device
+            # Kueue counts DRA devices only behind its gate, and only for the device
             # classes mapped to a quota name here: NVIDIA's class counts as nvidia.com/gpu,
             # the name device-plugin GPUs have, so one quota covers both kinds of node.
-            "featureGates": {"VisibilityOnDemand": visibility, "DynamicResourceAllocation": True},
+            "featureGates": kueue_feature_gates(build.kueue_version(), visibility=visibility),
             "resources": {
                 "deviceClassMappings": [
                     {"name": "nvidia.com/gpu", "deviceClassNames": [drapublisher.DEVICE_CLASS]},
@@ -787,6 +787,17 @@ def _dev_cluster_queue(nodes: int) -> dict[str, Any]:
             ],
         },
     }
+
+
+def kueue_feature_gates(version: str, *, visibility: bool) -> dict[str, bool]:
+    """Kueue's feature gates for a version: DRA quota counting is the alpha gate
+    `DynamicResourceAllocation` up to v0.17; v0.18 renamed it `KueueDRAIntegration` (Beta, on
+    by default) and locks the old name off, and v0.19 removed the old name (an unknown gate
+    stops Kueue at start), so the name follows the version."""
+    parts = version.removeprefix("v").split(".")
+    minor = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0
+    dra = "DynamicResourceAllocation" if minor < 18 else "KueueDRAIntegration"
+    return {"VisibilityOnDemand": visibility, dra: True}
 
 
 def kueue_webhooks(assets: pathlib.Path, ca_file: pathlib.Path, port: int) -> list[dict[str, Any]]:

@@ -251,7 +251,7 @@ class Gate:
 
     async def _write(self, w: views.Workload, decision: policy.Decision) -> None:
         self.elector.ensure_leader()
-        body = policy.check_state_body(self.check, decision)
+        body = policy.check_state_body(self.check, decision, [ps.name for ps in w.pod_sets])
         key = (w.namespace, w.name)
         written = await self.store.apply_check_state(w.namespace, w.name, w.resource_version, body)
         if written is None:

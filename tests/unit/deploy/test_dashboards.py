@@ -80,8 +80,9 @@ KUEUE_FAMILIES: dict[str, tuple[str, frozenset[str]]] = {
     "kueue_admission_checks_wait_time_seconds": ("histogram", _KUEUE_HISTOGRAM_LABELS),
     "kueue_quota_reserved_wait_time_seconds": ("histogram", _KUEUE_HISTOGRAM_LABELS),
 }
-"""Kueue v0.17.0 families (pkg/metrics/metrics.go), the Go client's names: counters are named
-with `_total` there, histograms get `_bucket`/`_sum`/`_count`."""
+"""Kueue v0.17.0 families (pkg/metrics/metrics.go), the same names and base labels in v0.19.2,
+the Go client's names: counters are named with `_total` there, histograms get
+`_bucket`/`_sum`/`_count`."""
 
 FUNCTIONS = frozenset(
     {

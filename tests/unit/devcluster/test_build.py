@@ -113,3 +113,33 @@ def test_the_real_node_components_are_in_the_build() -> None:
     assert comps["containerd"].binaries == ("containerd", "containerd-shim-runc-v2", "ctr")
     assert comps["pause"].binaries == ("pause",)
     assert comps["kubelet-api"].assets == ("deviceplugin",)
+
+
+def test_kueue_defaults_to_the_pinned_version(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without TAUGRID_KUEUE_VERSION the dev cluster builds the pinned (newest served) Kueue."""
+    monkeypatch.delenv("TAUGRID_KUEUE_VERSION", raising=False)
+    assert build.kueue_version() == build.KUEUE_VERSION
+    assert build.KUEUE_VERSION in build.KUEUE_VERSIONS
+
+
+def test_another_kueue_version_has_its_own_stamp(monkeypatch: pytest.MonkeyPatch) -> None:
+    """TAUGRID_KUEUE_VERSION=v0.17.0 builds the floor into a cache directory of its own, so
+    switching back and forth rebuilds nothing and never mixes the two."""
+    monkeypatch.delenv("TAUGRID_KUEUE_VERSION", raising=False)
+    pinned = build.Builder(pathlib.Path("/x"))
+    monkeypatch.setenv("TAUGRID_KUEUE_VERSION", "v0.17.0")
+    floor = build.Builder(pathlib.Path("/x"))
+    assert build.versions()["kueue"] == "v0.17.0"
+    assert floor.stamp != pinned.stamp
+    kueue = {c.name: c for c in floor.components}["kueue"]
+    assert "v0.17.0" in kueue.inputs
+
+
+@pytest.mark.parametrize("value", ["v0.20.0", "0.19.2", "latest"])
+def test_an_unknown_kueue_version_is_refused_naming_the_known_ones(
+    value: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A version outside the known list fails at once, listing the ones that build."""
+    monkeypatch.setenv("TAUGRID_KUEUE_VERSION", value)
+    with pytest.raises(build.BuildError, match=r"must be one of v0\.17\.0, .*v0\.19\.2, not"):
+        build.kueue_version()

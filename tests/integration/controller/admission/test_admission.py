@@ -272,3 +272,43 @@ async def test_the_gate_admits_on_healthy_nodes_and_retries_without_a_hot_loop(
     second = await admitted(w, "second")
     assert our_check(second, w.check)["message"].startswith("fits on healthy nodes")
     assert gate.message_for(w.namespace, name) is None, "a Ready check holds nothing back"
+
+
+async def test_a_passed_jobs_pods_carry_the_gates_marks(world: World) -> None:
+    """The gate's Ready entry holds one update for the Job's one pod set; Kueue takes it into
+    the Job's pod template when it starts the Job, so every pod carries the label and says
+    which check passed it and when (the check's own transition time)."""
+    w = world
+    await submit(w, "marked")
+    wl = await admitted(w, "marked")
+    ours = our_check(wl, w.check)
+    pod_set = wl["spec"]["podSets"][0]["name"]
+    passed_at = ours["lastTransitionTime"]
+    mark = {marks.GATE_PASSED_LABEL: "true"}
+    notes = {marks.GATE_CHECK_ANNOTATION: w.check, marks.GATE_PASSED_AT_ANNOTATION: passed_at}
+    assert ours["podSetUpdates"] == [{"name": pod_set, "labels": mark, "annotations": notes}]
+
+    batch = client.BatchV1Api(w.api)
+
+    async def started() -> dict[str, Any]:
+        job = await batch.read_namespaced_job("marked", w.namespace, _preload_content=False)
+        raw = dict(await job.json())
+        assert raw["spec"].get("suspend") is False, "not started yet"
+        return raw
+
+    job = await support.eventually(started, what="Kueue to start the Job")
+    template = job["spec"]["template"]["metadata"]
+    assert template["labels"][marks.GATE_PASSED_LABEL] == "true"
+    assert {k: template["annotations"][k] for k in notes} == notes
+
+    async def pods() -> list[dict[str, Any]]:
+        listed = await client.CoreV1Api(w.api).list_namespaced_pod(
+            w.namespace, label_selector=f"job-name=marked,{marks.GATE_PASSED_LABEL}=true",
+            _preload_content=False,
+        )  # fmt: skip
+        items = list((await listed.json()).get("items") or [])
+        assert len(items) == 2, f"{len(items)} marked pods so far"
+        return items
+
+    for pod in await support.eventually(pods, what="the Job's two pods, marked"):
+        assert pod["metadata"]["annotations"][marks.GATE_PASSED_AT_ANNOTATION] == passed_at
