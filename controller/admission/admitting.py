@@ -39,7 +39,7 @@ import structlog
 
 from controller import leading, marks, workqueue
 from controller import metrics as metrics_mod
-from controller.admission import dra, policy, views
+from controller.admission import dra, entries, policy, views
 from controller.kube import admission as kube_admission
 from controller.kube import informer
 
@@ -251,7 +251,7 @@ class Gate:
 
     async def _write(self, w: views.Workload, decision: policy.Decision) -> None:
         self.elector.ensure_leader()
-        body = policy.check_state_body(self.check, decision, [ps.name for ps in w.pod_sets])
+        body = entries.check_state_body(self.check, decision, [ps.name for ps in w.pod_sets])
         key = (w.namespace, w.name)
         written = await self.store.apply_check_state(w.namespace, w.name, w.resource_version, body)
         if written is None:

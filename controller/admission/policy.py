@@ -13,7 +13,7 @@ What the gate holds a Workload to:
   the node (and of admitted Workloads whose pods are not bound yet), for GPUs, CPU and memory.
   Pod sets are packed together, largest pods first, each on the tightest node that takes it.
   A Ready check carries exactly one merged `podSetUpdates` entry per pod set: marks saying
-  the gate passed the pods and when (`podsets.gate_pod_set_updates`).
+  the gate passed the pods and when (`entries.gate_pod_set_updates`).
 - **Retry**, with `requeueAfterSeconds` set, when they do not fit: Kueue releases the quota
   and queues the Workload again after that delay (nil would make Kueue retry at once: a hot
   loop). The message says what is missing in words.
@@ -35,7 +35,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from controller import marks, timestamps
-from controller.admission import podsets, views
+from controller.admission import views
 
 # ---------------------------------------------------------------- the check and its queues
 
@@ -584,23 +584,3 @@ def _rechecked(
     if not all(ps.labels for ps in w.pod_sets):
         return False
     return not any(pods.started(w, ps) > 0 for ps in w.pod_sets)
-
-
-def check_state_body(check: str, decision: Decision, pod_sets: Sequence[str]) -> dict[str, Any]:
-    """Our entry of `status.admissionChecks`, as server-side apply wants it (Kueue's v1beta2
-    schema requires `message` and `lastTransitionTime`). A Ready entry carries one merged
-    `podSetUpdates` entry per pod set of the Workload (`pod_sets`, its names in order; see
-    `podsets.gate_pod_set_updates`); another state carries none, so applying it drops the earlier
-    Ready's updates (Kueue holds them immutable only from Ready to Ready)."""
-    body: dict[str, Any] = {
-        "name": check,
-        "state": str(decision.state),
-        "message": decision.message[:32768],
-        "lastTransitionTime": timestamps.rfc3339(decision.since) if decision.since else None,
-    }
-    if decision.requeue_after_s is not None:
-        body["requeueAfterSeconds"] = decision.requeue_after_s
-    if decision.state == views.CheckState.READY:
-        updates = podsets.gate_pod_set_updates(pod_sets, check, decision.since)
-        body["podSetUpdates"] = [podsets.pod_set_update_body(u) for u in updates]
-    return {k: v for k, v in body.items() if v is not None}

@@ -1,6 +1,6 @@
 """Our Ready entry, with its podSetUpdates, against Kueue's own validation on the real API server.
 
-The entry is built by `policy.check_state_body` and applied by `AdmissionStore`, as the gate
+The entry is built by `entries.check_state_body` and applied by `AdmissionStore`, as the gate
 does, on a Workload of two pod sets (made directly, so one test covers a multi-pod-set
 shape). The check is one no controller answers (its Active condition set by hand), so the
 test alone writes it. Kueue's webhook must refuse what its validation forbids: a pod set the
@@ -19,7 +19,7 @@ import pytest_asyncio
 from kubernetes_asyncio import client
 
 from controller import marks, timestamps
-from controller.admission import policy, views
+from controller.admission import entries, policy, views
 from controller.kube import admission as kube_admission
 from devcluster import cluster
 from tests import kueue, support
@@ -153,7 +153,7 @@ async def test_kueue_takes_our_ready_entry_and_refuses_what_its_validation_forbi
     check, name = waiting
     now = dt.datetime.now(dt.UTC).replace(microsecond=0)
     ready = policy.Decision(views.CheckState.READY, "fits on healthy nodes", since=now)
-    ours = policy.check_state_body(check, ready, list(POD_SETS))
+    ours = entries.check_state_body(check, ready, list(POD_SETS))
 
     unknown = {**ours, "podSetUpdates": [*ours["podSetUpdates"], {"name": "launcher"}]}
     refusal(await apply(k8s, namespace, name, unknown),
@@ -174,7 +174,7 @@ async def test_kueue_takes_our_ready_entry_and_refuses_what_its_validation_forbi
 
     later = policy.Decision(views.CheckState.READY, "fits on healthy nodes",
                             since=now + dt.timedelta(seconds=1))  # fmt: skip
-    changed = policy.check_state_body(check, later, list(POD_SETS))
+    changed = entries.check_state_body(check, later, list(POD_SETS))
     refusal(await apply(k8s, namespace, name, changed), "podSetUpdates", "immutable")
 
     async def admitted() -> None:

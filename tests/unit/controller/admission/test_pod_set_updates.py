@@ -9,15 +9,15 @@ from __future__ import annotations
 import pytest
 
 from controller import marks
-from controller.admission import podsets, policy, views
+from controller.admission import entries, policy, views
 from tests.unit.controller.fleet.fakes import T0, at
 
 CHECK = "taugrid-gpu-health"
-Update = podsets.PodSetUpdate
+Update = entries.PodSetUpdate
 NO_SCHEDULE = views.Toleration("gpu", "Exists", "", "NoSchedule")
 
 
-def names(updates: tuple[podsets.PodSetUpdate, ...]) -> list[str]:
+def names(updates: tuple[entries.PodSetUpdate, ...]) -> list[str]:
     return [u.name for u in updates]
 
 
@@ -51,10 +51,10 @@ def names(updates: tuple[podsets.PodSetUpdate, ...]) -> list[str]:
     ],
 )  # fmt: skip
 def test_merge_gives_each_pod_set_exactly_one_update(
-    pod_sets: list[str], updates: list[podsets.PodSetUpdate], expected: list[podsets.PodSetUpdate]
+    pod_sets: list[str], updates: list[entries.PodSetUpdate], expected: list[entries.PodSetUpdate]
 ) -> None:
     """The merge covers every pod set once, in order, with all its updates folded in."""
-    merged = podsets.merge_pod_set_updates(pod_sets, updates)
+    merged = entries.merge_pod_set_updates(pod_sets, updates)
 
     assert list(merged) == expected
     assert names(merged) == list(dict.fromkeys(pod_sets))
@@ -75,16 +75,16 @@ def test_merge_gives_each_pod_set_exactly_one_update(
     ],
 )  # fmt: skip
 def test_merge_refuses_what_cannot_be_one_update(
-    updates: list[podsets.PodSetUpdate], words: str
+    updates: list[entries.PodSetUpdate], words: str
 ) -> None:
     """A name the Workload has no pod set of, or a key given two values, is an error."""
-    with pytest.raises(podsets.PodSetUpdateError, match=words):
-        podsets.merge_pod_set_updates(["main"], updates)
+    with pytest.raises(entries.PodSetUpdateError, match=words):
+        entries.merge_pod_set_updates(["main"], updates)
 
 
 def test_the_gate_marks_every_pod_set_once() -> None:
     """Each pod set gets the label and the check's name and time, nothing else."""
-    updates = podsets.gate_pod_set_updates(["head", "workers"], CHECK, T0)
+    updates = entries.gate_pod_set_updates(["head", "workers"], CHECK, T0)
 
     assert names(updates) == ["head", "workers"]
     for u in updates:
@@ -100,7 +100,7 @@ def test_a_ready_entry_carries_one_update_per_pod_set() -> None:
     """The applied Ready entry names every pod set of the Workload exactly once."""
     decision = policy.Decision(views.CheckState.READY, "fits", since=at(5))
 
-    body = policy.check_state_body(CHECK, decision, ["head", "workers", "workers"])
+    body = entries.check_state_body(CHECK, decision, ["head", "workers", "workers"])
 
     assert body["podSetUpdates"] == [
         {"name": name, "labels": {marks.GATE_PASSED_LABEL: "true"},
@@ -117,12 +117,12 @@ def test_only_ready_carries_updates(state: views.CheckState) -> None:
     """A Retry or Pending entry carries no podSetUpdates (applying it drops a Ready's)."""
     decision = policy.Decision(state, "waits", requeue_after_s=5, since=T0)
 
-    assert "podSetUpdates" not in policy.check_state_body(CHECK, decision, ["main"])
+    assert "podSetUpdates" not in entries.check_state_body(CHECK, decision, ["main"])
 
 
 def test_tolerations_are_spelt_as_kueue_reads_them() -> None:
     """Empty toleration fields are left out (Kueue refuses a value with Exists)."""
-    body = podsets.pod_set_update_body(Update("main", tolerations=(NO_SCHEDULE,)))
+    body = entries.pod_set_update_body(Update("main", tolerations=(NO_SCHEDULE,)))
 
     assert body == {
         "name": "main",

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from controller import marks, timestamps
-from controller.admission import policy, views
+from controller.admission import entries, policy, views
 from tests.unit.controller.fleet.fakes import T0, at
 
 CHECK = "taugrid-gpu-health"
@@ -258,7 +258,7 @@ def test_retry_carries_requeue_after_whole_seconds_and_changes_the_transition_ti
                              retry_after_s=2.5)  # fmt: skip
 
     assert decision is not None
-    body = policy.check_state_body(CHECK, decision, ["main"])
+    body = entries.check_state_body(CHECK, decision, ["main"])
     assert body == {
         "name": CHECK,
         "state": "Retry",

@@ -1,5 +1,5 @@
-"""What a Ready check of ours adds to a Workload's pods: one merged `podSetUpdates` entry per
-pod set (pure; `policy.check_state_body` puts them in the check's entry)."""
+"""Our entry in a Workload's `status.admissionChecks`, as the gate writes it (pure): the state
+`policy` decided and, when Ready, one merged `podSetUpdates` entry per pod set."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from controller import marks, timestamps
-from controller.admission import views
+from controller.admission import policy, views
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,3 +108,25 @@ def pod_set_update_body(u: PodSetUpdate) -> dict[str, Any]:
     if u.tolerations:
         body["tolerations"] = [_toleration_body(t) for t in u.tolerations]
     return body
+
+
+def check_state_body(
+    check: str, decision: policy.Decision, pod_sets: Sequence[str]
+) -> dict[str, Any]:
+    """Our entry of `status.admissionChecks`, as server-side apply wants it (Kueue's v1beta2
+    schema requires `message` and `lastTransitionTime`). A Ready entry carries one merged
+    `podSetUpdates` entry per pod set of the Workload (`pod_sets`, its names in order; see
+    `gate_pod_set_updates`); another state carries none, so applying it drops the earlier
+    Ready's updates (Kueue holds them immutable only from Ready to Ready)."""
+    body: dict[str, Any] = {
+        "name": check,
+        "state": str(decision.state),
+        "message": decision.message[:32768],
+        "lastTransitionTime": timestamps.rfc3339(decision.since) if decision.since else None,
+    }
+    if decision.requeue_after_s is not None:
+        body["requeueAfterSeconds"] = decision.requeue_after_s
+    if decision.state == views.CheckState.READY:
+        updates = gate_pod_set_updates(pod_sets, check, decision.since)
+        body["podSetUpdates"] = [pod_set_update_body(u) for u in updates]
+    return {k: v for k, v in body.items() if v is not None}
