@@ -52,6 +52,8 @@ class RunInput:
     )
     position: positions.QueuePosition | None = None
     """Its Workload's place in line (Kueue's visibility API, else computed)."""
+    reason_ahead: str = ""
+    """What Kueue said of the Workload ahead of its own, when it said nothing of its own."""
     cluster_queue: str | None = None
     """The ClusterQueue behind its LocalQueue; None when the LocalQueue does not exist."""
     held: str | None = None

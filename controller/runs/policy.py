@@ -325,7 +325,7 @@ def _observe(
     st = positions.place(
         st, spec=spec, phase=outcome.phase, workload=run.workload, namespace=run.ref.namespace,
         position=run.position, cluster_queue=run.cluster_queue, held=run.held, pods=run.pods,
-        pods_ready_timeout_s=settings.pods_ready_timeout_s, now=now,
+        pods_ready_timeout_s=settings.pods_ready_timeout_s, now=now, reason_ahead=run.reason_ahead,
     )  # fmt: skip
     due = [_timeout_at(spec, first_start),
            positions.changes_at(run.workload, settings.pods_ready_timeout_s, now)]  # fmt: skip

@@ -80,6 +80,33 @@ def compute_positions(
     return out
 
 
+def quota_reasons_ahead(
+    pending: Iterable[views.WorkloadView], local_to_cluster: Mapping[tuple[str, str], str]
+) -> dict[tuple[str, str], str]:
+    """For each pending Workload Kueue wrote no `QuotaReserved` message on, the message of
+    the nearest one ahead of it in its ClusterQueue that has one, keyed by (namespace, name).
+
+    Kueue tries a ClusterQueue's Workloads in order, and from v0.18 it sets aside those of
+    the same shape as one that just did not fit without evaluating them
+    (`SchedulingEquivalenceHashing`, on by default): they get no message of their own, and
+    what holds them back is what holds back the one ahead."""
+    by_cq: dict[str, list[views.WorkloadView]] = {}
+    for w in pending:
+        cq = local_to_cluster.get((w.namespace, w.queue_name))
+        if w.pending and cq is not None:
+            by_cq.setdefault(cq, []).append(w)
+    out: dict[tuple[str, str], str] = {}
+    for items in by_cq.values():
+        last = ""
+        for w in sorted(items, key=kueue_order_key):
+            reserved = w.condition("QuotaReserved")
+            if reserved is not None and reserved.message:
+                last = reserved.message
+            elif last:
+                out[(w.namespace, w.name)] = last
+    return out
+
+
 def position_from_visibility(
     items: Iterable[Mapping[str, Any]], namespace: str, workload: str
 ) -> QueuePosition | None:
@@ -121,6 +148,9 @@ class WaitContext:
     not_ready: str = ""
     """Why the attempt's pods were last seen not running (kept on its record)."""
     now: dt.datetime | None = None
+    reason_ahead: str = ""
+    """What Kueue said of the Workload ahead of it when it said nothing of this one
+    (`quota_reasons_ahead`)."""
 
 
 def _duration(seconds: float) -> str:
@@ -258,7 +288,7 @@ def waiting_message(ctx: WaitContext, workload: views.WorkloadView | None) -> st
         if why in {"Preempted", "InClusterQueue"}:
             return f"preempted by higher-priority work; waiting to be admitted again{ahead}"
     reserved = workload.condition("QuotaReserved")
-    kueue_text = reserved.message if reserved is not None else ""
+    kueue_text = (reserved.message if reserved is not None else "") or ctx.reason_ahead
     match = _QUOTA_RE.search(kueue_text)
     if match is not None:
         resource, flavor = match.group(1), match.group(2)
@@ -311,6 +341,7 @@ def place(
     pods: Sequence[views.PodView] = (),
     pods_ready_timeout_s: float | None = None,
     now: dt.datetime | None = None,
+    reason_ahead: str = "",
 ) -> records.RunStatus:
     """The run's place in line and why it waits (a queued run), why its pods do not run (an
     admitted one), or neither; `held` is why our admission gate holds its Workload back,
@@ -321,7 +352,7 @@ def place(
         queue=spec.queue, namespace=namespace, queue_exists=cluster_queue is not None,
         cluster_queue=cluster_queue or "", gpus_per_worker=spec.resources.gpus,
         workers=spec.workers, position=position, pods_ready_timeout_s=pods_ready_timeout_s,
-        not_ready=last.not_ready if last is not None else "", now=now,
+        not_ready=last.not_ready if last is not None else "", now=now, reason_ahead=reason_ahead,
     )  # fmt: skip
     if phase != records.Phase.QUEUED:
         update: dict[str, Any] = {

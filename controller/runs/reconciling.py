@@ -456,6 +456,8 @@ class Reconciler:
             ref=ref, spec=spec, status=status, cancel_requested=cancel, observed=True,
             attempt_object=seen.attempt_object, workload=workload, pods=seen.pods,
             nodes=snap.nodes, position=position,
+            reason_ahead=snap.reasons_ahead.get((ref.namespace, workload.name), "")
+            if workload is not None else "",
             cluster_queue=snap.local_queues.get((ref.namespace, queue)), held=held,
             priority_classes=classes, rerun_of=rerun_of,
         )  # fmt: skip

@@ -36,6 +36,8 @@ class Snapshot:
     """(namespace, LocalQueue) -> ClusterQueue."""
     nodes: views.NodeFacts
     positions: dict[tuple[str, str], positions.QueuePosition]
+    reasons_ahead: dict[tuple[str, str], str]
+    """(namespace, Workload) -> what Kueue said of the one ahead (`quota_reasons_ahead`)."""
 
 
 def index(
@@ -64,6 +66,7 @@ def index(
         local_queues=local,
         nodes=views.node_facts(nodes),
         positions=positions.compute_positions(seen, local),
+        reasons_ahead=positions.quota_reasons_ahead(seen, local),
     )
 
 

@@ -259,6 +259,34 @@ def test_computed_positions(
     assert all(p.source == positions.PositionSource.COMPUTED for p in computed.values())
 
 
+def test_a_workload_kueue_set_aside_waits_for_what_holds_back_the_one_ahead() -> None:
+    """Kueue (from v0.18, `SchedulingEquivalenceHashing`) writes no QuotaReserved message on a
+    Workload shaped like one ahead that did not fit: it waits for what that one waits for,
+    the nearest message ahead in its ClusterQueue, whatever LocalQueue; a Workload with a
+    message of its own, an admitted one and one of another ClusterQueue are left out."""
+    quota = cond("QuotaReserved", "False", "Pending", QUOTA_MSG)
+    workloads = [
+        a_workload(quota, name="first", created=1),
+        a_workload(name="second", created=2, queue="other"),
+        a_workload(cond("QuotaReserved", "False", "Pending", "another reason"), name="third",
+                   created=3),
+        a_workload(name="fourth", created=4),
+        a_workload(*ADMITTED, name="admitted", created=5),
+        a_workload(name="elsewhere", created=6, queue="far"),
+    ]  # fmt: skip
+    mapping = {("team", "q"): "cq", ("team", "other"): "cq", ("team", "far"): "cq2"}
+    reasons = positions.quota_reasons_ahead(workloads, mapping)
+    assert reasons == {("team", "second"): QUOTA_MSG, ("team", "fourth"): "another reason"}
+    ctx = positions.WaitContext(
+        "other", "team", True, gpus_per_worker=8, reason_ahead=reasons[("team", "second")],
+        position=positions.QueuePosition(1, 0, positions.PositionSource.COMPUTED),
+    )  # fmt: skip
+    assert positions.waiting_message(ctx, workloads[1]) == (
+        "waiting for quota: queue 'other' has not enough free GPUs for the 8 GPUs this run asks"
+        " for (8 more needed in flavor h100); 1 run is ahead of it"
+    )
+
+
 def test_position_from_visibility() -> None:
     """A visibility API answer is read as is, and says where it came from."""
     items = [
