@@ -14,9 +14,10 @@ can retry a POST whose answer it lost.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import structlog
@@ -34,7 +35,6 @@ from controller.runs import (
     policy,
     preflight,
     queues,
-    reconciling,
     records,
     rendering,
     reporting,
@@ -283,13 +283,8 @@ async def _create_run(
     ref = objects.RunRef(spec.name, namespace, DRY_RUN_UID)
     warnings.extend(await _server_check(request, who, spec, ref))
     serving.serving_of(request).elector.ensure_leader()
-    try:
+    with _refusals(namespace):
         return await ctx.store.create_run(namespace, body)
-    except kube_refusals.NotFoundError as err:
-        msg = f"namespace {namespace!r} does not exist"
-        raise errors.NotFound(msg, field="namespace") from err
-    except kube_refusals.RejectedError as err:
-        raise _rejected(err) from err
 
 
 def _first_objects(
@@ -318,13 +313,8 @@ async def _server_check(
     ctx = context.context_of(request)
     names: list[preflight.Name] = []
     for obj in _first_objects(ctx, spec, ref):
-        try:
+        with _refusals(ref.namespace):
             free = await ctx.store.dry_run_create(obj)
-        except kube_refusals.NotFoundError as err:
-            msg = f"namespace {ref.namespace!r} does not exist"
-            raise errors.NotFound(msg, field="namespace") from err
-        except kube_refusals.RejectedError as err:
-            raise _rejected(err) from err
         kind, meta = str(obj["kind"]), obj["metadata"]
         group, resource = preflight.OBJECT_RESOURCES.get(kind, ("", ""))
         access = auth.Access(verb="get", resource=resource, group=group,
@@ -337,10 +327,18 @@ async def _server_check(
     return preflight.name_check(spec.name, names)
 
 
-def _rejected(err: kube_refusals.RejectedError) -> errors.Invalid:
-    """An API server's refusal as a 422 naming the tau.yaml field behind the object's."""
-    field = rendering.spec_field(err.kind, err.field)
-    return errors.Invalid(err.message, field=field, code=err.code)
+@contextlib.contextmanager
+def _refusals(namespace: str) -> Iterator[None]:
+    """The API server's refusals of what a submission writes, as the API's: NotFound for a
+    namespace that does not exist, a 422 naming the tau.yaml field behind the object's."""
+    try:
+        yield
+    except kube_refusals.NotFoundError as err:
+        msg = f"namespace {namespace!r} does not exist"
+        raise errors.NotFound(msg, field="namespace") from err
+    except kube_refusals.RejectedError as err:
+        field = rendering.spec_field(err.kind, err.field)
+        raise errors.Invalid(err.message, field=field, code=err.code) from err
 
 
 async def _dry_run(
@@ -351,12 +349,8 @@ async def _dry_run(
     ctx = context.context_of(request)
     namespace = str(body["metadata"]["namespace"])
     try:
-        checked = await ctx.store.create_run(namespace, body, dry_run=True)
-    except kube_refusals.NotFoundError as err:
-        msg = f"namespace {namespace!r} does not exist"
-        raise errors.NotFound(msg, field="namespace") from err
-    except kube_refusals.RejectedError as err:
-        raise _rejected(err) from err
+        with _refusals(namespace):
+            checked = await ctx.store.create_run(namespace, body, dry_run=True)
     except kube_refusals.ConflictError as err:
         msg = f"a run named {spec.name!r} already exists in namespace {namespace}"
         raise errors.Conflict(msg, field="name", code="AlreadyExists") from err
@@ -395,9 +389,7 @@ async def list_runs(request: web.Request) -> web.StreamResponse:
     identity = await serving.identity(request)
     query = serving.query_of(request, schemas.ListQuery)
     await context.allow(request, identity, "list", query.namespace)
-    with serving.serving_of(request).limits.expensive_reads.hold(
-        identity.username, identity.username
-    ):
+    with context.expensive_read(request, identity):
         items = await context.context_of(request).store.list_runs(query.namespace)
     out = [context.run_json(i, with_spec=False) for i in items]
     if query.phase is not None:
@@ -429,9 +421,7 @@ async def get_evidence(request: web.Request) -> web.StreamResponse:
     meta = item.get("metadata") or {}
     ref = objects.run_ref(item)
     # A LIST of the run's kept logs per call: the same per-identity slots as a run list.
-    with serving.serving_of(request).limits.expensive_reads.hold(
-        identity.username, identity.username
-    ):
+    with context.expensive_read(request, identity):
         logs_kept = await context.context_of(request).store.list_run_logs(
             ref.namespace, f"{marks.RUN_LABEL}={ref.name}"
         )
@@ -463,9 +453,7 @@ async def cancel_run(request: web.Request) -> web.StreamResponse:
     if (leader := await forwarding.unless_leader(request, identity)) is not None:
         return leader
     ctx = context.context_of(request)
-    item = await ctx.store.get_run(namespace, name)
-    if item is None:
-        raise reconciling.RunNotFoundError(namespace, name)
+    item = await context.get_run(request, namespace, name)
     phase = (item.get("status") or {}).get("phase")
     if phase in {records.Phase.SUCCEEDED, records.Phase.FAILED}:
         msg = f"run {name!r} has already ended ({phase}); there is nothing to cancel"

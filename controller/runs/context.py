@@ -8,6 +8,7 @@ where RBAC lets them and the controller's own, wider rights are never lent out.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Any
 
@@ -84,15 +85,30 @@ def check_run_namespace(request: web.Request, namespace: str) -> None:
         raise errors.Forbidden(msg, field="namespace", code="NamespaceNotServed")
 
 
+async def get_run(request: web.Request, namespace: str, name: str) -> dict[str, Any]:
+    """The TauRun, read fresh (RunNotFoundError when it is not there)."""
+    item = await context_of(request).store.get_run(namespace, name)
+    if item is None:
+        raise reconciling.RunNotFoundError(namespace, name)
+    return item
+
+
 async def read_run(request: web.Request, verb: str = "get") -> tuple[auth.Identity, dict[str, Any]]:
     """Authorise `verb` on the run the path names and read it (404 when it is not there)."""
     identity = await serving.identity(request)
     namespace, name = run_path(request)
     await allow(request, identity, verb, namespace)
-    item = await context_of(request).store.get_run(namespace, name)
-    if item is None:
-        raise reconciling.RunNotFoundError(namespace, name)
-    return identity, item
+    return identity, await get_run(request, namespace, name)
+
+
+def expensive_read(
+    request: web.Request, identity: auth.Identity
+) -> contextlib.AbstractContextManager[None]:
+    """One of the caller's slots for a read of many objects per call (429 when it holds as
+    many as one caller may)."""
+    return serving.serving_of(request).limits.expensive_reads.hold(
+        identity.username, identity.username
+    )
 
 
 def run_json(item: dict[str, Any], *, with_spec: bool = True) -> dict[str, Any]:

@@ -29,9 +29,7 @@ async def _runs(request: web.Request, namespace: str) -> tuple[str, list[dict[st
     identity = await serving.identity(request)
     await context.allow(request, identity, "list", namespace)
     # A whole namespace's runs read per call: the same per-identity slots as a run list.
-    with serving.serving_of(request).limits.expensive_reads.hold(
-        identity.username, identity.username
-    ):
+    with context.expensive_read(request, identity):
         items = await context.context_of(request).store.list_runs(namespace)
     return namespace, items
 

@@ -133,9 +133,7 @@ async def _stream(request: web.Request, namespace: str, name: str) -> web.Stream
     deadline = asyncio.get_running_loop().time() + (st.settings.logs_wait_s if follow else 0)
     picked: tuple[dict[str, Any], str] | None = None
     while True:
-        item = await ctx.store.get_run(namespace, name)
-        if item is None:
-            raise reconciling.RunNotFoundError(namespace, name)
+        item = await context.get_run(request, namespace, name)
         status = item.get("status") or {}
         number = attempt or int(status.get("currentAttempt") or 0)
         if want_kept:

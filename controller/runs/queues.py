@@ -25,9 +25,7 @@ async def get_queues(request: web.Request) -> web.StreamResponse:
     namespace = serving.query_of(request, schemas.QueuesQuery).namespace
     await context.allow(request, identity, "list", namespace)
     ctx = context.context_of(request)
-    with serving.serving_of(request).limits.expensive_reads.hold(
-        identity.username, identity.username
-    ):
+    with context.expensive_read(request, identity):
         lqs, cqs, items = await asyncio.gather(
             ctx.store.list_kueue("localqueues", namespace),
             ctx.store.list_kueue("clusterqueues"),

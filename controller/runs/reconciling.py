@@ -499,17 +499,16 @@ class Reconciler:
             annotated = await self.attempts.apply(objects.run_ref(item), plan)
             if annotated is not None:
                 item = annotated
-        except errors.NameTaken as err:
-            # Somebody else's object holds a name this run needs (review M4): the run
-            # cannot go on without writing into it, so it ends, saying which.
-            log.warning("run name taken", run=f"{namespace}/{name}", problem=err.message)
-            status = policy.name_taken(plan.status, err.message, self._clock())
-            return await self.write_status(item, status)
-        except errors.AdmissionRefused as err:
-            # The cluster's admission refused an object of the run (the controller's policy:
-            # a Secret its namespace does not list for runs, say): no retry changes that.
-            log.warning("run refused", run=f"{namespace}/{name}", problem=err.message)
-            status = policy.refused(plan.status, "AdmissionRefused", err.message, self._clock())
+        except (errors.NameTaken, errors.AdmissionRefused) as err:
+            # Somebody else's object holds a name this run needs (review M4), or the cluster's
+            # admission refused an object of the run (the controller's policy: a Secret its
+            # namespace does not list for runs, say): no retry changes either, so the run
+            # ends, saying which.
+            taken = isinstance(err, errors.NameTaken)
+            event = "run name taken" if taken else "run refused"
+            log.warning(event, run=f"{namespace}/{name}", problem=err.message)
+            reason = "NameTaken" if taken else "AdmissionRefused"
+            status = policy.refused(plan.status, reason, err.message, self._clock())
             return await self.write_status(item, status)
         for attempt in plan.started:
             self.metrics.run_attempts.labels("started").inc()
