@@ -188,9 +188,7 @@ class LogKeeper:
                 found = named.get((ref.namespace, objects.attempt_name(ref.name, attempt)), [])
                 owned = owners.owned_pods(pods, found, run=ref, attempt=attempt)
                 await self.capture(ref, attempt, owned, final=True)
-            except asyncio.CancelledError:
-                raise
-            except leading.NotLeaderError:
+            except (asyncio.CancelledError, leading.NotLeaderError):
                 raise
             except Exception as err:  # noqa: BLE001  (logs are evidence, not a precondition)
                 log.warning("log not kept", run=f"{ref.namespace}/{ref.name}", attempt=attempt,
@@ -211,9 +209,7 @@ class LogKeeper:
             jobs.append(self._capture_one(ref, attempt, worker, pod, container))
         results = await asyncio.gather(*jobs, return_exceptions=True)
         for result in results:
-            if isinstance(result, leading.NotLeaderError):
-                raise result
-            if isinstance(result, asyncio.CancelledError):
+            if isinstance(result, (leading.NotLeaderError, asyncio.CancelledError)):
                 raise result
             if isinstance(result, errors.Conflict):
                 self.refused += 1

@@ -211,11 +211,10 @@ def replaces(old: Kept, new: Mapping[str, Any]) -> bool:
 
 def index(kept: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """What the evidence lists of a run's kept logs (not their text: that needs pods/log)."""
-    out = []
-    for raw in kept:
-        k = read(raw)
-        out.append({"attempt": k.attempt, "worker": k.worker, "name": k.name, "pod": k.pod,
-                    "capturedAt": timestamps.rfc3339(k.captured_at) if k.captured_at else None,
-                    "complete": k.complete, "truncated": k.truncated,
-                    "bytes": len(k.log.encode())})  # fmt: skip
+    out = [
+        {"attempt": k.attempt, "worker": k.worker, "name": k.name, "pod": k.pod,
+         "capturedAt": timestamps.rfc3339(k.captured_at) if k.captured_at else None,
+         "complete": k.complete, "truncated": k.truncated, "bytes": len(k.log.encode())}
+        for k in map(read, kept)
+    ]  # fmt: skip
     return sorted(out, key=lambda e: (e["attempt"], e["worker"]))

@@ -41,7 +41,6 @@ class QueuePosition:
     in_cluster_queue: int
     in_local_queue: int
     source: PositionSource
-    ahead_gpus: int = 0
 
 
 def kueue_order_key(w: views.WorkloadView) -> tuple[int, dt.datetime, str]:

@@ -67,14 +67,11 @@ class WorkloadView:
     cluster_queue: str = ""
     flavors: tuple[tuple[str, str], ...] = ()
     """(resource, flavor) pairs of the admission, over every pod set."""
-    pod_sets: tuple[tuple[str, int], ...] = ()
-    """(name, count) of each pod set."""
     evictions: tuple[tuple[str, int], ...] = ()
     """(reason, count) from `schedulingStats.evictions`."""
     admission_checks: tuple[tuple[str, str, str], ...] = ()
     """(name, state, message) of each admission check."""
     active: bool = True
-    uid: str = ""
     requeue_at: dt.datetime | None = None
     """`status.requeueState.requeueAt`: when Kueue queues it again after a backoff."""
     requeue_count: int = 0
@@ -121,7 +118,6 @@ def parse_workload(raw: Mapping[str, Any]) -> WorkloadView:
     return WorkloadView(
         name=str(meta.get("name", "")),
         namespace=str(meta.get("namespace", "")),
-        uid=str(meta.get("uid", "")),
         owner_kind=str(owners[0].get("kind", "")),
         owner_name=str(owners[0].get("name", "")),
         queue_name=str(spec.get("queueName", "")),
@@ -130,9 +126,6 @@ def parse_workload(raw: Mapping[str, Any]) -> WorkloadView:
         conditions=_conditions(raw),
         cluster_queue=str(admission.get("clusterQueue", "")),
         flavors=tuple(flavors),
-        pod_sets=tuple(
-            (str(p.get("name", "")), int(p.get("count") or 0)) for p in spec.get("podSets") or []
-        ),
         evictions=tuple(
             (str(e.get("reason", "")), int(e.get("count") or 0))
             for e in stats.get("evictions") or []
@@ -154,7 +147,6 @@ class PodView:
     name: str
     node: str
     phase: str
-    attempt: int | None = None
     index: int | None = None
     """Completion index (Indexed Jobs), else None."""
     exit_codes: tuple[int, ...] = ()
@@ -164,7 +156,6 @@ class PodView:
     deleting: bool = False
     started: dt.datetime | None = None
     finished: dt.datetime | None = None
-    image: str = ""
     image_id: str = ""
     created: dt.datetime | None = None
     containers: tuple[str, ...] = ()
@@ -181,14 +172,12 @@ def parse_pod(raw: Mapping[str, Any]) -> PodView:
     meta = raw.get("metadata") or {}
     spec = raw.get("spec") or {}
     status = raw.get("status") or {}
-    labels = meta.get("labels") or {}
     annotations = meta.get("annotations") or {}
     exit_codes: list[int] = []
     reasons: list[str] = []
     finished: list[dt.datetime] = []
-    image = image_id = ""
+    image_id = ""
     for cs in status.get("containerStatuses") or []:
-        image = image or str(cs.get("image") or "")
         image_id = image_id or str(cs.get("imageID") or "")
         terminated = (cs.get("state") or {}).get("terminated") or (cs.get("lastState") or {}).get(
             "terminated"
@@ -212,12 +201,10 @@ def parse_pod(raw: Mapping[str, Any]) -> PodView:
         if isinstance(cs, dict) and (w := (cs.get("state") or {}).get("waiting")) is not None
     )  # fmt: skip
     index = annotations.get(marks.JOB_COMPLETION_INDEX_ANNOTATION)
-    attempt = labels.get(marks.ATTEMPT_LABEL)
     return PodView(
         name=str(meta.get("name", "")),
         node=str(spec.get("nodeName") or ""),
         phase=str(status.get("phase") or "Pending"),
-        attempt=int(attempt) if isinstance(attempt, str) and attempt.isdigit() else None,
         index=int(index) if isinstance(index, str) and index.isdigit() else None,
         exit_codes=tuple(exit_codes),
         terminated_reasons=tuple(reasons),
@@ -225,7 +212,6 @@ def parse_pod(raw: Mapping[str, Any]) -> PodView:
         deleting=bool(meta.get("deletionTimestamp")),
         started=timestamps.parse(status.get("startTime")),
         finished=max(finished) if finished else None,
-        image=image,
         image_id=image_id,
         created=timestamps.parse(meta.get("creationTimestamp")),
         containers=tuple(str(c.get("name", "")) for c in spec.get("containers") or []),
@@ -242,14 +228,10 @@ class AttemptObjectView:
     name: str
     suspended: bool
     conditions: tuple[Condition, ...] = ()
-    created: dt.datetime | None = None
-    start: dt.datetime | None = None
     completion: dt.datetime | None = None
     ray_job_status: str = ""
     ray_deployment_status: str = ""
     ray_reason: str = ""
-    ray_message: str = ""
-    uid: str = ""
 
     def holds(self, kind: str) -> bool:
         """Whether the condition of the given type is True."""
@@ -265,16 +247,12 @@ def parse_attempt_object(raw: Mapping[str, Any]) -> AttemptObjectView:
     return AttemptObjectView(
         kind=str(raw.get("kind", "Job")),
         name=str(meta.get("name", "")),
-        uid=str(meta.get("uid", "")),
         suspended=bool(spec.get("suspend")),
         conditions=_conditions(raw),
-        created=timestamps.parse(meta.get("creationTimestamp")),
-        start=timestamps.parse(status.get("startTime")),
         completion=timestamps.parse(status.get("completionTime") or status.get("endTime")),
         ray_job_status=str(status.get("jobStatus") or ""),
         ray_deployment_status=str(status.get("jobDeploymentStatus") or ""),
         ray_reason=str(status.get("reason") or ""),
-        ray_message=str(status.get("message") or ""),
     )
 
 
