@@ -520,13 +520,9 @@ async def post_rerun(request: web.Request) -> web.StreamResponse:
     except ValueError as err:
         msg = f"run {old!r} has a status this controller cannot read ({err})"
         raise errors.Conflict(msg, code="UnreadableStatus") from err
-    name = body.name or reruns.next_name(
-        old,
-        [
-            str((i.get("metadata") or {}).get("name", ""))
-            for i in await ctx.store.list_runs(namespace)
-        ],
-    )
+    if not (name := body.name):
+        existing = [objects.run_ref(i).name for i in await ctx.store.list_runs(namespace)]
+        name = reruns.next_name(old, existing)
     image, pin_warning = reruns.pinned_image(
         str((item.get("spec") or {}).get("image", "")),
         status.evidence.image_id if status.evidence else None,

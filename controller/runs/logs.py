@@ -36,15 +36,6 @@ from controller.runs import (
 LOG_POLL_S = 0.5
 
 
-def _pick_pod(pods: list[dict[str, Any]], worker: int) -> tuple[dict[str, Any], str] | None:
-    """The pod and container of worker `worker` (ray: 0 is the head, 1.. the workers)."""
-    found = keptlogs.workers(pods)
-    if worker < len(found):
-        pod, container = found[worker]
-        return dict(pod), container
-    return None
-
-
 class PodStore(Protocol):
     """What `attempt_pods` reads (`controller.kube.runs.RunStore` implements it)."""
 
@@ -131,14 +122,16 @@ async def _stream(request: web.Request, namespace: str, name: str) -> web.Stream
     follow, worker, attempt, tail_lines = query.follow, query.worker, query.attempt, query.tail
     want_kept = query.kept
     deadline = asyncio.get_running_loop().time() + (st.settings.logs_wait_s if follow else 0)
-    picked: tuple[dict[str, Any], str] | None = None
+    # The pod and container of worker `worker` (ray: 0 is the head, 1.. the workers).
+    picked: tuple[Mapping[str, Any], str] | None = None
     while True:
         item = await context.get_run(request, namespace, name)
         status = item.get("status") or {}
         number = attempt or int(status.get("currentAttempt") or 0)
         if want_kept:
             break
-        picked = _pick_pod(await attempt_pods(ctx.store, item, number), worker)
+        workers = keptlogs.workers(await attempt_pods(ctx.store, item, number))
+        picked = workers[worker] if worker < len(workers) else None
         started = picked is not None and views.parse_pod(picked[0]).phase != "Pending"
         if started or asyncio.get_running_loop().time() >= deadline:
             break

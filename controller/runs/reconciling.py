@@ -293,12 +293,8 @@ class Reconciler:
             )
             report = dataclasses.replace(report, path=path)
             entry = checkpoints.record(report, self._clock())
-            new = old.model_copy(
-                update={
-                    "checkpoints": checkpoints.add(old.checkpoints, entry, self.checkpoints_kept)
-                }
-            )
-            await self.write_status(item, new)
+            kept = checkpoints.add(old.checkpoints, entry, self.checkpoints_kept)
+            await self.write_status(item, old.model_copy(update={"checkpoints": kept}))
             self.elector.ensure_leader()
             body = objects.render_checkpoint_configmap(
                 objects.run_ref(item), objects.checkpoint_configmap_name(name), "",
@@ -361,30 +357,26 @@ class Reconciler:
 
     # ------------------------------------------------------------------ read
     async def snapshot(self) -> snapshots.Snapshot:
-        selector = marks.RUN_LABEL
-        jobs, rayjobs, pods, workloads, lqs, nodes = await asyncio.gather(
-            self.store.list_labelled("Job", selector),
-            self._optional(self.store.list_labelled("RayJob", selector)),
-            self.store.list_labelled("Pod", selector),
+        """What a pass reads: every run's objects and pods, the Workloads, the LocalQueues
+        and the nodes."""
+        (owned, pods), workloads, lqs, nodes = await asyncio.gather(
+            self._labelled(marks.RUN_LABEL),
             self._workload_views(),
             self.store.list_kueue("localqueues"),
             self.store.list_nodes(),
         )
-        return snapshots.index([*jobs, *rayjobs], pods, workloads, lqs, nodes)
+        return snapshots.index(owned, pods, workloads, lqs, nodes)
 
     async def snapshot_of_run(self, namespace: str, name: str) -> snapshots.Snapshot:
         """What one run's reconcile reads, and nothing else: its objects and pods, its
         namespace's Workloads and queues, and the nodes its pods are on. (Queue positions
         are then namespace-local; the next full pass corrects them.)"""
-        selector = f"{marks.RUN_LABEL}={name}"
-        jobs, rayjobs, pods, workloads, lqs = await asyncio.gather(
-            self.store.list_labelled("Job", selector),
-            self._optional(self.store.list_labelled("RayJob", selector)),
-            self.store.list_labelled("Pod", selector),
+        (labelled, pods), workloads, lqs = await asyncio.gather(
+            self._labelled(f"{marks.RUN_LABEL}={name}"),
             self.store.list_kueue("workloads", namespace),
             self.store.list_kueue("localqueues", namespace),
         )
-        owned = [o for o in [*jobs, *rayjobs] if snapshots.key(o)[0] == namespace]
+        owned = [o for o in labelled if snapshots.key(o)[0] == namespace]
         pods = [p for p in pods if snapshots.key(p)[0] == namespace]
         on = sorted({str((p.get("spec") or {}).get("nodeName") or "") for p in pods} - {""})
         nodes = await self.store.list_nodes(names=on)
@@ -415,13 +407,22 @@ class Reconciler:
         self._priority_classes = found
         return found
 
-    @staticmethod
-    async def _optional(call: Any) -> list[dict[str, Any]]:
-        """RayJobs are optional: a cluster without KubeRay lists none (and runs no ray runs)."""
-        try:
-            return list(await call)
-        except Exception:  # noqa: BLE001  (no RayJob CRD: 404)
-            return []
+    async def _labelled(self, selector: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """The Jobs and RayJobs, and the pods, that `selector` selects. RayJobs are optional:
+        a cluster without KubeRay lists none (and runs no ray runs)."""
+
+        async def rayjobs() -> list[dict[str, Any]]:
+            try:
+                return await self.store.list_labelled("RayJob", selector)
+            except Exception:  # noqa: BLE001  (no RayJob CRD: 404)
+                return []
+
+        jobs, rays, pods = await asyncio.gather(
+            self.store.list_labelled("Job", selector),
+            rayjobs(),
+            self.store.list_labelled("Pod", selector),
+        )
+        return [*jobs, *rays], pods
 
     def run_input(
         self,

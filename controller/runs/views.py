@@ -270,16 +270,8 @@ class NodeFacts:
 def node_facts(raw_nodes: Iterable[Mapping[str, Any]]) -> NodeFacts:
     """Build NodeFacts from raw Nodes (quarantined = carries our quarantined-by annotation;
     failed = its quarantine record says a GPU failed)."""
-    existing: set[str] = set()
-    quarantined: set[str] = set()
-    failed: set[str] = set()
-    for node in raw_nodes:
-        meta = node.get("metadata") or {}
-        name = str(meta.get("name", ""))
-        existing.add(name)
-        annotations = meta.get("annotations") or {}
-        if marks.quarantined(annotations):
-            quarantined.add(name)
-            if marks.quarantine_failed(annotations):
-                failed.add(name)
-    return NodeFacts(frozenset(existing), frozenset(quarantined), frozenset(failed))
+    metas = [node.get("metadata") or {} for node in raw_nodes]
+    notes = {str(m.get("name", "")): m.get("annotations") or {} for m in metas}
+    quarantined = frozenset(n for n, a in notes.items() if marks.quarantined(a))
+    failed = frozenset(n for n in quarantined if marks.quarantine_failed(notes[n]))
+    return NodeFacts(frozenset(notes), quarantined, failed)
