@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -40,6 +41,7 @@ CONCURRENT_READS = 8
 """Log reads one pass makes at once."""
 MAX_REMEMBERED = 20_000
 """Complete logs remembered (to skip re-reading them); forgotten all at once past this."""
+_now = functools.partial(dt.datetime.now, dt.UTC)
 
 
 class LogStore(Protocol):
@@ -77,10 +79,6 @@ class LogStore(Protocol):
     async def replace_run_log(self, body: dict[str, Any], resource_version: str) -> bool:
         """Replace a TauRunLog at a version; False when it changed since."""
         ...
-
-
-def _now() -> dt.datetime:
-    return dt.datetime.now(dt.UTC)
 
 
 class LogKeeper:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime as dt
+import functools
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, cast
 
@@ -62,6 +63,7 @@ FULL_PASS_INTERVAL_S = 30.0
 `fullPassIntervalS`, shared with the quarantine pass)."""
 
 RunKey = queueing.RunKey
+_now = functools.partial(dt.datetime.now, dt.UTC)
 
 
 class RunNotFoundError(errors.NotFound):
@@ -69,10 +71,6 @@ class RunNotFoundError(errors.NotFound):
 
     def __init__(self, namespace: str, name: str) -> None:
         super().__init__(f"no run named {name!r} in namespace {namespace}", field="name")
-
-
-def _now() -> dt.datetime:
-    return dt.datetime.now(dt.UTC)
 
 
 class Reconciler:

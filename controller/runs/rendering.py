@@ -272,11 +272,6 @@ def _tau_env(
     return env
 
 
-def _completion_index_env(name: str) -> dict[str, Any]:
-    field_path = f"metadata.annotations['{marks.JOB_COMPLETION_INDEX_ANNOTATION}']"
-    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": field_path}}}
-
-
 def _rendezvous_env(
     spec: specs.TauSpec, job_name: str, service_name: str, settings: RenderSettings
 ) -> list[dict[str, Any]]:
@@ -292,6 +287,7 @@ def _rendezvous_env(
     port = str(settings.master_port)
     nnodes = str(spec.workers)
     nproc = str(spec.effective_nproc_per_node)
+    index = f"metadata.annotations['{marks.JOB_COMPLETION_INDEX_ANNOTATION}']"
     env: list[dict[str, Any]] = []
     for prefix in ("", "PET_"):
         env.extend(
@@ -300,7 +296,7 @@ def _rendezvous_env(
                 {"name": f"{prefix}MASTER_PORT", "value": port},
                 {"name": f"{prefix}NNODES", "value": nnodes},
                 {"name": f"{prefix}NPROC_PER_NODE", "value": nproc},
-                _completion_index_env(f"{prefix}NODE_RANK"),
+                {"name": f"{prefix}NODE_RANK", "valueFrom": {"fieldRef": {"fieldPath": index}}},
             ]
         )
     return env

@@ -108,11 +108,11 @@ def parse_workload(raw: Mapping[str, Any]) -> WorkloadView:
     status = raw.get("status") or {}
     owners = meta.get("ownerReferences") or [{}]
     admission = status.get("admission") or {}
-    flavors: list[tuple[str, str]] = []
-    for assignment in admission.get("podSetAssignments") or []:
-        for resource, flavor in sorted((assignment.get("flavors") or {}).items()):
-            if (resource, flavor) not in flavors:
-                flavors.append((str(resource), str(flavor)))
+    flavors = dict.fromkeys(
+        (str(resource), str(flavor))
+        for assignment in admission.get("podSetAssignments") or []
+        for resource, flavor in sorted((assignment.get("flavors") or {}).items())
+    )
     stats = status.get("schedulingStats") or {}
     requeue = status.get("requeueState") or {}
     return WorkloadView(
