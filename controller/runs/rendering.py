@@ -320,21 +320,17 @@ def _isolation_env(gpus: int) -> list[dict[str, Any]]:
     return [] if gpus > 0 else [{"name": GPU_VISIBILITY_ENV, "value": NO_GPUS}]
 
 
-def _resources(spec: specs.TauSpec, *, gpus: int, claims: bool = False) -> dict[str, Any]:
-    requests: dict[str, str] = {}
-    limits: dict[str, str] = {}
+def _resources(spec: specs.TauSpec, settings: RenderSettings, gpus: int) -> dict[str, Any]:
+    """A container's resources (see the module docstring); its `gpus` as the attempt's
+    claim on DRA."""
+    res = spec.resources
+    requests = {k: v for k, v in (("cpu", res.cpu), ("memory", res.memory)) if v is not None}
+    limits = {"memory": res.memory} if res.memory is not None else {}
     result: dict[str, Any] = {}
-    if claims and gpus > 0:
+    if gpus > 0 and _uses_claims(spec, settings):
         result["claims"] = [{"name": CLAIM_NAME}]
-        gpus = 0
-    if spec.resources.cpu is not None:
-        requests["cpu"] = spec.resources.cpu
-    if spec.resources.memory is not None:
-        requests["memory"] = spec.resources.memory
-        limits["memory"] = spec.resources.memory
-    if gpus > 0:
-        requests[marks.GPU_RESOURCE] = str(gpus)
-        limits[marks.GPU_RESOURCE] = str(gpus)
+    elif gpus > 0:
+        requests[marks.GPU_RESOURCE] = limits[marks.GPU_RESOURCE] = str(gpus)
     if requests:
         result["requests"] = requests
     if limits:
@@ -405,9 +401,7 @@ def _render_job(
         "image": spec.image,
         "command": command,
         "env": env,
-        "resources": _resources(
-            spec, gpus=spec.resources.gpus, claims=_uses_claims(spec, settings)
-        ),
+        "resources": _resources(spec, settings, spec.resources.gpus),
     }
     if args:
         container["args"] = args
@@ -497,7 +491,7 @@ def _render_rayjob(
             "name": container_name,
             "image": spec.image,
             "env": env + _isolation_env(gpus),
-            "resources": _resources(spec, gpus=gpus, claims=_uses_claims(spec, settings)),
+            "resources": _resources(spec, settings, gpus),
         }
         return {
             "metadata": {"labels": pod_labels},

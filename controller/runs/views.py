@@ -266,6 +266,12 @@ class NodeFacts:
     failed: frozenset[str] = frozenset()
     """Quarantined because a GPU failed (a Failed verdict: Xid 79, a lost GPU...)."""
 
+    def lost(self, node: str) -> str:
+        """How a run lost `node`: 'was quarantined' or 'vanished' ('' when it did not)."""
+        if node in self.quarantined:
+            return "was quarantined"
+        return "" if node in self.existing else "vanished"
+
 
 def node_facts(raw_nodes: Iterable[Mapping[str, Any]]) -> NodeFacts:
     """Build NodeFacts from raw Nodes (quarantined = carries our quarantined-by annotation;
