@@ -31,7 +31,7 @@ from typing import Any, Protocol
 import structlog
 
 from controller import errors, leading, marks, metrics
-from controller.runs import keptlogs, objects, owners, records, views
+from controller.runs import keptlogs, objects, owners, records, stores, views
 
 log = structlog.get_logger()
 
@@ -44,18 +44,8 @@ MAX_REMEMBERED = 20_000
 _now = functools.partial(dt.datetime.now, dt.UTC)
 
 
-class LogStore(Protocol):
+class LogStore(stores.RunReads, Protocol):
     """What the keeper reads and writes (`controller.kube.runs.RunStore` implements it)."""
-
-    async def list_runs(self, namespace: str | None = None) -> list[dict[str, Any]]:
-        """Every TauRun (of a namespace)."""
-        ...
-
-    async def list_labelled(
-        self, kind: str, selector: str, *, field_selector: str = ""
-    ) -> list[dict[str, Any]]:
-        """Pods with a label selector, every namespace."""
-        ...
 
     async def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
         """Pods of one namespace by label selector."""
