@@ -60,10 +60,8 @@ def compute_positions(
     """
     by_cq: dict[str, list[views.WorkloadView]] = {}
     for w in pending:
-        if not w.pending:
-            continue
         cq = local_to_cluster.get((w.namespace, w.queue_name))
-        if cq is not None:
+        if w.pending and cq is not None:
             by_cq.setdefault(cq, []).append(w)
     out: dict[tuple[str, str], QueuePosition] = {}
     for items in by_cq.values():
@@ -178,9 +176,7 @@ def admitted_message(
     Kueue's waitForPodsReady will do with the quota it holds ('' when nothing is wrong)."""
     why = pods_not_running(pods)
     if not why:
-        if not pods:
-            return "admitted; waiting for its pods to be created"
-        return ""
+        return "" if pods else "admitted; waiting for its pods to be created"
     gpus = ctx.gpus_per_worker * ctx.workers
     quota = (f"its {gpus} GPU" + ("s" if gpus != 1 else "")) if gpus else "its quota"
     admitted = workload.condition("Admitted") if workload is not None else None
