@@ -1,10 +1,5 @@
-"""What the runs domain's handlers share: its live objects and the per-request helpers.
-
-Every call is authorised by SubjectAccessReview against the Kubernetes verb it stands for,
-in the run's namespace (`create tauruns.taugrid.dev` to submit, `get`/`list` to read,
-`delete` or `patch` to cancel, `get pods/log` to read logs), so a researcher can act only
-where RBAC lets them and the controller's own, wider rights are never lent out.
-"""
+"""What the runs domain's handlers share: its live objects and the per-request helpers,
+authorisation among them (a SubjectAccessReview per call, as `controller.runs.api` says)."""
 
 from __future__ import annotations
 
