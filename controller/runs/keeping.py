@@ -191,8 +191,7 @@ class LogKeeper:
             if not final and pod.phase not in {"Running", "Succeeded", "Failed"}:
                 continue
             jobs.append(self._capture_one(ref, attempt, worker, pod, container))
-        results = await asyncio.gather(*jobs, return_exceptions=True)
-        for result in results:
+        for result in await asyncio.gather(*jobs, return_exceptions=True):
             if isinstance(result, (leading.NotLeaderError, asyncio.CancelledError)):
                 raise result
             if isinstance(result, errors.Conflict):

@@ -133,9 +133,8 @@ async def _stream(request: web.Request, namespace: str, name: str) -> web.Stream
         workers = keptlogs.workers(await attempt_pods(ctx.store, item, number))
         picked = workers[worker] if worker < len(workers) else None
         started = picked is not None and views.parse_pod(picked[0]).phase != "Pending"
-        if started or asyncio.get_running_loop().time() >= deadline:
-            break
-        if status.get("phase") in {records.Phase.CANCELLED, records.Phase.FAILED}:
+        ended = status.get("phase") in {records.Phase.CANCELLED, records.Phase.FAILED}
+        if started or ended or asyncio.get_running_loop().time() >= deadline:
             break
         await asyncio.sleep(LOG_POLL_S)
     if want_kept or picked is None:

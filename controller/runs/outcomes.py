@@ -273,14 +273,9 @@ def evidence(
         "kueue": prev.kueue.model_copy(update=kueue),
         "spec": specs.spec_to_wire(spec),
         "attempts": tuple(
-            records.EvidenceAttempt(
-                number=a.number, object_name=a.object_name, nodes=a.nodes,
-                exit_codes=a.exit_codes, failure_class=a.failure_class,
-                start_time=a.start_time, end_time=a.end_time,
-            )
-            for a in attempts
+            records.EvidenceAttempt.model_validate(a, from_attributes=True) for a in attempts
         ),
-    }  # fmt: skip
+    }
     if image_ids:
         update["image_id"] = image_ids[0]
     if nodes:

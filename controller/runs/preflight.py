@@ -62,14 +62,11 @@ class PreflightStore(Protocol):
         ...
 
 
+@dataclasses.dataclass(frozen=True)
 class Unknown:
     """A fact that could not be read (the error, in words)."""
 
-    def __init__(self, why: str) -> None:
-        self.why = why
-
-    def __repr__(self) -> str:
-        return f"Unknown({self.why!r})"
+    why: str
 
 
 @dataclasses.dataclass(frozen=True)

@@ -260,13 +260,11 @@ def _tau_env(
     ]
     if spec.checkpoint is not None:
         env.append({"name": "TAU_CHECKPOINT_DIR", "value": spec.checkpoint.dir})
-    env.extend(
-        [
-            {"name": "TAU_CHECKPOINT_FILE", "value": volumes_.CHECKPOINT_FILE},
-            {"name": "TAU_RESUME_FROM", "value": ctx.resume_from},
-            {"name": "TAU_FAILURE_REASON", "value": ctx.failure_reason},
-        ]
-    )
+    env += [
+        {"name": "TAU_CHECKPOINT_FILE", "value": volumes_.CHECKPOINT_FILE},
+        {"name": "TAU_RESUME_FROM", "value": ctx.resume_from},
+        {"name": "TAU_FAILURE_REASON", "value": ctx.failure_reason},
+    ]
     if settings.ca_pem:
         env.append({"name": "TAU_CA_FILE", "value": volumes_.CA_FILE})
     return env
@@ -290,15 +288,13 @@ def _rendezvous_env(
     index = f"metadata.annotations['{marks.JOB_COMPLETION_INDEX_ANNOTATION}']"
     env: list[dict[str, Any]] = []
     for prefix in ("", "PET_"):
-        env.extend(
-            [
-                {"name": f"{prefix}MASTER_ADDR", "value": master},
-                {"name": f"{prefix}MASTER_PORT", "value": port},
-                {"name": f"{prefix}NNODES", "value": nnodes},
-                {"name": f"{prefix}NPROC_PER_NODE", "value": nproc},
-                {"name": f"{prefix}NODE_RANK", "valueFrom": {"fieldRef": {"fieldPath": index}}},
-            ]
-        )
+        env += [
+            {"name": f"{prefix}MASTER_ADDR", "value": master},
+            {"name": f"{prefix}MASTER_PORT", "value": port},
+            {"name": f"{prefix}NNODES", "value": nnodes},
+            {"name": f"{prefix}NPROC_PER_NODE", "value": nproc},
+            {"name": f"{prefix}NODE_RANK", "valueFrom": {"fieldRef": {"fieldPath": index}}},
+        ]
     return env
 
 
