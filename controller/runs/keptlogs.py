@@ -65,9 +65,7 @@ def workers(pods: Sequence[Mapping[str, Any]]) -> list[tuple[Mapping[str, Any], 
     live = [vp for vp in parsed if not vp[0].deleting] or parsed
     indexed = [vp for vp in live if vp[0].index is not None]
     if indexed and len(indexed) == len(live):
-        by_index: dict[int, tuple[views.PodView, Any]] = {}
-        for vp in _order(indexed):
-            by_index[vp[0].index or 0] = vp  # the newest pod of an index wins
+        by_index = {vp[0].index or 0: vp for vp in _order(indexed)}  # the newest of an index wins
         return [(by_index[i][1], rendering.CONTAINER_NAME) for i in sorted(by_index)]
     return [(p, rendering.CONTAINER_NAME) for _, p in _order(live)]
 

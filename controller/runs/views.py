@@ -173,21 +173,14 @@ def parse_pod(raw: Mapping[str, Any]) -> PodView:
     spec = raw.get("spec") or {}
     status = raw.get("status") or {}
     annotations = meta.get("annotations") or {}
-    exit_codes: list[int] = []
-    reasons: list[str] = []
-    finished: list[dt.datetime] = []
-    image_id = ""
-    for cs in status.get("containerStatuses") or []:
-        image_id = image_id or str(cs.get("imageID") or "")
-        terminated = (cs.get("state") or {}).get("terminated") or (cs.get("lastState") or {}).get(
-            "terminated"
-        )
-        if terminated:
-            exit_codes.append(int(terminated.get("exitCode") or 0))
-            reasons.append(str(terminated.get("reason") or ""))
-            end = timestamps.parse(terminated.get("finishedAt"))
-            if end is not None:
-                finished.append(end)
+    statuses = status.get("containerStatuses") or []
+    terminated = [
+        t
+        for cs in statuses
+        if (t := (cs.get("state") or {}).get("terminated"))
+        or (t := (cs.get("lastState") or {}).get("terminated"))
+    ]
+    finished = [e for t in terminated if (e := timestamps.parse(t.get("finishedAt"))) is not None]
     conditions = _conditions(raw)
     disruption = find_condition(conditions, "DisruptionTarget")
     scheduled = find_condition(conditions, "PodScheduled")
@@ -206,13 +199,13 @@ def parse_pod(raw: Mapping[str, Any]) -> PodView:
         node=str(spec.get("nodeName") or ""),
         phase=str(status.get("phase") or "Pending"),
         index=int(index) if isinstance(index, str) and index.isdigit() else None,
-        exit_codes=tuple(exit_codes),
-        terminated_reasons=tuple(reasons),
+        exit_codes=tuple(int(t.get("exitCode") or 0) for t in terminated),
+        terminated_reasons=tuple(str(t.get("reason") or "") for t in terminated),
         disruption=disruption.reason if disruption is not None and disruption.true else "",
         deleting=bool(meta.get("deletionTimestamp")),
         started=timestamps.parse(status.get("startTime")),
         finished=max(finished) if finished else None,
-        image_id=image_id,
+        image_id=next((str(cs["imageID"]) for cs in statuses if cs.get("imageID")), ""),
         created=timestamps.parse(meta.get("creationTimestamp")),
         containers=tuple(str(c.get("name", "")) for c in spec.get("containers") or []),
         unschedulable=unschedulable,
