@@ -355,26 +355,30 @@ class Reconciler:
 
     # ------------------------------------------------------------------ read
     async def snapshot(self) -> snapshots.Snapshot:
-        """What a pass reads: every run's objects and pods, the Workloads, the LocalQueues
-        and the nodes."""
-        (owned, pods), workloads, lqs, nodes = await asyncio.gather(
-            self._labelled(marks.RUN_LABEL),
+        selector = marks.RUN_LABEL
+        jobs, rayjobs, pods, workloads, lqs, nodes = await asyncio.gather(
+            self.store.list_labelled("Job", selector),
+            self._optional(self.store.list_labelled("RayJob", selector)),
+            self.store.list_labelled("Pod", selector),
             self._workload_views(),
             self.store.list_kueue("localqueues"),
             self.store.list_nodes(),
         )
-        return snapshots.index(owned, pods, workloads, lqs, nodes)
+        return snapshots.index([*jobs, *rayjobs], pods, workloads, lqs, nodes)
 
     async def snapshot_of_run(self, namespace: str, name: str) -> snapshots.Snapshot:
         """What one run's reconcile reads, and nothing else: its objects and pods, its
         namespace's Workloads and queues, and the nodes its pods are on. (Queue positions
         are then namespace-local; the next full pass corrects them.)"""
-        (labelled, pods), workloads, lqs = await asyncio.gather(
-            self._labelled(f"{marks.RUN_LABEL}={name}"),
+        selector = f"{marks.RUN_LABEL}={name}"
+        jobs, rayjobs, pods, workloads, lqs = await asyncio.gather(
+            self.store.list_labelled("Job", selector),
+            self._optional(self.store.list_labelled("RayJob", selector)),
+            self.store.list_labelled("Pod", selector),
             self.store.list_kueue("workloads", namespace),
             self.store.list_kueue("localqueues", namespace),
         )
-        owned = [o for o in labelled if snapshots.key(o)[0] == namespace]
+        owned = [o for o in [*jobs, *rayjobs] if snapshots.key(o)[0] == namespace]
         pods = [p for p in pods if snapshots.key(p)[0] == namespace]
         on = sorted({str((p.get("spec") or {}).get("nodeName") or "") for p in pods} - {""})
         nodes = await self.store.list_nodes(names=on)
@@ -405,22 +409,13 @@ class Reconciler:
         self._priority_classes = found
         return found
 
-    async def _labelled(self, selector: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        """The Jobs and RayJobs, and the pods, that `selector` selects. RayJobs are optional:
-        a cluster without KubeRay lists none (and runs no ray runs)."""
-
-        async def rayjobs() -> list[dict[str, Any]]:
-            try:
-                return await self.store.list_labelled("RayJob", selector)
-            except Exception:  # noqa: BLE001  (no RayJob CRD: 404)
-                return []
-
-        jobs, rays, pods = await asyncio.gather(
-            self.store.list_labelled("Job", selector),
-            rayjobs(),
-            self.store.list_labelled("Pod", selector),
-        )
-        return [*jobs, *rays], pods
+    @staticmethod
+    async def _optional(call: Any) -> list[dict[str, Any]]:
+        """RayJobs are optional: a cluster without KubeRay lists none (and runs no ray runs)."""
+        try:
+            return list(await call)
+        except Exception:  # noqa: BLE001  (no RayJob CRD: 404)
+            return []
 
     def run_input(
         self,
@@ -498,16 +493,17 @@ class Reconciler:
             annotated = await self.attempts.apply(objects.run_ref(item), plan)
             if annotated is not None:
                 item = annotated
-        except (errors.NameTaken, errors.AdmissionRefused) as err:
-            # Somebody else's object holds a name this run needs (review M4), or the cluster's
-            # admission refused an object of the run (the controller's policy: a Secret its
-            # namespace does not list for runs, say): no retry changes either, so the run
-            # ends, saying which.
-            taken = isinstance(err, errors.NameTaken)
-            event = "run name taken" if taken else "run refused"
-            log.warning(event, run=f"{namespace}/{name}", problem=err.message)
-            reason = "NameTaken" if taken else "AdmissionRefused"
-            status = policy.refused(plan.status, reason, err.message, self._clock())
+        except errors.NameTaken as err:
+            # Somebody else's object holds a name this run needs (review M4): the run
+            # cannot go on without writing into it, so it ends, saying which.
+            log.warning("run name taken", run=f"{namespace}/{name}", problem=err.message)
+            status = policy.refused(plan.status, "NameTaken", err.message, self._clock())
+            return await self.write_status(item, status)
+        except errors.AdmissionRefused as err:
+            # The cluster's admission refused an object of the run (the controller's policy:
+            # a Secret its namespace does not list for runs, say): no retry changes that.
+            log.warning("run refused", run=f"{namespace}/{name}", problem=err.message)
+            status = policy.refused(plan.status, "AdmissionRefused", err.message, self._clock())
             return await self.write_status(item, status)
         for attempt in plan.started:
             self.metrics.run_attempts.labels("started").inc()
