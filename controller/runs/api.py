@@ -224,14 +224,12 @@ async def _check_secrets(
     read it anyway may ask for it. kubectl-made TauRuns are checked by the chart's policy."""
     for variable, ref in sorted(spec.secret_env.items()):
         access = auth.Access(verb="get", resource="secrets", namespace=namespace, name=ref.secret)
-        try:
-            await serving.allow(request, who, access)
-        except errors.Forbidden as err:
+        if not await _may(request, who, access):
             msg = (
                 f"secretEnv.{variable}: {who.username} may not get Secret {ref.secret!r} in"
                 f" namespace {namespace}, so a run may not read it for you"
             )
-            raise errors.Forbidden(msg, field=f"secretEnv.{variable}") from err
+            raise errors.Forbidden(msg, field=f"secretEnv.{variable}")
 
 
 async def _may(request: web.Request, who: auth.Identity, access: auth.Access) -> bool:
@@ -366,9 +364,7 @@ def _content_type(request: web.Request) -> str | None:
     also reads JSON), so `curl --data-binary @tau.yaml` works as a researcher expects."""
     value = request.headers.get("Content-Type")
     media = (value or "").split(";", 1)[0].strip().lower()
-    if media in _GENERIC_TYPES:
-        return None
-    return value
+    return None if media in _GENERIC_TYPES else value
 
 
 _GENERIC_TYPES = frozenset({"", "application/x-www-form-urlencoded", "application/octet-stream"})
