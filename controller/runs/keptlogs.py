@@ -114,7 +114,6 @@ class Kept:
     attempt: int
     worker: int
     pod: str
-    container: str
     log: str
     captured_at: dt.datetime | None
     complete: bool
@@ -179,7 +178,6 @@ def read(raw: Mapping[str, Any]) -> Kept:
         attempt=int(spec.get("attempt") or 0),
         worker=int(spec.get("worker") or 0),
         pod=_object_name(spec.get("pod")),
-        container=_object_name(spec.get("container")),
         log=str(spec.get("log", "")),
         captured_at=timestamps.parse(spec.get("capturedAt")),
         complete=bool(spec.get("complete")),
@@ -191,8 +189,8 @@ def read(raw: Mapping[str, Any]) -> Kept:
 
 
 def _object_name(value: object) -> str:
-    """A stored pod or container name when it is one, else '': it becomes a response
-    header (`X-TauGrid-Pod`), where CR/LF would break the answer (review 3, finding 9)."""
+    """A stored pod name when it is one, else '': it becomes a response header
+    (`X-TauGrid-Pod`), where CR/LF would break the answer (review 3, finding 9)."""
     text = str(value or "")
     return text if len(text) <= 253 and _OBJECT_NAME_RE.fullmatch(text) else ""
 
