@@ -432,6 +432,7 @@ def _render_headless_service(
     The selector is the attempt's labels, so a stale attempt's pods never answer.
     """
     name = objects.attempt_name(ctx.run.name, ctx.attempt)
+    port = settings.master_port
     return {
         "apiVersion": "v1",
         "kind": "Service",
@@ -440,14 +441,7 @@ def _render_headless_service(
             "clusterIP": "None",
             "publishNotReadyAddresses": True,
             "selector": {marks.RUN_LABEL: ctx.run.name, marks.ATTEMPT_LABEL: str(ctx.attempt)},
-            "ports": [
-                {
-                    "name": "rendezvous",
-                    "port": settings.master_port,
-                    "targetPort": settings.master_port,
-                    "protocol": "TCP",
-                }
-            ],
+            "ports": [{"name": "rendezvous", "port": port, "targetPort": port, "protocol": "TCP"}],
         },
     }
 
