@@ -248,10 +248,9 @@ def waiting_message(ctx: WaitContext, workload: views.WorkloadView | None) -> st
             detail = "; ".join(f"{n}: {m or s}" for n, s, m in checks)
             return f"quota reserved; waiting for admission checks ({detail})"
         return "quota reserved; waiting to be admitted"
-    if workload.holds("Evicted") and not workload.holds("QuotaReserved"):
-        why = evicted.reason if evicted is not None else ""
-        if why in {"Preempted", "InClusterQueue"}:
-            return f"preempted by higher-priority work; waiting to be admitted again{ahead}"
+    preempted = evicted is not None and evicted.reason in {"Preempted", "InClusterQueue"}
+    if preempted and workload.holds("Evicted") and not workload.holds("QuotaReserved"):
+        return f"preempted by higher-priority work; waiting to be admitted again{ahead}"
     reserved = workload.condition("QuotaReserved")
     kueue_text = reserved.message if reserved is not None else ""
     match = _QUOTA_RE.search(kueue_text)
