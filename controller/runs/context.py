@@ -101,9 +101,8 @@ def expensive_read(
 ) -> contextlib.AbstractContextManager[None]:
     """One of the caller's slots for a read of many objects per call (429 when it holds as
     many as one caller may)."""
-    return serving.serving_of(request).limits.expensive_reads.hold(
-        identity.username, identity.username
-    )
+    limits = serving.serving_of(request).limits
+    return limits.expensive_reads.hold(identity.username, identity.username)
 
 
 def run_json(item: dict[str, Any], *, with_spec: bool = True) -> dict[str, Any]:

@@ -31,7 +31,7 @@ from typing import Any, Protocol
 import structlog
 
 from controller import errors, leading, marks, metrics
-from controller.runs import keptlogs, objects, owners, records, stores, views
+from controller.runs import keptlogs, objects, owners, records, snapshots, stores, views
 
 log = structlog.get_logger()
 
@@ -156,9 +156,8 @@ class LogKeeper:
         found: dict[tuple[str, str], list[dict[str, Any]]] = {}
         for kind, items in (("Job", jobs), ("RayJob", rayjobs)):
             for obj in items:
-                meta = obj.get("metadata") or {}
-                key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
-                found.setdefault(key, []).append(obj if obj.get("kind") else {**obj, "kind": kind})
+                with_kind = obj if obj.get("kind") else {**obj, "kind": kind}
+                found.setdefault(snapshots.key(obj), []).append(with_kind)
         return found
 
     async def keep_final(self, ref: objects.RunRef, attempts: Sequence[int]) -> None:

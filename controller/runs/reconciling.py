@@ -244,9 +244,8 @@ class Reconciler:
                         self.queue.failed(key, self._clock().timestamp())
             else:
                 kept += 1
-            status = item.get("status") or {}
             queue = str((item.get("spec") or {}).get("queue") or specs.DEFAULT_QUEUE)
-            phase = str(status.get("phase") or records.Phase.PENDING)
+            phase = str((item.get("status") or {}).get("phase") or records.Phase.PENDING)
             counts[(phase, queue)] = counts.get((phase, queue), 0) + 1
         self.metrics.run_decisions.labels("kept").inc(kept)
         self.metrics.runs.clear()
