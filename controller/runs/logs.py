@@ -110,8 +110,7 @@ async def get_logs(request: web.Request) -> web.StreamResponse:
     namespace, name = context.run_path(request)
     await context.allow(request, identity, "get", namespace, resource="pods", group="",
                  subresource="log")  # fmt: skip
-    st = serving.serving_of(request)
-    with st.limits.log_streams.hold(identity.username, identity.username):
+    with serving.serving_of(request).limits.log_streams.hold(identity.username, identity.username):
         return await _stream(request, namespace, name)
 
 
