@@ -14,9 +14,10 @@ can retry a POST whose answer it lost.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import structlog
@@ -34,7 +35,6 @@ from controller.runs import (
     policy,
     preflight,
     queues,
-    reconciling,
     records,
     rendering,
     reporting,
@@ -224,14 +224,12 @@ async def _check_secrets(
     read it anyway may ask for it. kubectl-made TauRuns are checked by the chart's policy."""
     for variable, ref in sorted(spec.secret_env.items()):
         access = auth.Access(verb="get", resource="secrets", namespace=namespace, name=ref.secret)
-        try:
-            await serving.allow(request, who, access)
-        except errors.Forbidden as err:
+        if not await _may(request, who, access):
             msg = (
                 f"secretEnv.{variable}: {who.username} may not get Secret {ref.secret!r} in"
                 f" namespace {namespace}, so a run may not read it for you"
             )
-            raise errors.Forbidden(msg, field=f"secretEnv.{variable}") from err
+            raise errors.Forbidden(msg, field=f"secretEnv.{variable}")
 
 
 async def _may(request: web.Request, who: auth.Identity, access: auth.Access) -> bool:
@@ -283,13 +281,8 @@ async def _create_run(
     ref = objects.RunRef(spec.name, namespace, DRY_RUN_UID)
     warnings.extend(await _server_check(request, who, spec, ref))
     serving.serving_of(request).elector.ensure_leader()
-    try:
+    with _refusals(namespace):
         return await ctx.store.create_run(namespace, body)
-    except kube_refusals.NotFoundError as err:
-        msg = f"namespace {namespace!r} does not exist"
-        raise errors.NotFound(msg, field="namespace") from err
-    except kube_refusals.RejectedError as err:
-        raise _rejected(err) from err
 
 
 def _first_objects(
@@ -318,13 +311,8 @@ async def _server_check(
     ctx = context.context_of(request)
     names: list[preflight.Name] = []
     for obj in _first_objects(ctx, spec, ref):
-        try:
+        with _refusals(ref.namespace):
             free = await ctx.store.dry_run_create(obj)
-        except kube_refusals.NotFoundError as err:
-            msg = f"namespace {ref.namespace!r} does not exist"
-            raise errors.NotFound(msg, field="namespace") from err
-        except kube_refusals.RejectedError as err:
-            raise _rejected(err) from err
         kind, meta = str(obj["kind"]), obj["metadata"]
         group, resource = preflight.OBJECT_RESOURCES.get(kind, ("", ""))
         access = auth.Access(verb="get", resource=resource, group=group,
@@ -337,10 +325,18 @@ async def _server_check(
     return preflight.name_check(spec.name, names)
 
 
-def _rejected(err: kube_refusals.RejectedError) -> errors.Invalid:
-    """An API server's refusal as a 422 naming the tau.yaml field behind the object's."""
-    field = rendering.spec_field(err.kind, err.field)
-    return errors.Invalid(err.message, field=field, code=err.code)
+@contextlib.contextmanager
+def _refusals(namespace: str) -> Iterator[None]:
+    """The API server's refusals of what a submission writes, as the API's: NotFound for a
+    namespace that does not exist, a 422 naming the tau.yaml field behind the object's."""
+    try:
+        yield
+    except kube_refusals.NotFoundError as err:
+        msg = f"namespace {namespace!r} does not exist"
+        raise errors.NotFound(msg, field="namespace") from err
+    except kube_refusals.RejectedError as err:
+        field = rendering.spec_field(err.kind, err.field)
+        raise errors.Invalid(err.message, field=field, code=err.code) from err
 
 
 async def _dry_run(
@@ -351,12 +347,8 @@ async def _dry_run(
     ctx = context.context_of(request)
     namespace = str(body["metadata"]["namespace"])
     try:
-        checked = await ctx.store.create_run(namespace, body, dry_run=True)
-    except kube_refusals.NotFoundError as err:
-        msg = f"namespace {namespace!r} does not exist"
-        raise errors.NotFound(msg, field="namespace") from err
-    except kube_refusals.RejectedError as err:
-        raise _rejected(err) from err
+        with _refusals(namespace):
+            checked = await ctx.store.create_run(namespace, body, dry_run=True)
     except kube_refusals.ConflictError as err:
         msg = f"a run named {spec.name!r} already exists in namespace {namespace}"
         raise errors.Conflict(msg, field="name", code="AlreadyExists") from err
@@ -372,9 +364,7 @@ def _content_type(request: web.Request) -> str | None:
     also reads JSON), so `curl --data-binary @tau.yaml` works as a researcher expects."""
     value = request.headers.get("Content-Type")
     media = (value or "").split(";", 1)[0].strip().lower()
-    if media in _GENERIC_TYPES:
-        return None
-    return value
+    return None if media in _GENERIC_TYPES else value
 
 
 _GENERIC_TYPES = frozenset({"", "application/x-www-form-urlencoded", "application/octet-stream"})
@@ -395,9 +385,7 @@ async def list_runs(request: web.Request) -> web.StreamResponse:
     identity = await serving.identity(request)
     query = serving.query_of(request, schemas.ListQuery)
     await context.allow(request, identity, "list", query.namespace)
-    with serving.serving_of(request).limits.expensive_reads.hold(
-        identity.username, identity.username
-    ):
+    with context.expensive_read(request, identity):
         items = await context.context_of(request).store.list_runs(query.namespace)
     out = [context.run_json(i, with_spec=False) for i in items]
     if query.phase is not None:
@@ -429,9 +417,7 @@ async def get_evidence(request: web.Request) -> web.StreamResponse:
     meta = item.get("metadata") or {}
     ref = objects.run_ref(item)
     # A LIST of the run's kept logs per call: the same per-identity slots as a run list.
-    with serving.serving_of(request).limits.expensive_reads.hold(
-        identity.username, identity.username
-    ):
+    with context.expensive_read(request, identity):
         logs_kept = await context.context_of(request).store.list_run_logs(
             ref.namespace, f"{marks.RUN_LABEL}={ref.name}"
         )
@@ -463,9 +449,7 @@ async def cancel_run(request: web.Request) -> web.StreamResponse:
     if (leader := await forwarding.unless_leader(request, identity)) is not None:
         return leader
     ctx = context.context_of(request)
-    item = await ctx.store.get_run(namespace, name)
-    if item is None:
-        raise reconciling.RunNotFoundError(namespace, name)
+    item = await context.get_run(request, namespace, name)
     phase = (item.get("status") or {}).get("phase")
     if phase in {records.Phase.SUCCEEDED, records.Phase.FAILED}:
         msg = f"run {name!r} has already ended ({phase}); there is nothing to cancel"
@@ -532,13 +516,9 @@ async def post_rerun(request: web.Request) -> web.StreamResponse:
     except ValueError as err:
         msg = f"run {old!r} has a status this controller cannot read ({err})"
         raise errors.Conflict(msg, code="UnreadableStatus") from err
-    name = body.name or reruns.next_name(
-        old,
-        [
-            str((i.get("metadata") or {}).get("name", ""))
-            for i in await ctx.store.list_runs(namespace)
-        ],
-    )
+    if not (name := body.name):
+        existing = [objects.run_ref(i).name for i in await ctx.store.list_runs(namespace)]
+        name = reruns.next_name(old, existing)
     image, pin_warning = reruns.pinned_image(
         str((item.get("spec") or {}).get("image", "")),
         status.evidence.image_id if status.evidence else None,

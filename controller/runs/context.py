@@ -1,13 +1,9 @@
-"""What the runs domain's handlers share: its live objects and the per-request helpers.
-
-Every call is authorised by SubjectAccessReview against the Kubernetes verb it stands for,
-in the run's namespace (`create tauruns.taugrid.dev` to submit, `get`/`list` to read,
-`delete` or `patch` to cancel, `get pods/log` to read logs), so a researcher can act only
-where RBAC lets them and the controller's own, wider rights are never lent out.
-"""
+"""What the runs domain's handlers share: its live objects and the per-request helpers,
+authorisation among them (a SubjectAccessReview per call, as `controller.runs.api` says)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Any
 
@@ -84,15 +80,29 @@ def check_run_namespace(request: web.Request, namespace: str) -> None:
         raise errors.Forbidden(msg, field="namespace", code="NamespaceNotServed")
 
 
+async def get_run(request: web.Request, namespace: str, name: str) -> dict[str, Any]:
+    """The TauRun, read fresh (RunNotFoundError when it is not there)."""
+    item = await context_of(request).store.get_run(namespace, name)
+    if item is None:
+        raise reconciling.RunNotFoundError(namespace, name)
+    return item
+
+
 async def read_run(request: web.Request, verb: str = "get") -> tuple[auth.Identity, dict[str, Any]]:
     """Authorise `verb` on the run the path names and read it (404 when it is not there)."""
     identity = await serving.identity(request)
     namespace, name = run_path(request)
     await allow(request, identity, verb, namespace)
-    item = await context_of(request).store.get_run(namespace, name)
-    if item is None:
-        raise reconciling.RunNotFoundError(namespace, name)
-    return identity, item
+    return identity, await get_run(request, namespace, name)
+
+
+def expensive_read(
+    request: web.Request, identity: auth.Identity
+) -> contextlib.AbstractContextManager[None]:
+    """One of the caller's slots for a read of many objects per call (429 when it holds as
+    many as one caller may)."""
+    limits = serving.serving_of(request).limits
+    return limits.expensive_reads.hold(identity.username, identity.username)
 
 
 def run_json(item: dict[str, Any], *, with_spec: bool = True) -> dict[str, Any]:

@@ -25,15 +25,13 @@ def _experiment(item: dict[str, Any]) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-async def _runs(request: web.Request, namespace: str) -> tuple[str, list[dict[str, Any]]]:
+async def _runs(request: web.Request, namespace: str) -> list[dict[str, Any]]:
+    """The namespace's runs, as `list tauruns` there allows."""
     identity = await serving.identity(request)
     await context.allow(request, identity, "list", namespace)
     # A whole namespace's runs read per call: the same per-identity slots as a run list.
-    with serving.serving_of(request).limits.expensive_reads.hold(
-        identity.username, identity.username
-    ):
-        items = await context.context_of(request).store.list_runs(namespace)
-    return namespace, items
+    with context.expensive_read(request, identity):
+        return await context.context_of(request).store.list_runs(namespace)
 
 
 @serving.operation(
@@ -42,8 +40,8 @@ async def _runs(request: web.Request, namespace: str) -> tuple[str, list[dict[st
 )  # fmt: skip
 async def list_experiments(request: web.Request) -> web.StreamResponse:
     """The namespace's experiments: name, projects, tags, and its runs by phase."""
-    query = serving.query_of(request, schemas.ExperimentsQuery)
-    namespace, items = await _runs(request, query.namespace)
+    namespace = serving.query_of(request, schemas.ExperimentsQuery).namespace
+    items = await _runs(request, namespace)
     found: dict[str, dict[str, Any]] = {}
     for item in items:
         exp = _experiment(item)
@@ -81,14 +79,14 @@ async def compare(request: web.Request) -> web.StreamResponse:
     if (name is None) == (not wanted):
         msg = "give an experiment (name=E) or runs (run=A&run=B), not both and not neither"
         raise errors.InvalidParameter(msg, field="name")
-    namespace, items = await _runs(request, query.namespace)
+    items = await _runs(request, query.namespace)
     if name is not None:
         chosen = [i for i in items if _experiment(i).get("name") == name]
     else:
         by_name = {(i.get("metadata") or {}).get("name"): i for i in items}
         missing = [r for r in wanted if r not in by_name]
         if missing:
-            msg = f"no run named {missing[0]!r} in namespace {namespace}"
+            msg = f"no run named {missing[0]!r} in namespace {query.namespace}"
             raise errors.NotFound(msg, field="run")
         chosen = [by_name[r] for r in wanted]
     chosen.sort(key=lambda i: (i.get("metadata") or {}).get("creationTimestamp") or "")
@@ -111,6 +109,6 @@ async def compare(request: web.Request) -> web.StreamResponse:
             entry["points"] = series_wire[0]["points"] if series_wire else []
         runs.append(entry)
     return web.json_response(
-        {"namespace": namespace, "experiment": name, "metric": metric, "metrics": names,
+        {"namespace": query.namespace, "experiment": name, "metric": metric, "metrics": names,
          "runs": runs}
     )  # fmt: skip

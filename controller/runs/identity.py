@@ -57,14 +57,7 @@ def run_pod(identity: auth.Identity, pod: Mapping[str, Any] | None) -> RunPod:
 
     A pod that is terminating still counts: it is reporting its last checkpoint.
     """
-    namespace = _namespace(identity)
-    name, uid = identity.pod_name, identity.pod_uid
-    if not name or not uid:
-        msg = (
-            "this token is not bound to a pod: a run's pods use their projected taugrid-run"
-            " token (TAU_TOKEN_FILE), people their own Kubernetes token"
-        )
-        raise errors.Forbidden(msg, field="Authorization")
+    namespace, name, uid = _bound_pod(identity)
     meta = (pod or {}).get("metadata") or {}
     if pod is None or meta.get("uid") != uid:
         msg = f"pod {namespace}/{name}, which this token is bound to, no longer exists"
@@ -109,14 +102,21 @@ def owned(
         raise errors.Forbidden(msg, field="Authorization")
 
 
-def _namespace(identity: auth.Identity) -> str:
-    """The namespace of a ServiceAccount's identity; Forbidden for a person's."""
+def _bound_pod(identity: auth.Identity) -> tuple[str, str, str]:
+    """The namespace, name and UID of the pod a ServiceAccount's token is bound to;
+    Forbidden for a person's token, or one bound to no pod."""
     rest = identity.username.removeprefix(SERVICE_ACCOUNT_PREFIX)
     namespace, _, account = rest.partition(":")
     if rest == identity.username or not namespace or not account:
         msg = f"{identity.username[:200]} is not a ServiceAccount; a run's pods are"
         raise errors.Forbidden(msg, field="Authorization")
-    return namespace
+    if not identity.pod_name or not identity.pod_uid:
+        msg = (
+            "this token is not bound to a pod: a run's pods use their projected taugrid-run"
+            " token (TAU_TOKEN_FILE), people their own Kubernetes token"
+        )
+        raise errors.Forbidden(msg, field="Authorization")
+    return namespace, identity.pod_name, identity.pod_uid
 
 
 ReadPod = Callable[[str, str], Awaitable[dict[str, Any] | None]]
@@ -142,10 +142,7 @@ class RunPods:
     ) -> RunPod:
         """The run pod behind `identity`; `before_read` runs before the API server is asked
         about a pod not seen (a rate limit per source)."""
-        namespace = _namespace(identity)
-        name, uid = identity.pod_name, identity.pod_uid
-        if not name or not uid:
-            return run_pod(identity, None)  # says why
+        namespace, name, uid = _bound_pod(identity)
 
         async def read() -> RunPod:
             if before_read is not None:

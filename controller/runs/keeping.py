@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import structlog
 
 from controller import errors, leading, marks, metrics
-from controller.runs import keptlogs, objects, owners, records, views
+from controller.runs import keptlogs, objects, owners, records, snapshots, stores, views
 
 log = structlog.get_logger()
 
@@ -40,20 +41,11 @@ CONCURRENT_READS = 8
 """Log reads one pass makes at once."""
 MAX_REMEMBERED = 20_000
 """Complete logs remembered (to skip re-reading them); forgotten all at once past this."""
+_now = functools.partial(dt.datetime.now, dt.UTC)
 
 
-class LogStore(Protocol):
+class LogStore(stores.RunReads, Protocol):
     """What the keeper reads and writes (`controller.kube.runs.RunStore` implements it)."""
-
-    async def list_runs(self, namespace: str | None = None) -> list[dict[str, Any]]:
-        """Every TauRun (of a namespace)."""
-        ...
-
-    async def list_labelled(
-        self, kind: str, selector: str, *, field_selector: str = ""
-    ) -> list[dict[str, Any]]:
-        """Pods with a label selector, every namespace."""
-        ...
 
     async def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
         """Pods of one namespace by label selector."""
@@ -77,10 +69,6 @@ class LogStore(Protocol):
     async def replace_run_log(self, body: dict[str, Any], resource_version: str) -> bool:
         """Replace a TauRunLog at a version; False when it changed since."""
         ...
-
-
-def _now() -> dt.datetime:
-    return dt.datetime.now(dt.UTC)
 
 
 class LogKeeper:
@@ -128,32 +116,28 @@ class LogKeeper:
 
     async def pass_once(self) -> float | None:
         """Capture the workers of every managed run's current attempt that have a log."""
-        runs = {}
+        runs: dict[tuple[str, str], tuple[objects.RunRef, int]] = {}
         for item in await self.store.list_runs():
-            if self.manages(item):
-                ref = objects.run_ref(item)
-                runs[(ref.namespace, ref.name)] = (ref, item)
-        by_attempt: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
+            if not self.manages(item):
+                continue
+            try:
+                now_at = records.read(item.get("status"), results=False).current_attempt
+            except ValueError:
+                continue
+            ref = objects.run_ref(item)
+            runs[(ref.namespace, ref.name)] = (ref, now_at)
+        current: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
         for pod in await self.store.list_labelled("Pod", marks.RUN_LABEL):
             meta = pod.get("metadata") or {}
             labels = meta.get("labels") or {}
             label = str(labels.get(marks.ATTEMPT_LABEL, ""))
             key = (str(meta.get("namespace", "")), str(labels.get(marks.RUN_LABEL, "")))
-            if key in runs and label.isdigit():
-                by_attempt.setdefault((*key, int(label)), []).append(pod)
-        current: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
-        for (namespace, run_name, attempt), pods in by_attempt.items():
-            _, item = runs[(namespace, run_name)]
-            try:
-                now_at = records.read(item.get("status"), results=False).current_attempt
-            except ValueError:
-                continue
-            if attempt == now_at:
-                current[(namespace, run_name, attempt)] = pods
+            if key in runs and label.isdigit() and int(label) == runs[key][1]:
+                current.setdefault((*key, int(label)), []).append(pod)
         named = await self._attempt_objects(marks.RUN_LABEL) if current else {}
         work = []
         for (namespace, run_name, attempt), pods in current.items():
-            ref, _ = runs[(namespace, run_name)]
+            ref = runs[(namespace, run_name)][0]
             found = named.get((namespace, objects.attempt_name(run_name, attempt)), [])
             owned = owners.owned_pods(pods, found, run=ref, attempt=attempt)
             work.append(self.capture(ref, attempt, owned, final=False))
@@ -172,9 +156,8 @@ class LogKeeper:
         found: dict[tuple[str, str], list[dict[str, Any]]] = {}
         for kind, items in (("Job", jobs), ("RayJob", rayjobs)):
             for obj in items:
-                meta = obj.get("metadata") or {}
-                key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
-                found.setdefault(key, []).append(obj if obj.get("kind") else {**obj, "kind": kind})
+                with_kind = obj if obj.get("kind") else {**obj, "kind": kind}
+                found.setdefault(snapshots.key(obj), []).append(with_kind)
         return found
 
     async def keep_final(self, ref: objects.RunRef, attempts: Sequence[int]) -> None:
@@ -188,9 +171,7 @@ class LogKeeper:
                 found = named.get((ref.namespace, objects.attempt_name(ref.name, attempt)), [])
                 owned = owners.owned_pods(pods, found, run=ref, attempt=attempt)
                 await self.capture(ref, attempt, owned, final=True)
-            except asyncio.CancelledError:
-                raise
-            except leading.NotLeaderError:
+            except (asyncio.CancelledError, leading.NotLeaderError):
                 raise
             except Exception as err:  # noqa: BLE001  (logs are evidence, not a precondition)
                 log.warning("log not kept", run=f"{ref.namespace}/{ref.name}", attempt=attempt,
@@ -209,11 +190,8 @@ class LogKeeper:
             if not final and pod.phase not in {"Running", "Succeeded", "Failed"}:
                 continue
             jobs.append(self._capture_one(ref, attempt, worker, pod, container))
-        results = await asyncio.gather(*jobs, return_exceptions=True)
-        for result in results:
-            if isinstance(result, leading.NotLeaderError):
-                raise result
-            if isinstance(result, asyncio.CancelledError):
+        for result in await asyncio.gather(*jobs, return_exceptions=True):
+            if isinstance(result, (leading.NotLeaderError, asyncio.CancelledError)):
                 raise result
             if isinstance(result, errors.Conflict):
                 self.refused += 1

@@ -65,9 +65,7 @@ def workers(pods: Sequence[Mapping[str, Any]]) -> list[tuple[Mapping[str, Any], 
     live = [vp for vp in parsed if not vp[0].deleting] or parsed
     indexed = [vp for vp in live if vp[0].index is not None]
     if indexed and len(indexed) == len(live):
-        by_index: dict[int, tuple[views.PodView, Any]] = {}
-        for vp in _order(indexed):
-            by_index[vp[0].index or 0] = vp  # the newest pod of an index wins
+        by_index = {vp[0].index or 0: vp for vp in _order(indexed)}  # the newest of an index wins
         return [(by_index[i][1], rendering.CONTAINER_NAME) for i in sorted(by_index)]
     return [(p, rendering.CONTAINER_NAME) for _, p in _order(live)]
 
@@ -116,7 +114,6 @@ class Kept:
     attempt: int
     worker: int
     pod: str
-    container: str
     log: str
     captured_at: dt.datetime | None
     complete: bool
@@ -181,7 +178,6 @@ def read(raw: Mapping[str, Any]) -> Kept:
         attempt=int(spec.get("attempt") or 0),
         worker=int(spec.get("worker") or 0),
         pod=_object_name(spec.get("pod")),
-        container=_object_name(spec.get("container")),
         log=str(spec.get("log", "")),
         captured_at=timestamps.parse(spec.get("capturedAt")),
         complete=bool(spec.get("complete")),
@@ -193,8 +189,8 @@ def read(raw: Mapping[str, Any]) -> Kept:
 
 
 def _object_name(value: object) -> str:
-    """A stored pod or container name when it is one, else '': it becomes a response
-    header (`X-TauGrid-Pod`), where CR/LF would break the answer (review 3, finding 9)."""
+    """A stored pod name when it is one, else '': it becomes a response header
+    (`X-TauGrid-Pod`), where CR/LF would break the answer (review 3, finding 9)."""
     text = str(value or "")
     return text if len(text) <= 253 and _OBJECT_NAME_RE.fullmatch(text) else ""
 
@@ -211,11 +207,10 @@ def replaces(old: Kept, new: Mapping[str, Any]) -> bool:
 
 def index(kept: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """What the evidence lists of a run's kept logs (not their text: that needs pods/log)."""
-    out = []
-    for raw in kept:
-        k = read(raw)
-        out.append({"attempt": k.attempt, "worker": k.worker, "name": k.name, "pod": k.pod,
-                    "capturedAt": timestamps.rfc3339(k.captured_at) if k.captured_at else None,
-                    "complete": k.complete, "truncated": k.truncated,
-                    "bytes": len(k.log.encode())})  # fmt: skip
+    out = [
+        {"attempt": k.attempt, "worker": k.worker, "name": k.name, "pod": k.pod,
+         "capturedAt": timestamps.rfc3339(k.captured_at) if k.captured_at else None,
+         "complete": k.complete, "truncated": k.truncated, "bytes": len(k.log.encode())}
+        for k in map(read, kept)
+    ]  # fmt: skip
     return sorted(out, key=lambda e: (e["attempt"], e["worker"]))

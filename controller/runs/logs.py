@@ -36,15 +36,6 @@ from controller.runs import (
 LOG_POLL_S = 0.5
 
 
-def _pick_pod(pods: list[dict[str, Any]], worker: int) -> tuple[dict[str, Any], str] | None:
-    """The pod and container of worker `worker` (ray: 0 is the head, 1.. the workers)."""
-    found = keptlogs.workers(pods)
-    if worker < len(found):
-        pod, container = found[worker]
-        return dict(pod), container
-    return None
-
-
 class PodStore(Protocol):
     """What `attempt_pods` reads (`controller.kube.runs.RunStore` implements it)."""
 
@@ -119,8 +110,7 @@ async def get_logs(request: web.Request) -> web.StreamResponse:
     namespace, name = context.run_path(request)
     await context.allow(request, identity, "get", namespace, resource="pods", group="",
                  subresource="log")  # fmt: skip
-    st = serving.serving_of(request)
-    with st.limits.log_streams.hold(identity.username, identity.username):
+    with serving.serving_of(request).limits.log_streams.hold(identity.username, identity.username):
         return await _stream(request, namespace, name)
 
 
@@ -131,20 +121,19 @@ async def _stream(request: web.Request, namespace: str, name: str) -> web.Stream
     follow, worker, attempt, tail_lines = query.follow, query.worker, query.attempt, query.tail
     want_kept = query.kept
     deadline = asyncio.get_running_loop().time() + (st.settings.logs_wait_s if follow else 0)
-    picked: tuple[dict[str, Any], str] | None = None
+    # The pod and container of worker `worker` (ray: 0 is the head, 1.. the workers).
+    picked: tuple[Mapping[str, Any], str] | None = None
     while True:
-        item = await ctx.store.get_run(namespace, name)
-        if item is None:
-            raise reconciling.RunNotFoundError(namespace, name)
+        item = await context.get_run(request, namespace, name)
         status = item.get("status") or {}
         number = attempt or int(status.get("currentAttempt") or 0)
         if want_kept:
             break
-        picked = _pick_pod(await attempt_pods(ctx.store, item, number), worker)
+        workers = keptlogs.workers(await attempt_pods(ctx.store, item, number))
+        picked = workers[worker] if worker < len(workers) else None
         started = picked is not None and views.parse_pod(picked[0]).phase != "Pending"
-        if started or asyncio.get_running_loop().time() >= deadline:
-            break
-        if status.get("phase") in {records.Phase.CANCELLED, records.Phase.FAILED}:
+        ended = status.get("phase") in {records.Phase.CANCELLED, records.Phase.FAILED}
+        if started or ended or asyncio.get_running_loop().time() >= deadline:
             break
         await asyncio.sleep(LOG_POLL_S)
     if want_kept or picked is None:

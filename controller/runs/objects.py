@@ -54,11 +54,8 @@ def claim_template_name(run_name: str, attempt: int) -> str:
 
 def attempt_number(run_name: str, object_name: str) -> int | None:
     """N of an object named `<run>-a<N>`; None for any other name."""
-    prefix = f"{run_name}-a"
-    number = object_name.removeprefix(prefix)
-    if number == object_name or not number.isdigit():
-        return None
-    return int(number)
+    number = object_name.removeprefix(f"{run_name}-a")
+    return int(number) if number != object_name and number.isdigit() else None
 
 
 def checkpoint_configmap_name(run_name: str) -> str:

@@ -78,22 +78,15 @@ def classify_failure(
     """
     pods = tuple(pods)
     failed = [p for p in pods if p.phase == "Failed" or p.disruption or p.exit_codes]
-    if not failed:
-        gone = sorted(
-            n for n in set(recorded_nodes) if n in nodes.quarantined or n not in nodes.existing
-        )
-        if gone:
-            why = "was quarantined" if gone[0] in nodes.quarantined else "vanished"
-            return (
-                specs.FailureClass.NODE_FAILURE,
-                f"the attempt's pods are gone and its node {gone[0]} {why}",
-            )
-    lost = [p for p in failed if p.node and (p.node in nodes.quarantined or p.node not in
-                                             nodes.existing)]  # fmt: skip
+    gone = sorted(n for n in set(recorded_nodes) if nodes.lost(n)) if not failed else []
+    if gone:
+        why = f"the attempt's pods are gone and its node {gone[0]} {nodes.lost(gone[0])}"
+        return specs.FailureClass.NODE_FAILURE, why
+    lost = [p for p in failed if p.node and nodes.lost(p.node)]
     if lost:
-        node = lost[0].node
-        why = "was quarantined" if node in nodes.quarantined else "vanished"
-        return specs.FailureClass.NODE_FAILURE, f"pod {lost[0].name} was lost: node {node} {why}"
+        pod = lost[0]
+        why = f"pod {pod.name} was lost: node {pod.node} {nodes.lost(pod.node)}"
+        return specs.FailureClass.NODE_FAILURE, why
     fenced = [p for p in failed if p.disruption == marks.DEVICE_TAINT_DELETION_REASON]
     if fenced:
         p = fenced[0]
@@ -280,14 +273,9 @@ def evidence(
         "kueue": prev.kueue.model_copy(update=kueue),
         "spec": specs.spec_to_wire(spec),
         "attempts": tuple(
-            records.EvidenceAttempt(
-                number=a.number, object_name=a.object_name, nodes=a.nodes,
-                exit_codes=a.exit_codes, failure_class=a.failure_class,
-                start_time=a.start_time, end_time=a.end_time,
-            )
-            for a in attempts
+            records.EvidenceAttempt.model_validate(a, from_attributes=True) for a in attempts
         ),
-    }  # fmt: skip
+    }
     if image_ids:
         update["image_id"] = image_ids[0]
     if nodes:

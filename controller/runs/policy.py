@@ -68,10 +68,8 @@ def reopened(status: records.RunStatus, *, by: str, now: dt.datetime) -> records
 
 def timed_out(spec: specs.TauSpec, first_start: dt.datetime | None, now: dt.datetime) -> bool:
     """Whether the run's wall-clock `timeout` (measured from its first pod start) has passed."""
-    limit = spec.timeout_s
-    if limit is None or first_start is None:
-        return False
-    return (now - first_start).total_seconds() > limit
+    at = _timeout_at(spec, first_start)
+    return at is not None and now > at
 
 
 def ttl_expired(ended: dt.datetime | None, ttl_s: float | None, now: dt.datetime) -> bool:
@@ -185,12 +183,6 @@ def settled(run: plans.RunInput, plan: plans.RunPlan) -> bool:
     return run.status.phase in outcomes.TERMINAL_PHASES and steady(run, plan)
 
 
-def name_taken(status: records.RunStatus, message: str, now: dt.datetime) -> records.RunStatus:
-    """The run ended Failed, `NameTaken`: an object of a name it needs is somebody else's
-    (the executor found it; nothing of it was written)."""
-    return refused(status, "NameTaken", message, now)
-
-
 def refused(
     status: records.RunStatus, reason: str, message: str, now: dt.datetime
 ) -> records.RunStatus:
@@ -237,22 +229,13 @@ def _decide(run: plans.RunInput, settings: plans.RunSettings, now: dt.datetime) 
         spec = specs.validate_spec(dict(run.spec)).spec
     except specs.SpecError as err:
         if st.phase not in outcomes.TERMINAL_PHASES:
-            st = st.model_copy(
-                update={"phase": Phase.FAILED, "reason": "InvalidSpec", "end_time": now,
-                        "message": f"the spec is not valid: {err}"}
-            )  # fmt: skip
-            st = records.with_phase_condition(st, Phase.FAILED, "InvalidSpec", str(err), now)
+            st = _failed_at_once(st, "InvalidSpec", f"the spec is not valid: {err}", str(err), now)
         return plans.RunPlan(st)
     refusal = priority_refusal(spec, settings)
     if refusal and st.phase not in outcomes.TERMINAL_PHASES and st.current_attempt == 0:
         # Before anything is rendered: a run that already started under an older allowlist
         # is not killed by a platform's change of it (its next attempts keep their class).
-        st = st.model_copy(
-            update={"phase": Phase.FAILED, "reason": "PriorityNotAllowed", "end_time": now,
-                    "message": refusal}
-        )  # fmt: skip
-        st = records.with_phase_condition(st, Phase.FAILED, "PriorityNotAllowed", refusal, now)
-        return plans.RunPlan(st)
+        return plans.RunPlan(_failed_at_once(st, "PriorityNotAllowed", refusal, refusal, now))
     if st.phase in outcomes.TERMINAL_PHASES:
         return _finished(spec, run.ref, st, settings, now)
     if run.cancel_requested:
@@ -269,7 +252,7 @@ def _decide(run: plans.RunInput, settings: plans.RunSettings, now: dt.datetime) 
             st, deletes=_attempt_objects(spec, run.ref, st.current_attempt, settings)
         )
     if st.current_attempt == 0:
-        st, first = _run_objects(run.ref, st, settings)
+        first = _run_objects(run.ref, settings)
         st, attempt = _start(spec, run.ref, st, 1, now=now, settings=settings)
         return plans.RunPlan(st, creates=first + attempt, started=(1,))
     if not run.observed:
@@ -277,6 +260,16 @@ def _decide(run: plans.RunInput, settings: plans.RunSettings, now: dt.datetime) 
     if st.phase == Phase.RESUMING:
         return _resume_if_due(spec, run, st, settings, now, plan=plans.RunPlan(st))
     return _observe(spec, run, st, settings, now)
+
+
+def _failed_at_once(
+    st: records.RunStatus, reason: str, message: str, condition: str, now: dt.datetime
+) -> records.RunStatus:
+    """The run ended Failed by `reason` before any attempt was rendered for it."""
+    st = st.model_copy(
+        update={"phase": Phase.FAILED, "reason": reason, "end_time": now, "message": message}
+    )
+    return records.with_phase_condition(st, Phase.FAILED, reason, condition, now)
 
 
 def _observe(
@@ -442,11 +435,11 @@ def decide_resume(
         msg = f"run {run.ref.name!r} cannot be resumed: {refusal}"
         raise errors.Conflict(msg, field="priority", code="PriorityNotAllowed")
     st = reopened(run.status, by=by, now=now)
-    directory = spec.checkpoint.dir if spec.checkpoint is not None else None
+    directory = _dir(spec)
     if checkpoint is not None:  # what the next attempt loads lies in the run's own storage
         checkpoint = checkpoints.confine(checkpoint, directory, field="checkpoint")
     start_from = checkpoint if checkpoint is not None else checkpoints.latest_under(st, directory)
-    st, first = _run_objects(run.ref, st, settings)
+    first = _run_objects(run.ref, settings)
     nxt = st.current_attempt + 1
     st, created = _start(spec, run.ref, st, nxt, now=now, settings=settings, resume_from=start_from)
     message = (
@@ -465,15 +458,11 @@ def decide_resume(
 # ---------------------------------------------------------------- pieces
 
 
-def _run_objects(
-    ref: objects.RunRef, st: records.RunStatus, settings: plans.RunSettings
-) -> tuple[records.RunStatus, tuple[dict[str, Any], ...]]:
+def _run_objects(ref: objects.RunRef, settings: plans.RunSettings) -> tuple[dict[str, Any], ...]:
     """The run's checkpoint ConfigMap (with the CA the pods trust for the controller, when it
     has one). The run needs no credential object: its pods get projected tokens."""
-    configmap = objects.render_checkpoint_configmap(
-        ref, objects.checkpoint_configmap_name(ref.name), "", ca_pem=settings.render.ca_pem
-    )
-    return st, (configmap,)
+    name = objects.checkpoint_configmap_name(ref.name)
+    return (objects.render_checkpoint_configmap(ref, name, "", ca_pem=settings.render.ca_pem),)
 
 
 def _start(

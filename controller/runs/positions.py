@@ -41,7 +41,6 @@ class QueuePosition:
     in_cluster_queue: int
     in_local_queue: int
     source: PositionSource
-    ahead_gpus: int = 0
 
 
 def kueue_order_key(w: views.WorkloadView) -> tuple[int, dt.datetime, str]:
@@ -61,10 +60,8 @@ def compute_positions(
     """
     by_cq: dict[str, list[views.WorkloadView]] = {}
     for w in pending:
-        if not w.pending:
-            continue
         cq = local_to_cluster.get((w.namespace, w.queue_name))
-        if cq is not None:
+        if w.pending and cq is not None:
             by_cq.setdefault(cq, []).append(w)
     out: dict[tuple[str, str], QueuePosition] = {}
     for items in by_cq.values():
@@ -209,9 +206,7 @@ def admitted_message(
     Kueue's waitForPodsReady will do with the quota it holds ('' when nothing is wrong)."""
     why = pods_not_running(pods)
     if not why:
-        if not pods:
-            return "admitted; waiting for its pods to be created"
-        return ""
+        return "" if pods else "admitted; waiting for its pods to be created"
     gpus = ctx.gpus_per_worker * ctx.workers
     quota = (f"its {gpus} GPU" + ("s" if gpus != 1 else "")) if gpus else "its quota"
     admitted = workload.condition("Admitted") if workload is not None else None
@@ -283,10 +278,9 @@ def waiting_message(ctx: WaitContext, workload: views.WorkloadView | None) -> st
             detail = "; ".join(f"{n}: {m or s}" for n, s, m in checks)
             return f"quota reserved; waiting for admission checks ({detail})"
         return "quota reserved; waiting to be admitted"
-    if workload.holds("Evicted") and not workload.holds("QuotaReserved"):
-        why = evicted.reason if evicted is not None else ""
-        if why in {"Preempted", "InClusterQueue"}:
-            return f"preempted by higher-priority work; waiting to be admitted again{ahead}"
+    preempted = evicted is not None and evicted.reason in {"Preempted", "InClusterQueue"}
+    if preempted and workload.holds("Evicted") and not workload.holds("QuotaReserved"):
+        return f"preempted by higher-priority work; waiting to be admitted again{ahead}"
     reserved = workload.condition("QuotaReserved")
     kueue_text = (reserved.message if reserved is not None else "") or ctx.reason_ahead
     match = _QUOTA_RE.search(kueue_text)

@@ -38,6 +38,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from controller import auth, errors
+from controller.runs import owners
 from shared import spec as specs
 
 
@@ -61,14 +62,11 @@ class PreflightStore(Protocol):
         ...
 
 
+@dataclasses.dataclass(frozen=True)
 class Unknown:
     """A fact that could not be read (the error, in words)."""
 
-    def __init__(self, why: str) -> None:
-        self.why = why
-
-    def __repr__(self) -> str:
-        return f"Unknown({self.why!r})"
+    why: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,9 +128,9 @@ def name_check(run: str, names: Sequence[Name]) -> list[str]:
     (the held object is not looked at: the run's own creation meets a taken name, and the
     run ends Failed NameTaken)."""
     for n in names:
-        owner = _controller(n.existing) if n.readable and n.existing is not None else None
+        owner = owners.controller(n.existing)
         if not n.readable or n.existing is None or (
-            owner is not None and owner.get("kind") == "TauRun" and owner.get("name") == run
+            owner.get("kind") == "TauRun" and owner.get("name") == run
         ):  # fmt: skip
             continue
         msg = (
@@ -156,14 +154,6 @@ def name_check(run: str, names: Sequence[Name]) -> list[str]:
 def _resource_name(kind: str) -> str:
     group, resource = OBJECT_RESOURCES.get(kind, ("", kind.lower() + "s"))
     return f"{resource}.{group}" if group else resource
-
-
-def _controller(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    """The owner reference marked controller, None when there is none."""
-    for ref in (obj.get("metadata") or {}).get("ownerReferences") or []:
-        if isinstance(ref, Mapping) and ref.get("controller"):
-            return ref
-    return None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -25,9 +25,7 @@ async def get_queues(request: web.Request) -> web.StreamResponse:
     namespace = serving.query_of(request, schemas.QueuesQuery).namespace
     await context.allow(request, identity, "list", namespace)
     ctx = context.context_of(request)
-    with serving.serving_of(request).limits.expensive_reads.hold(
-        identity.username, identity.username
-    ):
+    with context.expensive_read(request, identity):
         lqs, cqs, items = await asyncio.gather(
             ctx.store.list_kueue("localqueues", namespace),
             ctx.store.list_kueue("clusterqueues"),
@@ -54,16 +52,14 @@ async def get_queues(request: web.Request) -> web.StreamResponse:
                 "pendingWorkloads": int(lq_status.get("pendingWorkloads") or 0),
                 "admittedWorkloads": int(lq_status.get("admittedWorkloads") or 0),
                 "resources": _cq_resources(cq),
-                "waiting": [
-                    {
-                        k: r[k]
-                        for k in ("name", "gpus", "queuePosition", "queuePositionSource", "message")
-                    }
-                    for r in waiting
-                ],
+                "waiting": [{k: r[k] for k in _WAITING} for r in waiting],
             }
         )
     return web.json_response({"namespace": namespace, "items": out})
+
+
+_WAITING = ("name", "gpus", "queuePosition", "queuePositionSource", "message")
+"""What a queue shows of each run waiting in it."""
 
 
 def _cq_resources(cq: dict[str, Any]) -> list[dict[str, Any]]:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime as dt
+import functools
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, cast
 
@@ -62,6 +63,7 @@ FULL_PASS_INTERVAL_S = 30.0
 `fullPassIntervalS`, shared with the quarantine pass)."""
 
 RunKey = queueing.RunKey
+_now = functools.partial(dt.datetime.now, dt.UTC)
 
 
 class RunNotFoundError(errors.NotFound):
@@ -69,10 +71,6 @@ class RunNotFoundError(errors.NotFound):
 
     def __init__(self, namespace: str, name: str) -> None:
         super().__init__(f"no run named {name!r} in namespace {namespace}", field="name")
-
-
-def _now() -> dt.datetime:
-    return dt.datetime.now(dt.UTC)
 
 
 class Reconciler:
@@ -246,9 +244,8 @@ class Reconciler:
                         self.queue.failed(key, self._clock().timestamp())
             else:
                 kept += 1
-            status = item.get("status") or {}
             queue = str((item.get("spec") or {}).get("queue") or specs.DEFAULT_QUEUE)
-            phase = str(status.get("phase") or records.Phase.PENDING)
+            phase = str((item.get("status") or {}).get("phase") or records.Phase.PENDING)
             counts[(phase, queue)] = counts.get((phase, queue), 0) + 1
         self.metrics.run_decisions.labels("kept").inc(kept)
         self.metrics.runs.clear()
@@ -293,12 +290,8 @@ class Reconciler:
             )
             report = dataclasses.replace(report, path=path)
             entry = checkpoints.record(report, self._clock())
-            new = old.model_copy(
-                update={
-                    "checkpoints": checkpoints.add(old.checkpoints, entry, self.checkpoints_kept)
-                }
-            )
-            await self.write_status(item, new)
+            kept = checkpoints.add(old.checkpoints, entry, self.checkpoints_kept)
+            await self.write_status(item, old.model_copy(update={"checkpoints": kept}))
             self.elector.ensure_leader()
             body = objects.render_checkpoint_configmap(
                 objects.run_ref(item), objects.checkpoint_configmap_name(name), "",
@@ -505,7 +498,7 @@ class Reconciler:
             # Somebody else's object holds a name this run needs (review M4): the run
             # cannot go on without writing into it, so it ends, saying which.
             log.warning("run name taken", run=f"{namespace}/{name}", problem=err.message)
-            status = policy.name_taken(plan.status, err.message, self._clock())
+            status = policy.refused(plan.status, "NameTaken", err.message, self._clock())
             return await self.write_status(item, status)
         except errors.AdmissionRefused as err:
             # The cluster's admission refused an object of the run (the controller's policy:

@@ -293,19 +293,14 @@ def crd_status_schema() -> dict[str, Any]:
     their fields). The CRD in deploy/ holds exactly this; a test keeps them equal."""
     doc = RunStatus.model_json_schema(by_alias=True)
     defs = doc.get("$defs", {})
+    kept = {"x-kubernetes-preserve-unknown-fields": True}  # members are kept, never pruned
 
     def convert(node: Mapping[str, Any]) -> dict[str, Any]:
         if "$ref" in node:
             return convert(defs[node["$ref"].rsplit("/", 1)[-1]])
-        options = node.get("anyOf")
-        if options:
+        if options := node.get("anyOf"):
             kinds = [o for o in options if o.get("type") != "null"]
-            inner: dict[str, Any] = (
-                convert(kinds[0])
-                if len(kinds) == 1
-                else {"x-kubernetes-preserve-unknown-fields": True}
-            )
-            return {**inner, "nullable": True}
+            return {**(convert(kinds[0]) if len(kinds) == 1 else kept), "nullable": True}
         kind = node.get("type")
         out: dict[str, Any]
         if "enum" in node:
@@ -313,7 +308,7 @@ def crd_status_schema() -> dict[str, Any]:
         elif kind == "object" and "properties" in node:
             # Unknown members are kept (not pruned), so a controller that writes a new
             # member never needs a CRD upgrade first.
-            out = {"type": "object", "x-kubernetes-preserve-unknown-fields": True, "properties": {
+            out = {"type": "object", **kept, "properties": {
                 k: _described(convert(v), v) for k, v in node["properties"].items()
             }}  # fmt: skip
         elif (
@@ -323,7 +318,7 @@ def crd_status_schema() -> dict[str, Any]:
         ):
             out = {"type": "object", "additionalProperties": {"type": "string"}}
         elif kind == "object":
-            out = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+            out = {"type": "object", **kept}
         elif kind == "array":
             out = {"type": "array", "items": convert(node.get("items") or {})}
         elif kind in {"string", "integer", "boolean", "number"}:
@@ -331,7 +326,7 @@ def crd_status_schema() -> dict[str, Any]:
             if node.get("format") == "date-time":
                 out["format"] = "date-time"
         else:
-            out = {"x-kubernetes-preserve-unknown-fields": True}
+            out = dict(kept)
         return out
 
     def _described(out: dict[str, Any], node: Mapping[str, Any]) -> dict[str, Any]:
@@ -341,7 +336,7 @@ def crd_status_schema() -> dict[str, Any]:
         return {"description": text, **out} if text else out
 
     status = convert(doc)
-    status["x-kubernetes-preserve-unknown-fields"] = True  # members an older controller wrote
+    status.update(kept)  # members an older controller wrote
     conditions = status["properties"]["conditions"]
     conditions.update({"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]})
     conditions["items"]["required"] = ["type", "status"]

@@ -260,21 +260,14 @@ def _tau_env(
     ]
     if spec.checkpoint is not None:
         env.append({"name": "TAU_CHECKPOINT_DIR", "value": spec.checkpoint.dir})
-    env.extend(
-        [
-            {"name": "TAU_CHECKPOINT_FILE", "value": volumes_.CHECKPOINT_FILE},
-            {"name": "TAU_RESUME_FROM", "value": ctx.resume_from},
-            {"name": "TAU_FAILURE_REASON", "value": ctx.failure_reason},
-        ]
-    )
+    env += [
+        {"name": "TAU_CHECKPOINT_FILE", "value": volumes_.CHECKPOINT_FILE},
+        {"name": "TAU_RESUME_FROM", "value": ctx.resume_from},
+        {"name": "TAU_FAILURE_REASON", "value": ctx.failure_reason},
+    ]
     if settings.ca_pem:
         env.append({"name": "TAU_CA_FILE", "value": volumes_.CA_FILE})
     return env
-
-
-def _completion_index_env(name: str) -> dict[str, Any]:
-    field_path = f"metadata.annotations['{marks.JOB_COMPLETION_INDEX_ANNOTATION}']"
-    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": field_path}}}
 
 
 def _rendezvous_env(
@@ -292,17 +285,16 @@ def _rendezvous_env(
     port = str(settings.master_port)
     nnodes = str(spec.workers)
     nproc = str(spec.effective_nproc_per_node)
+    index = f"metadata.annotations['{marks.JOB_COMPLETION_INDEX_ANNOTATION}']"
     env: list[dict[str, Any]] = []
     for prefix in ("", "PET_"):
-        env.extend(
-            [
-                {"name": f"{prefix}MASTER_ADDR", "value": master},
-                {"name": f"{prefix}MASTER_PORT", "value": port},
-                {"name": f"{prefix}NNODES", "value": nnodes},
-                {"name": f"{prefix}NPROC_PER_NODE", "value": nproc},
-                _completion_index_env(f"{prefix}NODE_RANK"),
-            ]
-        )
+        env += [
+            {"name": f"{prefix}MASTER_ADDR", "value": master},
+            {"name": f"{prefix}MASTER_PORT", "value": port},
+            {"name": f"{prefix}NNODES", "value": nnodes},
+            {"name": f"{prefix}NPROC_PER_NODE", "value": nproc},
+            {"name": f"{prefix}NODE_RANK", "valueFrom": {"fieldRef": {"fieldPath": index}}},
+        ]
     return env
 
 
@@ -324,21 +316,17 @@ def _isolation_env(gpus: int) -> list[dict[str, Any]]:
     return [] if gpus > 0 else [{"name": GPU_VISIBILITY_ENV, "value": NO_GPUS}]
 
 
-def _resources(spec: specs.TauSpec, *, gpus: int, claims: bool = False) -> dict[str, Any]:
-    requests: dict[str, str] = {}
-    limits: dict[str, str] = {}
+def _resources(spec: specs.TauSpec, settings: RenderSettings, gpus: int) -> dict[str, Any]:
+    """A container's resources (see the module docstring); its `gpus` as the attempt's
+    claim on DRA."""
+    res = spec.resources
+    requests = {k: v for k, v in (("cpu", res.cpu), ("memory", res.memory)) if v is not None}
+    limits = {"memory": res.memory} if res.memory is not None else {}
     result: dict[str, Any] = {}
-    if claims and gpus > 0:
+    if gpus > 0 and _uses_claims(spec, settings):
         result["claims"] = [{"name": CLAIM_NAME}]
-        gpus = 0
-    if spec.resources.cpu is not None:
-        requests["cpu"] = spec.resources.cpu
-    if spec.resources.memory is not None:
-        requests["memory"] = spec.resources.memory
-        limits["memory"] = spec.resources.memory
-    if gpus > 0:
-        requests[marks.GPU_RESOURCE] = str(gpus)
-        limits[marks.GPU_RESOURCE] = str(gpus)
+    elif gpus > 0:
+        requests[marks.GPU_RESOURCE] = limits[marks.GPU_RESOURCE] = str(gpus)
     if requests:
         result["requests"] = requests
     if limits:
@@ -409,9 +397,7 @@ def _render_job(
         "image": spec.image,
         "command": command,
         "env": env,
-        "resources": _resources(
-            spec, gpus=spec.resources.gpus, claims=_uses_claims(spec, settings)
-        ),
+        "resources": _resources(spec, settings, spec.resources.gpus),
     }
     if args:
         container["args"] = args
@@ -446,6 +432,7 @@ def _render_headless_service(
     The selector is the attempt's labels, so a stale attempt's pods never answer.
     """
     name = objects.attempt_name(ctx.run.name, ctx.attempt)
+    port = settings.master_port
     return {
         "apiVersion": "v1",
         "kind": "Service",
@@ -454,14 +441,7 @@ def _render_headless_service(
             "clusterIP": "None",
             "publishNotReadyAddresses": True,
             "selector": {marks.RUN_LABEL: ctx.run.name, marks.ATTEMPT_LABEL: str(ctx.attempt)},
-            "ports": [
-                {
-                    "name": "rendezvous",
-                    "port": settings.master_port,
-                    "targetPort": settings.master_port,
-                    "protocol": "TCP",
-                }
-            ],
+            "ports": [{"name": "rendezvous", "port": port, "targetPort": port, "protocol": "TCP"}],
         },
     }
 
@@ -501,7 +481,7 @@ def _render_rayjob(
             "name": container_name,
             "image": spec.image,
             "env": env + _isolation_env(gpus),
-            "resources": _resources(spec, gpus=gpus, claims=_uses_claims(spec, settings)),
+            "resources": _resources(spec, settings, gpus),
         }
         return {
             "metadata": {"labels": pod_labels},

@@ -14,7 +14,6 @@ from controller import auth, errors, forwarding, serving
 from controller.runs import (
     checkpoints,
     context,
-    reconciling,
     results,
     schemas,
 )
@@ -101,12 +100,16 @@ def _report_rate(request: web.Request, caller: auth.Identity, namespace: str, na
     )
 
 
-async def _checkpoints_of(request: web.Request) -> list[dict[str, Any]]:
+async def _read_run(request: web.Request) -> tuple[str, dict[str, Any]]:
+    """Authorise a read of what the run reported (`_run_caller`, `get tauruns`); the run's
+    name and the run."""
     await _run_caller(request, "get")
     namespace, name = context.run_path(request)
-    item = await context.context_of(request).store.get_run(namespace, name)
-    if item is None:
-        raise reconciling.RunNotFoundError(namespace, name)
+    return name, await context.get_run(request, namespace, name)
+
+
+async def _checkpoints_of(request: web.Request) -> list[dict[str, Any]]:
+    _, item = await _read_run(request)
     return list((item.get("status") or {}).get("checkpoints") or [])
 
 
@@ -168,11 +171,7 @@ async def get_results(request: web.Request) -> web.StreamResponse:
 
     `?metric=NAME` gives that metric alone (404 when the run has none of it).
     """
-    await _run_caller(request, "get")
-    namespace, name = context.run_path(request)
-    item = await context.context_of(request).store.get_run(namespace, name)
-    if item is None:
-        raise reconciling.RunNotFoundError(namespace, name)
+    name, item = await _read_run(request)
     metric = serving.query_of(request, schemas.ResultsQuery).metric
     kept = context.results_of(item)
     body = results.wire(kept, metric=metric)

@@ -55,11 +55,6 @@ def next_name(old: str, existing: Iterable[str]) -> str:
     return f"{old}-r{max(taken, default=0) + 1}"
 
 
-def rerun_spec(old_spec: Mapping[str, Any], *, name: str, image: str) -> dict[str, Any]:
-    """The old run's spec as stored, with the new name and image (validated by the caller)."""
-    return {**old_spec, "name": name, "image": image}
-
-
 def source(item: Mapping[str, Any], status: records.RunStatus) -> records.RerunSource:
     """What a rerun records of the run it was made from."""
     meta = item.get("metadata") or {}
@@ -89,5 +84,6 @@ def read_source(annotations: Mapping[str, Any]) -> records.RerunSource | None:
 
 
 def validated(old_spec: Mapping[str, Any], *, name: str, image: str) -> specs.ParsedSpec:
-    """The rerun's spec validated like a submission (SpecError when it is not valid)."""
-    return specs.validate_spec(rerun_spec(old_spec, name=name, image=image))
+    """The old run's spec as stored, with the new name and image, validated like a
+    submission (SpecError when it is not valid)."""
+    return specs.validate_spec({**old_spec, "name": name, "image": image})

@@ -184,8 +184,7 @@ def check_names(
     """Refuse a report that would take the run past `limits.metrics` names (counting what is
     kept and what waits to be written); errors.Invalid names the first new name too many."""
     names = {m.name for m in kept.metrics} if kept is not None else set()
-    for earlier in pending:
-        names.update(m.name for m in earlier.metrics)
+    names.update(m.name for earlier in pending for m in earlier.metrics)
     for i, metric in enumerate(report.metrics):
         if metric.name in names:
             continue
@@ -299,13 +298,11 @@ def wire(results: records.Results | None, *, metric: str | None = None) -> dict[
     `metric`, only that one); camelCase, RFC 3339 times."""
     res = results or records.Results()
     body = res.model_dump(mode="json", by_alias=True, exclude_none=True)
-    metrics = []
-    for series, raw in zip(res.metrics, body.get("metrics", []), strict=True):
-        if metric is not None and series.name != metric:
-            continue
-        raw["last"] = raw["points"][-1] if raw["points"] else None
-        metrics.append(raw)
-    body["metrics"] = metrics
+    body["metrics"] = [
+        {**raw, "last": raw["points"][-1] if raw["points"] else None}
+        for series, raw in zip(res.metrics, body.get("metrics", []), strict=True)
+        if metric is None or series.name == metric
+    ]
     return body
 
 

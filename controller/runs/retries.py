@@ -51,11 +51,8 @@ def resume_priority_class(
     preempt work at their own level. Failures of the run's own making (AppError, OOMKilled,
     Timeout) queue normally.
     """
-    if not resume_class or spec.priority is not None:
-        return None
-    if failure not in {str(f) for f in INFRASTRUCTURE_FAILURES}:
-        return None
-    return resume_class
+    infrastructure = failure in {str(f) for f in INFRASTRUCTURE_FAILURES}
+    return resume_class if resume_class and spec.priority is None and infrastructure else None
 
 
 def final_message(

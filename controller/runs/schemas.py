@@ -43,6 +43,13 @@ def _phase(value: object) -> object:
 
 
 # ---------------------------------------------------------------- parameters
+MetricParam = Annotated[
+    results.MetricName,
+    pydantic.Field(json_schema_extra={"pattern": patterns.schema(results.METRIC_NAME_RE)}),
+]
+"""A metric's name as a query parameter (its pattern published in the OpenAPI document)."""
+
+
 class RunPath(Params):
     """A run in the path: `/v1/runs/{namespace}/{name}`."""
 
@@ -103,13 +110,7 @@ class QueuesQuery(Params):
 class ResultsQuery(Params):
     """Query of `GET /v1/runs/{namespace}/{name}/results`."""
 
-    metric: (
-        Annotated[
-            results.MetricName,
-            pydantic.Field(json_schema_extra={"pattern": patterns.schema(results.METRIC_NAME_RE)}),
-        ]
-        | None
-    ) = None
+    metric: MetricParam | None = None
     """Only this metric."""
 
 
@@ -129,13 +130,7 @@ class CompareQuery(Params):
     """The experiment whose runs to compare."""
     run: Annotated[list[specs.ObjectName], pydantic.Field(max_length=50)] = []
     """Runs to compare (repeat the parameter: `run=a&run=b`), instead of an experiment."""
-    metric: (
-        Annotated[
-            results.MetricName,
-            pydantic.Field(json_schema_extra={"pattern": patterns.schema(results.METRIC_NAME_RE)}),
-        ]
-        | None
-    ) = None
+    metric: MetricParam | None = None
     """With it, each run's series of that metric."""
 
 

@@ -49,8 +49,7 @@ def index(
 ) -> Snapshot:
     """Index what a pass read for the per-run work."""
     by_kind = {(key(o)[0], o["kind"], key(o)[1]): o for o in objects}
-    seen = workloads
-    by_owner = {(w.namespace, w.owner_kind, w.owner_name): w for w in seen}
+    by_owner = {(w.namespace, w.owner_kind, w.owner_name): w for w in workloads}
     by_attempt: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
     for pod in pods:
         labels = (pod.get("metadata") or {}).get("labels") or {}
@@ -65,8 +64,8 @@ def index(
         pods=by_attempt,
         local_queues=local,
         nodes=views.node_facts(nodes),
-        positions=positions.compute_positions(seen, local),
-        reasons_ahead=positions.quota_reasons_ahead(seen, local),
+        positions=positions.compute_positions(workloads, local),
+        reasons_ahead=positions.quota_reasons_ahead(workloads, local),
     )
 
 

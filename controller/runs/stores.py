@@ -10,27 +10,31 @@ from controller.kube import informer
 from controller.runs import attempts
 
 
-class RunStore(attempts.ObjectStore, Protocol):
+class RunReads(Protocol):
+    """The reads of every run's objects that the reconciler and the log keeper make."""
+
+    async def list_runs(self, namespace: str | None = None) -> list[dict[str, Any]]:
+        """Every TauRun (of a namespace)."""
+        ...
+
+    async def list_labelled(
+        self, kind: str, selector: str, *, field_selector: str = ""
+    ) -> list[dict[str, Any]]:
+        """Jobs, RayJobs or Pods with a label selector, every namespace."""
+        ...
+
+
+class RunStore(RunReads, attempts.ObjectStore, Protocol):
     """What the reconciler reads and writes (`controller.kube.runs.RunStore` implements it)."""
 
     async def get_run(self, namespace: str, name: str) -> dict[str, Any] | None:
         """A TauRun, None when it does not exist."""
         ...
 
-    async def list_runs(self, namespace: str | None = None) -> list[dict[str, Any]]:
-        """Every TauRun (of a namespace)."""
-        ...
-
     async def patch_run_status(
         self, namespace: str, name: str, status: dict[str, Any]
     ) -> dict[str, Any] | None:
         """Merge-patch a TauRun's status; None when it is gone."""
-        ...
-
-    async def list_labelled(
-        self, kind: str, selector: str, *, field_selector: str = ""
-    ) -> list[dict[str, Any]]:
-        """Jobs, RayJobs or Pods with a label selector."""
         ...
 
     async def list_kueue(self, plural: str, namespace: str | None = None) -> list[dict[str, Any]]:

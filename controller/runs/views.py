@@ -67,14 +67,11 @@ class WorkloadView:
     cluster_queue: str = ""
     flavors: tuple[tuple[str, str], ...] = ()
     """(resource, flavor) pairs of the admission, over every pod set."""
-    pod_sets: tuple[tuple[str, int], ...] = ()
-    """(name, count) of each pod set."""
     evictions: tuple[tuple[str, int], ...] = ()
     """(reason, count) from `schedulingStats.evictions`."""
     admission_checks: tuple[tuple[str, str, str], ...] = ()
     """(name, state, message) of each admission check."""
     active: bool = True
-    uid: str = ""
     requeue_at: dt.datetime | None = None
     """`status.requeueState.requeueAt`: when Kueue queues it again after a backoff."""
     requeue_count: int = 0
@@ -111,17 +108,16 @@ def parse_workload(raw: Mapping[str, Any]) -> WorkloadView:
     status = raw.get("status") or {}
     owners = meta.get("ownerReferences") or [{}]
     admission = status.get("admission") or {}
-    flavors: list[tuple[str, str]] = []
-    for assignment in admission.get("podSetAssignments") or []:
-        for resource, flavor in sorted((assignment.get("flavors") or {}).items()):
-            if (resource, flavor) not in flavors:
-                flavors.append((str(resource), str(flavor)))
+    flavors = dict.fromkeys(
+        (str(resource), str(flavor))
+        for assignment in admission.get("podSetAssignments") or []
+        for resource, flavor in sorted((assignment.get("flavors") or {}).items())
+    )
     stats = status.get("schedulingStats") or {}
     requeue = status.get("requeueState") or {}
     return WorkloadView(
         name=str(meta.get("name", "")),
         namespace=str(meta.get("namespace", "")),
-        uid=str(meta.get("uid", "")),
         owner_kind=str(owners[0].get("kind", "")),
         owner_name=str(owners[0].get("name", "")),
         queue_name=str(spec.get("queueName", "")),
@@ -130,9 +126,6 @@ def parse_workload(raw: Mapping[str, Any]) -> WorkloadView:
         conditions=_conditions(raw),
         cluster_queue=str(admission.get("clusterQueue", "")),
         flavors=tuple(flavors),
-        pod_sets=tuple(
-            (str(p.get("name", "")), int(p.get("count") or 0)) for p in spec.get("podSets") or []
-        ),
         evictions=tuple(
             (str(e.get("reason", "")), int(e.get("count") or 0))
             for e in stats.get("evictions") or []
@@ -154,7 +147,6 @@ class PodView:
     name: str
     node: str
     phase: str
-    attempt: int | None = None
     index: int | None = None
     """Completion index (Indexed Jobs), else None."""
     exit_codes: tuple[int, ...] = ()
@@ -164,7 +156,6 @@ class PodView:
     deleting: bool = False
     started: dt.datetime | None = None
     finished: dt.datetime | None = None
-    image: str = ""
     image_id: str = ""
     created: dt.datetime | None = None
     containers: tuple[str, ...] = ()
@@ -181,24 +172,15 @@ def parse_pod(raw: Mapping[str, Any]) -> PodView:
     meta = raw.get("metadata") or {}
     spec = raw.get("spec") or {}
     status = raw.get("status") or {}
-    labels = meta.get("labels") or {}
     annotations = meta.get("annotations") or {}
-    exit_codes: list[int] = []
-    reasons: list[str] = []
-    finished: list[dt.datetime] = []
-    image = image_id = ""
-    for cs in status.get("containerStatuses") or []:
-        image = image or str(cs.get("image") or "")
-        image_id = image_id or str(cs.get("imageID") or "")
-        terminated = (cs.get("state") or {}).get("terminated") or (cs.get("lastState") or {}).get(
-            "terminated"
-        )
-        if terminated:
-            exit_codes.append(int(terminated.get("exitCode") or 0))
-            reasons.append(str(terminated.get("reason") or ""))
-            end = timestamps.parse(terminated.get("finishedAt"))
-            if end is not None:
-                finished.append(end)
+    statuses = status.get("containerStatuses") or []
+    terminated = [
+        t
+        for cs in statuses
+        if (t := (cs.get("state") or {}).get("terminated"))
+        or (t := (cs.get("lastState") or {}).get("terminated"))
+    ]
+    finished = [e for t in terminated if (e := timestamps.parse(t.get("finishedAt"))) is not None]
     conditions = _conditions(raw)
     disruption = find_condition(conditions, "DisruptionTarget")
     scheduled = find_condition(conditions, "PodScheduled")
@@ -212,21 +194,18 @@ def parse_pod(raw: Mapping[str, Any]) -> PodView:
         if isinstance(cs, dict) and (w := (cs.get("state") or {}).get("waiting")) is not None
     )  # fmt: skip
     index = annotations.get(marks.JOB_COMPLETION_INDEX_ANNOTATION)
-    attempt = labels.get(marks.ATTEMPT_LABEL)
     return PodView(
         name=str(meta.get("name", "")),
         node=str(spec.get("nodeName") or ""),
         phase=str(status.get("phase") or "Pending"),
-        attempt=int(attempt) if isinstance(attempt, str) and attempt.isdigit() else None,
         index=int(index) if isinstance(index, str) and index.isdigit() else None,
-        exit_codes=tuple(exit_codes),
-        terminated_reasons=tuple(reasons),
+        exit_codes=tuple(int(t.get("exitCode") or 0) for t in terminated),
+        terminated_reasons=tuple(str(t.get("reason") or "") for t in terminated),
         disruption=disruption.reason if disruption is not None and disruption.true else "",
         deleting=bool(meta.get("deletionTimestamp")),
         started=timestamps.parse(status.get("startTime")),
         finished=max(finished) if finished else None,
-        image=image,
-        image_id=image_id,
+        image_id=next((str(cs["imageID"]) for cs in statuses if cs.get("imageID")), ""),
         created=timestamps.parse(meta.get("creationTimestamp")),
         containers=tuple(str(c.get("name", "")) for c in spec.get("containers") or []),
         unschedulable=unschedulable,
@@ -242,14 +221,10 @@ class AttemptObjectView:
     name: str
     suspended: bool
     conditions: tuple[Condition, ...] = ()
-    created: dt.datetime | None = None
-    start: dt.datetime | None = None
     completion: dt.datetime | None = None
     ray_job_status: str = ""
     ray_deployment_status: str = ""
     ray_reason: str = ""
-    ray_message: str = ""
-    uid: str = ""
 
     def holds(self, kind: str) -> bool:
         """Whether the condition of the given type is True."""
@@ -265,16 +240,12 @@ def parse_attempt_object(raw: Mapping[str, Any]) -> AttemptObjectView:
     return AttemptObjectView(
         kind=str(raw.get("kind", "Job")),
         name=str(meta.get("name", "")),
-        uid=str(meta.get("uid", "")),
         suspended=bool(spec.get("suspend")),
         conditions=_conditions(raw),
-        created=timestamps.parse(meta.get("creationTimestamp")),
-        start=timestamps.parse(status.get("startTime")),
         completion=timestamps.parse(status.get("completionTime") or status.get("endTime")),
         ray_job_status=str(status.get("jobStatus") or ""),
         ray_deployment_status=str(status.get("jobDeploymentStatus") or ""),
         ray_reason=str(status.get("reason") or ""),
-        ray_message=str(status.get("message") or ""),
     )
 
 
@@ -288,20 +259,18 @@ class NodeFacts:
     failed: frozenset[str] = frozenset()
     """Quarantined because a GPU failed (a Failed verdict: Xid 79, a lost GPU...)."""
 
+    def lost(self, node: str) -> str:
+        """How a run lost `node`: 'was quarantined' or 'vanished' ('' when it did not)."""
+        if node in self.quarantined:
+            return "was quarantined"
+        return "" if node in self.existing else "vanished"
+
 
 def node_facts(raw_nodes: Iterable[Mapping[str, Any]]) -> NodeFacts:
     """Build NodeFacts from raw Nodes (quarantined = carries our quarantined-by annotation;
     failed = its quarantine record says a GPU failed)."""
-    existing: set[str] = set()
-    quarantined: set[str] = set()
-    failed: set[str] = set()
-    for node in raw_nodes:
-        meta = node.get("metadata") or {}
-        name = str(meta.get("name", ""))
-        existing.add(name)
-        annotations = meta.get("annotations") or {}
-        if marks.quarantined(annotations):
-            quarantined.add(name)
-            if marks.quarantine_failed(annotations):
-                failed.add(name)
-    return NodeFacts(frozenset(existing), frozenset(quarantined), frozenset(failed))
+    metas = [node.get("metadata") or {} for node in raw_nodes]
+    notes = {str(m.get("name", "")): m.get("annotations") or {} for m in metas}
+    quarantined = frozenset(n for n, a in notes.items() if marks.quarantined(a))
+    failed = frozenset(n for n in quarantined if marks.quarantine_failed(notes[n]))
+    return NodeFacts(frozenset(notes), quarantined, failed)

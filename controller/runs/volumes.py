@@ -35,20 +35,14 @@ def volumes_and_mounts(
     """The spec's claims, the checkpoint claim, /dev/shm, the checkpoint file from the run's
     ConfigMap `configmap` (and the controller's CA beside it, `with_ca`) and the pod's
     `taugrid-run` token (of `token_audience`, living `token_expiration_s`)."""
-    volumes: list[dict[str, Any]] = []
-    mounts: list[dict[str, Any]] = []
-    for index, volume in enumerate(spec.volumes):
-        name = f"vol-{index}"
-        volumes.append(
-            {
-                "name": name,
-                "persistentVolumeClaim": {
-                    "claimName": volume.claim,
-                    "readOnly": volume.read_only,
-                },
-            }
-        )
-        mounts.append({"name": name, "mountPath": volume.mount_path, "readOnly": volume.read_only})
+    claims = [(f"vol-{index}", volume) for index, volume in enumerate(spec.volumes)]
+    volumes: list[dict[str, Any]] = [
+        {"name": name, "persistentVolumeClaim": {"claimName": v.claim, "readOnly": v.read_only}}
+        for name, v in claims
+    ]
+    mounts: list[dict[str, Any]] = [
+        {"name": name, "mountPath": v.mount_path, "readOnly": v.read_only} for name, v in claims
+    ]
     checkpoint = spec.checkpoint
     listed = checkpoint is not None and any(v.claim == checkpoint.volume for v in spec.volumes)
     if checkpoint is not None and checkpoint.volume is not None and not listed:
