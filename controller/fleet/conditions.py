@@ -202,14 +202,14 @@ class _Changes:
         self._annotation_changes: dict[str, str | None] = {}
 
     def taint(self, *, present: bool) -> None:
-        ours = [t for t in self._taints if _is_ours(t)]
+        ours = [t for t in self._taints if nodes.is_our_taint(t)]
         if present and not ours:
             self._new_taints = [
                 *self._taints,
                 {"key": marks.TAINT_KEY, "effect": marks.TAINT_EFFECT},
             ]
         elif not present and ours:
-            self._new_taints = [t for t in self._taints if not _is_ours(t)]
+            self._new_taints = [t for t in self._taints if not nodes.is_our_taint(t)]
 
     def cordon(self) -> None:
         self._unschedulable = True
@@ -249,11 +249,3 @@ class _Changes:
         if spec:
             body["spec"] = spec
         return NodePatch("", MERGE_PATCH, body)
-
-
-def _is_ours(taint: Any) -> bool:
-    return (
-        isinstance(taint, Mapping)
-        and taint.get("key") == marks.TAINT_KEY
-        and taint.get("effect") == marks.TAINT_EFFECT
-    )

@@ -249,15 +249,7 @@ class Informer(Generic[V]):
         if not self.absent:
             log.info("optional kind not served or not permitted; caching none",
                      kind=self.kind, status=status)  # fmt: skip
-        changed = bool(self.items) or not self.synced.is_set()
-        old_items, old_views = self.items, self.views
-        self.items, self.views, self._noted, self._rv, self.absent = {}, {}, {}, None, True
-        for key, gone in old_items.items():
-            self._on_delete(gone)
-            self._tell(key, old_views.get(key), None)
-        self.synced.set()
-        if changed:
-            self._on_change()
+        self.listed([], "", absent=True)
 
     async def _list(self) -> str:
         self.lists += 1
@@ -266,9 +258,11 @@ class Informer(Generic[V]):
         self.listed(data.get("items") or [], rv)
         return rv
 
-    def listed(self, items: list[dict[str, Any]], rv: str) -> None:
+    def listed(self, items: list[dict[str, Any]], rv: str, *, absent: bool = False) -> None:
         """Hold what a list returned at `rv` (everything else is forgotten: told gone to
-        `on_delete`, deleted while the watch was down): synced."""
+        `on_delete`, deleted while the watch was down): synced. `absent`: an optional kind
+        not served, held as empty; `on_change` only when readers saw something before."""
+        wake = not absent or bool(self.items) or not self.synced.is_set()
         old, old_views = self.items, self.views
         listed = {self._key(o): self._trim(o) for o in items}
         self.items, self.views = {}, {}
@@ -283,9 +277,10 @@ class Informer(Generic[V]):
             self._tell(gone, old_views.get(gone), None)
         self._noted = {}
         self._rv = int(rv) if rv.isdigit() else None
-        self.absent = False
+        self.absent = absent
         self.synced.set()
-        self._on_change()
+        if wake:
+            self._on_change()
 
     def _put(self, key: str, obj: dict[str, Any]) -> None:
         trimmed = self._trim(obj)
@@ -342,11 +337,7 @@ class Informer(Generic[V]):
                 return  # older than our own write, which is shown already
             del self._noted[key]
         if kind == "DELETED":
-            if (gone := self.items.pop(key, None)) is not None:
-                old = self.views.pop(key, None)
-                self._on_delete(gone)
-                self._tell(key, old, None)
-                self._on_change()
+            self.gone(key)
         else:
             self._put(key, obj)
 
