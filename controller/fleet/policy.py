@@ -22,6 +22,7 @@ import dataclasses
 import datetime as dt
 import math
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import pydantic
 from pydantic import alias_generators
@@ -340,24 +341,9 @@ def judge_breaker(
     names (sorted) of those that turned bad or silent after `t`, and whether every one is
     contained. Nodes in device scope count in the device breaker instead."""
     if breaker.open:
-        if not all_contained:
-            return breaker.model_copy(update={"fleet_healthy_since": None})
-        healthy_since = breaker.fleet_healthy_since or now
-        closes_at = healthy_since + dt.timedelta(seconds=settings.breaker_healthy_close_s)
-        if now >= closes_at:
-            decided.append(
-                actions.CloseBreaker(reason="FleetHealthy", by=marks.CONTROLLER_IDENTITY)
-            )
-            return actions.BreakerState(
-                open=False, reset_at=now, reset_by=marks.CONTROLLER_IDENTITY
-            )
-        deadlines.append(closes_at)
-        return breaker.model_copy(update={"fleet_healthy_since": healthy_since})
-    window = dt.timedelta(seconds=settings.breaker_window_s)
-    counted_after = now - window
-    if breaker.reset_at is not None and breaker.reset_at > counted_after:
-        counted_after = breaker.reset_at
-    turned = turned_after(counted_after)
+        return keep_open(breaker, all_contained, settings.breaker_healthy_close_s, now,
+                         devices=False, decided=decided, deadlines=deadlines)  # fmt: skip
+    turned = turned_after(window_start(breaker, settings.breaker_window_s, now))
     share = 100 * len(turned) / total if total else 0.0
     if share > settings.breaker_percent and len(turned) >= settings.breaker_min_nodes:
         shown = ", ".join(turned[:10]) + (", …" if len(turned) > 10 else "")
@@ -367,13 +353,40 @@ def judge_breaker(
         )
         decided.append(actions.OpenBreaker(message=message, nodes=tuple(turned)))
         return actions.BreakerState(
-            open=True,
-            opened_at=now,
-            message=message,
-            reset_at=breaker.reset_at,
+            open=True, opened_at=now, message=message, reset_at=breaker.reset_at,
             reset_by=breaker.reset_by,
-        )
+        )  # fmt: skip
     return breaker
+
+
+def keep_open(
+    breaker: actions.BreakerState,
+    contained: bool,
+    close_s: float,
+    now: dt.datetime,
+    *,
+    devices: bool,
+    decided: list[Any],
+    deadlines: list[dt.datetime],
+) -> actions.BreakerState:
+    """An open breaker (node or `devices`), closed once everything it counts stayed
+    `contained` for `close_s` seconds (`FleetHealthy`)."""
+    if not contained:
+        return breaker.model_copy(update={"fleet_healthy_since": None})
+    since = breaker.fleet_healthy_since or now
+    closes_at = since + dt.timedelta(seconds=close_s)
+    if now >= closes_at:
+        by = marks.CONTROLLER_IDENTITY
+        decided.append(actions.CloseBreaker(reason="FleetHealthy", by=by, devices=devices))
+        return actions.BreakerState(open=False, reset_at=now, reset_by=by)
+    deadlines.append(closes_at)
+    return breaker.model_copy(update={"fleet_healthy_since": since})
+
+
+def window_start(breaker: actions.BreakerState, window_s: float, now: dt.datetime) -> dt.datetime:
+    """Since when a closed breaker counts what turned bad: the window, or its last close."""
+    start = now - dt.timedelta(seconds=window_s)
+    return breaker.reset_at if breaker.reset_at is not None and breaker.reset_at > start else start
 
 
 def _contained(view: nodes.NodeView, h: state.NodeHealth) -> bool:
