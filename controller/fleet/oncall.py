@@ -36,7 +36,7 @@ TAG = "fleet"
 def _node_json(ctx: api.FleetContext, name: str, *, detail: bool) -> dict[str, Any]:
     now = api.utcnow()
     raw = ctx.cache.nodes.get(name)
-    view = nodes.parse(raw) if raw is not None else None
+    view = nodes.parse(raw) if raw is not None else nodes.NodeView(name)  # none: no marks
     q = ctx.quarantiner
     h = q.last.health.get(name) if q.last is not None else None
     if h is None and name in ctx.fleet:
@@ -50,17 +50,16 @@ def _node_json(ctx: api.FleetContext, name: str, *, detail: bool) -> dict[str, A
         "lastHeartbeat": timestamps.rfc3339_exact(rec.received_at) if rec else None,
         "bootId": rec.heartbeat.boot_id if rec else None,
         "agentUrl": rec.heartbeat.agent_url if rec else None,
-        "managed": view.managed if view else True,
-        "unschedulable": view.unschedulable if view else False,
-        "cordonedByUs": view.cordoned_by_us if view else False,
-        "tainted": view.tainted if view else False,
-        "gpuCapacity": view.gpu_capacity if view else 0,
+        "managed": view.managed,
+        "unschedulable": view.unschedulable,
+        "cordonedByUs": view.cordoned_by_us,
+        "tainted": view.tainted,
+        "gpuCapacity": view.gpu_capacity,
         "quarantine": None,
         "inCluster": raw is not None,
         "fencedGpus": len(_fenced(q, name)),
     }
-    if view is not None and view.quarantine is not None:
-        record = view.quarantine
+    if (record := view.quarantine) is not None:
         out["quarantine"] = {
             "mode": record.mode.value,
             "by": record.by,
@@ -73,17 +72,11 @@ def _node_json(ctx: api.FleetContext, name: str, *, detail: bool) -> dict[str, A
         out["devices"] = [_fenced_json(f, q) for f in _fenced(q, name)]
         gpus = rec.heartbeat.gpus if rec else []
         out["gpus"] = [fastheartbeat.gpu_json(g) for g in gpus]
-        out["history"] = [e.to_json() for e in view.history] if view else []
-        out["problems"] = list(view.problems) if view else []
-        condition = view.condition if view else None
+        out["history"] = [e.to_json() for e in view.history]
+        out["problems"] = list(view.problems)
+        c = view.condition
         out["condition"] = (
-            {
-                "status": condition.status.value,
-                "reason": condition.reason,
-                "message": condition.message,
-            }
-            if condition
-            else None
+            {"status": c.status.value, "reason": c.reason, "message": c.message} if c else None
         )
     return out
 
@@ -288,7 +281,6 @@ async def put_mode(request: web.Request) -> web.StreamResponse:
 
 
 # ---------------------------------------------------------------------- the agent, proxied
-AGENT_ANSWER = "The agent's own answer, relayed as it is (its `error` envelope on a refusal)."
 
 
 def _agent_of(ctx: api.FleetContext, name: str) -> tuple[agentproxy.AgentClient, str]:

@@ -175,13 +175,12 @@ class Quarantiner:
         who did, and why: `reason`, in the Event and the log)."""
         self.breaker = policy.reset_breaker(self.breaker, by=by, now=now)
         await self.apply(actions.CloseBreaker(reason="Reset", by=by, note=reason), now)
-        if self.device_breaker.open:
-            self.device_breaker = policy.reset_breaker(self.device_breaker, by=by, now=now)
+        was_open = self.device_breaker.open
+        self.device_breaker = policy.reset_breaker(self.device_breaker, by=by, now=now)
+        if was_open:
             await self.apply(
                 actions.CloseBreaker(reason="Reset", by=by, devices=True, note=reason), now
             )
-        else:
-            self.device_breaker = policy.reset_breaker(self.device_breaker, by=by, now=now)
         self.poke()
 
     def set_dry_run(self, dry_run: bool, *, by: str) -> None:
@@ -277,10 +276,6 @@ class Quarantiner:
         deadline = await self.run_pass()
         return None if deadline is None else (deadline - self.clock()).total_seconds()
 
-    def views(self) -> dict[str, nodes.NodeView]:
-        """Every cached node's view, by name, parsed once as the cache took it."""
-        return self.cache.views
-
     async def run_pass(self) -> dt.datetime | None:
         """One level-triggered pass; return when the next one is due."""
         async with self._lock:
@@ -288,7 +283,7 @@ class Quarantiner:
             now = self.clock()
             batch = self.queue.take(now.timestamp())
             full, touched = batch.everything, set(batch.keys)
-            by_name = self.views()
+            by_name: dict[str, nodes.NodeView] = self.cache.views  # parsed as the cache took them
             device = self.decide_devices(by_name, now)
             if device is not None:
                 self.device_breaker = device.breaker
@@ -305,10 +300,7 @@ class Quarantiner:
             self.breaker = decision.breaker
             self.last = decision
             by_node: dict[str, list[actions.Action | DeviceStep]] = collections.defaultdict(list)
-            for action in decision.actions:
-                node = getattr(action, "node", "")
-                by_node[node].append(action)
-            for step in device.actions if device else ():
+            for step in (*decision.actions, *(device.actions if device else ())):
                 by_node[getattr(step, "node", "")].append(step)
             sem = asyncio.Semaphore(MAX_PARALLEL_NODES)
             events: list[tuple[actions.NodeAction, dict[str, Any]]] = []
@@ -401,16 +393,7 @@ class Quarantiner:
         False when its patch was refused because the node changed meanwhile, or is gone.
         Its Event is written at once, or left in `events` for the caller to write later."""
         if isinstance(action, actions.Skipped):
-            key = (action.node, f"{action.wanted.kind}:{action.why}")
-            if key not in self._skips_logged:
-                self._skips_logged.add(key)
-                log.info(
-                    "action held back",
-                    node=action.node,
-                    action=action.wanted.kind.value,
-                    reason=action.why.value,
-                )
-                self.metrics.quarantine_actions.labels(action.wanted.kind.value, "true").inc()
+            self._held_back(action, "action held back")
             return True
         if isinstance(action, actions.OpenBreaker | actions.CloseBreaker):
             await self._breaker_event(action)
@@ -456,6 +439,17 @@ class Quarantiner:
                     await self.writer.pod_event(pod, "Evicted", note)
         return True
 
+    def _held_back(
+        self, action: actions.Skipped | actions.SkippedDevice, event: str, **fields: str
+    ) -> None:
+        """Log and count an action a limit held back, once per node, kind, reason (and device)."""
+        kind = action.wanted.kind.value
+        key = (action.node, ":".join((kind, action.why.value, *fields.values())))
+        if key not in self._skips_logged:
+            self._skips_logged.add(key)
+            log.info(event, node=action.node, action=kind, reason=action.why.value, **fields)
+            self.metrics.quarantine_actions.labels(kind, "true").inc()
+
     def _record(
         self,
         action: actions.NodeAction,
@@ -498,16 +492,8 @@ class Quarantiner:
     async def apply_device(self, action: DeviceStep, now: dt.datetime) -> None:
         """Carry out one device action: the rules, then the node's history and an Event."""
         if isinstance(action, actions.SkippedDevice):
-            key = (
-                action.node,
-                f"{action.wanted.kind}:{action.why}:{actions.device_of(action.wanted)}",
-            )
-            if key not in self._skips_logged:
-                self._skips_logged.add(key)
-                log.info("device action held back", node=action.node,
-                         action=action.wanted.kind.value, device=actions.device_of(action.wanted),
-                         reason=action.why.value)  # fmt: skip
-                self.metrics.quarantine_actions.labels(action.wanted.kind.value, "true").inc()
+            self._held_back(action, "device action held back",
+                            device=actions.device_of(action.wanted))  # fmt: skip
             return
         cache, writer = self.device_cache, self.device_writer
         if cache is None or writer is None:
