@@ -44,7 +44,6 @@ DEVICE_ACTIONS = frozenset({health.Action.RESET_GPU, health.Action.INSPECT})
 """Fault remedies scoped to one GPU: those faults fence the device, not the node."""
 _FRESH = frozenset({state.NodeState.HEALTHY, state.NodeState.DEGRADED, state.NodeState.FAILED,
                     state.NodeState.UNKNOWN})  # fmt: skip
-_SILENT = frozenset({state.NodeState.STALE, state.NodeState.MISSING})
 
 
 class GpuMode(enum.StrEnum):

@@ -416,13 +416,10 @@ def _desired_condition(h: state.NodeHealth, view: nodes.NodeView) -> nodes.Condi
 
 
 def _clearing(h: state.NodeHealth) -> nodes.Clearing:
-    clearing = nodes.Clearing.HEALTHY_REPORTS
-    for fault in h.faults:
-        if fault.latched:
-            candidate = nodes.clearing_for(fault.action)
-            if nodes.CLEARING_STRICTNESS[candidate] > nodes.CLEARING_STRICTNESS[clearing]:
-                clearing = candidate
-    return clearing
+    """What clears the node: the strictest of what clears each latched fault."""
+    latched = [nodes.clearing_for(f.action) for f in h.faults if f.latched]
+    strictest = max(latched, key=nodes.CLEARING_STRICTNESS.__getitem__, default=None)
+    return strictest or nodes.Clearing.HEALTHY_REPORTS
 
 
 def _evict_after(h: state.NodeHealth, settings: Settings, now: dt.datetime) -> dt.datetime | None:

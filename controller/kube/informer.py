@@ -176,16 +176,13 @@ class Informer(Generic[V]):
         `selectors.UnsupportedError` for a selector only the API server can answer."""
         labels = selectors.parse(label_selector)
         fields = selectors.parse_fields(field_selector)
-        out = []
-        for obj in self.items.values():
-            meta = obj.get("metadata") or {}
-            if namespace is not None and meta.get("namespace") != namespace:
-                continue
-            if selectors.holds(labels, meta.get("labels") or {}) and selectors.fields_hold(
-                fields, obj
-            ):
-                out.append(obj)
-        return out
+        return [
+            obj
+            for obj in self.items.values()
+            if (namespace is None or (obj.get("metadata") or {}).get("namespace") == namespace)
+            and selectors.holds(labels, (obj.get("metadata") or {}).get("labels") or {})
+            and selectors.fields_hold(fields, obj)
+        ]
 
     def note(self, obj: dict[str, Any]) -> None:
         """Show an object as one of our writes returned it, if the watch has not brought

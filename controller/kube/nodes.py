@@ -27,17 +27,14 @@ def trim_node(node: dict[str, Any]) -> dict[str, Any]:
     meta = node.get("metadata") or {}
     spec = node.get("spec") or {}
     status = node.get("status") or {}
-    cap = (status.get("capacity") or {}).get(marks.GPU_RESOURCE)
-    alloc = (status.get("allocatable") or {}).get(marks.GPU_RESOURCE)
     out_status: dict[str, Any] = {
         "conditions": [
             c for c in status.get("conditions") or [] if c.get("type") in KEPT_CONDITIONS
         ],
     }
-    if cap is not None:
-        out_status["capacity"] = {marks.GPU_RESOURCE: cap}
-    if alloc is not None:
-        out_status["allocatable"] = {marks.GPU_RESOURCE: alloc}
+    for part in ("capacity", "allocatable"):
+        if (gpus := (status.get(part) or {}).get(marks.GPU_RESOURCE)) is not None:
+            out_status[part] = {marks.GPU_RESOURCE: gpus}
     return {
         "metadata": {
             "name": meta.get("name", ""),
