@@ -209,15 +209,10 @@ def decide(
             onset = _onset(fleet_state, node, uuid, h) or now
             candidates.append(((-severity, onset, node, device.name), fence))
 
-    candidates.sort(key=lambda item: item[0])
-    budget = max(0, limit - fenced_now)
-    for index, (_, fence) in enumerate(candidates):
-        if index < budget:
-            decided.append(fence)
-        else:
-            decided.append(
-                actions.SkippedDevice(fence.node, fence, actions.SkipReason.MAX_QUARANTINED_DEVICES)
-            )
+    taken, held = policy.in_line(candidates, max(0, limit - fenced_now))
+    decided.extend(taken)
+    over = actions.SkipReason.MAX_QUARANTINED_DEVICES
+    decided.extend(actions.SkippedDevice(fence.node, fence, over) for fence in held)
 
     fenced: dict[str, list[actions.FencedDevice]] = {}
     for (node, _device), group in sorted(groups.items()):

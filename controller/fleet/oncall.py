@@ -164,9 +164,8 @@ def _clears(f: actions.FencedDevice, q: quarantining.Quarantiner) -> str:
     """What clears a fenced GPU, in words, from its record and where its streak stands."""
     after = q.device_settings.release_after_s if q.device_settings else 0
     if f.release_at is not None:
-        return f"healthy since {timestamps.rfc3339(f.healthy_since)}: released at " + str(
-            timestamps.rfc3339(f.release_at)
-        )
+        at = timestamps.rfc3339(f.release_at)
+        return f"healthy since {timestamps.rfc3339(f.healthy_since)}: released at {at}"
     first = "the agent clearing its latched fault"
     if f.record is not None and f.record.clears_with is nodes.Clearing.MANUAL_RELEASE:
         first = "an on-call release of the latched fault on the agent (POST /v1/release)"

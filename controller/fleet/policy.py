@@ -22,7 +22,7 @@ import dataclasses
 import datetime as dt
 import math
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, TypeVar
 
 import pydantic
 from pydantic import alias_generators
@@ -86,6 +86,8 @@ def settings_from(section: FleetSettings) -> Settings:
     the policy's own type names a bad field in camelCase and has no defaults)."""
     return Settings.model_validate({name: getattr(section, name) for name in Settings.model_fields})
 
+
+_A = TypeVar("_A")
 
 _QUARANTINE_PRIORITY = {
     state.NodeState.FAILED: 0,
@@ -237,14 +239,16 @@ def node_pass(
 
 def rank(candidates: list[Candidate], *, budget: int, decided: list[actions.Action]) -> None:
     """Quarantine the first `budget` candidates in line; hold back the rest."""
-    candidates.sort(key=lambda item: item[0])
-    for index, (_, candidate) in enumerate(candidates):
-        if index < budget:
-            decided.append(candidate)
-        else:
-            decided.append(
-                actions.Skipped(candidate.node, candidate, actions.SkipReason.MAX_QUARANTINED)
-            )
+    taken, held = in_line(candidates, budget)
+    decided.extend(taken)
+    decided.extend(actions.Skipped(c.node, c, actions.SkipReason.MAX_QUARANTINED) for c in held)
+
+
+def in_line(candidates: list[tuple[Any, _A]], budget: int) -> tuple[list[_A], list[_A]]:
+    """The candidates in their place in line (the first of each pair): the first `budget`,
+    and the rest."""
+    ranked = [candidate for _, candidate in sorted(candidates, key=lambda item: item[0])]
+    return ranked[:budget], ranked[budget:]
 
 
 def finish(decided: list[actions.Action], settings: Settings) -> list[actions.Action]:

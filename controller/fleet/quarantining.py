@@ -420,18 +420,13 @@ class Quarantiner:
         if isinstance(action, actions.EvictGpuPods):
             self.elector.ensure_leader()
             outcome = await self.writer.evict_gpu_pods(action.node)
-            for name, pods in (("evicted", outcome.evicted), ("blocked", outcome.blocked),
-                               ("failed", outcome.failed)):  # fmt: skip
-                if pods:
-                    self.metrics.evictions.labels(name).inc(len(pods))
-            if outcome.evicted or outcome.blocked or outcome.failed:
-                log.info(
-                    "eviction round",
-                    node=action.node,
-                    evicted=outcome.evicted,
-                    blocked=outcome.blocked,
-                    failed=outcome.failed,
-                )
+            pods = {"evicted": outcome.evicted, "blocked": outcome.blocked,
+                    "failed": outcome.failed}  # fmt: skip
+            for name, refs in pods.items():
+                if refs:
+                    self.metrics.evictions.labels(name).inc(len(refs))
+            if any(pods.values()):
+                log.info("eviction round", node=action.node, **pods)
             if outcome.evicted:
                 node_note, told = actions.eviction_notes(action.node, outcome.evicted_pods)
                 await self.writer.event(raw, "Evicted", node_note, warning=True)
