@@ -112,10 +112,10 @@ class QuarantineRecord:
     at: dt.datetime
     reason: str
     clears_with: Clearing
-    boot_id: str | None
+    boot_id: str | None = None
     """The boot ID reported when the quarantine began (NewBootId compares against it)."""
-    faults: frozenset[state.FaultKey]
-    evict_after: dt.datetime | None
+    faults: frozenset[state.FaultKey] = frozenset()
+    evict_after: dt.datetime | None = None
     """When GPU pods may be evicted; None for no eviction (silence, manual quarantine)."""
     evicted_at: dt.datetime | None = None
     """When the first eviction pass ran, so it is recorded in history only once."""
@@ -244,9 +244,6 @@ def _parse_quarantine(annotations: Mapping[str, Any]) -> QuarantineRecord | None
             at=at,
             reason=reason,
             clears_with=Clearing.MANUAL_RELEASE,
-            boot_id=None,
-            faults=frozenset(),
-            evict_after=None,
         )
     try:
         record = json.loads(raw_record)

@@ -291,7 +291,6 @@ def manual_quarantine(
         clears_with=nodes.Clearing.MANUAL_RELEASE,
         boot_id=node_health.boot_id if node_health else None,
         faults=node_health.fault_keys if node_health else frozenset(),
-        evict_after=None,
     )
     return actions.Quarantine(
         view.name, record, message=reason.strip(), cordon=not view.unschedulable

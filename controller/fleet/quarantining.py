@@ -250,10 +250,7 @@ class Quarantiner:
         if not self.device_cache.available():
             return {}
         inventory, rules = self.device_inputs()
-        managed = [
-            name for name, raw in self.cache.nodes.items()
-            if str(raw["metadata"]["labels"].get(marks.MANAGED_LABEL, "")).lower() != "false"
-        ]  # fmt: skip
+        managed = [name for name, view in self.cache.views.items() if view.managed]
         return devicepolicy.usable(
             self.fleet, managed, self.device_settings, now,
             inventory=inventory, rules=rules, memo=self._listings,

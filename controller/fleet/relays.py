@@ -251,10 +251,6 @@ class Relay:
         self.problem = problem
         return tickets
 
-    def urgent(self) -> bool:
-        """Whether a change or a needed report waits (flush at once)."""
-        return bool(self._urgent)
-
     def _requeue(self, entries: Sequence[Entry]) -> None:
         for entry in reversed(entries):
             queue = self._queues.setdefault(entry.node, [])
