@@ -137,7 +137,7 @@ def decide(
     breaker = judge_breaker(
         breaker, settings, now=now, total=len(views), turned_after=turned_after,
         all_contained=all(
-            _contained(v, healths[v.name]) for v in views if v.name not in device_scope
+            contained(v, healths[v.name], in_device_scope=v.name in device_scope) for v in views
         ),
         decided=decided, deadlines=deadlines,
     )  # fmt: skip
@@ -188,8 +188,15 @@ def auto_quarantined(view: nodes.NodeView) -> bool:
 
 
 def contained(view: nodes.NodeView, h: state.NodeHealth, *, in_device_scope: bool) -> bool:
-    """Whether the node lets an open node breaker close (device-scope nodes always do)."""
-    return in_device_scope or _contained(view, h)
+    """Whether the node gives an open node breaker no reason to stay open (device-scope
+    nodes never do: the device breaker counts them)."""
+    if in_device_scope:
+        return True
+    if h.state in _SILENT:
+        return False
+    if h.state not in state.BAD_STATES or view.quarantine is not None:
+        return True
+    return view.released_faults is not None and h.fault_keys <= view.released_faults
 
 
 def turned_at(h: state.NodeHealth, *, in_device_scope: bool) -> dt.datetime | None:
@@ -390,17 +397,6 @@ def window_start(breaker: actions.BreakerState, window_s: float, now: dt.datetim
     """Since when a closed breaker counts what turned bad: the window, or its last close."""
     start = now - dt.timedelta(seconds=window_s)
     return breaker.reset_at if breaker.reset_at is not None and breaker.reset_at > start else start
-
-
-def _contained(view: nodes.NodeView, h: state.NodeHealth) -> bool:
-    """Return True when the node gives the breaker no reason to stay open."""
-    if h.state in _SILENT:
-        return False
-    if h.state not in state.BAD_STATES:
-        return True
-    if view.quarantine is not None:
-        return True
-    return view.released_faults is not None and h.fault_keys <= view.released_faults
 
 
 def _desired_condition(h: state.NodeHealth, view: nodes.NodeView) -> nodes.Condition | None:
