@@ -258,7 +258,6 @@ class AgentPods:
         *,
         on_gone: Callable[[str], None] = lambda _uid: None,
     ) -> None:
-        self.namespace = namespace
         core = client.CoreV1Api(api)
         self.pods: informer.Informer[informer.Raw] = informer.Informer(
             functools.partial(core.list_namespaced_pod, namespace), trim_install_pod,
