@@ -314,9 +314,7 @@ def eviction_notes(
 
 def device_of(action: DeviceAction) -> str:
     """The name of the device an action fences or unfences."""
-    if isinstance(action, FenceDevice):
-        return action.device.name
-    return action.device
+    return action.device.name if isinstance(action, FenceDevice) else action.device
 
 
 def describe(action: NodeAction) -> str:

@@ -60,14 +60,8 @@ def diag(level: int) -> AgentCall:
 def release(*, gpu: str | None, code: str | None, force: bool) -> AgentCall:
     """`POST /v1/release?gpu=&code=&force=`: release latched faults (values already
     validated by the path's query model; the agent checks them again)."""
-    query: list[tuple[str, str]] = []
-    if gpu:
-        query.append(("gpu", gpu))
-    if code:
-        query.append(("code", code))
-    if force:
-        query.append(("force", "true"))
-    return AgentCall(Call.RELEASE, "POST", "/v1/release", tuple(query))
+    given = (("gpu", gpu or ""), ("code", code or ""), ("force", "true" if force else ""))
+    return AgentCall(Call.RELEASE, "POST", "/v1/release", tuple((k, v) for k, v in given if v))
 
 
 def agent_url(scheme: str, ip: str, port: int, call: AgentCall) -> str:

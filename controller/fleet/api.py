@@ -115,13 +115,7 @@ async def post_heartbeat(request: web.Request) -> web.StreamResponse:
         except msgspec.DecodeError:  # ValidationError is one
             hb = _explain_bad_heartbeat(raw)
         auth.check_heartbeat_sender(identity, agent, hb.node_name)
-        s = st.settings
-        problem = reports.heartbeat_problem(
-            hb, utcnow(), min_interval_s=s.heartbeat_min_interval_s,
-            max_interval_s=s.heartbeat_max_interval_s, max_skew_s=s.heartbeat_max_skew_s,
-        )  # fmt: skip
-        if problem is not None:
-            raise errors.Invalid(problem[1], field=problem[0])
+        _check_bounds(hb, utcnow(), st.settings)
         if not st.elector.is_leader():
             # The leader gets the report as parsed here, for the agent reviewed here, under
             # this replica's own peer token: the agent's token stays with this replica.
@@ -135,9 +129,7 @@ async def post_heartbeat(request: web.Request) -> web.StreamResponse:
                     "relayed": kind.value}  # fmt: skip
             return heartbeat_accepted(body)
         ctx = context_of(request)
-        url = _agent_url(ctx, st, identity)
-        if hb.agent_url != url:  # the chart's agents send the same URL: no copy then
-            hb = fastheartbeat.with_agent_url(hb, url)
+        hb = _with_agent_url(hb, ctx, st, identity)
         before = _verdict_key(ctx.fleet.get(hb.node_name))
         ingested = ctx.fleet.ingest(hb, utcnow(), pod_uid=identity.pod_uid or "")
         if ingested and _verdict_key(ctx.fleet.get(hb.node_name)) != before:
@@ -163,14 +155,31 @@ def heartbeat_accepted(body: dict[str, object]) -> web.Response:
     return web.Response(body=_ENCODE(body), status=202, content_type="application/json")
 
 
-def _agent_url(ctx: FleetContext, st: serving.ServingState, who: auth.Identity) -> str:
-    """The agent's URL: the IP of the pod its token is bound to, and the agents' port; ""
-    while that pod is not known. Never the `agentUrl` of the body (security review M6)."""
+def _with_agent_url(
+    hb: fastheartbeat.Report, ctx: FleetContext, st: serving.ServingState, who: auth.Identity
+) -> fastheartbeat.Report:
+    """The report with the agent's URL: the IP of the pod its token is bound to, and the
+    agents' port; "" while that pod is not known. Never the `agentUrl` of the body (security
+    review M6). The chart's agents send the same URL: no copy then."""
     ip = ctx.agents.ip_of(who.pod_uid or "")
-    if not ip:
-        return ""
-    host = f"[{ip}]" if ":" in ip else ip
-    return f"{st.settings.agent_scheme}://{host}:{st.settings.agent_port}"
+    url = ""
+    if ip:
+        host = f"[{ip}]" if ":" in ip else ip
+        url = f"{st.settings.agent_scheme}://{host}:{st.settings.agent_port}"
+    return hb if hb.agent_url == url else fastheartbeat.with_agent_url(hb, url)
+
+
+def _check_bounds(
+    hb: fastheartbeat.Report, at: dt.datetime, s: ControllerSettings, where: str = ""
+) -> None:
+    """Refuse a report outside this controller's bounds (`reports.heartbeat_problem`, with
+    `at` its receipt), naming the field (under `where`)."""
+    problem = reports.heartbeat_problem(
+        hb, at, min_interval_s=s.heartbeat_min_interval_s,
+        max_interval_s=s.heartbeat_max_interval_s, max_skew_s=s.heartbeat_max_skew_s,
+    )  # fmt: skip
+    if problem is not None:
+        raise errors.Invalid(problem[1], field=where + problem[0])
 
 
 def _explain_bad_heartbeat(raw: bytes) -> heartbeat.Heartbeat:
@@ -300,11 +309,8 @@ async def post_peer_heartbeats(request: web.Request) -> web.StreamResponse:
     poke = False
     for index, entry in enumerate(entries):
         where = f"entries[{index}]"
-        kind = "liveness"
-        node = ""
+        node, kind = entry.node, ("liveness" if entry.report is None else "full")
         try:
-            node = entry.node
-            kind = "liveness" if entry.report is None else "full"
             if node in needed:
                 # A node's entries apply in order: after one the leader needs in full, the
                 # rest come again after it.
@@ -375,15 +381,8 @@ async def _relayed(
         auth.check_heartbeat_sender(caller, agent, hb.node_name)
     except errors.Forbidden as err:
         raise errors.Forbidden(err.message, field="caller") from err
-    problem = reports.heartbeat_problem(
-        hb, last_at, min_interval_s=s.heartbeat_min_interval_s,
-        max_interval_s=s.heartbeat_max_interval_s, max_skew_s=s.heartbeat_max_skew_s,
-    )  # fmt: skip
-    if problem is not None:
-        raise errors.Invalid(problem[1], field=f"report.{problem[0]}")
-    url = _agent_url(ctx, st, caller)
-    if hb.agent_url != url:
-        hb = fastheartbeat.with_agent_url(hb, url)
+    _check_bounds(hb, last_at, s, where="report.")
+    hb = _with_agent_url(hb, ctx, st, caller)
     pod_uid = caller.pod_uid or ""
     key = reports.change_key(hb, pod_uid)
     return ctx.fleet.ingest_relayed(hb, first_at, last_at, pod_uid=pod_uid, key=key)

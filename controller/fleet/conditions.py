@@ -106,6 +106,7 @@ def patch_for(
         return condition_patch(node, action.condition, now)
     view = nodes.parse(node)
     wanted = _Changes(node)
+    by, message = marks.CONTROLLER_IDENTITY, ""  # the history entry's, unless said otherwise
     if isinstance(action, actions.Quarantine):
         record = action.record
         wanted.taint(present=True)
@@ -120,54 +121,39 @@ def patch_for(
                 marks.RELEASED_FAULTS_ANNOTATION: None,
             }
         )
-        entry = history.Entry(now, action.kind.value, record.reason, record.by, action.message)
+        reason, by, message = record.reason, record.by, action.message
     elif isinstance(action, actions.UpdateQuarantine):
         if view.quarantine is None:
             return None
         wanted.annotate({marks.QUARANTINE_ANNOTATION: action.record.to_annotation()})
-        entry = history.Entry(
-            now,
-            action.kind.value,
-            action.record.reason,
-            marks.CONTROLLER_IDENTITY,
-            f"clears with {action.record.clears_with.value}; "
-            f"evict after {timestamps.rfc3339_exact(action.record.evict_after) or 'never'}",
-        )
+        reason = action.record.reason
+        evict_after = timestamps.rfc3339_exact(action.record.evict_after) or "never"
+        message = f"clears with {action.record.clears_with.value}; evict after {evict_after}"
     elif isinstance(action, actions.RestoreTaint):
         if view.quarantine is None:
             return None
         wanted.taint(present=True)
-        entry = history.Entry(
-            now, action.kind.value, view.quarantine.reason, marks.CONTROLLER_IDENTITY
-        )
+        reason = view.quarantine.reason
     elif isinstance(action, actions.EvictGpuPods):
         current = view.quarantine
         if current is None or current.evicted_at is not None:
             return None
         evicted = dataclasses.replace(current, evicted_at=now)
         wanted.annotate({marks.QUARANTINE_ANNOTATION: evicted.to_annotation()})
-        entry = history.Entry(
-            now,
-            action.kind.value,
-            action.reason,
-            marks.CONTROLLER_IDENTITY,
-            f"due since {timestamps.rfc3339_exact(action.deadline)}",
-        )
+        reason, message = action.reason, f"due since {timestamps.rfc3339_exact(action.deadline)}"
     elif isinstance(action, actions.Release):
         _end_quarantine(wanted, view, uncordon=action.uncordon)
-        entry = history.Entry(
-            now, action.kind.value, action.reason, marks.CONTROLLER_IDENTITY, action.message
-        )
+        reason, message = action.reason, action.message
     elif isinstance(action, actions.ManualRelease):
         _end_quarantine(wanted, view, uncordon=action.uncordon)
         wanted.annotate(
             {marks.RELEASED_FAULTS_ANNOTATION: nodes.render_released(action.released_faults)}
         )
-        entry = history.Entry(now, action.kind.value, action.reason, action.by)
+        reason, by = action.reason, action.by
     else:  # ForgetManualRelease
         wanted.annotate({marks.RELEASED_FAULTS_ANNOTATION: None})
         return wanted.patch(view, None)
-    return wanted.patch(view, entry)
+    return wanted.patch(view, history.Entry(now, action.kind.value, reason, by, message))
 
 
 def history_patch(node: Mapping[str, Any], entry: history.Entry) -> NodePatch:
@@ -202,14 +188,14 @@ class _Changes:
         self._annotation_changes: dict[str, str | None] = {}
 
     def taint(self, *, present: bool) -> None:
-        ours = [t for t in self._taints if _is_ours(t)]
+        ours = [t for t in self._taints if nodes.is_our_taint(t)]
         if present and not ours:
             self._new_taints = [
                 *self._taints,
                 {"key": marks.TAINT_KEY, "effect": marks.TAINT_EFFECT},
             ]
         elif not present and ours:
-            self._new_taints = [t for t in self._taints if not _is_ours(t)]
+            self._new_taints = [t for t in self._taints if not nodes.is_our_taint(t)]
 
     def cordon(self) -> None:
         self._unschedulable = True
@@ -249,11 +235,3 @@ class _Changes:
         if spec:
             body["spec"] = spec
         return NodePatch("", MERGE_PATCH, body)
-
-
-def _is_ours(taint: Any) -> bool:
-    return (
-        isinstance(taint, Mapping)
-        and taint.get("key") == marks.TAINT_KEY
-        and taint.get("effect") == marks.TAINT_EFFECT
-    )

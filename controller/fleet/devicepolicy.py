@@ -36,7 +36,7 @@ import pydantic
 from pydantic import alias_generators
 
 from controller import marks
-from controller.fleet import actions, devices, nodes, state
+from controller.fleet import actions, devices, nodes, policy, state
 from controller.settings import DeviceSettings, FleetSettings
 from shared import health
 
@@ -44,7 +44,6 @@ DEVICE_ACTIONS = frozenset({health.Action.RESET_GPU, health.Action.INSPECT})
 """Fault remedies scoped to one GPU: those faults fence the device, not the node."""
 _FRESH = frozenset({state.NodeState.HEALTHY, state.NodeState.DEGRADED, state.NodeState.FAILED,
                     state.NodeState.UNKNOWN})  # fmt: skip
-_SILENT = frozenset({state.NodeState.STALE, state.NodeState.MISSING})
 
 
 class GpuMode(enum.StrEnum):
@@ -166,8 +165,8 @@ def decide(
         if _scope(views[n], healths[n], inventory[n], groups, settings)
     )  # fmt: skip
     breaker = _judge_breaker(
-        fleet_state, _Fleet(scope, healths, groups, total), settings, breaker, now,
-        decided=decided, deadlines=deadlines,
+        fleet_state, settings, breaker, now, scope=scope, healths=healths, groups=groups,
+        total=total, decided=decided, deadlines=deadlines,
     )  # fmt: skip
     candidates: list[tuple[tuple[int, dt.datetime, str, str], actions.FenceDevice]] = []
     for node in sorted(scope):
@@ -210,15 +209,10 @@ def decide(
             onset = _onset(fleet_state, node, uuid, h) or now
             candidates.append(((-severity, onset, node, device.name), fence))
 
-    candidates.sort(key=lambda item: item[0])
-    budget = max(0, limit - fenced_now)
-    for index, (_, fence) in enumerate(candidates):
-        if index < budget:
-            decided.append(fence)
-        else:
-            decided.append(
-                actions.SkippedDevice(fence.node, fence, actions.SkipReason.MAX_QUARANTINED_DEVICES)
-            )
+    taken, held = policy.in_line(candidates, max(0, limit - fenced_now))
+    decided.extend(taken)
+    over = actions.SkipReason.MAX_QUARANTINED_DEVICES
+    decided.extend(actions.SkippedDevice(fence.node, fence, over) for fence in held)
 
     fenced: dict[str, list[actions.FencedDevice]] = {}
     for (node, _device), group in sorted(groups.items()):
@@ -372,10 +366,7 @@ def _record(faults: Sequence[state.Fault], now: dt.datetime) -> devices.DeviceRe
     clears = nodes.Clearing.HEALTHY_REPORTS
     if any(f.latched and f.action is health.Action.INSPECT for f in faults):
         clears = nodes.Clearing.MANUAL_RELEASE
-    message = "; ".join(
-        f"{f.code} ({f.verdict.value}, {f.action.value}{', latched' if f.latched else ''})"
-        for f in faults
-    )
+    message = "; ".join(f.finding for f in faults)
     return devices.DeviceRecord(
         reason=worst.code, message=f"{worst.gpu_uuid}: {message}", at=now,
         by=marks.CONTROLLER_IDENTITY, clears_with=clears,
@@ -444,50 +435,29 @@ def _keep_or_release(
     return None, shown
 
 
-@dataclasses.dataclass(frozen=True)
-class _Fleet:
-    """What the device breaker counts over."""
-
-    scope: frozenset[str]
-    healths: Mapping[str, state.NodeHealth]
-    groups: Mapping[tuple[str, str], _Group]
-    total: int
-
-
 def _judge_breaker(
     fleet_state: state.FleetState,
-    fleet: _Fleet,
     settings: Settings,
     breaker: actions.BreakerState,
     now: dt.datetime,
     *,
+    scope: frozenset[str],
+    healths: Mapping[str, state.NodeHealth],
+    groups: Mapping[tuple[str, str], _Group],
+    total: int,
     decided: list[actions.DeviceAction | actions.SkippedDevice | actions.OpenBreaker
                   | actions.CloseBreaker],
     deadlines: list[dt.datetime],
 ) -> actions.BreakerState:  # fmt: skip
-    """The device breaker: like the node breaker, counted in GPUs that turned bad."""
-    healths, total = fleet.healths, fleet.total
-    bad = [(node, uuid) for node in sorted(fleet.scope) for uuid in _faults_by_gpu(healths[node])]
+    """The device breaker: like the node breaker, counted in the GPUs of the nodes in
+    `scope` that turned bad (of `total`)."""
+    bad = [(node, uuid) for node in sorted(scope) for uuid in _faults_by_gpu(healths[node])]
     if breaker.open:
-        fenced_uuids = {g.gpu_uuid for g in fleet.groups.values() if g.fencing}
+        fenced_uuids = {g.gpu_uuid for g in groups.values() if g.fencing}
         contained = all(uuid in fenced_uuids for _, uuid in bad)
-        if not contained:
-            return breaker.model_copy(update={"fleet_healthy_since": None})
-        since = breaker.fleet_healthy_since or now
-        closes_at = since + dt.timedelta(seconds=settings.breaker_healthy_close_s)
-        if now >= closes_at:
-            decided.append(
-                actions.CloseBreaker(
-                    reason="FleetHealthy", by=marks.CONTROLLER_IDENTITY, devices=True
-                )
-            )
-            return actions.BreakerState(open=False, reset_at=now,
-                                        reset_by=marks.CONTROLLER_IDENTITY)  # fmt: skip
-        deadlines.append(closes_at)
-        return breaker.model_copy(update={"fleet_healthy_since": since})
-    counted_after = now - dt.timedelta(seconds=settings.breaker_window_s)
-    if breaker.reset_at is not None and breaker.reset_at > counted_after:
-        counted_after = breaker.reset_at
+        return policy.keep_open(breaker, contained, settings.breaker_healthy_close_s, now,
+                                devices=True, decided=decided, deadlines=deadlines)  # fmt: skip
+    counted_after = policy.window_start(breaker, settings.breaker_window_s, now)
     turned = sorted(
         (node, uuid) for node, uuid in bad
         if (onset := _onset(fleet_state, node, uuid, healths[node])) is not None

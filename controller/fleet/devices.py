@@ -273,12 +273,7 @@ def _parse_record(raw: Any) -> DeviceRecord | None:
     if not isinstance(data, dict):
         msg = f"{field}: expected a JSON object"
         raise ValueError(msg)
-    try:
-        clears_with = nodes.Clearing(str(data.get("clearsWith")))
-    except ValueError as err:
-        msg = f"{field}.clearsWith: {data.get('clearsWith')!r} is not one of "
-        msg += ", ".join(c.value for c in nodes.Clearing)
-        raise ValueError(msg) from err
+    clears_with = nodes.parse_clearing(data.get("clearsWith"), field)
     faults = nodes.parse_keys(data.get("faults") or [], f"{field}.faults")
     return DeviceRecord(
         reason=str(data.get("reason") or ""),
@@ -324,11 +319,6 @@ def render_rule(device: Device, kind: RuleKind, record: DeviceRecord) -> dict[st
             "taint": {"key": key, "effect": effect},
         },
     }  # fmt: skip
-
-
-def tainted(device: Device, rules: Iterable[TaintRule]) -> list[TaintRule]:
-    """The rules with a hard effect (NoSchedule, NoExecute) that select `device`."""
-    return [r for r in rules if r.effect in HARD_EFFECTS and r.selects(device)]
 
 
 def _natural(name: str) -> tuple[str, int]:

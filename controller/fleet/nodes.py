@@ -25,12 +25,14 @@ import dataclasses
 import datetime as dt
 import enum
 import json
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 from controller import marks, timestamps
 from controller.fleet import history, state
 from shared import health
+
+_T = TypeVar("_T")
 
 MAX_RELEASED_FAULTS = 512
 """Bound on the released-fault set kept in an annotation (64 GPUs × a few findings each)."""
@@ -110,10 +112,10 @@ class QuarantineRecord:
     at: dt.datetime
     reason: str
     clears_with: Clearing
-    boot_id: str | None
+    boot_id: str | None = None
     """The boot ID reported when the quarantine began (NewBootId compares against it)."""
-    faults: frozenset[state.FaultKey]
-    evict_after: dt.datetime | None
+    faults: frozenset[state.FaultKey] = frozenset()
+    evict_after: dt.datetime | None = None
     """When GPU pods may be evicted; None for no eviction (silence, manual quarantine)."""
     evicted_at: dt.datetime | None = None
     """When the first eviction pass ran, so it is recorded in history only once."""
@@ -175,45 +177,29 @@ def parse(raw: Mapping[str, Any]) -> NodeView:
     status = _mapping(raw.get("status"))
     problems: list[str] = []
 
+    def read(parse: Callable[[Any], _T], value: Any, default: _T) -> _T:
+        """`parse(value)`, or `default` with the ValueError's message kept in `problems`."""
+        try:
+            return parse(value)
+        except ValueError as err:  # HistoryError is one
+            problems.append(str(err))
+            return default
+
     taints = spec.get("taints")
-    tainted = isinstance(taints, list) and any(_is_our_taint(t) for t in taints)
-
-    history_entries: tuple[history.Entry, ...] = ()
-    try:
-        history_entries = history.parse(_str_or_none(annotations.get(marks.HISTORY_ANNOTATION)))
-    except history.HistoryError as err:
-        problems.append(str(err))
-
-    quarantine = None
-    try:
-        quarantine = _parse_quarantine(annotations)
-    except ValueError as err:
-        problems.append(str(err))
-
-    released = None
-    try:
-        released = _parse_released(_str_or_none(annotations.get(marks.RELEASED_FAULTS_ANNOTATION)))
-    except ValueError as err:
-        problems.append(str(err))
-
-    condition = None
-    try:
-        condition = find_condition(status.get("conditions"))
-    except ValueError as err:
-        problems.append(str(err))
-
-    return NodeView(
+    return NodeView(  # the problems in this order: history, quarantine, release, condition, GPUs
+        history=read(history.parse, _str_or_none(annotations.get(marks.HISTORY_ANNOTATION)), ()),
+        quarantine=read(_parse_quarantine, annotations, None),
+        released_faults=read(
+            _parse_released, _str_or_none(annotations.get(marks.RELEASED_FAULTS_ANNOTATION)), None
+        ),
+        condition=read(find_condition, status.get("conditions"), None),
+        gpu_capacity=_gpu_capacity(status, problems),
         name=name,
         resource_version=str(metadata.get("resourceVersion") or ""),
-        gpu_capacity=_gpu_capacity(status, problems),
         managed=str(labels.get(marks.MANAGED_LABEL, "")).lower() != "false",
         unschedulable=spec.get("unschedulable") is True,
         cordoned_by_us=annotations.get(marks.CORDONED_ANNOTATION) == "true",
-        tainted=tainted,
-        condition=condition,
-        quarantine=quarantine,
-        released_faults=released,
-        history=history_entries,
+        tainted=isinstance(taints, list) and any(is_our_taint(t) for t in taints),
         problems=tuple(problems),
     )
 
@@ -230,15 +216,13 @@ def find_condition(conditions: Any) -> Condition | None:
             except ValueError as err:
                 msg = f"{field}.status: {item.get('status')!r} is not True, False or Unknown"
                 raise ValueError(msg) from err
-            when = item.get("lastTransitionTime")
             return Condition(
                 status=status,
                 reason=str(item.get("reason") or ""),
                 message=str(item.get("message") or ""),
-                last_transition_time=timestamps.parse_strict(when, f"{field}.lastTransitionTime")
-                if when
-                else None,
-            )
+                last_transition_time=_time(item.get("lastTransitionTime"),
+                                           f"{field}.lastTransitionTime"),
+            )  # fmt: skip
     return None
 
 
@@ -260,9 +244,6 @@ def _parse_quarantine(annotations: Mapping[str, Any]) -> QuarantineRecord | None
             at=at,
             reason=reason,
             clears_with=Clearing.MANUAL_RELEASE,
-            boot_id=None,
-            faults=frozenset(),
-            evict_after=None,
         )
     try:
         record = json.loads(raw_record)
@@ -272,17 +253,8 @@ def _parse_quarantine(annotations: Mapping[str, Any]) -> QuarantineRecord | None
     if not isinstance(record, dict):
         msg = f"{marks.QUARANTINE_ANNOTATION}: expected a JSON object"
         raise ValueError(msg)
-    try:
-        clears_with = Clearing(str(record.get("clearsWith")))
-    except ValueError as err:
-        msg = (
-            f"{marks.QUARANTINE_ANNOTATION}.clearsWith: {record.get('clearsWith')!r} is not one of "
-        )
-        msg += ", ".join(c.value for c in Clearing)
-        raise ValueError(msg) from err
+    clears_with = parse_clearing(record.get("clearsWith"), marks.QUARANTINE_ANNOTATION)
     boot_id = record.get("bootId")
-    evict_after = record.get("evictAfter")
-    evicted_at = record.get("evictedAt")
     return QuarantineRecord(
         mode=QuarantineMode.AUTOMATIC if by == marks.CONTROLLER_IDENTITY else QuarantineMode.MANUAL,
         by=str(by),
@@ -291,16 +263,25 @@ def _parse_quarantine(annotations: Mapping[str, Any]) -> QuarantineRecord | None
         clears_with=clears_with,
         boot_id=boot_id if isinstance(boot_id, str) else None,
         faults=parse_keys(record.get("faults"), f"{marks.QUARANTINE_ANNOTATION}.faults"),
-        evict_after=timestamps.parse_strict(
-            evict_after, f"{marks.QUARANTINE_ANNOTATION}.evictAfter"
-        )
-        if evict_after
-        else None,
-        evicted_at=timestamps.parse_strict(evicted_at, f"{marks.QUARANTINE_ANNOTATION}.evictedAt")
-        if evicted_at
-        else None,
+        evict_after=_time(record.get("evictAfter"), f"{marks.QUARANTINE_ANNOTATION}.evictAfter"),
+        evicted_at=_time(record.get("evictedAt"), f"{marks.QUARANTINE_ANNOTATION}.evictedAt"),
         failed=record.get("failed") is True,
     )
+
+
+def parse_clearing(value: Any, field: str) -> Clearing:
+    """Read `<field>.clearsWith`, raising ValueError that names it and the values allowed."""
+    try:
+        return Clearing(str(value))
+    except ValueError as err:
+        allowed = ", ".join(c.value for c in Clearing)
+        msg = f"{field}.clearsWith: {value!r} is not one of {allowed}"
+        raise ValueError(msg) from err
+
+
+def _time(value: Any, field: str) -> dt.datetime | None:
+    """An optional timestamp: None when absent or empty, ValueError naming `field` if bad."""
+    return timestamps.parse_strict(value, field) if value else None
 
 
 def render_released(faults: frozenset[state.FaultKey]) -> str:
@@ -349,7 +330,8 @@ def _gpu_capacity(status: Mapping[str, Any], problems: list[str]) -> int:
     return 0
 
 
-def _is_our_taint(taint: Any) -> bool:
+def is_our_taint(taint: Any) -> bool:
+    """Whether a `spec.taints` entry is ours (`taugrid.dev/gpu-unhealthy:NoSchedule`)."""
     return (
         isinstance(taint, Mapping)
         and taint.get("key") == marks.TAINT_KEY

@@ -9,7 +9,6 @@ import collections
 from collections.abc import Callable
 from typing import Any
 
-import pydantic
 import structlog
 from aiohttp import web
 
@@ -36,7 +35,7 @@ TAG = "fleet"
 def _node_json(ctx: api.FleetContext, name: str, *, detail: bool) -> dict[str, Any]:
     now = api.utcnow()
     raw = ctx.cache.nodes.get(name)
-    view = nodes.parse(raw) if raw is not None else None
+    view = nodes.parse(raw) if raw is not None else nodes.NodeView(name)  # none: no marks
     q = ctx.quarantiner
     h = q.last.health.get(name) if q.last is not None else None
     if h is None and name in ctx.fleet:
@@ -50,17 +49,16 @@ def _node_json(ctx: api.FleetContext, name: str, *, detail: bool) -> dict[str, A
         "lastHeartbeat": timestamps.rfc3339_exact(rec.received_at) if rec else None,
         "bootId": rec.heartbeat.boot_id if rec else None,
         "agentUrl": rec.heartbeat.agent_url if rec else None,
-        "managed": view.managed if view else True,
-        "unschedulable": view.unschedulable if view else False,
-        "cordonedByUs": view.cordoned_by_us if view else False,
-        "tainted": view.tainted if view else False,
-        "gpuCapacity": view.gpu_capacity if view else 0,
+        "managed": view.managed,
+        "unschedulable": view.unschedulable,
+        "cordonedByUs": view.cordoned_by_us,
+        "tainted": view.tainted,
+        "gpuCapacity": view.gpu_capacity,
         "quarantine": None,
         "inCluster": raw is not None,
         "fencedGpus": len(_fenced(q, name)),
     }
-    if view is not None and view.quarantine is not None:
-        record = view.quarantine
+    if (record := view.quarantine) is not None:
         out["quarantine"] = {
             "mode": record.mode.value,
             "by": record.by,
@@ -73,17 +71,11 @@ def _node_json(ctx: api.FleetContext, name: str, *, detail: bool) -> dict[str, A
         out["devices"] = [_fenced_json(f, q) for f in _fenced(q, name)]
         gpus = rec.heartbeat.gpus if rec else []
         out["gpus"] = [fastheartbeat.gpu_json(g) for g in gpus]
-        out["history"] = [e.to_json() for e in view.history] if view else []
-        out["problems"] = list(view.problems) if view else []
-        condition = view.condition if view else None
+        out["history"] = [e.to_json() for e in view.history]
+        out["problems"] = list(view.problems)
+        c = view.condition
         out["condition"] = (
-            {
-                "status": condition.status.value,
-                "reason": condition.reason,
-                "message": condition.message,
-            }
-            if condition
-            else None
+            {"status": c.status.value, "reason": c.reason, "message": c.message} if c else None
         )
     return out
 
@@ -171,9 +163,8 @@ def _clears(f: actions.FencedDevice, q: quarantining.Quarantiner) -> str:
     """What clears a fenced GPU, in words, from its record and where its streak stands."""
     after = q.device_settings.release_after_s if q.device_settings else 0
     if f.release_at is not None:
-        return f"healthy since {timestamps.rfc3339(f.healthy_since)}: released at " + str(
-            timestamps.rfc3339(f.release_at)
-        )
+        at = timestamps.rfc3339(f.release_at)
+        return f"healthy since {timestamps.rfc3339(f.healthy_since)}: released at {at}"
     first = "the agent clearing its latched fault"
     if f.record is not None and f.record.clears_with is nodes.Clearing.MANUAL_RELEASE:
         first = "an on-call release of the latched fault on the agent (POST /v1/release)"
@@ -260,14 +251,10 @@ async def reset_breaker(request: web.Request) -> web.StreamResponse:
     identity = await serving.on_call(request, "patch")
     if (leader := await forwarding.unless_leader(request, identity)) is not None:
         return leader
-    sent = request.body_exists  # no body: no reason; a body must carry one, as a release's
-    body = await serving.json_document(request, schemas.BreakerResetRequest, optional=True)
     reason = ""
-    if sent:
-        try:
-            reason = schemas.BreakerResetRequest.model_validate(body).reason
-        except pydantic.ValidationError as err:
-            raise errors.validation_error(err, root="body") from err
+    if request.body_exists:  # no body: no reason; a body must carry one, as a release's
+        body = await serving.json_body(request, schemas.BreakerResetRequest, optional=True)
+        reason = body.reason
     ctx = api.context_of(request)
     await ctx.quarantiner.reset_breaker(by=identity.username, now=api.utcnow(), reason=reason)
     return serving.json_response(_fleet_json(serving.serving_of(request), ctx))
@@ -288,7 +275,6 @@ async def put_mode(request: web.Request) -> web.StreamResponse:
 
 
 # ---------------------------------------------------------------------- the agent, proxied
-AGENT_ANSWER = "The agent's own answer, relayed as it is (its `error` envelope on a refusal)."
 
 
 def _agent_of(ctx: api.FleetContext, name: str) -> tuple[agentproxy.AgentClient, str]:

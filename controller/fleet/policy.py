@@ -22,6 +22,7 @@ import dataclasses
 import datetime as dt
 import math
 from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
 import pydantic
 from pydantic import alias_generators
@@ -86,6 +87,8 @@ def settings_from(section: FleetSettings) -> Settings:
     return Settings.model_validate({name: getattr(section, name) for name in Settings.model_fields})
 
 
+_A = TypeVar("_A")
+
 _QUARANTINE_PRIORITY = {
     state.NodeState.FAILED: 0,
     state.NodeState.DEGRADED: 1,
@@ -134,7 +137,7 @@ def decide(
     breaker = judge_breaker(
         breaker, settings, now=now, total=len(views), turned_after=turned_after,
         all_contained=all(
-            _contained(v, healths[v.name]) for v in views if v.name not in device_scope
+            contained(v, healths[v.name], in_device_scope=v.name in device_scope) for v in views
         ),
         decided=decided, deadlines=deadlines,
     )  # fmt: skip
@@ -185,8 +188,15 @@ def auto_quarantined(view: nodes.NodeView) -> bool:
 
 
 def contained(view: nodes.NodeView, h: state.NodeHealth, *, in_device_scope: bool) -> bool:
-    """Whether the node lets an open node breaker close (device-scope nodes always do)."""
-    return in_device_scope or _contained(view, h)
+    """Whether the node gives an open node breaker no reason to stay open (device-scope
+    nodes never do: the device breaker counts them)."""
+    if in_device_scope:
+        return True
+    if h.state in _SILENT:
+        return False
+    if h.state not in state.BAD_STATES or view.quarantine is not None:
+        return True
+    return view.released_faults is not None and h.fault_keys <= view.released_faults
 
 
 def turned_at(h: state.NodeHealth, *, in_device_scope: bool) -> dt.datetime | None:
@@ -236,14 +246,16 @@ def node_pass(
 
 def rank(candidates: list[Candidate], *, budget: int, decided: list[actions.Action]) -> None:
     """Quarantine the first `budget` candidates in line; hold back the rest."""
-    candidates.sort(key=lambda item: item[0])
-    for index, (_, candidate) in enumerate(candidates):
-        if index < budget:
-            decided.append(candidate)
-        else:
-            decided.append(
-                actions.Skipped(candidate.node, candidate, actions.SkipReason.MAX_QUARANTINED)
-            )
+    taken, held = in_line(candidates, budget)
+    decided.extend(taken)
+    decided.extend(actions.Skipped(c.node, c, actions.SkipReason.MAX_QUARANTINED) for c in held)
+
+
+def in_line(candidates: list[tuple[Any, _A]], budget: int) -> tuple[list[_A], list[_A]]:
+    """The candidates in their place in line (the first of each pair): the first `budget`,
+    and the rest."""
+    ranked = [candidate for _, candidate in sorted(candidates, key=lambda item: item[0])]
+    return ranked[:budget], ranked[budget:]
 
 
 def finish(decided: list[actions.Action], settings: Settings) -> list[actions.Action]:
@@ -286,7 +298,6 @@ def manual_quarantine(
         clears_with=nodes.Clearing.MANUAL_RELEASE,
         boot_id=node_health.boot_id if node_health else None,
         faults=node_health.fault_keys if node_health else frozenset(),
-        evict_after=None,
     )
     return actions.Quarantine(
         view.name, record, message=reason.strip(), cordon=not view.unschedulable
@@ -340,24 +351,9 @@ def judge_breaker(
     names (sorted) of those that turned bad or silent after `t`, and whether every one is
     contained. Nodes in device scope count in the device breaker instead."""
     if breaker.open:
-        if not all_contained:
-            return breaker.model_copy(update={"fleet_healthy_since": None})
-        healthy_since = breaker.fleet_healthy_since or now
-        closes_at = healthy_since + dt.timedelta(seconds=settings.breaker_healthy_close_s)
-        if now >= closes_at:
-            decided.append(
-                actions.CloseBreaker(reason="FleetHealthy", by=marks.CONTROLLER_IDENTITY)
-            )
-            return actions.BreakerState(
-                open=False, reset_at=now, reset_by=marks.CONTROLLER_IDENTITY
-            )
-        deadlines.append(closes_at)
-        return breaker.model_copy(update={"fleet_healthy_since": healthy_since})
-    window = dt.timedelta(seconds=settings.breaker_window_s)
-    counted_after = now - window
-    if breaker.reset_at is not None and breaker.reset_at > counted_after:
-        counted_after = breaker.reset_at
-    turned = turned_after(counted_after)
+        return keep_open(breaker, all_contained, settings.breaker_healthy_close_s, now,
+                         devices=False, decided=decided, deadlines=deadlines)  # fmt: skip
+    turned = turned_after(window_start(breaker, settings.breaker_window_s, now))
     share = 100 * len(turned) / total if total else 0.0
     if share > settings.breaker_percent and len(turned) >= settings.breaker_min_nodes:
         shown = ", ".join(turned[:10]) + (", …" if len(turned) > 10 else "")
@@ -367,24 +363,40 @@ def judge_breaker(
         )
         decided.append(actions.OpenBreaker(message=message, nodes=tuple(turned)))
         return actions.BreakerState(
-            open=True,
-            opened_at=now,
-            message=message,
-            reset_at=breaker.reset_at,
+            open=True, opened_at=now, message=message, reset_at=breaker.reset_at,
             reset_by=breaker.reset_by,
-        )
+        )  # fmt: skip
     return breaker
 
 
-def _contained(view: nodes.NodeView, h: state.NodeHealth) -> bool:
-    """Return True when the node gives the breaker no reason to stay open."""
-    if h.state in _SILENT:
-        return False
-    if h.state not in state.BAD_STATES:
-        return True
-    if view.quarantine is not None:
-        return True
-    return view.released_faults is not None and h.fault_keys <= view.released_faults
+def keep_open(
+    breaker: actions.BreakerState,
+    contained: bool,
+    close_s: float,
+    now: dt.datetime,
+    *,
+    devices: bool,
+    decided: list[Any],
+    deadlines: list[dt.datetime],
+) -> actions.BreakerState:
+    """An open breaker (node or `devices`), closed once everything it counts stayed
+    `contained` for `close_s` seconds (`FleetHealthy`)."""
+    if not contained:
+        return breaker.model_copy(update={"fleet_healthy_since": None})
+    since = breaker.fleet_healthy_since or now
+    closes_at = since + dt.timedelta(seconds=close_s)
+    if now >= closes_at:
+        by = marks.CONTROLLER_IDENTITY
+        decided.append(actions.CloseBreaker(reason="FleetHealthy", by=by, devices=devices))
+        return actions.BreakerState(open=False, reset_at=now, reset_by=by)
+    deadlines.append(closes_at)
+    return breaker.model_copy(update={"fleet_healthy_since": since})
+
+
+def window_start(breaker: actions.BreakerState, window_s: float, now: dt.datetime) -> dt.datetime:
+    """Since when a closed breaker counts what turned bad: the window, or its last close."""
+    start = now - dt.timedelta(seconds=window_s)
+    return breaker.reset_at if breaker.reset_at is not None and breaker.reset_at > start else start
 
 
 def _desired_condition(h: state.NodeHealth, view: nodes.NodeView) -> nodes.Condition | None:
@@ -403,13 +415,10 @@ def _desired_condition(h: state.NodeHealth, view: nodes.NodeView) -> nodes.Condi
 
 
 def _clearing(h: state.NodeHealth) -> nodes.Clearing:
-    clearing = nodes.Clearing.HEALTHY_REPORTS
-    for fault in h.faults:
-        if fault.latched:
-            candidate = nodes.clearing_for(fault.action)
-            if nodes.CLEARING_STRICTNESS[candidate] > nodes.CLEARING_STRICTNESS[clearing]:
-                clearing = candidate
-    return clearing
+    """What clears the node: the strictest of what clears each latched fault."""
+    latched = [nodes.clearing_for(f.action) for f in h.faults if f.latched]
+    strictest = max(latched, key=nodes.CLEARING_STRICTNESS.__getitem__, default=None)
+    return strictest or nodes.Clearing.HEALTHY_REPORTS
 
 
 def _evict_after(h: state.NodeHealth, settings: Settings, now: dt.datetime) -> dt.datetime | None:

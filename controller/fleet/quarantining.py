@@ -189,13 +189,12 @@ class Quarantiner:
         who did, and why: `reason`, in the Event and the log)."""
         self.breaker = policy.reset_breaker(self.breaker, by=by, now=now)
         await self.apply(actions.CloseBreaker(reason="Reset", by=by, note=reason), now)
-        if self.device_breaker.open:
-            self.device_breaker = policy.reset_breaker(self.device_breaker, by=by, now=now)
+        was_open = self.device_breaker.open
+        self.device_breaker = policy.reset_breaker(self.device_breaker, by=by, now=now)
+        if was_open:
             await self.apply(
                 actions.CloseBreaker(reason="Reset", by=by, devices=True, note=reason), now
             )
-        else:
-            self.device_breaker = policy.reset_breaker(self.device_breaker, by=by, now=now)
         self.poke()
 
     def set_dry_run(self, dry_run: bool, *, by: str) -> None:
@@ -263,10 +262,7 @@ class Quarantiner:
         if not self.device_cache.available():
             return {}
         inventory, rules = self.device_inputs()
-        managed = [
-            name for name, raw in self.cache.nodes.items()
-            if str(raw["metadata"]["labels"].get(marks.MANAGED_LABEL, "")).lower() != "false"
-        ]  # fmt: skip
+        managed = [name for name, view in self.cache.views.items() if view.managed]
         return devicepolicy.usable(
             self.fleet, managed, self.device_settings, now,
             inventory=inventory, rules=rules, memo=self._listings,
@@ -289,10 +285,6 @@ class Quarantiner:
         deadline = await self.run_pass()
         return None if deadline is None else (deadline - self.clock()).total_seconds()
 
-    def views(self) -> dict[str, nodes.NodeView]:
-        """Every cached node's view, by name, parsed once as the cache took it."""
-        return self.cache.views
-
     async def run_pass(self) -> dt.datetime | None:
         """One level-triggered pass; return when the next one is due."""
         async with self._lock:
@@ -300,7 +292,7 @@ class Quarantiner:
             now = self.clock()
             batch = self.queue.take(now.timestamp())
             full, touched = batch.everything, set(batch.keys)
-            by_name = self.views()
+            by_name: dict[str, nodes.NodeView] = self.cache.views  # parsed as the cache took them
             device = self.decide_devices(by_name, now)
             if device is not None:
                 self.device_breaker = device.breaker
@@ -317,10 +309,7 @@ class Quarantiner:
             self.breaker = decision.breaker
             self.last = decision
             by_node: dict[str, list[actions.Action | DeviceStep]] = collections.defaultdict(list)
-            for action in decision.actions:
-                node = getattr(action, "node", "")
-                by_node[node].append(action)
-            for step in device.actions if device else ():
+            for step in (*decision.actions, *(device.actions if device else ())):
                 by_node[getattr(step, "node", "")].append(step)
             sem = asyncio.Semaphore(MAX_PARALLEL_NODES)
             events: list[tuple[actions.NodeAction, dict[str, Any]]] = []
@@ -413,16 +402,7 @@ class Quarantiner:
         False when its patch was refused because the node changed meanwhile, or is gone.
         Its Event is written at once, or left in `events` for the caller to write later."""
         if isinstance(action, actions.Skipped):
-            key = (action.node, f"{action.wanted.kind}:{action.why}")
-            if key not in self._skips_logged:
-                self._skips_logged.add(key)
-                log.info(
-                    "action held back",
-                    node=action.node,
-                    action=action.wanted.kind.value,
-                    reason=action.why.value,
-                )
-                self.metrics.quarantine_actions.labels(action.wanted.kind.value, "true").inc()
+            self._held_back(action, "action held back")
             return True
         if isinstance(action, actions.OpenBreaker | actions.CloseBreaker):
             await self._breaker_event(action)
@@ -449,24 +429,30 @@ class Quarantiner:
         if isinstance(action, actions.EvictGpuPods):
             self.elector.ensure_leader()
             outcome = await self.writer.evict_gpu_pods(action.node)
-            for name, pods in (("evicted", outcome.evicted), ("blocked", outcome.blocked),
-                               ("failed", outcome.failed)):  # fmt: skip
-                if pods:
-                    self.metrics.evictions.labels(name).inc(len(pods))
-            if outcome.evicted or outcome.blocked or outcome.failed:
-                log.info(
-                    "eviction round",
-                    node=action.node,
-                    evicted=outcome.evicted,
-                    blocked=outcome.blocked,
-                    failed=outcome.failed,
-                )
+            pods = {"evicted": outcome.evicted, "blocked": outcome.blocked,
+                    "failed": outcome.failed}  # fmt: skip
+            for name, refs in pods.items():
+                if refs:
+                    self.metrics.evictions.labels(name).inc(len(refs))
+            if any(pods.values()):
+                log.info("eviction round", node=action.node, **pods)
             if outcome.evicted:
                 node_note, told = actions.eviction_notes(action.node, outcome.evicted_pods)
                 await self.writer.event(raw, "Evicted", node_note, warning=True)
                 for pod, note in told:
                     await self.writer.pod_event(pod, "Evicted", note)
         return True
+
+    def _held_back(
+        self, action: actions.Skipped | actions.SkippedDevice, event: str, **fields: str
+    ) -> None:
+        """Log and count an action a limit held back, once per node, kind, reason (and device)."""
+        kind = action.wanted.kind.value
+        key = (action.node, ":".join((kind, action.why.value, *fields.values())))
+        if key not in self._skips_logged:
+            self._skips_logged.add(key)
+            log.info(event, node=action.node, action=kind, reason=action.why.value, **fields)
+            self.metrics.quarantine_actions.labels(kind, "true").inc()
 
     def _record(
         self,
@@ -510,16 +496,8 @@ class Quarantiner:
     async def apply_device(self, action: DeviceStep, now: dt.datetime) -> None:
         """Carry out one device action: the rules, then the node's history and an Event."""
         if isinstance(action, actions.SkippedDevice):
-            key = (
-                action.node,
-                f"{action.wanted.kind}:{action.why}:{actions.device_of(action.wanted)}",
-            )
-            if key not in self._skips_logged:
-                self._skips_logged.add(key)
-                log.info("device action held back", node=action.node,
-                         action=action.wanted.kind.value, device=actions.device_of(action.wanted),
-                         reason=action.why.value)  # fmt: skip
-                self.metrics.quarantine_actions.labels(action.wanted.kind.value, "true").inc()
+            self._held_back(action, "device action held back",
+                            device=actions.device_of(action.wanted))  # fmt: skip
             return
         cache, writer = self.device_cache, self.device_writer
         if cache is None or writer is None:

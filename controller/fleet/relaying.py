@@ -89,7 +89,8 @@ class Relayer:
                     await self._wake.wait()
             self._wake.clear()
             if self._st.elector.is_leader():
-                self._answer_unavailable(self.core.reset(), "this replica leads now; retry")
+                leads = errors.Unavailable("this replica leads now; retry", code="NotLeader")
+                self._answer(self.core.reset(), leads)
                 flushed_at = self._clock()
                 continue
             everything = self._clock() >= flushed_at + interval
@@ -159,9 +160,6 @@ class Relayer:
             future = self._waiting.get(ticket)
             if future is not None and not future.done():
                 future.set_exception(errors.Unavailable(err.message, code=err.code))
-
-    def _answer_unavailable(self, tickets: list[int], message: str) -> None:
-        self._answer(tickets, errors.Unavailable(message, code="NotLeader"))
 
 
 def _cuts(bodies: list[bytes], limit: int) -> Iterator[int]:

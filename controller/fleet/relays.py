@@ -228,13 +228,11 @@ class Relay:
                 entry.full = True
                 resend.append(entry)
                 continue
-            if answer.outcome is reports.Relayed.REFUSED:
-                done.update(dict.fromkeys(entry.tickets, answer))
-                continue
-            known = self._nodes.setdefault(entry.node, _Node())
-            known.delivered = entry.key
-            if entry.full and answer.outcome is reports.Relayed.ACCEPTED:
-                known.full_at = now
+            if answer.outcome is not reports.Relayed.REFUSED:
+                known = self._nodes.setdefault(entry.node, _Node())
+                known.delivered = entry.key
+                if entry.full and answer.outcome is reports.Relayed.ACCEPTED:
+                    known.full_at = now
             done.update(dict.fromkeys(entry.tickets, answer))
         self._requeue(resend)
         self._failing_since = None
@@ -252,10 +250,6 @@ class Relay:
             self._failing_since = now
         self.problem = problem
         return tickets
-
-    def urgent(self) -> bool:
-        """Whether a change or a needed report waits (flush at once)."""
-        return bool(self._urgent)
 
     def _requeue(self, entries: Sequence[Entry]) -> None:
         for entry in reversed(entries):
@@ -350,14 +344,12 @@ ENCODER = fastheartbeat.encoder()
 def answers_of(answer: WireAnswer) -> list[Answer]:
     """The per-entry answers of the leader's reply."""
     refused = {r.index: r for r in answer.refused}
-    out = []
-    for index, outcome in enumerate(answer.outcomes):
-        r = refused.get(index)
-        if r is not None:
-            out.append(Answer(outcome, r.status, r.code, r.message, r.field))
-        else:
-            out.append(Answer(outcome))
-    return out
+    return [
+        Answer(o)
+        if (r := refused.get(i)) is None
+        else Answer(o, r.status, r.code, r.message, r.field)
+        for i, o in enumerate(answer.outcomes)
+    ]
 
 
 def ago_ms(now: float, then: float) -> int:

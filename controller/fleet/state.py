@@ -66,6 +66,12 @@ class Fault:
     message: str
 
     @property
+    def finding(self) -> str:
+        """The fault in words: `XidFallenOffBus (Failed, RebootNode, latched)`."""
+        latched = ", latched" if self.latched else ""
+        return f"{self.code} ({self.verdict.value}, {self.action.value}{latched})"
+
+    @property
     def key(self) -> FaultKey:
         """Return the identity used to tell a new fault from one already handled."""
         return FaultKey(self.gpu_uuid, self.code, timestamps.rfc3339_exact(self.since) or "")
@@ -475,13 +481,6 @@ class FleetState:
         )
 
 
-_STATE_OF_VERDICT = {
-    health.Verdict.HEALTHY: NodeState.HEALTHY,
-    health.Verdict.DEGRADED: NodeState.DEGRADED,
-    health.Verdict.FAILED: NodeState.FAILED,
-    health.Verdict.UNKNOWN: NodeState.UNKNOWN,
-}
-
 _HEALTHY = health.Verdict.HEALTHY
 _VSEV = health.VERDICT_SEVERITY
 _ASEV = health.ACTION_SEVERITY
@@ -570,22 +569,16 @@ def _describe(record: NodeRecord) -> tuple[NodeState, str, str]:
         if count == 0:
             return NodeState.HEALTHY, REASON_NO_GPUS, "the agent reports no GPUs"
         return NodeState.HEALTHY, REASON_GPUS_HEALTHY, f"all {count} GPUs healthy"
-    return _STATE_OF_VERDICT[record.verdict], record.faults[0].code, describe_faults(record.faults)
+    state = NodeState(record.verdict.value)  # a node reporting takes its worst GPU's name
+    return state, record.faults[0].code, describe_faults(record.faults)
 
 
 def describe_faults(faults: tuple[Fault, ...]) -> str:
     """Name every GPU UUID with its findings in one bounded line, worst first."""
-    parts: list[str] = []
-    by_gpu: dict[str, list[Fault]] = {}
+    by_gpu: dict[str, list[str]] = {}
     for fault in faults:
-        by_gpu.setdefault(fault.gpu_uuid, []).append(fault)
-    for uuid, gpu_faults in by_gpu.items():
-        findings = ", ".join(
-            f"{f.code} ({f.verdict.value}, {f.action.value}{', latched' if f.latched else ''})"
-            for f in gpu_faults
-        )
-        parts.append(f"{uuid}: {findings}")
-    message = "; ".join(parts)
+        by_gpu.setdefault(fault.gpu_uuid, []).append(fault.finding)
+    message = "; ".join(f"{uuid}: {', '.join(found)}" for uuid, found in by_gpu.items())
     if len(message) > MAX_MESSAGE_CHARS:
         message = message[: MAX_MESSAGE_CHARS - 1] + "…"
     return message

@@ -97,12 +97,6 @@ class DeviceKind(informer.Informer[Any]):
             trim, kind=f"{plural}.{RESOURCE[0]}/{RESOURCE[1]}", on_change=on_change,
             optional=True,
         )  # fmt: skip
-        self.plural = plural
-
-    @property
-    def served(self) -> bool:
-        """False while the API server does not serve the kind or RBAC refuses it."""
-        return not self.absent
 
 
 class DeviceCache:
@@ -120,8 +114,9 @@ class DeviceCache:
         return self.slices.synced.is_set() and self.rules.synced.is_set()
 
     def available(self) -> bool:
-        """Whether device quarantine can work: both kinds listed and served."""
-        return self.slices.served and self.rules.served
+        """Whether device quarantine can work: both kinds listed and served (the API server
+        serves them and RBAC lets us read them)."""
+        return not self.slices.absent and not self.rules.absent
 
     async def run(self) -> None:
         """Keep both kinds current until cancelled."""

@@ -195,16 +195,13 @@ class Informer(Generic[V]):
         `selectors.UnsupportedError` for a selector only the API server can answer."""
         labels = selectors.parse(label_selector)
         fields = selectors.parse_fields(field_selector)
-        out = []
-        for obj in self.items.values():
-            meta = obj.get("metadata") or {}
-            if namespace is not None and meta.get("namespace") != namespace:
-                continue
-            if selectors.holds(labels, meta.get("labels") or {}) and selectors.fields_hold(
-                fields, obj
-            ):
-                out.append(obj)
-        return out
+        return [
+            obj
+            for obj in self.items.values()
+            if (namespace is None or (obj.get("metadata") or {}).get("namespace") == namespace)
+            and selectors.holds(labels, (obj.get("metadata") or {}).get("labels") or {})
+            and selectors.fields_hold(fields, obj)
+        ]
 
     def note(self, obj: dict[str, Any]) -> None:
         """Show an object as one of our writes returned it, if the watch has not brought
@@ -268,15 +265,7 @@ class Informer(Generic[V]):
         if not self.absent:
             log.info("optional kind not served or not permitted; caching none",
                      kind=self.kind, status=status)  # fmt: skip
-        changed = bool(self.items) or not self.synced.is_set()
-        old_items, old_views = self.items, self.views
-        self.items, self.views, self._noted, self._rv, self.absent = {}, {}, {}, None, True
-        for key, gone in old_items.items():
-            self._on_delete(gone)
-            self._tell(key, old_views.get(key), None)
-        self.synced.set()
-        if changed:
-            self._on_change()
+        self.listed([], "", absent=True)
 
     async def _list(self) -> str:
         self.lists += 1
@@ -285,9 +274,11 @@ class Informer(Generic[V]):
         self.listed(data.get("items") or [], rv)
         return rv
 
-    def listed(self, items: list[dict[str, Any]], rv: str) -> None:
+    def listed(self, items: list[dict[str, Any]], rv: str, *, absent: bool = False) -> None:
         """Hold what a list returned at `rv` (everything else is forgotten: told gone to
-        `on_delete`, deleted while the watch was down): synced."""
+        `on_delete`, deleted while the watch was down): synced. `absent`: an optional kind
+        not served, held as empty; `on_change` only when readers saw something before."""
+        wake = not absent or bool(self.items) or not self.synced.is_set()
         old, old_views = self.items, self.views
         listed = {self._key(o): self._trim(o) for o in items}
         self.items, self.views = {}, {}
@@ -302,9 +293,10 @@ class Informer(Generic[V]):
             self._tell(gone, old_views.get(gone), None)
         self._noted = {}
         self._rv = int(rv) if rv.isdigit() else None
-        self.absent = False
+        self.absent = absent
         self.synced.set()
-        self._on_change()
+        if wake:
+            self._on_change()
 
     def _put(self, key: str, obj: dict[str, Any]) -> None:
         trimmed = self._trim(obj)
@@ -361,11 +353,7 @@ class Informer(Generic[V]):
                 return  # older than our own write, which is shown already
             del self._noted[key]
         if kind == "DELETED":
-            if (gone := self.items.pop(key, None)) is not None:
-                old = self.views.pop(key, None)
-                self._on_delete(gone)
-                self._tell(key, old, None)
-                self._on_change()
+            self.gone(key)
         else:
             self._put(key, obj)
 

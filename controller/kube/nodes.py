@@ -27,17 +27,14 @@ def trim_node(node: dict[str, Any]) -> dict[str, Any]:
     meta = node.get("metadata") or {}
     spec = node.get("spec") or {}
     status = node.get("status") or {}
-    cap = (status.get("capacity") or {}).get(marks.GPU_RESOURCE)
-    alloc = (status.get("allocatable") or {}).get(marks.GPU_RESOURCE)
     out_status: dict[str, Any] = {
         "conditions": [
             c for c in status.get("conditions") or [] if c.get("type") in KEPT_CONDITIONS
         ],
     }
-    if cap is not None:
-        out_status["capacity"] = {marks.GPU_RESOURCE: cap}
-    if alloc is not None:
-        out_status["allocatable"] = {marks.GPU_RESOURCE: alloc}
+    for part in ("capacity", "allocatable"):
+        if (gpus := (status.get(part) or {}).get(marks.GPU_RESOURCE)) is not None:
+            out_status[part] = {marks.GPU_RESOURCE: gpus}
     return {
         "metadata": {
             "name": meta.get("name", ""),
@@ -124,7 +121,6 @@ class NodeWriter:
             api, controller=marks.NODE_EVENT_CONTROLLER, instance=component
         )
         self.namespace = namespace
-        self.component = component
 
     async def read(self, name: str) -> dict[str, Any] | None:
         """The node as the API server has it now; None when it is gone."""
@@ -177,18 +173,7 @@ class NodeWriter:
             field_selector=f"spec.nodeName={node}", _preload_content=False
         )
         data = await _api.read_json(resp)
-        out = []
-        for pod in data.get("items") or []:
-            owners = pod["metadata"].get("ownerReferences") or []
-            if any(o.get("kind") == "DaemonSet" for o in owners):
-                continue
-            if pod.get("status", {}).get("phase") in ("Succeeded", "Failed"):
-                continue
-            if pod["metadata"].get("deletionTimestamp"):
-                continue
-            if _requests_gpu(pod):
-                out.append(pod)
-        return out
+        return [pod for pod in data.get("items") or [] if _evictable(pod)]
 
     async def evict_gpu_pods(self, node: str) -> EvictionOutcome:
         """Evict every GPU pod on the node through the Eviction API (PDBs honoured)."""
@@ -214,6 +199,17 @@ class NodeWriter:
                 else:
                     outcome.failed.append(f"{ref}: HTTP {err.status}")
         return outcome
+
+
+def _evictable(pod: dict[str, Any]) -> bool:
+    """A pod that asks for GPUs, runs, is not being deleted and is no DaemonSet's."""
+    meta = pod["metadata"]
+    return (
+        not any(o.get("kind") == "DaemonSet" for o in meta.get("ownerReferences") or [])
+        and pod.get("status", {}).get("phase") not in ("Succeeded", "Failed")
+        and not meta.get("deletionTimestamp")
+        and _requests_gpu(pod)
+    )
 
 
 def _requests_gpu(pod: dict[str, Any]) -> bool:
@@ -262,7 +258,6 @@ class AgentPods:
         *,
         on_gone: Callable[[str], None] = lambda _uid: None,
     ) -> None:
-        self.namespace = namespace
         core = client.CoreV1Api(api)
         self.pods: informer.Informer[informer.Raw] = informer.Informer(
             functools.partial(core.list_namespaced_pod, namespace), trim_install_pod,
