@@ -1,0 +1,192 @@
+"""One install (docs/platform.md): the chart's optional Kueue and KubeRay operator dependencies,
+rendered offline by the built Helm binary. Off by default they render nothing; on, the render
+holds their controllers, CRDs and webhooks, with the images the values name; the pinned
+versions agree with the dev cluster's build."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import yaml
+
+from devcluster import build, chart
+from tests.integration.deploy.test_chart import merged, objects, render
+
+pytestmark = pytest.mark.cluster  # needs the built Helm binary and chart dependencies
+
+STACK: dict[str, Any] = {"kueue": {"enabled": True}, "kuberay": {"enabled": True},
+                         "queues": {"enabled": True}}  # fmt: skip
+BARE: tuple[str, ...] = ()
+"""A bare cluster's API versions: neither Kueue's nor KubeRay's."""
+
+
+def names(docs: list[dict[str, Any]], kind: str) -> set[str]:
+    """The names of the rendered objects of one kind."""
+    return {d["metadata"]["name"] for d in objects(docs, kind)}
+
+
+def hooks(doc: dict[str, Any]) -> str:
+    """The object's Helm hook annotation ("" when it is an ordinary object)."""
+    return str((doc["metadata"].get("annotations") or {}).get("helm.sh/hook", ""))
+
+
+def image_of(deploy: dict[str, Any]) -> str:
+    """The image of a Deployment's first container."""
+    return str(deploy["spec"]["template"]["spec"]["containers"][0]["image"])
+
+
+@pytest.fixture(scope="module")
+def stack() -> list[dict[str, Any]]:
+    """Kueue, KubeRay and TauGrid rendered together for a bare cluster, CRDs included."""
+    return render(STACK, api_versions=BARE, include_crds=True)
+
+
+def test_off_by_default_nothing_of_kueue_or_kuberay_renders() -> None:
+    """The defaults render no CRD, webhook or Deployment but TauGrid's controller."""
+    docs = render({}, include_crds=True)
+    crds = names(docs, "CustomResourceDefinition")
+    assert not {c for c in crds if c.endswith((".kueue.x-k8s.io", ".ray.io"))}
+    assert names(docs, "Deployment") == {"taugrid-controller"}
+    assert objects(docs, "MutatingWebhookConfiguration") == []
+    assert objects(docs, "ValidatingWebhookConfiguration") == []
+
+
+def test_the_stack_renders_kueue_kuberay_and_taugrid(stack: list[dict[str, Any]]) -> None:
+    """Kueue's controller manager and webhooks, the KubeRay operator, both sets of CRDs and
+    TauGrid's controller, in the release namespace."""
+    assert names(stack, "Deployment") == {
+        "taugrid-controller", "taugrid-kueue-controller-manager", "kuberay-operator",
+    }  # fmt: skip
+    crds = names(stack, "CustomResourceDefinition")
+    wanted = {"workloads.kueue.x-k8s.io", "clusterqueues.kueue.x-k8s.io",
+              "admissionchecks.kueue.x-k8s.io", "rayjobs.ray.io", "rayclusters.ray.io"}  # fmt: skip
+    assert wanted <= crds
+    mutating = {w["name"] for d in objects(stack, "MutatingWebhookConfiguration")
+                for w in d["webhooks"]}  # fmt: skip
+    validating = {w["name"] for d in objects(stack, "ValidatingWebhookConfiguration")
+                  for w in d["webhooks"]}  # fmt: skip
+    assert {"mjob.kb.io", "mrayjob.kb.io"} <= mutating
+    assert {"vjob.kb.io", "vrayjob.kb.io", "vclusterqueue.kb.io"} <= validating
+    services = {
+        w["clientConfig"]["service"]["namespace"]
+        for d in objects(stack, "ValidatingWebhookConfiguration")
+        for w in d["webhooks"]
+    }
+    assert services == {"taugrid-system"}
+
+
+def test_kueue_runs_only_the_integrations_taugrid_uses(stack: list[dict[str, Any]]) -> None:
+    """Kueue's Configuration lists batch/job and the Ray kinds, so its Pod, Deployment and
+    StatefulSet webhooks never block the cluster's other workloads (Kueue's chart makes their
+    failure policy Ignore for an integration that is off)."""
+    config_map = next(d for d in objects(stack, "ConfigMap")
+                      if d["metadata"]["name"] == "taugrid-kueue-manager-config")  # fmt: skip
+    config = yaml.safe_load(config_map["data"]["controller_manager_config.yaml"])
+    assert config["integrations"]["frameworks"] == ["batch/job", "ray.io/rayjob",
+                                                    "ray.io/raycluster"]  # fmt: skip
+    assert config["internalCertManagement"]["enable"] is True
+    policy = {w["name"]: w["failurePolicy"] for d in objects(stack, "MutatingWebhookConfiguration")
+              for w in d["webhooks"]}  # fmt: skip
+    assert (policy["mjob.kb.io"], policy["mrayjob.kb.io"]) == ("Fail", "Fail")
+    assert (policy["mpod.kb.io"], policy["mdeployment.kb.io"]) == ("Ignore", "Ignore")
+
+
+def test_the_images_are_pinned_and_can_be_overridden(stack: list[dict[str, Any]]) -> None:
+    """Released images by default; the dev cluster points both at locally built ones."""
+    deploys = {d["metadata"]["name"]: d for d in objects(stack, "Deployment")}
+    assert image_of(deploys["taugrid-kueue-controller-manager"]) == (
+        f"registry.k8s.io/kueue/kueue:{build.KUEUE_VERSION}"
+    )
+    assert image_of(deploys["kuberay-operator"]) == (
+        f"quay.io/kuberay/operator:{build.KUBERAY_VERSION}"
+    )
+    local = {"repository": "docker.io/taugrid/kueue", "tag": "dev-1", "pullPolicy": "Never"}
+    ray = {"repository": "docker.io/taugrid/kuberay", "tag": "dev-2", "pullPolicy": "Never"}
+    values = merged(STACK, {"kueue": {"controllerManager": {"manager": {"image": local}}},
+                            "kuberay": {"image": ray}})  # fmt: skip
+    docs = {d["metadata"]["name"]: d for d in objects(render(values, api_versions=BARE),
+                                                       "Deployment")}  # fmt: skip
+    kueue = docs["taugrid-kueue-controller-manager"]["spec"]["template"]["spec"]["containers"][0]
+    assert (kueue["image"], kueue["imagePullPolicy"]) == ("docker.io/taugrid/kueue:dev-1", "Never")
+    operator = docs["kuberay-operator"]["spec"]["template"]["spec"]["containers"][0]
+    assert (operator["image"], operator["imagePullPolicy"]) == (
+        "docker.io/taugrid/kuberay:dev-2", "Never",
+    )  # fmt: skip
+
+
+def test_the_kuberay_operator_gets_the_modules_released_rbac(stack: list[dict[str, Any]]) -> None:
+    """The operator's ClusterRole is the ray-operator module's config/rbac/role.yaml, bound to
+    its ServiceAccount in the release namespace."""
+    role = next(d for d in objects(stack, "ClusterRole")
+                if d["metadata"]["name"] == "kuberay-operator")  # fmt: skip
+    released = build.built_dir() / "assets" / "charts" / "kuberay" / "rbac" / "role.yaml"
+    assert role["rules"] == yaml.safe_load(released.read_text())["rules"]
+    binding = next(d for d in objects(stack, "ClusterRoleBinding")
+                   if d["metadata"]["name"] == "kuberay-operator")  # fmt: skip
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "kuberay-operator",
+                                    "namespace": "taugrid-system"}]  # fmt: skip
+
+
+def test_on_a_bare_cluster_the_prerequisite_check_passes_with_the_dependencies() -> None:
+    """`prerequisites.check: always` on a cluster without Kueue or KubeRay fails unless the
+    release installs them."""
+    checked = {"prerequisites": {"check": "always"}}
+    with pytest.raises(chart.ChartError, match=r"needs Kueue"):
+        render(checked, api_versions=BARE)
+    with pytest.raises(chart.ChartError, match="KubeRay"):
+        render(merged(checked, {"kueue": {"enabled": True}}), api_versions=BARE)
+    assert render(merged(checked, STACK), api_versions=BARE)
+
+
+def test_taugrids_kueue_objects_are_post_install_hooks_only_with_kueue(
+    stack: list[dict[str, Any]],
+) -> None:
+    """With Kueue in the release, the AdmissionCheck, priority class and queues wait for it
+    (post-install hooks, owned by the release for the first upgrade to adopt); without, they
+    are ordinary objects."""
+    kinds = ("AdmissionCheck", "WorkloadPriorityClass", "ResourceFlavor", "ClusterQueue",
+             "LocalQueue")  # fmt: skip
+    for kind in kinds:
+        (doc,) = objects(stack, kind)
+        assert hooks(doc) == "post-install", kind
+        annotations = doc["metadata"]["annotations"]
+        assert annotations["meta.helm.sh/release-name"] == "taugrid"
+        assert annotations["meta.helm.sh/release-namespace"] == "taugrid-system"
+        assert doc["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "Helm"
+    plain = render({"queues": {"enabled": True}})
+    for kind in kinds:
+        (doc,) = objects(plain, kind)
+        assert hooks(doc) == "", kind
+
+
+def test_the_pinned_versions_follow_the_build() -> None:
+    """Chart.yaml's dependency versions, the default images and the kuberay-operator chart
+    are the versions devcluster/build.py builds (a bump changes them together)."""
+    meta = yaml.safe_load((chart.CHART_DIR / "Chart.yaml").read_text())
+    deps = {d["name"]: d for d in meta["dependencies"]}
+    assert deps["kueue"]["version"] == build.KUEUE_VERSION.removeprefix("v")
+    assert deps["kueue"]["condition"] == "kueue.enabled"
+    assert deps["kuberay-operator"]["version"] == build.KUBERAY_VERSION.removeprefix("v")
+    assert deps["kuberay-operator"]["alias"] == "kuberay"
+    assert deps["kuberay-operator"]["condition"] == "kuberay.enabled"
+    ray_chart = yaml.safe_load((chart.KUBERAY_CHART_DIR / "Chart.yaml").read_text())
+    assert ray_chart["version"] == build.KUBERAY_VERSION.removeprefix("v")
+    values = yaml.safe_load((chart.CHART_DIR / "values.yaml").read_text())
+    assert values["kueue"]["controllerManager"]["manager"]["image"]["tag"] == build.KUEUE_VERSION
+    assert values["kuberay"]["image"]["tag"] == build.KUBERAY_VERSION
+    assert values["kueue"]["enabled"] is False
+    assert values["kuberay"]["enabled"] is False
+
+
+def test_the_dependencies_are_assembled_from_the_build_and_not_committed() -> None:
+    """`charts/` holds Kueue's chart as its module ships it and the assembled kuberay-operator
+    chart; git ignores it."""
+    charts = chart.CHART_DIR / "charts"
+    kueue = yaml.safe_load((charts / "kueue" / "Chart.yaml").read_text())
+    assert kueue["version"] == build.KUEUE_VERSION.removeprefix("v")
+    assert sorted(p.name for p in (charts / "kuberay-operator" / "crds").iterdir()) == [
+        "ray.io_rayclusters.yaml", "ray.io_rayjobs.yaml", "ray.io_rayservices.yaml",
+    ]  # fmt: skip
+    ignore = (build.REPO / ".gitignore").read_text().splitlines()
+    assert "deploy/helm/taugrid/charts/" in ignore
