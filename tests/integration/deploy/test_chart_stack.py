@@ -190,3 +190,79 @@ def test_the_dependencies_are_assembled_from_the_build_and_not_committed() -> No
     ]  # fmt: skip
     ignore = (build.REPO / ".gitignore").read_text().splitlines()
     assert "deploy/helm/taugrid/charts/" in ignore
+
+
+KUEUE_PLURALS = {"LocalQueue": "localqueues", "ClusterQueue": "clusterqueues",
+                 "ResourceFlavor": "resourceflavors", "AdmissionCheck": "admissionchecks",
+                 "WorkloadPriorityClass": "workloadpriorityclasses"}  # fmt: skip
+
+
+def uninstall_hook(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The objects of the pre-delete hook that removes TauGrid's Kueue objects."""
+    return [d for d in docs if d["metadata"]["name"] == "taugrid-kueue-uninstall"]
+
+
+def test_with_kueue_a_pre_delete_hook_removes_exactly_the_charts_kueue_objects(
+    stack: list[dict[str, Any]],
+) -> None:
+    """The hook Job's targets are the Kueue objects the chart renders, no more, and its
+    ServiceAccount may get and delete exactly those (by name), nothing else; all of it is a
+    pre-delete hook, the RBAC made before the Job and every piece removed once it succeeded."""
+    made = {
+        (KUEUE_PLURALS[d["kind"]], d["metadata"].get("namespace", ""), d["metadata"]["name"])
+        for kind in KUEUE_PLURALS
+        for d in objects(stack, kind)
+    }
+    assert len(made) == len(KUEUE_PLURALS)
+    hook_docs = uninstall_hook(stack)
+    assert {d["kind"] for d in hook_docs} == {
+        "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Job",
+    }  # fmt: skip
+    for doc in hook_docs:
+        annotations = doc["metadata"]["annotations"]
+        assert hooks(doc) == "pre-delete", doc["kind"]
+        assert annotations["helm.sh/hook-delete-policy"] == "before-hook-creation,hook-succeeded"
+        weight = int(annotations["helm.sh/hook-weight"])
+        assert weight == 0 if doc["kind"] == "Job" else weight < 0, doc["kind"]
+    (job,) = objects(hook_docs, "Job")
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    assert container["command"] == ["python", "-m", "controller.kube.uninstall"]
+    targets = set()
+    for arg in container["args"][1:]:
+        kind, *rest = arg.split("/")
+        targets.add((kind, rest[0] if len(rest) == 2 else "", rest[-1]))
+    assert container["args"][0] == "--timeout-s=120"
+    assert targets == made
+    granted = set()
+    for role in [*objects(hook_docs, "ClusterRole"), *objects(hook_docs, "Role")]:
+        for rule in role["rules"]:
+            assert rule["apiGroups"] == ["kueue.x-k8s.io"]
+            assert sorted(rule["verbs"]) == ["delete", "get"]
+            for resource in rule["resources"]:
+                for name in rule["resourceNames"]:
+                    granted.add((resource, role["metadata"].get("namespace", ""), name))
+    assert granted == made
+
+
+def test_the_uninstall_hook_runs_where_the_controller_runs() -> None:
+    """The controller's image, node selector, tolerations and extra environment (how its pods
+    reach the API server on the dev cluster's real node)."""
+    where = {"nodeSelector": {"pool": "system"},
+             "tolerations": [{"key": "system", "operator": "Exists"}],
+             "extraEnv": [{"name": "KUBERNETES_SERVICE_HOST", "value": "10.0.0.1"}],
+             "image": {"repository": "example.org/tg", "tag": "v9"}}  # fmt: skip
+    docs = render(merged(STACK, {"controller": where, "kueueUninstall": {"timeoutS": 30}}))
+    (job,) = objects(uninstall_hook(docs), "Job")
+    pod = job["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == where["nodeSelector"]
+    assert pod["tolerations"] == where["tolerations"]
+    (container,) = pod["containers"]
+    assert container["image"] == "example.org/tg:v9"
+    assert container["env"] == where["extraEnv"]
+    assert container["args"][0] == "--timeout-s=30"
+    assert job["spec"]["activeDeadlineSeconds"] > 30
+
+
+def test_without_kueue_in_the_release_there_is_no_uninstall_hook() -> None:
+    """Kueue of the cluster outlives the release: Helm deletes the objects, Kueue lets go."""
+    assert uninstall_hook(render({"queues": {"enabled": True}})) == []
