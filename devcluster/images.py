@@ -512,16 +512,17 @@ class Builder:
 
     def pause(self, pause_binary: pathlib.Path) -> tuple[str, pathlib.Path]:
         """The sandbox image: our `pause` binary alone, as /pause."""
-        return self.static_binary("pause", pause_binary, user=65535)
+        return self.static_binary("pause", pause_binary, file="pause", user=65535)
 
     def static_binary(
-        self, name: str, binary: pathlib.Path, *, user: int = 65532
+        self, name: str, binary: pathlib.Path, *, file: str = "manager", user: int = 65532
     ) -> tuple[str, pathlib.Path]:
-        """An image of one static binary from the build cache, as `/<name>`, its entrypoint,
+        """An image of one static binary from the build cache, as `/<file>`, its entrypoint,
         run as `user` (the pause image; Kueue's and KubeRay's operators for the one install,
-        `OPERATOR_BINARIES`). Return (ref, archive), cached by the binary's digest."""
+        `OPERATOR_BINARIES`, at /manager where their upstream images and charts have them).
+        Return (ref, archive), cached by the binary's digest and its path."""
         digest = _sha256_file(binary)[:16]
-        key = _key(name, digest)
+        key = _key(name, digest) if file == name else _key(name, digest, file)
         d = self.root / name / key
         archive = d / "image.oci.tar"
         ref = f"{REPOSITORY}/{name}:{DEV_TAG_PREFIX}{key}"
@@ -531,12 +532,12 @@ class Builder:
         d.mkdir(parents=True, exist_ok=True)
         own = d / "root"
         own.mkdir(exist_ok=True)
-        shutil.copy(binary, own / name)
+        shutil.copy(binary, own / file)
         layer = write_layer(d / "layer.tar", own)
         config = {
             "architecture": "amd64",
             "os": "linux",
-            "config": {"Entrypoint": [f"/{name}"], "User": f"{user}:{user}", "WorkingDir": "/"},
+            "config": {"Entrypoint": [f"/{file}"], "User": f"{user}:{user}", "WorkingDir": "/"},
             "rootfs": {"type": "layers", "diff_ids": [f"sha256:{layer.digest}"]},
         }
         write_archive(archive, ref, config, [layer])

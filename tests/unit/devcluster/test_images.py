@@ -77,8 +77,8 @@ def test_a_static_binary_image_holds_the_binary_alone_as_its_entrypoint(
     tmp_path: pathlib.Path,
 ) -> None:
     """Kueue's and KubeRay's operators (and the pause image) are one file each: the binary
-    at /NAME, run as a non-root user, tagged by the binary's digest; a second build reuses it
-    and a changed binary gets a new tag."""
+    at /manager (where their charts run it), run as a non-root user, tagged by the binary's
+    digest; a second build reuses it and a changed binary gets a new tag."""
     binary = tmp_path / "ray-operator"
     binary.write_bytes(b"\x7fELF one")
     builder = images.Builder(root=tmp_path / "cache", out=lambda _line: None)
@@ -95,11 +95,11 @@ def test_a_static_binary_image_holds_the_binary_alone_as_its_entrypoint(
         layer_file = tar.extractfile(f"blobs/sha256/{layer['digest'].split(':')[1]}")
         with tarfile.open(fileobj=layer_file) as inner:
             members = {m.name: m for m in inner.getmembers()}
-            content = inner.extractfile("kuberay").read()  # type: ignore[union-attr]
+            content = inner.extractfile("manager").read()  # type: ignore[union-attr]
     assert entry["annotations"]["io.containerd.image.name"] == ref
-    assert config["config"]["Entrypoint"] == ["/kuberay"]
+    assert config["config"]["Entrypoint"] == ["/manager"]
     assert config["config"]["User"] == "65532:65532"
-    assert list(members) == ["kuberay"]
+    assert list(members) == ["manager"]
     assert content == b"\x7fELF one"
     assert builder.static_binary("kuberay", binary) == (ref, archive)
     binary.write_bytes(b"\x7fELF two")
