@@ -34,12 +34,13 @@ STACK_CRD_SUFFIXES = (".kueue.x-k8s.io", ".ray.io")
 
 
 def until(probe: Callable[[], T], what: str, timeout_s: float = DEADLINE_S) -> T:
-    """Call `probe` until it returns without AssertionError; fail saying what it last saw."""
+    """Call `probe` until it returns without AssertionError (or a failed kubectl, as for an
+    object not made yet); fail saying what it last saw."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
             return probe()
-        except AssertionError as err:
+        except (AssertionError, cluster.ClusterError) as err:
             if time.monotonic() > deadline:
                 pytest.fail(f"timed out after {timeout_s:.0f}s waiting for {what}: {err}")
         time.sleep(1)
@@ -161,7 +162,7 @@ def test_helm_installs_and_uninstalls_queues_ray_and_taugrid_together(
     until(job_complete, "the Job to complete")
 
     # A RayJob through Kueue: admitted, and KubeRay's operator makes its RayCluster, whose
-    # head pod runs.
+    # head pod runs, and then its submitter Job.
     k.create(ray_job("one-ray"))
     until(lambda: workload_of(k, "one-ray"), "the RayJob's Workload admitted")
 
@@ -174,6 +175,13 @@ def test_helm_installs_and_uninstalls_queues_ray_and_taugrid_together(
         return str(rc["metadata"]["name"])
 
     until(head_running, "the RayJob's RayCluster with its head pod running")
+
+    # With the cluster ready KubeRay submits the job: its submitter Job, named as the RayJob.
+    def submitted() -> None:
+        jobs = [j["metadata"]["name"] for j in k.items("-n", "default", "jobs")]
+        assert "one-ray" in jobs, jobs
+
+    until(submitted, "KubeRay's submitter Job")
     assert k.get("-n", "default", "rayjob", "one-ray")["spec"].get("suspend", False) is False
 
     # The user's objects go first (an admitted Workload keeps its ClusterQueue).

@@ -5,12 +5,14 @@ versions agree with the dev cluster's build."""
 
 from __future__ import annotations
 
+import pathlib
 from typing import Any
 
 import pytest
 import yaml
 
 from devcluster import build, chart
+from devcluster import stack as devstack
 from tests.integration.deploy.test_chart import merged, objects, render
 
 pytestmark = pytest.mark.cluster  # needs the built Helm binary and chart dependencies
@@ -266,3 +268,38 @@ def test_the_uninstall_hook_runs_where_the_controller_runs() -> None:
 def test_without_kueue_in_the_release_there_is_no_uninstall_hook() -> None:
     """Kueue of the cluster outlives the release: Helm deletes the objects, Kueue lets go."""
     assert uninstall_hook(render({"queues": {"enabled": True}})) == []
+
+
+def test_the_dev_one_install_runs_the_operators_on_the_real_node_in_its_images() -> None:
+    """`stack.one_install_values` (the e2e's values): Kueue's and KubeRay's controllers in the
+    images `taugrid dev up --bare` imported, never pulled, on the real node (tolerating its
+    taint); TauGrid manages that node alone; the queue does not wait on the check."""
+    real = devstack.RealNode(
+        name="real-node", images={"controller": "docker.io/taugrid/controller:dev-c",
+                                  "agent": "docker.io/taugrid/agent:dev-a",
+                                  "kueue": "docker.io/taugrid/kueue:dev-k",
+                                  "kuberay": "docker.io/taugrid/kuberay:dev-r"},
+        host_ip="198.18.0.1", apiserver_port=6443, controller_port=8080,
+        agent_state=pathlib.Path("/s/agents"), controller_addr=pathlib.Path("/s/addr"),
+        pod_resources_dir=pathlib.Path("/s/pr"), fakenvml_lib=pathlib.Path("/s/lib"),
+        agents_dir=pathlib.Path("/s/agents"), taint_key="taugrid.dev/real-node",
+        label="taugrid.dev/real-node",
+    )  # fmt: skip
+    docs = chart.template(devstack.one_install_values(4, real), api_versions=BARE)
+    deployments = {d["metadata"]["name"]: d["spec"]["template"]["spec"]
+                   for d in objects(docs, "Deployment")}  # fmt: skip
+    for name, image in [("taugrid-kueue-controller-manager", "docker.io/taugrid/kueue:dev-k"),
+                        ("kuberay-operator", "docker.io/taugrid/kuberay:dev-r"),
+                        ("taugrid-controller", "docker.io/taugrid/controller:dev-c")]:  # fmt: skip
+        pod = deployments[name]
+        assert pod["containers"][0]["image"] == image, name
+        assert pod["containers"][0]["imagePullPolicy"] == "Never", name
+        assert pod["nodeSelector"]["taugrid.dev/real-node"] == "true", name
+        assert {"key": "taugrid.dev/real-node", "operator": "Exists",
+                "effect": "NoSchedule"} in pod["tolerations"], name  # fmt: skip
+    (agents,) = objects(docs, "DaemonSet")
+    assert agents["spec"]["template"]["spec"]["nodeSelector"]["taugrid.dev/real-node"] == "true"
+    (cq,) = objects(docs, "ClusterQueue")
+    assert "admissionChecksStrategy" not in cq["spec"]
+    (job,) = objects(uninstall_hook(docs), "Job")
+    assert job["spec"]["template"]["spec"]["nodeSelector"]["taugrid.dev/real-node"] == "true"
