@@ -293,6 +293,10 @@ class Builder:
         tmp.unlink(missing_ok=True)
         tmp.symlink_to(self.dir.name)
         tmp.replace(current)
+        from devcluster import chart  # noqa: PLC0415  (chart imports this module)
+
+        placed = chart.assemble_dependencies(self.assets)
+        self.say(f"chart dependencies in {placed}")
         self.say(f"all components built; binaries in {self.bin}")
         return self.dir
 
@@ -423,6 +427,31 @@ def _build_kuberay(b: Builder) -> None:
     _make_writable(dest)
 
 
+def _build_charts(b: Builder) -> None:
+    """The chart's dependencies as their modules release them (docs/platform.md, "One
+    install"): Kueue's Helm chart, which ships in its Go module, and the KubeRay operator's
+    released manifests (CRDs, RBAC), from which `chart.assemble_dependencies` makes the
+    `kuberay-operator` chart: no KubeRay chart is served through the Go proxy."""
+    dest = b.assets / "charts"
+    if dest.exists():
+        _make_writable(dest)
+        shutil.rmtree(dest)
+    kueue = b.module_dir(f"sigs.k8s.io/kueue@{KUEUE_VERSION}") / "charts" / "kueue"
+    shutil.copytree(kueue, dest / "kueue", ignore=shutil.ignore_patterns(*CHART_SKIPPED))
+    ray = b.module_dir(f"github.com/ray-project/kuberay/ray-operator@{KUBERAY_VERSION}")
+    shutil.copytree(ray / "config" / "crd" / "bases", dest / "kuberay" / "crds")
+    (dest / "kuberay" / "rbac").mkdir(parents=True)
+    for name in KUBERAY_RBAC:
+        shutil.copy(ray / "config" / "rbac" / name, dest / "kuberay" / "rbac" / name)
+    _make_writable(dest)
+
+
+CHART_SKIPPED = ("tests", "README.md.gotmpl")
+"""Parts of Kueue's chart directory that are its own tooling, not the chart."""
+KUBERAY_RBAC = ("role.yaml", "leader_election_role.yaml")
+"""The ray-operator module's RBAC manifests whose rules the kuberay-operator chart renders."""
+
+
 def _build_helm(b: Builder) -> None:
     b.go_install("helm " + HELM_VERSION, f"helm.sh/helm/v3/cmd/helm@{HELM_VERSION}")
 
@@ -512,6 +541,13 @@ def _components() -> list[Component]:
         ),
         Component("kuberay", ("ray-operator",), (KUBERAY_VERSION,), _build_kuberay),
         Component("helm", ("helm",), (HELM_VERSION,), _build_helm),
+        Component(
+            "charts",
+            (),
+            (KUEUE_VERSION, KUBERAY_VERSION, *CHART_SKIPPED, *KUBERAY_RBAC),
+            _build_charts,
+            assets=("charts",),
+        ),
         Component(
             "containerd",
             CONTAINERD_COMMANDS,

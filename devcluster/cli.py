@@ -40,6 +40,14 @@ def _parser() -> argparse.ArgumentParser:
         "machine cannot run it, `up` says why and the KWOK-only cluster comes up",
     )
     up.add_argument(
+        "--bare",
+        action="store_true",
+        help="a bare control plane for the one install (tests/oneinstall): no Kueue, no "
+        "KubeRay (no processes, CRDs, webhooks or queues) and no TauGrid; the real node gets "
+        "Kueue's and KubeRay's operator images, for `helm install` with kueue.enabled and "
+        "kuberay.enabled",
+    )
+    up.add_argument(
         "--no-taugrid",
         action="store_true",
         help="only the control plane: no TauGrid controller and agents",
@@ -126,10 +134,10 @@ def _run(c: cluster.Cluster, args: argparse.Namespace) -> int:
             print("error: --dra-nodes must not be negative", file=sys.stderr)
             return 2
         build.check_prerequisites()
-        c.up(nodes=args.nodes, dra_nodes=args.dra_nodes)
+        c.up(nodes=args.nodes, dra_nodes=args.dra_nodes, bare=args.bare)
         bin_dir = build.built_dir() / "bin"
-        real = _start_real_node(c, bin_dir) if args.real_node else None
-        if not args.no_taugrid:
+        real = _start_real_node(c, bin_dir, operators=args.bare) if args.real_node else None
+        if not (args.no_taugrid or args.bare):
             stack.stop_agents_state(c)
             fleet = [f"gpu-node-{i}" for i in range(args.nodes)]
             fleet += [f"{cluster.DRA_NODE_PREFIX}{i}" for i in range(args.dra_nodes)]
@@ -174,7 +182,9 @@ def _run(c: cluster.Cluster, args: argparse.Namespace) -> int:
     return 2
 
 
-def _start_real_node(c: cluster.Cluster, bin_dir: pathlib.Path) -> stack.RealNode | None:
+def _start_real_node(
+    c: cluster.Cluster, bin_dir: pathlib.Path, *, operators: bool = False
+) -> stack.RealNode | None:
     """Start the real node, or say exactly why not and go on with the KWOK nodes alone."""
     real = node.RealNode(c, bin_dir)
     problems = node.preflight(bin_dir)
@@ -183,7 +193,7 @@ def _start_real_node(c: cluster.Cluster, bin_dir: pathlib.Path) -> stack.RealNod
         print("\n".join(f"  - {p}" for p in problems))
         return None
     try:
-        refs = real.start()
+        refs = real.start(operators=operators)
     except (cluster.ClusterError, images.ImageError, netns.NetnsError, OSError) as err:
         print(f"real node: failed, stopping it; the KWOK-only cluster stays up. Why:\n{err}")
         real.stop()

@@ -72,6 +72,12 @@ is enforced by the API server, GA and on by default since 1.30, no flag needed).
 
 KUEUE_WEBHOOKS_KEPT = ("batch-v1-job", "ray-io-v1-rayjob", "ray-io-v1-raycluster", "kueue-x-k8s-io")
 
+OPERATORS = ("kueue", "kuberay")
+"""The host processes a bare control plane (`up(bare=True)`) leaves out."""
+BARE_MARKER = "bare"
+"""A file in the state directory while the cluster there is a bare control plane."""
+API_ENV_POLICY = "taugrid-dev-api-env"
+
 START_ORDER = (
     "etcd",
     "kube-apiserver",
@@ -164,8 +170,17 @@ class Cluster:
         """The API server URL."""
         return f"https://127.0.0.1:{self.ports.apiserver}"
 
+    @property
+    def bare(self) -> bool:
+        """True when this state directory's cluster is a bare control plane (`up(bare=True)`)."""
+        return (self.state / BARE_MARKER).exists()
+
     def components(self) -> list[Component]:
-        """Every component with the URL that tells whether it is healthy."""
+        """Every component with the URL that tells whether it is healthy (a bare control plane
+        has no Kueue and KubeRay processes)."""
+        return [c for c in self._all_components() if not (self.bare and c.name in OPERATORS)]
+
+    def _all_components(self) -> list[Component]:
         p = self.ports
         return [
             Component("etcd", f"http://127.0.0.1:{p.etcd_client}/health"),
@@ -253,7 +268,8 @@ class Cluster:
     def is_up(self) -> bool:
         """True when every component is recorded, alive and the API server is ready."""
         names = {r.name for r in self.running()}
-        return set(START_ORDER) <= names and self.probe(f"{self.server}/readyz")[0]
+        wanted = {n for n in START_ORDER if not (self.bare and n in OPERATORS)}
+        return wanted <= names and self.probe(f"{self.server}/readyz")[0]
 
     def status(self) -> list[tuple[str, str, str]]:
         """Return (component, state, detail) for each component."""
@@ -301,9 +317,15 @@ class Cluster:
         root: pathlib.Path | None = None,
         *,
         dra_nodes: int = 0,
+        bare: bool = False,
     ) -> None:
         """Start the whole control plane in the documented order and bootstrap it, with
-        `nodes` device-plugin GPU nodes and `dra_nodes` DRA GPU nodes (`dra_node_names`)."""
+        `nodes` device-plugin GPU nodes and `dra_nodes` DRA GPU nodes (`dra_node_names`).
+
+        `bare` leaves out everything of Kueue and KubeRay (processes, CRDs, webhooks, queues):
+        the one install (`helm install` with kueue.enabled and kuberay.enabled) brings them as
+        pods of the real node. A bare cluster gets the dev-only policy that tells pods where
+        the API server is (`api_env_policy`): the subcharts' pods have no knob for it."""
         stale = self.table.clean_stale()
         if stale:
             out(f"cleaned stale PID records: {', '.join(sorted(stale))}")
@@ -321,6 +343,11 @@ class Cluster:
         bin_dir = built / "bin"
         assets = built / "assets"
         self.state.mkdir(parents=True, exist_ok=True)
+        marker = self.state / BARE_MARKER
+        if bare:
+            marker.touch()
+        else:
+            marker.unlink(missing_ok=True)
         # The real node reaches the API server at the host end of its link: the serving
         # certificate covers that address too.
         pki.ensure(self.pki, extra_ips=(netns.plan(self.state).host_ip,))
@@ -330,7 +357,10 @@ class Cluster:
         try:
             self._start_etcd(bin_dir)
             self._start_apiserver(bin_dir)
-            self._install_crds(bin_dir, assets)
+            self._install_crds(bin_dir, assets, bare=bare)
+            if bare:
+                link = netns.plan(self.state)
+                self.apply(bin_dir, api_env_policy(link.host_ip, self.ports.apiserver))
             self._start_kcm(bin_dir)
             self._start_scheduler(bin_dir)
             self._start_kwok(bin_dir, assets)
@@ -339,9 +369,10 @@ class Cluster:
             if dra_nodes:
                 self.ensure_nodes(bin_dir, dra_nodes, prefix=DRA_NODE_PREFIX, gpu_driver="dra",
                                   labels={"taugrid.dev/dev-fleet": "true"})  # fmt: skip
-            self._start_kueue(bin_dir, assets)
-            self._start_kuberay(bin_dir)
-            self._bootstrap_queues(bin_dir, nodes + dra_nodes)
+            if not bare:
+                self._start_kueue(bin_dir, assets)
+                self._start_kuberay(bin_dir)
+                self._bootstrap_queues(bin_dir, nodes + dra_nodes)
             self.apply(bin_dir, example_volumes(self.state / "volumes"))
             example_volume_dirs(self.state / "volumes")
         except BaseException:
@@ -440,13 +471,18 @@ class Cluster:
             "--kube-api-qps=200", "--kube-api-burst=400",
         ])  # fmt: skip
 
-    def _install_crds(self, bin_dir: pathlib.Path, assets: pathlib.Path) -> None:
-        docs: list[dict[str, Any]] = [
-            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kueue-system"}},
-        ]
-        files = [
-            *sorted((assets / "kueue" / "crd").glob("*.yaml")),
-            *sorted((assets / "kuberay" / "crd").glob("*.yaml")),
+    def _install_crds(
+        self, bin_dir: pathlib.Path, assets: pathlib.Path, *, bare: bool = False
+    ) -> None:
+        docs: list[dict[str, Any]] = []
+        files: list[pathlib.Path] = []
+        if not bare:
+            docs.append(
+                {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kueue-system"}}
+            )
+            files += sorted((assets / "kueue" / "crd").glob("*.yaml"))
+            files += sorted((assets / "kuberay" / "crd").glob("*.yaml"))
+        files += [
             assets / "kwok" / "crd" / "kwok.x-k8s.io_logs.yaml",
             assets / "kwok" / "crd" / "kwok.x-k8s.io_clusterlogs.yaml",
             *self.extra_crds(),
@@ -638,11 +674,60 @@ class Cluster:
     # ------------------------------------------------------------------ down
     def down(self) -> list[str]:
         """Stop exactly the recorded processes; return their names."""
-        return self.table.stop_all()
+        stopped = self.table.stop_all()
+        (self.state / BARE_MARKER).unlink(missing_ok=True)
+        return stopped
 
 
 class AlreadyRunningError(ClusterError):
     """`up` was asked for while a dev cluster runs from the same state directory."""
+
+
+def api_env_policy(host: str, port: int) -> list[dict[str, Any]]:
+    """Dev only: a MutatingAdmissionPolicy (and its binding) that sets KUBERNETES_SERVICE_HOST
+    and KUBERNETES_SERVICE_PORT on the first container of every new pod to the API server at
+    `host:port`. The real node runs no kube-proxy, so the `kubernetes` Service leads nowhere;
+    TauGrid's own pods get the same two variables from the chart (`extraEnv`, as the main dev
+    cluster sets them), but Kueue's and KubeRay's charts have no such knob. Pods of KWOK nodes
+    run nothing, so the variables do nothing there."""
+    keep = '!(e.name in ["KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"])'
+    api = (
+        f'[Object.spec.containers.env{{name: "KUBERNETES_SERVICE_HOST", value: "{host}"}}, '
+        f'Object.spec.containers.env{{name: "KUBERNETES_SERVICE_PORT", value: "{port}"}}]'
+    )
+    current = "(has(object.spec.containers[0].env) ? object.spec.containers[0].env : [])"
+    expression = (
+        'object.spec.containers.size() > 0 ? [JSONPatch{op: "add", '
+        f'path: "/spec/containers/0/env", value: {current}.filter(e, {keep}) + {api}}}] : []'
+    )
+    return [
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "MutatingAdmissionPolicy",
+            "metadata": {"name": API_ENV_POLICY},
+            "spec": {
+                "matchConstraints": {
+                    "resourceRules": [
+                        {
+                            "apiGroups": [""],
+                            "apiVersions": ["v1"],
+                            "operations": ["CREATE"],
+                            "resources": ["pods"],
+                        }
+                    ]
+                },
+                "failurePolicy": "Fail",
+                "reinvocationPolicy": "Never",
+                "mutations": [{"patchType": "JSONPatch", "jsonPatch": {"expression": expression}}],
+            },
+        },
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "MutatingAdmissionPolicyBinding",
+            "metadata": {"name": API_ENV_POLICY},
+            "spec": {"policyName": API_ENV_POLICY},
+        },
+    ]
 
 
 def fake_gpu_node(

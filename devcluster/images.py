@@ -58,6 +58,9 @@ DEV_TAG_PREFIX = "dev-"
 REPOSITORY = "docker.io/taugrid"
 """The chart's image repositories (`taugrid/<name>`), as containerd normalises them."""
 PAUSE_REF = "docker.io/taugrid/pause"
+OPERATOR_BINARIES = {"kueue": "kueue", "kuberay": "ray-operator"}
+"""Image name → the built binary it holds: Kueue's and KubeRay's operators as pods of the real
+node, for the one install (`taugrid dev up --bare`, tests/oneinstall)."""
 KEEP_BUILDS = 2
 """Builds of one image kept in the cache (the current one and the one before)."""
 
@@ -509,23 +512,32 @@ class Builder:
 
     def pause(self, pause_binary: pathlib.Path) -> tuple[str, pathlib.Path]:
         """The sandbox image: our `pause` binary alone, as /pause."""
-        digest = _sha256_file(pause_binary)[:16]
-        key = _key("pause", digest)
-        d = self.root / "pause" / key
+        return self.static_binary("pause", pause_binary, file="pause", user=65535)
+
+    def static_binary(
+        self, name: str, binary: pathlib.Path, *, file: str = "manager", user: int = 65532
+    ) -> tuple[str, pathlib.Path]:
+        """An image of one static binary from the build cache, as `/<file>`, its entrypoint,
+        run as `user` (the pause image; Kueue's and KubeRay's operators for the one install,
+        `OPERATOR_BINARIES`, at /manager where their upstream images and charts have them).
+        Return (ref, archive), cached by the binary's digest and its path."""
+        digest = _sha256_file(binary)[:16]
+        key = _key(name, digest) if file == name else _key(name, digest, file)
+        d = self.root / name / key
         archive = d / "image.oci.tar"
-        ref = f"{PAUSE_REF}:{DEV_TAG_PREFIX}{key}"
+        ref = f"{REPOSITORY}/{name}:{DEV_TAG_PREFIX}{key}"
         if archive.exists():
-            self.say(f"pause {key}: cached")
+            self.say(f"{name} {key}: cached")
             return ref, archive
         d.mkdir(parents=True, exist_ok=True)
         own = d / "root"
         own.mkdir(exist_ok=True)
-        shutil.copy(pause_binary, own / "pause")
+        shutil.copy(binary, own / file)
         layer = write_layer(d / "layer.tar", own)
         config = {
             "architecture": "amd64",
             "os": "linux",
-            "config": {"Entrypoint": ["/pause"], "User": "65535:65535", "WorkingDir": "/"},
+            "config": {"Entrypoint": [f"/{file}"], "User": f"{user}:{user}", "WorkingDir": "/"},
             "rootfs": {"type": "layers", "diff_ids": [f"sha256:{layer.digest}"]},
         }
         write_archive(archive, ref, config, [layer])

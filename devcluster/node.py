@@ -397,9 +397,13 @@ class RealNode:
     def _say(self, out: Callable[[str], None], msg: str, started: float) -> None:
         out(f"[real node {time.monotonic() - started:5.1f}s] {msg}")
 
-    def start(self, out: Callable[[str], None] = print) -> dict[str, str]:
+    def start(
+        self, out: Callable[[str], None] = print, *, operators: bool = False
+    ) -> dict[str, str]:
         """Bring the node up (network, relay, containerd, images, kubelet, device plugin) and
-        wait until it is Ready with its GPUs allocatable; return the imported image refs."""
+        wait until it is Ready with its GPUs allocatable; return the imported image refs.
+        With `operators`, Kueue's and KubeRay's operators are imported too, as images of one
+        static binary each (`images.OPERATOR_BINARIES`), for the one install (`up --bare`)."""
         started = time.monotonic()
         problems = preflight(self.bin)
         if problems:
@@ -415,7 +419,7 @@ class RealNode:
         self._make_cgroup_parent()
         self._write_configs()
         self._start_relay()
-        built = self._images(out)
+        built = self._images(out, operators=operators)
         self._start_containerd(built["pause"])
         self._say(out, "containerd ready", started)
         present = set(self._ctr("images", "ls", "-q").stdout.split())
@@ -437,10 +441,15 @@ class RealNode:
         return refs
 
     # ------------------------------------------------------------------ steps
-    def _images(self, out: Callable[[str], None]) -> dict[str, tuple[str, pathlib.Path]]:
+    def _images(
+        self, out: Callable[[str], None], *, operators: bool = False
+    ) -> dict[str, tuple[str, pathlib.Path]]:
         builder = images.Builder(out=out)
         built = builder.build()
         built["pause"] = builder.pause(self.bin / "pause")
+        if operators:
+            for name, binary in images.OPERATOR_BINARIES.items():
+                built[name] = builder.static_binary(name, self.bin / binary)
         return built
 
     def _make_cgroup_parent(self) -> None:

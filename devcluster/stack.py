@@ -334,6 +334,30 @@ def chart_values(nodes: int, real: RealNode | None = None) -> dict[str, Any]:
     return _merge(values, real_node_values(real)) if real is not None else values
 
 
+def one_install_values(nodes: int, real: RealNode) -> dict[str, Any]:
+    """The chart's values for the one install on a bare dev cluster (`up --bare`): TauGrid as
+    with a real node, plus Kueue and the KubeRay operator from the chart's own dependencies,
+    their controllers pods of the real node in the images `up --bare` imported there.
+
+    TauGrid manages the real node alone (its agent runs only there; no host-process agents
+    stand in for the KWOK nodes), so the KWOK nodes are capacity outside the fleet. The
+    ClusterQueue does not wait on TauGrid's AdmissionCheck: Kueue, KubeRay and the chart are
+    what the one install proves; the check has its own tests on the main dev cluster."""
+    where = {"nodeSelector": {real.label: "true"},
+             "tolerations": [{"key": real.taint_key, "operator": "Exists",
+                              "effect": "NoSchedule"}]}  # fmt: skip
+    small = {"requests": {"cpu": "50m", "memory": "128Mi"}}
+    return _merge(chart_values(nodes, real), {
+        "controller": {"managedNodeSelector": f"{real.label}=true"},
+        "agent": {"nodeSelector": {real.label: "true"}},
+        "queues": {"clusterQueue": {"useAdmissionCheck": False}},
+        "kueue": {"enabled": True, "controllerManager": {
+            "manager": {"image": _image(real.images["kueue"]), "resources": small}, **where}},
+        "kuberay": {"enabled": True, "image": _image(real.images["kuberay"]),
+                    "resources": small, **where},
+    })  # fmt: skip
+
+
 ADOPTED_KINDS = frozenset(
     {"ServiceAccount", "AdmissionCheck", "WorkloadPriorityClass", "ResourceFlavor",
      "ClusterQueue", "LocalQueue"}

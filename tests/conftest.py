@@ -22,6 +22,9 @@ def dev_cluster() -> Iterator[cluster.Cluster]:
     before pytest starts); building here would run under the per-test timeout.
     """
     c = cluster.Cluster()
+    if c.is_up() and c.bare:
+        bare = "a bare dev cluster is up (`taugrid dev up --bare`, the one install's)"
+        pytest.fail(f"{bare}: these tests need the full one, `taugrid dev down && taugrid dev up`")
     if c.is_up():
         yield c
         return

@@ -8,7 +8,7 @@ import json
 import pathlib
 import tarfile
 
-from devcluster import images, imagespec
+from devcluster import build, images, imagespec
 
 SPEC = imagespec.load()
 
@@ -71,3 +71,42 @@ def test_the_account_is_the_one_useradd_would_write() -> None:
 def test_a_dev_reference_carries_the_image_key() -> None:
     """Each build of changed sources gets its own tag, so the chart's pods roll to it."""
     assert images.dev_ref("agent", "abc") == "docker.io/taugrid/agent:dev-abc"
+
+
+def test_a_static_binary_image_holds_the_binary_alone_as_its_entrypoint(
+    tmp_path: pathlib.Path,
+) -> None:
+    """Kueue's and KubeRay's operators (and the pause image) are one file each: the binary
+    at /manager (where their charts run it), run as a non-root user, tagged by the binary's
+    digest; a second build reuses it and a changed binary gets a new tag."""
+    binary = tmp_path / "ray-operator"
+    binary.write_bytes(b"\x7fELF one")
+    builder = images.Builder(root=tmp_path / "cache", out=lambda _line: None)
+    ref, archive = builder.static_binary("kuberay", binary)
+    assert ref.startswith("docker.io/taugrid/kuberay:dev-")
+    with tarfile.open(archive) as tar:
+        index = json.loads(tar.extractfile("index.json").read())  # type: ignore[union-attr]
+        (entry,) = index["manifests"]
+        blob = f"blobs/sha256/{entry['digest'].split(':')[1]}"
+        manifest = json.loads(tar.extractfile(blob).read())  # type: ignore[union-attr]
+        config_blob = f"blobs/sha256/{manifest['config']['digest'].split(':')[1]}"
+        config = json.loads(tar.extractfile(config_blob).read())  # type: ignore[union-attr]
+        (layer,) = manifest["layers"]
+        layer_file = tar.extractfile(f"blobs/sha256/{layer['digest'].split(':')[1]}")
+        with tarfile.open(fileobj=layer_file) as inner:
+            members = {m.name: m for m in inner.getmembers()}
+            content = inner.extractfile("manager").read()  # type: ignore[union-attr]
+    assert entry["annotations"]["io.containerd.image.name"] == ref
+    assert config["config"]["Entrypoint"] == ["/manager"]
+    assert config["config"]["User"] == "65532:65532"
+    assert list(members) == ["manager"]
+    assert content == b"\x7fELF one"
+    assert builder.static_binary("kuberay", binary) == (ref, archive)
+    binary.write_bytes(b"\x7fELF two")
+    assert builder.static_binary("kuberay", binary)[0] != ref
+
+
+def test_the_operator_images_name_built_binaries() -> None:
+    """The one install's operator images are made of binaries the build makes."""
+    made = {b for c in build.Builder(pathlib.Path("/nonexistent")).components for b in c.binaries}
+    assert set(images.OPERATOR_BINARIES.values()) <= made

@@ -194,3 +194,23 @@ means). A term the grammar does not know fails the install rather than widening 
 {{- end -}}
 {{- if $clauses -}}{{ join " && " $clauses }}{{- else -}}true{{- end -}}
 {{- end -}}
+
+{{/*
+With kueue.enabled, Kueue's CRDs and webhooks come with this very release (the kueue subchart
+renders its CRDs as templates), so on install the Kueue objects the chart makes (AdmissionCheck,
+WorkloadPriorityClass, queues) cannot be created with the rest: Helm would find no such kind,
+and Kueue's webhooks would not answer yet. They are post-install hooks then (`helm install
+--wait` runs them once Kueue is ready), carrying the release's ownership marks so that the
+first `helm upgrade` takes them over as ordinary objects of the release. Call with
+(dict "ctx" $ "weight" N); renders `annotations:` or nothing.
+*/}}
+{{- define "taugrid.kueueHook" -}}
+{{- $ctx := .ctx -}}
+{{- if and $ctx.Values.kueue.enabled $ctx.Release.IsInstall -}}
+annotations:
+  helm.sh/hook: post-install
+  helm.sh/hook-weight: {{ .weight | quote }}
+  meta.helm.sh/release-name: {{ $ctx.Release.Name }}
+  meta.helm.sh/release-namespace: {{ $ctx.Release.Namespace }}
+{{- end -}}
+{{- end -}}
