@@ -185,15 +185,11 @@ class AdmissionStore:
         cache = self.kueue["admissionchecks"]
         if cache.synced.is_set():
             return cache.items.get(name)
-        try:
-            resp = await self._custom.get_cluster_custom_object(
+        return await _api.json_or_none(
+            self._custom.get_cluster_custom_object(
                 *KUEUE, "admissionchecks", name, _preload_content=False
             )
-            return dict(await _api.read_json(resp))
-        except client.ApiException as err:
-            if err.status == 404:
-                return None
-            raise
+        )
 
     async def list_kueue(self, plural: str) -> list[dict[str, Any]]:
         """Every Workload, ClusterQueue or ResourceFlavor (`Informer.current`)."""
@@ -257,18 +253,13 @@ class AdmissionStore:
                          "resourceVersion": resource_version},
             "status": {"admissionChecks": [dict(state)]},
         }  # fmt: skip
-        try:
-            resp = await self._custom.patch_namespaced_custom_object_status(
-                *KUEUE, namespace, "workloads", name, body,
-                field_manager=marks.ADMISSION_FIELD_MANAGER, force=True, _content_type=APPLY,
-                _preload_content=False,
-            )  # fmt: skip
-            written = dict(await _api.read_json(resp))
-        except client.ApiException as err:
-            if err.status in (404, 409):
-                return None
-            raise
-        self.kueue["workloads"].note(written)
+        written = await _api.json_or_none(self._custom.patch_namespaced_custom_object_status(
+            *KUEUE, namespace, "workloads", name, body,
+            field_manager=marks.ADMISSION_FIELD_MANAGER, force=True, _content_type=APPLY,
+            _preload_content=False,
+        ), absent=(404, 409))  # fmt: skip
+        if written is not None:
+            self.kueue["workloads"].note(written)
         return written
 
     async def apply_active(self, name: str, condition: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -279,18 +270,13 @@ class AdmissionStore:
             "metadata": {"name": name},
             "status": {"conditions": [dict(condition)]},
         }
-        try:
-            resp = await self._custom.patch_cluster_custom_object_status(
-                *KUEUE, "admissionchecks", name, body,
-                field_manager=marks.ADMISSION_FIELD_MANAGER, force=True, _content_type=APPLY,
-                _preload_content=False,
-            )  # fmt: skip
-            written = dict(await _api.read_json(resp))
-        except client.ApiException as err:
-            if err.status == 404:
-                return None
-            raise
-        self.kueue["admissionchecks"].note(written)
+        written = await _api.json_or_none(self._custom.patch_cluster_custom_object_status(
+            *KUEUE, "admissionchecks", name, body,
+            field_manager=marks.ADMISSION_FIELD_MANAGER, force=True, _content_type=APPLY,
+            _preload_content=False,
+        ))  # fmt: skip
+        if written is not None:
+            self.kueue["admissionchecks"].note(written)
         return written
 
     async def workload_event(
