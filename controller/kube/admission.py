@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import structlog
@@ -139,7 +139,7 @@ class AdmissionStore:
             trim_claim, kind="resourceclaims", optional=True,
         )  # fmt: skip
         """ResourceClaims: a cluster that serves no `resource.k8s.io/v1` has none."""
-        self.kueue: dict[str, informer.Informer[informer.Raw]] = {
+        self.kueue: dict[str, informer.Informer[Any]] = {
             plural: informer.Informer(
                 functools.partial(self._custom.list_cluster_custom_object, *KUEUE, plural),
                 informer.trim_object, kind=plural,
@@ -163,21 +163,6 @@ class AdmissionStore:
         caches = [self.nodes, self.pods, self.claims, *self.kueue.values(), *self.owners.values()]
         await asyncio.gather(*(c.run() for c in caches))
 
-    def parse_with(
-        self,
-        *,
-        node: Callable[[dict[str, Any]], Any],
-        pod: Callable[[dict[str, Any]], Any],
-        claim: Callable[[dict[str, Any]], Any],
-        workload: Callable[[dict[str, Any]], Any],
-    ) -> None:
-        """Keep each cached node, pod, ResourceClaim and Workload parsed by the gate's
-        parsers, once."""
-        self.nodes.parse_with(node)
-        self.pods.parse_with(pod)
-        self.claims.parse_with(claim)
-        self.kueue["workloads"].parse_with(workload)
-
     # ------------------------------------------------------------------ reads
     async def get_admission_check(self, name: str) -> dict[str, Any] | None:
         """Return an AdmissionCheck, None when it does not exist: from the cache once it is
@@ -195,10 +180,6 @@ class AdmissionStore:
         """Every Workload, ClusterQueue or ResourceFlavor (`Informer.current`)."""
         return await self.kueue[plural].current()
 
-    async def workload_views(self) -> list[Any]:
-        """Every Workload as the gate's parser reads it (see `node_views`)."""
-        return await self.kueue["workloads"].current_views()
-
     async def list_nodes(self) -> list[dict[str, Any]]:
         """Every node (`Informer.current`)."""
         return await self.nodes.current()
@@ -211,15 +192,6 @@ class AdmissionStore:
         """Every ResourceClaim (`Informer.current`; none where the cluster serves no
         `resource.k8s.io/v1`)."""
         return await self.claims.current()
-
-    async def node_views(self) -> list[Any]:
-        """Every node as the gate's parser reads it (`parse_with`): parsed once, as the cache
-        took it; listed and parsed now while the cache is not synced."""
-        return await self.nodes.current_views()
-
-    async def pod_views(self) -> list[Any]:
-        """Every pod as the gate's parser reads it (see `node_views`)."""
-        return await self.pods.current_views()
 
     async def claim_views(self) -> list[Any] | None:
         """Every ResourceClaim as the gate's parser reads it, listed and parsed now; None once
