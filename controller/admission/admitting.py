@@ -136,7 +136,8 @@ class Gate:
     # ------------------------------------------------------------------ changes → keys
     def _workload_changed(self, change: informer.Change[Any]) -> None:
         w: views.Workload | None = change.new
-        key = _key(change.key)
+        namespace, _, name = change.key.partition("/")
+        key = (namespace, name)
         if w is None or not views.waits(w, self.check):
             self._waiting.discard(key)
             self.queue.forget(key)
@@ -271,8 +272,3 @@ class Gate:
             self._evented[key] = decision.message
             await self.store.workload_event(w.namespace, w.name, w.uid, RETRY_EVENT_REASON,
                                             decision.message, warning=True)  # fmt: skip
-
-
-def _key(cache_key: str) -> Key:
-    namespace, _, name = cache_key.partition("/")
-    return namespace, name

@@ -76,13 +76,10 @@ class RunLogs:
         since_seconds: int | None = None,
     ) -> AsyncIterator[bytes]:
         """Yield a container's log as it is written (through the API server)."""
-        kwargs: dict[str, Any] = {"container": container, "follow": follow}
-        if tail_lines is not None:
-            kwargs["tail_lines"] = tail_lines
-        if since_seconds is not None:
-            kwargs["since_seconds"] = since_seconds
+        given = {"tail_lines": tail_lines, "since_seconds": since_seconds}
+        kwargs = {k: v for k, v in given.items() if v is not None}
         resp = await self._logs.read_namespaced_pod_log(
-            pod, namespace, _preload_content=False, **kwargs
+            pod, namespace, container=container, follow=follow, _preload_content=False, **kwargs
         )
         if not 200 <= resp.status <= 299:
             await _api.read_json(resp)  # raises with the API server's message
