@@ -95,10 +95,12 @@ class Gate:
         self._refusal = ""
         self._claims = dra.Claims()
         """What the claims hold, counted from the claims cache's changes."""
-        store.parse_with(
-            node=views.parse_node, pod=views.parse_pod, claim=dra.parse_claim,
-            workload=functools.partial(views.parse_workload, dra_resource=dra_resource),
-        )  # fmt: skip
+        store.nodes.parse_with(views.parse_node)
+        store.pods.parse_with(views.parse_pod)
+        store.claims.parse_with(dra.parse_claim)
+        store.kueue["workloads"].parse_with(
+            functools.partial(views.parse_workload, dra_resource=dra_resource)
+        )
         store.claims.subscribe(self._claim_changed)
         store.kueue["workloads"].subscribe(self._workload_changed)
         for cache in (store.nodes, store.pods, store.kueue["resourceflavors"]):
@@ -134,7 +136,8 @@ class Gate:
     # ------------------------------------------------------------------ changes → keys
     def _workload_changed(self, change: informer.Change[Any]) -> None:
         w: views.Workload | None = change.new
-        key = _key(change.key)
+        namespace, _, name = change.key.partition("/")
+        key = (namespace, name)
         if w is None or not views.waits(w, self.check):
             self._waiting.discard(key)
             self.queue.forget(key)
@@ -179,13 +182,13 @@ class Gate:
         self._refusal = ""
         await self._keep_active(raw_check, now)
         queues = policy.queues_with_check(await self.store.list_kueue("clusterqueues"), self.check)
-        listed: list[views.Workload] = await self.store.workload_views()
+        listed: list[views.Workload] = await self.store.kueue["workloads"].current_views()
         if batch.everything:
             self._forget({(w.namespace, w.name) for w in listed})
         if not queues or not any(views.waits(w, self.check, queues) for w in listed):
             return
-        node_list: list[views.NodeCapacity] = await self.store.node_views()
-        pods: list[views.PodUsage] = await self.store.pod_views()
+        node_list: list[views.NodeCapacity] = await self.store.nodes.current_views()
+        pods: list[views.PodUsage] = await self.store.pods.current_views()
         raw_flavors = await self.store.list_kueue("resourceflavors")
         owners = await self.store.owner_labels()
         workloads = {
@@ -269,8 +272,3 @@ class Gate:
             self._evented[key] = decision.message
             await self.store.workload_event(w.namespace, w.name, w.uid, RETRY_EVENT_REASON,
                                             decision.message, warning=True)  # fmt: skip
-
-
-def _key(cache_key: str) -> Key:
-    namespace, _, name = cache_key.partition("/")
-    return namespace, name

@@ -93,11 +93,6 @@ def gate_pod_set_updates(
     )
 
 
-def _toleration_body(t: views.Toleration) -> dict[str, str]:
-    body = {"key": t.key, "operator": t.operator, "value": t.value, "effect": t.effect}
-    return {k: v for k, v in body.items() if v}
-
-
 def pod_set_update_body(u: PodSetUpdate) -> dict[str, Any]:
     """One `podSetUpdates` entry as Kueue's v1beta2 schema spells it (empty fields left out)."""
     body: dict[str, Any] = {"name": u.name}
@@ -106,7 +101,9 @@ def pod_set_update_body(u: PodSetUpdate) -> dict[str, Any]:
         if value:
             body[key] = dict(value)
     if u.tolerations:
-        body["tolerations"] = [_toleration_body(t) for t in u.tolerations]
+        body["tolerations"] = [
+            {k: v for k, v in dataclasses.asdict(t).items() if v} for t in u.tolerations
+        ]
     return body
 
 

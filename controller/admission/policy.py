@@ -315,8 +315,7 @@ def _plural(n: int, one: str, many: str) -> str:
 def _size(req: views.Resources) -> str:
     parts = []
     if req.cpu_milli:
-        cpu = req.cpu_milli / 1000
-        parts.append(f"{cpu:g} CPU")
+        parts.append(f"{req.cpu_milli / 1000:g} CPU")
     if req.memory:
         parts.append(f"{req.memory / 2**30:g}Gi memory")
     return " and ".join(parts) or "nothing"
@@ -533,19 +532,19 @@ def plan(
         key=lambda w: (-w.priority, w.created or now, w.namespace, w.name),
     )
     for w in passed:
-        if _rechecked(w, index, queues, check=check):
-            fits, message, placement = _fit(w, fleet, free)
-            if not fits:
-                out[(w.namespace, w.name)] = Decision(
-                    views.CheckState.RETRY,
-                    f"quota released before its pods started: {message}",
-                    math.ceil(retry_after_s),
-                    now,
-                )
-                continue
-            free.take(placement)
+        if not _rechecked(w, index, queues, check=check):
+            _claims(w, index, fleet, free)
             continue
-        _claims(w, index, fleet, free)
+        fits, message, placement = _fit(w, fleet, free)
+        if fits:
+            free.take(placement)
+        else:
+            out[(w.namespace, w.name)] = Decision(
+                views.CheckState.RETRY,
+                f"quota released before its pods started: {message}",
+                math.ceil(retry_after_s),
+                now,
+            )
     waiting = [
         w
         for w in workloads

@@ -87,14 +87,9 @@ def _quantity(value: object, scale: float = 1.0) -> int | None:
 def resource_list(raw: object, *, missing: int = 0) -> Resources:
     """Read a Kubernetes resource list (`{"nvidia.com/gpu": "8", "cpu": "500m"}`)."""
     items = raw if isinstance(raw, Mapping) else {}
-    gpus = _quantity(items.get(marks.GPU_RESOURCE))
-    cpu = _quantity(items.get("cpu"), 1000)
-    memory = _quantity(items.get("memory"))
-    return Resources(
-        gpus if gpus is not None else missing,
-        cpu if cpu is not None else missing,
-        memory if memory is not None else missing,
-    )
+    scales = ((marks.GPU_RESOURCE, 1.0), ("cpu", 1000), ("memory", 1.0))
+    amounts = (_quantity(items.get(key), scale) for key, scale in scales)
+    return Resources(*(missing if amount is None else amount for amount in amounts))
 
 
 def _container_requests(container: Mapping[str, Any]) -> Resources:
@@ -113,9 +108,7 @@ def _container_requests(container: Mapping[str, Any]) -> Resources:
 def pod_requests(pod_spec: Mapping[str, Any]) -> Resources:
     """Effective requests of a pod: the larger of its containers' sum and its biggest init
     container, per resource, plus the pod overhead (the scheduler's rule)."""
-    total = Resources()
-    for c in pod_spec.get("containers") or []:
-        total = total + _container_requests(c)
+    total = sum(map(_container_requests, pod_spec.get("containers") or []), Resources())
     for c in pod_spec.get("initContainers") or []:
         init = _container_requests(c)
         total = Resources(

@@ -12,7 +12,7 @@ import asyncio
 import datetime as dt
 import json
 import secrets
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Container
 from typing import Any
 
 import aiohttp
@@ -48,12 +48,15 @@ async def read_json(resp: Any) -> Any:
     return json.loads(await read_bytes(resp))
 
 
-async def json_or_none(call: Awaitable[Any]) -> dict[str, Any] | None:
-    """Await a raw call and read it (`read_json`); None on a 404: the object is not there."""
+async def json_or_none(
+    call: Awaitable[Any], absent: Container[int] = (404,)
+) -> dict[str, Any] | None:
+    """Await a raw call and read it (`read_json`); None on a status in `absent` (by default
+    404: the object is not there)."""
     try:
         return dict(await read_json(await call))
     except client.ApiException as err:
-        if err.status == 404:
+        if err.status in absent:
             return None
         raise
 

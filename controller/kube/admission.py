@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import structlog
@@ -139,7 +139,7 @@ class AdmissionStore:
             trim_claim, kind="resourceclaims", optional=True,
         )  # fmt: skip
         """ResourceClaims: a cluster that serves no `resource.k8s.io/v1` has none."""
-        self.kueue: dict[str, informer.Informer[informer.Raw]] = {
+        self.kueue: dict[str, informer.Informer[Any]] = {
             plural: informer.Informer(
                 functools.partial(self._custom.list_cluster_custom_object, *KUEUE, plural),
                 informer.trim_object, kind=plural,
@@ -163,21 +163,6 @@ class AdmissionStore:
         caches = [self.nodes, self.pods, self.claims, *self.kueue.values(), *self.owners.values()]
         await asyncio.gather(*(c.run() for c in caches))
 
-    def parse_with(
-        self,
-        *,
-        node: Callable[[dict[str, Any]], Any],
-        pod: Callable[[dict[str, Any]], Any],
-        claim: Callable[[dict[str, Any]], Any],
-        workload: Callable[[dict[str, Any]], Any],
-    ) -> None:
-        """Keep each cached node, pod, ResourceClaim and Workload parsed by the gate's
-        parsers, once."""
-        self.nodes.parse_with(node)
-        self.pods.parse_with(pod)
-        self.claims.parse_with(claim)
-        self.kueue["workloads"].parse_with(workload)
-
     # ------------------------------------------------------------------ reads
     async def get_admission_check(self, name: str) -> dict[str, Any] | None:
         """Return an AdmissionCheck, None when it does not exist: from the cache once it is
@@ -185,23 +170,15 @@ class AdmissionStore:
         cache = self.kueue["admissionchecks"]
         if cache.synced.is_set():
             return cache.items.get(name)
-        try:
-            resp = await self._custom.get_cluster_custom_object(
+        return await _api.json_or_none(
+            self._custom.get_cluster_custom_object(
                 *KUEUE, "admissionchecks", name, _preload_content=False
             )
-            return dict(await _api.read_json(resp))
-        except client.ApiException as err:
-            if err.status == 404:
-                return None
-            raise
+        )
 
     async def list_kueue(self, plural: str) -> list[dict[str, Any]]:
         """Every Workload, ClusterQueue or ResourceFlavor (`Informer.current`)."""
         return await self.kueue[plural].current()
-
-    async def workload_views(self) -> list[Any]:
-        """Every Workload as the gate's parser reads it (see `node_views`)."""
-        return await self.kueue["workloads"].current_views()
 
     async def list_nodes(self) -> list[dict[str, Any]]:
         """Every node (`Informer.current`)."""
@@ -215,15 +192,6 @@ class AdmissionStore:
         """Every ResourceClaim (`Informer.current`; none where the cluster serves no
         `resource.k8s.io/v1`)."""
         return await self.claims.current()
-
-    async def node_views(self) -> list[Any]:
-        """Every node as the gate's parser reads it (`parse_with`): parsed once, as the cache
-        took it; listed and parsed now while the cache is not synced."""
-        return await self.nodes.current_views()
-
-    async def pod_views(self) -> list[Any]:
-        """Every pod as the gate's parser reads it (see `node_views`)."""
-        return await self.pods.current_views()
 
     async def claim_views(self) -> list[Any] | None:
         """Every ResourceClaim as the gate's parser reads it, listed and parsed now; None once
@@ -257,18 +225,13 @@ class AdmissionStore:
                          "resourceVersion": resource_version},
             "status": {"admissionChecks": [dict(state)]},
         }  # fmt: skip
-        try:
-            resp = await self._custom.patch_namespaced_custom_object_status(
-                *KUEUE, namespace, "workloads", name, body,
-                field_manager=marks.ADMISSION_FIELD_MANAGER, force=True, _content_type=APPLY,
-                _preload_content=False,
-            )  # fmt: skip
-            written = dict(await _api.read_json(resp))
-        except client.ApiException as err:
-            if err.status in (404, 409):
-                return None
-            raise
-        self.kueue["workloads"].note(written)
+        written = await _api.json_or_none(self._custom.patch_namespaced_custom_object_status(
+            *KUEUE, namespace, "workloads", name, body,
+            field_manager=marks.ADMISSION_FIELD_MANAGER, force=True, _content_type=APPLY,
+            _preload_content=False,
+        ), absent=(404, 409))  # fmt: skip
+        if written is not None:
+            self.kueue["workloads"].note(written)
         return written
 
     async def apply_active(self, name: str, condition: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -279,18 +242,13 @@ class AdmissionStore:
             "metadata": {"name": name},
             "status": {"conditions": [dict(condition)]},
         }
-        try:
-            resp = await self._custom.patch_cluster_custom_object_status(
-                *KUEUE, "admissionchecks", name, body,
-                field_manager=marks.ADMISSION_FIELD_MANAGER, force=True, _content_type=APPLY,
-                _preload_content=False,
-            )  # fmt: skip
-            written = dict(await _api.read_json(resp))
-        except client.ApiException as err:
-            if err.status == 404:
-                return None
-            raise
-        self.kueue["admissionchecks"].note(written)
+        written = await _api.json_or_none(self._custom.patch_cluster_custom_object_status(
+            *KUEUE, "admissionchecks", name, body,
+            field_manager=marks.ADMISSION_FIELD_MANAGER, force=True, _content_type=APPLY,
+            _preload_content=False,
+        ))  # fmt: skip
+        if written is not None:
+            self.kueue["admissionchecks"].note(written)
         return written
 
     async def workload_event(

@@ -44,13 +44,6 @@ def api_status(err: client.ApiException) -> dict[str, Any]:
     return parsed if isinstance(parsed, dict) else {}
 
 
-def _admission_denial(message: str) -> bool:
-    """Whether a 403's message is an admission denial, as the API server words one
-    (`ValidatingAdmissionPolicy '…' with binding '…' denied request: …`, `admission webhook
-    "…" denied the request: …`), rather than RBAC's."""
-    return "denied request" in message or "denied the request" in message
-
-
 def refusal(err: client.ApiException, kind: str) -> errors.ControllerError:
     """The error kind for an API server's refusal of a create: 400/422 RejectedError naming
     the field its Status names, 403 Forbidden (the controller may not create there), other
@@ -62,9 +55,11 @@ def refusal(err: client.ApiException, kind: str) -> errors.ControllerError:
     field = next((str(c.get("field") or "") for c in causes if isinstance(c, dict)), "")
     if err.status in (400, 422):
         return RejectedError(kind, f"the API server refused the {kind}: {message}", field)
-    if err.status == 403 and _admission_denial(message):
-        # An admission policy or webhook said no to this object: asking again will not change
-        # its answer, so the run ends saying why (a Secret its namespace does not list).
+    if err.status == 403 and ("denied request" in message or "denied the request" in message):
+        # An admission policy or webhook said no to this object, as the API server words it
+        # (`ValidatingAdmissionPolicy '…' with binding '…' denied request: …`, `admission
+        # webhook "…" denied the request: …`), not RBAC: asking again will not change its
+        # answer, so the run ends saying why (a Secret its namespace does not list).
         msg = f"the cluster's admission refused the {kind}: {message}"
         return errors.AdmissionRefused(msg)
     if err.status == 403:

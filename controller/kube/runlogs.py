@@ -3,7 +3,7 @@ one: the log keeper reads tails and writes TauRunLogs, the run API streams live 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator
 from typing import Any
 
 from kubernetes_asyncio import client
@@ -51,18 +51,18 @@ class RunLogs:
 
     async def create_run_log(self, body: dict[str, Any]) -> bool:
         """Create a TauRunLog; False when one of that name exists already."""
-        return await _written(self._custom.create_namespaced_custom_object(
+        return await _api.json_or_none(self._custom.create_namespaced_custom_object(
             *TAURUNLOG[:2], body["metadata"]["namespace"], TAURUNLOG[2], body,
             _preload_content=False,
-        ))  # fmt: skip
+        ), absent=(409,)) is not None  # fmt: skip
 
     async def replace_run_log(self, body: dict[str, Any], resource_version: str) -> bool:
         """Replace a TauRunLog at the version read; False when it changed since (409)."""
         meta = {**body["metadata"], "resourceVersion": resource_version}
-        return await _written(self._custom.replace_namespaced_custom_object(
+        return await _api.json_or_none(self._custom.replace_namespaced_custom_object(
             *TAURUNLOG[:2], meta["namespace"], TAURUNLOG[2], meta["name"],
             {**body, "metadata": meta}, _preload_content=False,
-        ))  # fmt: skip
+        ), absent=(409,)) is not None  # fmt: skip
 
     # ------------------------------------------------------------------ logs
     async def stream_log(
@@ -76,13 +76,10 @@ class RunLogs:
         since_seconds: int | None = None,
     ) -> AsyncIterator[bytes]:
         """Yield a container's log as it is written (through the API server)."""
-        kwargs: dict[str, Any] = {"container": container, "follow": follow}
-        if tail_lines is not None:
-            kwargs["tail_lines"] = tail_lines
-        if since_seconds is not None:
-            kwargs["since_seconds"] = since_seconds
+        given = {"tail_lines": tail_lines, "since_seconds": since_seconds}
+        kwargs = {k: v for k, v in given.items() if v is not None}
         resp = await self._logs.read_namespaced_pod_log(
-            pod, namespace, _preload_content=False, **kwargs
+            pod, namespace, container=container, follow=follow, _preload_content=False, **kwargs
         )
         if not 200 <= resp.status <= 299:
             await _api.read_json(resp)  # raises with the API server's message
@@ -91,15 +88,3 @@ class RunLogs:
                 yield chunk
         finally:
             resp.release()
-
-
-async def _written(call: Awaitable[Any]) -> bool:
-    """Whether a write went through; False on 409 (the name is taken, or the object changed
-    since it was read); any other refusal raises."""
-    try:
-        await _api.read_json(await call)
-    except client.ApiException as err:
-        if err.status == 409:
-            return False
-        raise
-    return True

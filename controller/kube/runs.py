@@ -556,18 +556,12 @@ class RunStore(runlogs.RunLogs):
         return None
 
 
-def controller_of(obj: dict[str, Any]) -> dict[str, Any] | None:
-    """An object's controller ownerReference (None without one)."""
-    for ref in (obj.get("metadata") or {}).get("ownerReferences") or []:
-        if isinstance(ref, dict) and ref.get("controller"):
-            return ref
-    return None
-
-
 def _controller_uid(obj: dict[str, Any]) -> str | None:
     """The UID of an object's controller owner (None without one)."""
-    ref = controller_of(obj)
-    return None if ref is None else str(ref.get("uid") or "")
+    for ref in (obj.get("metadata") or {}).get("ownerReferences") or []:
+        if isinstance(ref, dict) and ref.get("controller"):
+            return str(ref.get("uid") or "")
+    return None
 
 
 def _check_owner(existing: dict[str, Any], kind: str, written: dict[str, Any]) -> None:

@@ -50,15 +50,11 @@ def parse(selector: str) -> tuple[Requirement, ...]:
         if "(" in term or " " in term:
             msg = f"a set-based label selector term: {term!r}"
             raise UnsupportedError(msg)
-        if "!=" in term:
-            key, value = term.split("!=", 1)
-            out.append(Requirement(_key(key, term), Op.DIFFERS, _value(value, term)))
-        elif "==" in term:
-            key, value = term.split("==", 1)
-            out.append(Requirement(_key(key, term), Op.EQUALS, _value(value, term)))
-        elif "=" in term:
-            key, value = term.split("=", 1)
-            out.append(Requirement(_key(key, term), Op.EQUALS, _value(value, term)))
+        if "=" in term:
+            sep = next(s for s in ("!=", "==", "=") if s in term)
+            key, value = term.split(sep, 1)
+            op = Op.DIFFERS if sep == "!=" else Op.EQUALS
+            out.append(Requirement(_key(key, term), op, _value(value, term)))
         elif term.startswith("!"):
             out.append(Requirement(_key(term[1:], term), Op.ABSENT))
         else:
