@@ -170,11 +170,23 @@ class Gate:
 
     # ------------------------------------------------------------------ one pass
     async def pass_once(self) -> None:
-        """Keep the check Active and answer the Workloads the queue hands out."""
+        """Keep the check Active and answer the Workloads the queue hands out. A pass that
+        fails (the API server, a lost lease) queues its Workloads again after a backoff that
+        doubles per failure (`WorkQueue.failed`), not only at the next resync."""
         now = self._clock()
         batch = self.queue.take(now.timestamp())
         if not batch.everything and not batch.keys:
             return
+        try:
+            await self._answer(batch, now)
+        except Exception:
+            for key in batch.keys | (self._waiting if batch.everything else set()):
+                self.queue.failed(key, now.timestamp())
+            raise
+        for key in batch.keys:
+            self.queue.succeeded(key)
+
+    async def _answer(self, batch: workqueue.Batch[Key], now: dt.datetime) -> None:
         raw_check = await self.store.get_admission_check(self.check)
         if raw_check is None or not policy.owns_check(raw_check, self.controller_name):
             self._refuse(raw_check)

@@ -162,6 +162,39 @@ async def test_a_pass_with_nothing_due_reads_nothing(kit: Kit) -> None:
     assert reads == [CHECK, CHECK]
 
 
+async def test_a_pass_that_fails_queues_its_workloads_again_after_a_backoff(kit: Kit) -> None:
+    """An API failure mid-pass loses no Workload to the resync's wait: each comes back after
+    its backoff (1 s, then 2 s), and a pass that goes through forgets the failures."""
+    gate, store, clock = kit
+    calls: list[str] = []
+
+    async def get_admission_check(name: str) -> dict[str, Any] | None:
+        calls.append(name)
+        if len(calls) <= 3:
+            raise client.ApiException(status=500, reason="etcd is slow")
+        return None
+
+    store.get_admission_check = get_admission_check  # type: ignore[method-assign]
+    _take(gate, clock)  # the first resync, taken and dropped
+    store.kueue["workloads"].event("ADDED", test_policy.raw_workload("w"))
+    with pytest.raises(client.ApiException):
+        await gate.pass_once()
+    assert gate.queue.next_scheduled(clock.now.timestamp()) == 1.0
+    await gate.pass_once()
+    assert len(calls) == 1, "nothing was due before its backoff"
+    clock.now += dt.timedelta(seconds=1)
+    with pytest.raises(client.ApiException):
+        await gate.pass_once()
+    assert gate.queue.next_scheduled(clock.now.timestamp()) == 2.0, "the backoff doubles"
+    clock.now += dt.timedelta(seconds=2)
+    with pytest.raises(client.ApiException):
+        await gate.pass_once()
+    clock.now += dt.timedelta(seconds=4)
+    await gate.pass_once()
+    assert len(calls) == 4
+    assert gate.queue.next_scheduled(clock.now.timestamp()) is None
+
+
 def test_views_waits_is_the_gates_filter() -> None:
     queues = frozenset({"cq"})
     pending = test_policy.workload()
