@@ -116,28 +116,34 @@ class LogKeeper:
 
     async def pass_once(self) -> float | None:
         """Capture the workers of every managed run's current attempt that have a log."""
-        runs: dict[tuple[str, str], tuple[objects.RunRef, int]] = {}
+        runs = {}
         for item in await self.store.list_runs():
-            if not self.manages(item):
-                continue
-            try:
-                now_at = records.read(item.get("status"), results=False).current_attempt
-            except ValueError:
-                continue
-            ref = objects.run_ref(item)
-            runs[(ref.namespace, ref.name)] = (ref, now_at)
-        current: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
+            if self.manages(item):
+                ref = objects.run_ref(item)
+                runs[(ref.namespace, ref.name)] = (ref, item)
+        by_attempt: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
         for pod in await self.store.list_labelled("Pod", marks.RUN_LABEL):
             meta = pod.get("metadata") or {}
             labels = meta.get("labels") or {}
             label = str(labels.get(marks.ATTEMPT_LABEL, ""))
             key = (str(meta.get("namespace", "")), str(labels.get(marks.RUN_LABEL, "")))
-            if key in runs and label.isdigit() and int(label) == runs[key][1]:
-                current.setdefault((*key, int(label)), []).append(pod)
+            if key in runs and label.isdigit():
+                by_attempt.setdefault((*key, int(label)), []).append(pod)
+        # Only runs with pods have their status read (a cluster keeps thousands of finished
+        # runs, and reading a status is most of what a pass would cost them).
+        current: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
+        for (namespace, run_name, attempt), pods in by_attempt.items():
+            _, item = runs[(namespace, run_name)]
+            try:
+                now_at = records.read(item.get("status"), results=False).current_attempt
+            except ValueError:
+                continue
+            if attempt == now_at:
+                current[(namespace, run_name, attempt)] = pods
         named = await self._attempt_objects(marks.RUN_LABEL) if current else {}
         work = []
         for (namespace, run_name, attempt), pods in current.items():
-            ref = runs[(namespace, run_name)][0]
+            ref, _ = runs[(namespace, run_name)]
             found = named.get((namespace, objects.attempt_name(run_name, attempt)), [])
             owned = owners.owned_pods(pods, found, run=ref, attempt=attempt)
             work.append(self.capture(ref, attempt, owned, final=False))
