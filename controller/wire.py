@@ -1,25 +1,19 @@
 """The base of the models the API, the TauRun status and the reports use: camelCase on the
 wire, frozen, docstrings as descriptions.
 
-Pure: pydantic only, so the pure core builds on it.
+Pure: pydantic and `shared.spec` only, so the pure core builds on it.
 """
 
 from __future__ import annotations
 
 import pydantic
-from pydantic import alias_generators
+
+from shared import spec as specs
 
 
-class Wire(pydantic.BaseModel):
-    """camelCase on the wire, frozen, unknown fields refused, docstrings as descriptions."""
-
-    model_config = pydantic.ConfigDict(
-        frozen=True,
-        extra="forbid",
-        alias_generator=alias_generators.to_camel,
-        populate_by_name=True,
-        use_attribute_docstrings=True,
-    )
+class Wire(specs.SpecModel):
+    """camelCase on the wire, frozen, unknown fields refused, docstrings as descriptions: the
+    configuration of `tau.yaml`'s models (`shared.spec.SpecModel`), kept in one place."""
 
 
 class Lenient(Wire):

@@ -90,6 +90,10 @@ class Gate:
         """The Workloads to decide (see the module docstring)."""
         self._waiting: set[Key] = set()
         """The Workloads waiting on our check, as the cache last told them."""
+        self._waiting_due = False
+        """Every waiting Workload is already scheduled for the next pass (a capacity change
+        came since the last take), so the next change need not walk them again: pods change
+        many times a second in a busy cluster."""
         self._messages: dict[Key, str] = {}
         self._evented: dict[Key, str] = {}
         self._refusal = ""
@@ -157,13 +161,16 @@ class Gate:
         self._all_waiting(at_once=False)
 
     def _all_waiting(self, *, at_once: bool) -> None:
-        """Queue every waiting Workload: now (`at_once`), or for the next pass."""
-        now = self._clock().timestamp()
-        for key in self._waiting:
-            if at_once:
+        """Queue every waiting Workload: now (`at_once`), or for the next pass (once per
+        pass, however many changes come before it)."""
+        if at_once:
+            for key in self._waiting:
                 self.queue.add(key)
-            else:
+        elif not self._waiting_due:
+            now = self._clock().timestamp()
+            for key in self._waiting:
                 self.queue.due_at(key, now)
+            self._waiting_due = True
 
     def _recheck(self, key: Key) -> None:
         self.queue.due_at(key, self._clock().timestamp() + self.pass_interval_s)
@@ -175,6 +182,7 @@ class Gate:
         doubles per failure (`WorkQueue.failed`), not only at the next resync."""
         now = self._clock()
         batch = self.queue.take(now.timestamp())
+        self._waiting_due = False
         if not batch.everything and not batch.keys:
             return
         try:

@@ -50,6 +50,19 @@ def kueue_order_key(w: views.WorkloadView) -> tuple[int, dt.datetime, str]:
     return (-w.priority, when, f"{w.namespace}/{w.name}")
 
 
+def _in_line(
+    pending: Iterable[views.WorkloadView], local_to_cluster: Mapping[tuple[str, str], str]
+) -> list[list[views.WorkloadView]]:
+    """The pending Workloads of each ClusterQueue, in Kueue's order (`kueue_order_key`);
+    those of an unknown LocalQueue left out."""
+    by_cq: dict[str, list[views.WorkloadView]] = {}
+    for w in pending:
+        cq = local_to_cluster.get((w.namespace, w.queue_name))
+        if w.pending and cq is not None:
+            by_cq.setdefault(cq, []).append(w)
+    return [sorted(items, key=kueue_order_key) for items in by_cq.values()]
+
+
 def compute_positions(
     pending: Iterable[views.WorkloadView], local_to_cluster: Mapping[tuple[str, str], str]
 ) -> dict[tuple[str, str], QueuePosition]:
@@ -58,14 +71,8 @@ def compute_positions(
     `local_to_cluster` maps (namespace, LocalQueue) to its ClusterQueue; Workloads whose
     LocalQueue is unknown have no position.
     """
-    by_cq: dict[str, list[views.WorkloadView]] = {}
-    for w in pending:
-        cq = local_to_cluster.get((w.namespace, w.queue_name))
-        if w.pending and cq is not None:
-            by_cq.setdefault(cq, []).append(w)
     out: dict[tuple[str, str], QueuePosition] = {}
-    for items in by_cq.values():
-        items.sort(key=kueue_order_key)
+    for items in _in_line(pending, local_to_cluster):
         per_lq: dict[tuple[str, str], int] = {}
         for pos, w in enumerate(items):
             lq = (w.namespace, w.queue_name)
@@ -87,15 +94,10 @@ def quota_reasons_ahead(
     the same shape as one that just did not fit without evaluating them
     (`SchedulingEquivalenceHashing`, on by default): they get no message of their own, and
     what holds them back is what holds back the one ahead."""
-    by_cq: dict[str, list[views.WorkloadView]] = {}
-    for w in pending:
-        cq = local_to_cluster.get((w.namespace, w.queue_name))
-        if w.pending and cq is not None:
-            by_cq.setdefault(cq, []).append(w)
     out: dict[tuple[str, str], str] = {}
-    for items in by_cq.values():
+    for items in _in_line(pending, local_to_cluster):
         last = ""
-        for w in sorted(items, key=kueue_order_key):
+        for w in items:
             reserved = w.condition("QuotaReserved")
             if reserved is not None and reserved.message:
                 last = reserved.message

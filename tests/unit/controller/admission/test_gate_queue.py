@@ -195,6 +195,46 @@ async def test_a_pass_that_fails_queues_its_workloads_again_after_a_backoff(kit:
     assert gate.queue.next_scheduled(clock.now.timestamp()) is None
 
 
+async def test_pod_changes_between_two_passes_walk_the_waiting_workloads_once(kit: Kit) -> None:
+    """A busy cluster's pods change many times a second: the waiting Workloads are scheduled
+    for the next pass by the first change, not walked again by each one after it; after a
+    pass the next change schedules them again."""
+    gate, store, clock = kit
+    await gate.pass_once()
+    for name in ("a", "b", "c"):
+        store.kueue["workloads"].event("ADDED", test_policy.raw_workload(name))
+    _take(gate, clock)
+    scheduled: list[tuple[str, str]] = []
+    due_at = gate.queue.due_at
+
+    def counting(key: tuple[str, str], when: float | None) -> None:
+        scheduled.append(key)
+        due_at(key, when)
+
+    gate.queue.due_at = counting  # type: ignore[method-assign]
+
+    def pod(version: int) -> dict[str, Any]:
+        return {"metadata": {"namespace": "ns", "name": "p", "resourceVersion": str(version),
+                             "labels": {"v": str(version)}},
+                "spec": {"nodeName": "n1", "containers": []}}  # fmt: skip
+
+    told: list[int] = []
+    store.pods.subscribe(lambda _change: told.append(1))
+    for version in range(10, 110):
+        store.pods.event("MODIFIED", pod(version))
+    assert len(told) == 100, "each pod change is told"
+    assert sorted(scheduled) == [("ns", "a"), ("ns", "b"), ("ns", "c")]
+    store.get_admission_check = _never_ours  # type: ignore[method-assign,assignment]
+    await gate.pass_once()
+    store.pods.event("MODIFIED", pod(200))
+    assert len(scheduled) == 6, "a change after the pass schedules them again"
+    assert _take(gate, clock) == (False, {("ns", "a"), ("ns", "b"), ("ns", "c")})
+
+
+async def _never_ours(_name: str) -> dict[str, Any] | None:
+    return None
+
+
 def test_views_waits_is_the_gates_filter() -> None:
     queues = frozenset({"cq"})
     pending = test_policy.workload()
