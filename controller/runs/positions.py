@@ -43,11 +43,14 @@ class QueuePosition:
     source: PositionSource
 
 
-def kueue_order_key(w: views.WorkloadView) -> tuple[int, dt.datetime, str]:
+def kueue_order_key(w: views.WorkloadView) -> tuple[int, dt.datetime, str, str]:
     """Kueue's order of pending Workloads: higher priority first, then older queue-order
-    timestamp first (`pkg/queue` `queueOrderingFunc`); the name breaks ties."""
+    timestamp first, then the smaller UID (`pkg/cache/queue` `baseCompareFunc`). Timestamps
+    have whole seconds, so Workloads made within one second are in UID order, not in the order
+    they were made, in Kueue's queue and in its visibility API alike; the name breaks what is
+    left (a Workload read without its UID)."""
     when = w.queue_order_time or dt.datetime.max.replace(tzinfo=dt.UTC)
-    return (-w.priority, when, f"{w.namespace}/{w.name}")
+    return (-w.priority, when, w.uid, f"{w.namespace}/{w.name}")
 
 
 def _in_line(

@@ -76,6 +76,8 @@ class WorkloadView:
     """`status.requeueState.requeueAt`: when Kueue queues it again after a backoff."""
     requeue_count: int = 0
     """`status.requeueState.count`: how often Kueue evicted and requeued it (waitForPodsReady)."""
+    uid: str = ""
+    """`metadata.uid`: Kueue's last tie-break between Workloads of one priority and second."""
 
     def condition(self, kind: str) -> Condition | None:
         """The condition of the given type, if present."""
@@ -116,6 +118,7 @@ def parse_workload(raw: Mapping[str, Any]) -> WorkloadView:
     stats = status.get("schedulingStats") or {}
     requeue = status.get("requeueState") or {}
     return WorkloadView(
+        uid=str(meta.get("uid", "")),
         name=str(meta.get("name", "")),
         namespace=str(meta.get("namespace", "")),
         owner_kind=str(owners[0].get("kind", "")),

@@ -36,6 +36,7 @@ def a_workload(
     created: float = 0,
     active: bool = True,
     cq: str = "",
+    uid: str = "",
 ) -> views.WorkloadView:
     status: dict[str, Any] = {"conditions": list(conds)}
     if cq:
@@ -46,7 +47,7 @@ def a_workload(
     return views.parse_workload(
         {
             "metadata": {"name": name, "namespace": ns, "creationTimestamp": ts(created),
-                         "ownerReferences": [{"kind": "Job", "name": "demo-a1"}]},
+                         "uid": uid, "ownerReferences": [{"kind": "Job", "name": "demo-a1"}]},
             "spec": {"queueName": queue, "priority": priority, "active": active,
                      "podSets": [{"name": "main", "count": 1}]},
             "status": status,

@@ -215,6 +215,11 @@ def test_failed_attempt_records_exit_codes_and_nodes() -> None:
             id="equal priority goes by creation",
         ),
         pytest.param(
+            [a_workload(name="a", created=1, uid="f0"), a_workload(name="b", created=1, uid="0f")],
+            {"b": (0, 0), "a": (1, 1)},
+            id="made in the same second: the smaller UID first, as Kueue orders them",
+        ),
+        pytest.param(
             [a_workload(name="a", created=1), a_workload(name="b", created=2, priority=10)],
             {"b": (0, 0), "a": (1, 1)},
             id="higher priority goes first",
@@ -251,7 +256,7 @@ def test_failed_attempt_records_exit_codes_and_nodes() -> None:
 def test_computed_positions(
     workloads: list[views.WorkloadView], expected: dict[str, tuple[int, int]]
 ) -> None:
-    """Positions follow Kueue's order: priority, then the queue-order timestamp."""
+    """Positions follow Kueue's order: priority, then the queue-order timestamp, then UID."""
     mapping = {("team", "q"): "cq", ("team", "other"): "cq"}
     computed = positions.compute_positions(workloads, mapping)
     actual = {name: (p.in_cluster_queue, p.in_local_queue) for (_, name), p in computed.items()}
