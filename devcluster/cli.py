@@ -134,14 +134,20 @@ def _run(c: cluster.Cluster, args: argparse.Namespace) -> int:
             print("error: --dra-nodes must not be negative", file=sys.stderr)
             return 2
         build.check_prerequisites()
-        c.up(nodes=args.nodes, dra_nodes=args.dra_nodes, bare=args.bare)
         bin_dir = build.built_dir() / "bin"
-        real = _start_real_node(c, bin_dir, operators=args.bare) if args.real_node else None
+        in_chart = _operators_in_chart(args, bin_dir)
+        c.up(nodes=args.nodes, dra_nodes=args.dra_nodes, bare=args.bare,
+             operators_in_chart=in_chart)  # fmt: skip
+        operators = args.bare or in_chart
+        real = _start_real_node(c, bin_dir, operators=operators) if args.real_node else None
+        if in_chart and real is None:
+            print("Kueue and KubeRay: host processes after all (their pods need the real node)")
+            c.start_operators(bin_dir, args.nodes + args.dra_nodes)
         if not (args.no_taugrid or args.bare):
             stack.stop_agents_state(c)
             fleet = [f"gpu-node-{i}" for i in range(args.nodes)]
             fleet += [f"{cluster.DRA_NODE_PREFIX}{i}" for i in range(args.dra_nodes)]
-            stack.start(c, bin_dir, fleet, real)
+            stack.start(c, bin_dir, fleet, real, operators=in_chart)
             print(cluster.summary(c))
             print(_welcome(c, bin_dir))
         else:
@@ -176,10 +182,25 @@ def _run(c: cluster.Cluster, args: argparse.Namespace) -> int:
             rows = c.status()
             if node.recorded(c):
                 rows += node.RealNode(c).status()
+            if c.operators_in_chart and c.is_up():
+                rows += stack.operator_status(c, build.built_dir() / "bin")
             for name, state, detail in rows:
                 print(f"{name:<24} {state:<10} {detail}")
         return 0 if c.is_up() else 1
     return 2
+
+
+def _operators_in_chart(args: argparse.Namespace, bin_dir: pathlib.Path) -> bool:
+    """Whether `up` installs Kueue and KubeRay through the chart (kueue.enabled,
+    kuberay.enabled), as pods of the real node: with TauGrid and the real node, on the Kueue
+    the chart ships (`TAUGRID_KUEUE_VERSION` set to another builds that version's binary,
+    which runs as a host process). Otherwise they are host processes."""
+    return (
+        args.real_node
+        and not (args.no_taugrid or args.bare)
+        and build.kueue_version() == build.KUEUE_VERSION
+        and not node.preflight(bin_dir)
+    )
 
 
 def _start_real_node(

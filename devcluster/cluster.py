@@ -73,9 +73,13 @@ is enforced by the API server, GA and on by default since 1.30, no flag needed).
 KUEUE_WEBHOOKS_KEPT = ("batch-v1-job", "ray-io-v1-rayjob", "ray-io-v1-raycluster", "kueue-x-k8s-io")
 
 OPERATORS = ("kueue", "kuberay")
-"""The host processes a bare control plane (`up(bare=True)`) leaves out."""
+"""The host processes a bare control plane (`up(bare=True)`) leaves out, and so does a
+cluster whose operators are pods of the chart (`up(operators_in_chart=True)`)."""
 BARE_MARKER = "bare"
 """A file in the state directory while the cluster there is a bare control plane."""
+CHART_OPERATORS_MARKER = "operators-in-chart"
+"""A file in the state directory while Kueue and KubeRay run as the chart's pods (the main dev
+cluster with its real node: `taugrid dev up`), not as host processes."""
 API_ENV_POLICY = "taugrid-dev-api-env"
 
 START_ORDER = (
@@ -175,10 +179,19 @@ class Cluster:
         """True when this state directory's cluster is a bare control plane (`up(bare=True)`)."""
         return (self.state / BARE_MARKER).exists()
 
+    @property
+    def operators_in_chart(self) -> bool:
+        """True when Kueue and KubeRay run as pods of the chart, not as host processes."""
+        return (self.state / CHART_OPERATORS_MARKER).exists()
+
+    def _host_operators(self) -> bool:
+        return not (self.bare or self.operators_in_chart)
+
     def components(self) -> list[Component]:
-        """Every component with the URL that tells whether it is healthy (a bare control plane
-        has no Kueue and KubeRay processes)."""
-        return [c for c in self._all_components() if not (self.bare and c.name in OPERATORS)]
+        """Every component with the URL that tells whether it is healthy (a bare control plane,
+        and one whose operators are the chart's pods, have no Kueue and KubeRay processes)."""
+        host = self._host_operators()
+        return [c for c in self._all_components() if host or c.name not in OPERATORS]
 
     def _all_components(self) -> list[Component]:
         p = self.ports
@@ -268,7 +281,8 @@ class Cluster:
     def is_up(self) -> bool:
         """True when every component is recorded, alive and the API server is ready."""
         names = {r.name for r in self.running()}
-        wanted = {n for n in START_ORDER if not (self.bare and n in OPERATORS)}
+        host = self._host_operators()
+        wanted = {n for n in START_ORDER if host or n not in OPERATORS}
         return wanted <= names and self.probe(f"{self.server}/readyz")[0]
 
     def status(self) -> list[tuple[str, str, str]]:
@@ -318,14 +332,18 @@ class Cluster:
         *,
         dra_nodes: int = 0,
         bare: bool = False,
+        operators_in_chart: bool = False,
     ) -> None:
         """Start the whole control plane in the documented order and bootstrap it, with
         `nodes` device-plugin GPU nodes and `dra_nodes` DRA GPU nodes (`dra_node_names`).
 
         `bare` leaves out everything of Kueue and KubeRay (processes, CRDs, webhooks, queues):
         the one install (`helm install` with kueue.enabled and kuberay.enabled) brings them as
-        pods of the real node. A bare cluster gets the dev-only policy that tells pods where
-        the API server is (`api_env_policy`): the subcharts' pods have no knob for it."""
+        pods of the real node. `operators_in_chart` leaves out the same for the main dev
+        cluster, whose chart install (`stack.start`) brings them the same way; should the real
+        node not start, `start_operators` runs them as host processes after all. Either gets
+        the dev-only policy that tells pods where the API server is (`api_env_policy`): the
+        subcharts' pods have no knob for it."""
         stale = self.table.clean_stale()
         if stale:
             out(f"cleaned stale PID records: {', '.join(sorted(stale))}")
@@ -343,11 +361,12 @@ class Cluster:
         bin_dir = built / "bin"
         assets = built / "assets"
         self.state.mkdir(parents=True, exist_ok=True)
-        marker = self.state / BARE_MARKER
-        if bare:
-            marker.touch()
-        else:
-            marker.unlink(missing_ok=True)
+        for marker, on in ((BARE_MARKER, bare), (CHART_OPERATORS_MARKER, operators_in_chart)):
+            if on:
+                (self.state / marker).touch()
+            else:
+                (self.state / marker).unlink(missing_ok=True)
+        in_pods = bare or operators_in_chart
         # The real node reaches the API server at the host end of its link: the serving
         # certificate covers that address too.
         pki.ensure(self.pki, extra_ips=(netns.plan(self.state).host_ip,))
@@ -357,8 +376,8 @@ class Cluster:
         try:
             self._start_etcd(bin_dir)
             self._start_apiserver(bin_dir)
-            self._install_crds(bin_dir, assets, bare=bare)
-            if bare:
+            self._install_crds(bin_dir)
+            if in_pods:
                 link = netns.plan(self.state)
                 self.apply(bin_dir, api_env_policy(link.host_ip, self.ports.apiserver))
             self._start_kcm(bin_dir)
@@ -369,10 +388,8 @@ class Cluster:
             if dra_nodes:
                 self.ensure_nodes(bin_dir, dra_nodes, prefix=DRA_NODE_PREFIX, gpu_driver="dra",
                                   labels={"taugrid.dev/dev-fleet": "true"})  # fmt: skip
-            if not bare:
-                self._start_kueue(bin_dir, assets)
-                self._start_kuberay(bin_dir)
-                self._bootstrap_queues(bin_dir, nodes + dra_nodes)
+            if not in_pods:
+                self.start_operators(bin_dir, nodes + dra_nodes)
             self.apply(bin_dir, example_volumes(self.state / "volumes"))
             example_volume_dirs(self.state / "volumes")
         except BaseException:
@@ -471,26 +488,37 @@ class Cluster:
             "--kube-api-qps=200", "--kube-api-burst=400",
         ])  # fmt: skip
 
-    def _install_crds(
-        self, bin_dir: pathlib.Path, assets: pathlib.Path, *, bare: bool = False
-    ) -> None:
+    def _install_crds(self, bin_dir: pathlib.Path, *, operators: bool = False) -> None:
+        """KWOK's CRDs and the extra ones; with `operators`, Kueue's and KubeRay's instead."""
+        assets = bin_dir.parent / "assets"
         docs: list[dict[str, Any]] = []
-        files: list[pathlib.Path] = []
-        if not bare:
+        if operators:
             docs.append(
                 {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kueue-system"}}
             )
-            files += sorted((assets / "kueue" / "crd").glob("*.yaml"))
+            files = sorted((assets / "kueue" / "crd").glob("*.yaml"))
             files += sorted((assets / "kuberay" / "crd").glob("*.yaml"))
-        files += [
-            assets / "kwok" / "crd" / "kwok.x-k8s.io_logs.yaml",
-            assets / "kwok" / "crd" / "kwok.x-k8s.io_clusterlogs.yaml",
-            *self.extra_crds(),
-        ]
+        else:
+            files = [
+                assets / "kwok" / "crd" / "kwok.x-k8s.io_logs.yaml",
+                assets / "kwok" / "crd" / "kwok.x-k8s.io_clusterlogs.yaml",
+                *self.extra_crds(),
+            ]
         for f in files:
             docs.extend(d for d in yaml.safe_load_all(f.read_text()) if d)
         self.apply(bin_dir, docs)
         self._wait_crds_established(bin_dir)
+
+    def start_operators(self, bin_dir: pathlib.Path, nodes: int) -> None:
+        """Kueue and the KubeRay operator as host processes: their CRDs, the processes, Kueue's
+        webhooks (called on 127.0.0.1) and the dev queues for `nodes` GPU nodes. `up` runs
+        this unless the chart brings them; `taugrid dev up` runs it after `up` when it meant
+        the chart to, but the real node their pods need did not start."""
+        self._install_crds(bin_dir, operators=True)
+        self._start_kueue(bin_dir, bin_dir.parent / "assets")
+        self._start_kuberay(bin_dir)
+        self._bootstrap_queues(bin_dir, nodes)
+        (self.state / CHART_OPERATORS_MARKER).unlink(missing_ok=True)
 
     def _wait_crds_established(self, bin_dir: pathlib.Path, timeout_s: float = 60.0) -> None:
         # `kubectl wait` errors out on a CRD whose status has no conditions yet; poll instead.
@@ -612,18 +640,7 @@ class Cluster:
             "webhook": {"host": "127.0.0.1", "port": p.kueue_webhook, "certDir": str(certs)},
             "leaderElection": {"leaderElect": False},
             "internalCertManagement": {"enable": False},
-            "manageJobsWithoutQueueName": False,
-            "waitForPodsReady": {"timeout": f"{PODS_READY_TIMEOUT_S}s", "blockAdmission": False},
-            "integrations": {"frameworks": ["batch/job", "ray.io/rayjob", "ray.io/raycluster"]},
-            # Kueue counts DRA devices only behind its gate, and only for the device
-            # classes mapped to a quota name here: NVIDIA's class counts as nvidia.com/gpu,
-            # the name device-plugin GPUs have, so one quota covers both kinds of node.
-            "featureGates": kueue_feature_gates(build.kueue_version(), visibility=visibility),
-            "resources": {
-                "deviceClassMappings": [
-                    {"name": "nvidia.com/gpu", "deviceClassNames": [drapublisher.DEVICE_CLASS]},
-                ]
-            },
+            **kueue_dev_settings(build.kueue_version(), visibility=visibility),
         }
         cfg_path = self.state / "kueue.yaml"
         cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
@@ -683,13 +700,14 @@ class AlreadyRunningError(ClusterError):
     """`up` was asked for while a dev cluster runs from the same state directory."""
 
 
-def api_env_policy(host: str, port: int) -> list[dict[str, Any]]:
+def api_env_policy(host: str, port: int, namespace: str = "taugrid-system") -> list[dict[str, Any]]:
     """Dev only: a MutatingAdmissionPolicy (and its binding) that sets KUBERNETES_SERVICE_HOST
-    and KUBERNETES_SERVICE_PORT on the first container of every new pod to the API server at
-    `host:port`. The real node runs no kube-proxy, so the `kubernetes` Service leads nowhere;
-    TauGrid's own pods get the same two variables from the chart (`extraEnv`, as the main dev
-    cluster sets them), but Kueue's and KubeRay's charts have no such knob. Pods of KWOK nodes
-    run nothing, so the variables do nothing there."""
+    and KUBERNETES_SERVICE_PORT on the first container of every new pod in `namespace` (the
+    release's, where the chart runs Kueue and KubeRay) to the API server at `host:port`. The
+    real node runs no kube-proxy, so the `kubernetes` Service leads nowhere; TauGrid's own pods
+    get the same two variables from the chart (`extraEnv`, as the main dev cluster sets them),
+    but Kueue's and KubeRay's charts have no such knob. Pods elsewhere (the users') are left
+    exactly as they were made."""
     keep = '!(e.name in ["KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"])'
     api = (
         f'[Object.spec.containers.env{{name: "KUBERNETES_SERVICE_HOST", value: "{host}"}}, '
@@ -707,6 +725,9 @@ def api_env_policy(host: str, port: int) -> list[dict[str, Any]]:
             "metadata": {"name": API_ENV_POLICY},
             "spec": {
                 "matchConstraints": {
+                    "namespaceSelector": {
+                        "matchLabels": {"kubernetes.io/metadata.name": namespace}
+                    },
                     "resourceRules": [
                         {
                             "apiGroups": [""],
@@ -714,7 +735,7 @@ def api_env_policy(host: str, port: int) -> list[dict[str, Any]]:
                             "operations": ["CREATE"],
                             "resources": ["pods"],
                         }
-                    ]
+                    ],
                 },
                 "failurePolicy": "Fail",
                 "reinvocationPolicy": "Never",
@@ -870,6 +891,26 @@ def _dev_cluster_queue(nodes: int) -> dict[str, Any]:
                     ],
                 }
             ],
+        },
+    }
+
+
+def kueue_dev_settings(version: str, *, visibility: bool) -> dict[str, Any]:
+    """What the dev cluster sets in Kueue's Configuration, as a host process or as the chart's
+    pod: only Workloads naming a queue, the pods-ready timeout, the integrations TauGrid runs
+    on, the feature gates, and the DRA device class mapping."""
+    return {
+        "manageJobsWithoutQueueName": False,
+        "waitForPodsReady": {"timeout": f"{PODS_READY_TIMEOUT_S}s", "blockAdmission": False},
+        "integrations": {"frameworks": ["batch/job", "ray.io/rayjob", "ray.io/raycluster"]},
+        # Kueue counts DRA devices only behind its gate, and only for the device classes
+        # mapped to a quota name here: NVIDIA's class counts as nvidia.com/gpu, the name
+        # device-plugin GPUs have, so one quota covers both kinds of node.
+        "featureGates": kueue_feature_gates(version, visibility=visibility),
+        "resources": {
+            "deviceClassMappings": [
+                {"name": "nvidia.com/gpu", "deviceClassNames": [drapublisher.DEVICE_CLASS]},
+            ]
         },
     }
 

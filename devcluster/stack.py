@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from devcluster import chart, cluster, fakenvml, processes, tokens
+from devcluster import build, chart, cluster, fakenvml, processes, tokens
 
 NAMESPACE = "taugrid-system"
 AGENT_SA = "taugrid-agent"
@@ -302,12 +302,16 @@ def _merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def chart_values(nodes: int, real: RealNode | None = None) -> dict[str, Any]:
+def chart_values(
+    nodes: int, real: RealNode | None = None, *, operators: bool = False
+) -> dict[str, Any]:
     """The chart's values on the dev cluster: everything but the processes is the chart's.
 
     KWOK "runs" the controller Deployment's and the agent DaemonSet's pods on the dev fleet's
     nodes; the processes that stand in for them run on the host, with tokens bound to those
-    pods. The dev queues are the chart's optional queues, gated by its AdmissionCheck.
+    pods. The dev queues are the chart's optional queues, gated by its AdmissionCheck. With a
+    real node and `operators`, Kueue and the KubeRay operator come with the chart too
+    (`operator_values`): the one install's path, which the main dev cluster takes.
     """
     dev_fleet = dict([DEV_FLEET_SELECTOR.split("=", 1)])
     quota = {"cpu": str(96 * nodes), "memory": f"{nodes}Ti", "nvidia.com/gpu": str(8 * nodes)}
@@ -331,30 +335,79 @@ def chart_values(nodes: int, real: RealNode | None = None) -> dict[str, Any]:
             "localQueue": {"name": cluster.LOCAL_QUEUE, "namespaces": ["default"]},
         },
     }  # fmt: skip
-    return _merge(values, real_node_values(real)) if real is not None else values
+    if real is None:
+        return values
+    values = _merge(values, real_node_values(real))
+    return _merge(values, operator_values(real)) if operators else values
 
 
-def one_install_values(nodes: int, real: RealNode) -> dict[str, Any]:
-    """The chart's values for the one install on a bare dev cluster (`up --bare`): TauGrid as
-    with a real node, plus Kueue and the KubeRay operator from the chart's own dependencies,
-    their controllers pods of the real node in the images `up --bare` imported there.
+def kueue_config() -> str:
+    """Kueue's Configuration as the chart's pod runs it on the dev cluster: the chart's own
+    (values.yaml) with the dev cluster's settings (`cluster.kueue_dev_settings`, the same as
+    the host process gets). In a pod, Kueue's visibility server works, so it is on."""
+    defaults = yaml.safe_load((chart.CHART_DIR / "values.yaml").read_text())
+    cfg = yaml.safe_load(defaults["kueue"]["managerConfig"]["controllerManagerConfigYaml"])
+    cfg.update(cluster.kueue_dev_settings(build.kueue_version(), visibility=True))
+    return yaml.safe_dump(cfg, sort_keys=False)
 
-    TauGrid manages the real node alone (its agent runs only there; no host-process agents
-    stand in for the KWOK nodes), so the KWOK nodes are capacity outside the fleet. The
-    ClusterQueue does not wait on TauGrid's AdmissionCheck: Kueue, KubeRay and the chart are
-    what the one install proves; the check has its own tests on the main dev cluster."""
+
+def operator_values(real: RealNode) -> dict[str, Any]:
+    """Kueue and the KubeRay operator from the chart's own dependencies (kueue.enabled,
+    kuberay.enabled), their controllers pods of the real node, in the images the real node
+    imported (`taugrid dev images` builds them from the binaries the control-plane build
+    made); Kueue configured as `kueue_config` says."""
     where = {"nodeSelector": {real.label: "true"},
              "tolerations": [{"key": real.taint_key, "operator": "Exists",
                               "effect": "NoSchedule"}]}  # fmt: skip
     small = {"requests": {"cpu": "50m", "memory": "128Mi"}}
-    return _merge(chart_values(nodes, real), {
+    return {
+        "kueue": {"enabled": True,
+                  "controllerManager": {"manager": {
+                      "image": _image(real.images["kueue"]),
+                      "resources": {**small, "limits": {"cpu": "2", "memory": "1Gi"}}},
+                      **where},
+                  "managerConfig": {"controllerManagerConfigYaml": kueue_config()}},
+        "kuberay": {"enabled": True, "image": _image(real.images["kuberay"]),
+                    "resources": small, **where},
+    }  # fmt: skip
+
+
+OPERATOR_DEPLOYMENTS = {"kueue": "taugrid-kueue-controller-manager", "kuberay": "kuberay-operator"}
+"""The chart's Deployments of Kueue and the KubeRay operator (release `taugrid`)."""
+
+
+def operator_status(c: cluster.Cluster, bin_dir: pathlib.Path) -> list[tuple[str, str, str]]:
+    """`taugrid dev status` rows for Kueue and KubeRay when they are the chart's pods."""
+    try:
+        items = _kubectl_json(c, bin_dir, "-n", NAMESPACE, "get", "deployments")["items"]
+    except cluster.ClusterError as err:
+        return [(name, "unknown", str(err)) for name in OPERATOR_DEPLOYMENTS]
+    found = {d["metadata"]["name"]: d for d in items}
+    rows = []
+    for name, deployment in OPERATOR_DEPLOYMENTS.items():
+        d = found.get(deployment)
+        if d is None:
+            rows.append((name, "absent", f"no Deployment {NAMESPACE}/{deployment}"))
+            continue
+        ready, want = d.get("status", {}).get("readyReplicas", 0), d["spec"].get("replicas", 1)
+        state = "healthy" if ready >= want else "starting"
+        rows.append((name, state, f"pod of the chart: {NAMESPACE}/{deployment} {ready}/{want}"))
+    return rows
+
+
+def one_install_values(nodes: int, real: RealNode) -> dict[str, Any]:
+    """The chart's values for the one install on a bare dev cluster (`up --bare`): TauGrid,
+    Kueue and KubeRay as on the main dev cluster with its real node.
+
+    TauGrid manages the real node alone (its agent runs only there; no host-process agents
+    stand in for the KWOK nodes), so the KWOK nodes are capacity outside the fleet. The
+    ClusterQueue does not wait on TauGrid's AdmissionCheck: Kueue, KubeRay and the chart are
+    what the one install proves; the check has its own tests on the main dev cluster, whose
+    operators come from the chart the same way."""
+    return _merge(chart_values(nodes, real, operators=True), {
         "controller": {"managedNodeSelector": f"{real.label}=true"},
         "agent": {"nodeSelector": {real.label: "true"}},
         "queues": {"clusterQueue": {"useAdmissionCheck": False}},
-        "kueue": {"enabled": True, "controllerManager": {
-            "manager": {"image": _image(real.images["kueue"]), "resources": small}, **where}},
-        "kuberay": {"enabled": True, "image": _image(real.images["kuberay"]),
-                    "resources": small, **where},
     })  # fmt: skip
 
 
@@ -379,8 +432,10 @@ def _adopt(c: cluster.Cluster, bin_dir: pathlib.Path, values: dict[str, Any]) ->
             meta = doc.setdefault("metadata", {})
             meta["annotations"] = {**meta.get("annotations", {}), **marks}
             docs.append(doc)
-    c.apply(bin_dir, [d for d in docs if d["kind"] != "ClusterQueue"])
-    c.apply(bin_dir, [d for d in docs if d["kind"] == "ClusterQueue"])
+    for batch in ([d for d in docs if d["kind"] != "ClusterQueue"],
+                  [d for d in docs if d["kind"] == "ClusterQueue"]):  # fmt: skip
+        if batch:  # with kueue.enabled, the Kueue objects are hooks: none to adopt
+            c.apply(bin_dir, batch)
     c.kubectl(bin_dir, "-n", NAMESPACE, "delete", "pod", "--ignore-not-found", "--wait=false",
               "-l", "app.kubernetes.io/name=taugrid-agent")  # fmt: skip
 
@@ -391,7 +446,12 @@ def values_file(c: cluster.Cluster) -> pathlib.Path:
 
 
 def start(
-    c: cluster.Cluster, bin_dir: pathlib.Path, nodes: list[str], real: RealNode | None = None
+    c: cluster.Cluster,
+    bin_dir: pathlib.Path,
+    nodes: list[str],
+    real: RealNode | None = None,
+    *,
+    operators: bool = False,
 ) -> None:
     """Install the chart, then start the controller, one agent per node and the token
     renewer, each recorded by PID.
@@ -399,12 +459,16 @@ def start(
     With a real node the controller is the chart's own pod there (one replica), reached from
     the host at `controller_url()` and from the node's pods at `real.controller_url` through
     a relay; the agent DaemonSet's pod there is real too. The host-process agents stand in
-    for the KWOK nodes' pods only."""
+    for the KWOK nodes' pods only. With `operators` (a real node, and a control plane that
+    `up(operators_in_chart=True)` started) the chart brings Kueue and KubeRay as pods there
+    as well, and the install waits for them: the chart's Kueue objects are made once Kueue
+    answers."""
     c.apply(bin_dir, _bootstrap_objects())
-    values = chart_values(len(nodes), real)
+    operators = operators and real is not None
+    values = chart_values(len(nodes), real, operators=operators)
     _adopt(c, bin_dir, values)
     chart.install(c.kubeconfig, RELEASE, NAMESPACE, values, create_namespace=True,
-                  bin_dir=bin_dir)  # fmt: skip
+                  wait=operators, timeout_s=300, bin_dir=bin_dir)  # fmt: skip
     values_file(c).write_text(yaml.safe_dump(values, sort_keys=False))
     tokens.issue(c, bin_dir, NAMESPACE, RELEASE, nodes)
     renew = [sys.executable, "-m", "devcluster.cli", "dev", "renew-tokens", *nodes]

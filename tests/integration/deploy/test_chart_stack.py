@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from devcluster import build, chart
+from devcluster import build, chart, cluster
 from devcluster import stack as devstack
 from tests.integration.deploy.test_chart import merged, objects, render
 
@@ -270,22 +270,62 @@ def test_without_kueue_in_the_release_there_is_no_uninstall_hook() -> None:
     assert uninstall_hook(render({"queues": {"enabled": True}})) == []
 
 
+REAL = devstack.RealNode(
+    name="real-node", images={"controller": "docker.io/taugrid/controller:dev-c",
+                              "agent": "docker.io/taugrid/agent:dev-a",
+                              "kueue": "docker.io/taugrid/kueue:dev-k",
+                              "kuberay": "docker.io/taugrid/kuberay:dev-r"},
+    host_ip="198.18.0.1", apiserver_port=6443, controller_port=8080,
+    agent_state=pathlib.Path("/s/agents"), controller_addr=pathlib.Path("/s/addr"),
+    pod_resources_dir=pathlib.Path("/s/pr"), fakenvml_lib=pathlib.Path("/s/lib"),
+    agents_dir=pathlib.Path("/s/agents"), taint_key="taugrid.dev/real-node",
+    label="taugrid.dev/real-node",
+)  # fmt: skip
+"""A dev cluster's real node as `stack.RealNode` describes it to the chart."""
+
+
+def test_the_main_dev_cluster_installs_kueue_and_kuberay_through_the_chart() -> None:
+    """`taugrid dev up` with its real node (`stack.chart_values(..., operators=True)`): Kueue
+    and KubeRay are the chart's pods there, Kueue configured as the dev cluster needs (the DRA
+    gate and class mapping, the pods-ready timeout, TauGrid's three integrations) over the
+    chart's own configuration, and the dev queue waits on TauGrid's AdmissionCheck. Without
+    `operators` (the host-process fallback) nothing of Kueue or KubeRay renders."""
+    docs = chart.template(devstack.chart_values(4, REAL, operators=True), api_versions=BARE)
+    deployments = {d["metadata"]["name"]: d["spec"]["template"]["spec"]
+                   for d in objects(docs, "Deployment")}  # fmt: skip
+    assert set(deployments) == {"taugrid-controller", "taugrid-kueue-controller-manager",
+                                "kuberay-operator"}  # fmt: skip
+    assert set(devstack.OPERATOR_DEPLOYMENTS.values()) < set(deployments)
+    for pod in deployments.values():
+        assert pod["nodeSelector"]["taugrid.dev/real-node"] == "true"
+    (config,) = [d for d in objects(docs, "ConfigMap") if "controller_manager_config.yaml"
+                 in (d.get("data") or {})]  # fmt: skip
+    cfg = yaml.safe_load(config["data"]["controller_manager_config.yaml"])
+    assert cfg["featureGates"]["KueueDRAIntegration"] is True
+    assert cfg["resources"]["deviceClassMappings"] == [
+        {"name": "nvidia.com/gpu", "deviceClassNames": ["gpu.nvidia.com"]}
+    ]
+    assert cfg["waitForPodsReady"]["timeout"] == f"{cluster.PODS_READY_TIMEOUT_S}s"
+    assert cfg["integrations"]["frameworks"] == ["batch/job", "ray.io/rayjob",
+                                                 "ray.io/raycluster"]  # fmt: skip
+    assert cfg["manageJobsWithoutQueueName"] is False
+    assert cfg["webhook"] == {"port": 9443}  # the chart's own, kept
+    (cq,) = objects(docs, "ClusterQueue")
+    assert cq["spec"]["admissionChecksStrategy"]["admissionChecks"] == [
+        {"name": cluster.ADMISSION_CHECK}
+    ]
+    assert hooks(cq) == "post-install"  # made once Kueue answers (the install waits)
+
+    host = chart.template(devstack.chart_values(4, REAL), api_versions=BARE)
+    assert names(host, "Deployment") == {"taugrid-controller"}
+    assert objects(host, "ValidatingWebhookConfiguration") == []
+
+
 def test_the_dev_one_install_runs_the_operators_on_the_real_node_in_its_images() -> None:
     """`stack.one_install_values` (the e2e's values): Kueue's and KubeRay's controllers in the
     images `taugrid dev up --bare` imported, never pulled, on the real node (tolerating its
     taint); TauGrid manages that node alone; the queue does not wait on the check."""
-    real = devstack.RealNode(
-        name="real-node", images={"controller": "docker.io/taugrid/controller:dev-c",
-                                  "agent": "docker.io/taugrid/agent:dev-a",
-                                  "kueue": "docker.io/taugrid/kueue:dev-k",
-                                  "kuberay": "docker.io/taugrid/kuberay:dev-r"},
-        host_ip="198.18.0.1", apiserver_port=6443, controller_port=8080,
-        agent_state=pathlib.Path("/s/agents"), controller_addr=pathlib.Path("/s/addr"),
-        pod_resources_dir=pathlib.Path("/s/pr"), fakenvml_lib=pathlib.Path("/s/lib"),
-        agents_dir=pathlib.Path("/s/agents"), taint_key="taugrid.dev/real-node",
-        label="taugrid.dev/real-node",
-    )  # fmt: skip
-    docs = chart.template(devstack.one_install_values(4, real), api_versions=BARE)
+    docs = chart.template(devstack.one_install_values(4, REAL), api_versions=BARE)
     deployments = {d["metadata"]["name"]: d["spec"]["template"]["spec"]
                    for d in objects(docs, "Deployment")}  # fmt: skip
     for name, image in [("taugrid-kueue-controller-manager", "docker.io/taugrid/kueue:dev-k"),
