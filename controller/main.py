@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import signal
 import ssl
@@ -23,12 +24,13 @@ from shared import logs
 
 
 def _background(
-    work: Coroutine[Any, Any, None],
+    work: Callable[[], Coroutine[Any, Any, None]],
 ) -> Callable[[web.Application], AsyncIterator[None]]:
-    """A cleanup context that runs `work` while the app runs."""
+    """A cleanup context that runs `work()` while the app runs (started there: an app that
+    never starts leaves no coroutine never awaited)."""
 
     async def ctx(_: web.Application) -> AsyncIterator[None]:
-        task = asyncio.create_task(work)
+        task = asyncio.create_task(work())
         yield
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -149,7 +151,9 @@ def main() -> int:
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         context.load_cert_chain(settings.tls_cert_file, settings.tls_key_file or None)
         reloader = certs.Reloader(context, settings.tls_cert_file, settings.tls_key_file)
-        app.cleanup_ctx.append(_background(reloader.run(settings.tls_reload_interval_s)))
+        app.cleanup_ctx.append(
+            _background(functools.partial(reloader.run, settings.tls_reload_interval_s))
+        )
     elif not settings_mod.is_loopback(settings.host) and not settings.allow_insecure_http:
         print(
             "refusing plain HTTP on a non-loopback address: set TAUGRID_CONTROLLER_TLS_CERT_FILE "
@@ -157,7 +161,7 @@ def main() -> int:
             file=sys.stderr,
         )
         return 2
-    app.cleanup_ctx.append(_background(_freeze_once_synced(app)))
+    app.cleanup_ctx.append(_background(functools.partial(_freeze_once_synced, app)))
     # What importing and building the controller made lives as long as it does: ~100,000
     # objects the collector would otherwise walk in every full collection (~50 ms each on
     # the project's machines), a pause every request waiting behind it shares. Only here,

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -267,10 +268,12 @@ def check(
     return warnings
 
 
-async def _read(call: Any) -> Any:
-    """A read's answer, or Unknown with why it could not be made."""
+async def _read(call: Callable[[], Awaitable[Any]]) -> Any:
+    """A read's answer, or Unknown with why it could not be made. The read is started here:
+    a coroutine handed in would be left never awaited were this task cancelled before its
+    first step (a caller gone while `gather` starts its reads)."""
     try:
-        return await call
+        return await call()
     except asyncio.CancelledError:
         raise
     except Exception as err:  # noqa: BLE001  (a read that fails is reported, not raised)
@@ -328,11 +331,12 @@ async def gather(
     read (`readable`) is not read at all."""
     names = sorted({name for _, name in claim_fields(spec)} - readable.unreadable_claims)
     hidden: Unknown = Unknown("not read: the caller may not")
+    wanted = spec.priority if readable.priority_class else None
     queues, classes, *claims = await asyncio.gather(
-        _read(store.list_kueue("localqueues", namespace)) if readable.queue else _value(hidden),
-        _read(store.get_priority_class(spec.priority))
-        if spec.priority and readable.priority_class else _value(True),
-        *(_read(store.get_claim(namespace, n)) for n in names),
+        _read(functools.partial(store.list_kueue, "localqueues", namespace))
+        if readable.queue else _value(hidden),
+        _read(functools.partial(store.get_priority_class, wanted)) if wanted else _value(True),
+        *(_read(functools.partial(store.get_claim, namespace, n)) for n in names),
     )  # fmt: skip
     cluster_queue: str | Unknown | None
     if isinstance(queues, Unknown):
@@ -342,7 +346,7 @@ async def gather(
         cluster_queue = str((found[0].get("spec") or {}).get("clusterQueue", "")) if found else None
     active: bool | Unknown | None = None
     if isinstance(cluster_queue, str):
-        active = _active(await _read(store.get_cluster_queue(cluster_queue)))
+        active = _active(await _read(functools.partial(store.get_cluster_queue, cluster_queue)))
     priority: bool | Unknown = classes if isinstance(classes, Unknown) else classes is not None
     return Facts(
         cluster_queue=cluster_queue, cluster_queue_active=active,

@@ -357,7 +357,7 @@ class Reconciler:
         selector = marks.RUN_LABEL
         jobs, rayjobs, pods, workloads, lqs, nodes = await asyncio.gather(
             self.store.list_labelled("Job", selector),
-            self._optional(self.store.list_labelled("RayJob", selector)),
+            self._rayjobs(selector),
             self.store.list_labelled("Pod", selector),
             self._workload_views(),
             self.store.list_kueue("localqueues"),
@@ -372,7 +372,7 @@ class Reconciler:
         selector = f"{marks.RUN_LABEL}={name}"
         jobs, rayjobs, pods, workloads, lqs = await asyncio.gather(
             self.store.list_labelled("Job", selector),
-            self._optional(self.store.list_labelled("RayJob", selector)),
+            self._rayjobs(selector),
             self.store.list_labelled("Pod", selector),
             self.store.list_kueue("workloads", namespace),
             self.store.list_kueue("localqueues", namespace),
@@ -408,11 +408,12 @@ class Reconciler:
         self._priority_classes = found
         return found
 
-    @staticmethod
-    async def _optional(call: Any) -> list[dict[str, Any]]:
-        """RayJobs are optional: a cluster without KubeRay lists none (and runs no ray runs)."""
+    async def _rayjobs(self, selector: str) -> list[dict[str, Any]]:
+        """RayJobs are optional: a cluster without KubeRay lists none (and runs no ray runs).
+        The list is started here, not handed in as a coroutine: a pass cancelled before this
+        task's first step would leave such a coroutine never awaited."""
         try:
-            return list(await call)
+            return list(await self.store.list_labelled("RayJob", selector))
         except Exception:  # noqa: BLE001  (no RayJob CRD: 404)
             return []
 
