@@ -993,6 +993,9 @@ def summary(cluster: Cluster) -> str:
         f"{'component':<24} {'pid':>8}  log",
     ]
     lines.extend(f"{rec.name:<24} {rec.pid:>8}  {rec.log}" for rec in cluster.running())
+    if cluster.operators_in_chart:
+        lines.append(f"{'kueue, kuberay':<24} {'pods':>8}  of the chart in taugrid-system "
+                     "(`taugrid dev status`; kubectl -n taugrid-system logs)")  # fmt: skip
     lines += [
         "",
         f"try: KUBECONFIG={cluster.kubeconfig} {built.bin / 'kubectl'} get nodes",

@@ -82,3 +82,13 @@ def test_the_api_env_policy_sets_both_variables_on_every_new_pod() -> None:
     assert ".filter(e, !(e.name in" in expression
     assert binding["kind"] == "MutatingAdmissionPolicyBinding"
     assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+
+
+def test_the_summary_says_where_kueue_and_kuberay_run(tmp_path: pathlib.Path) -> None:
+    """`up` prints what runs where: with the operators in the chart, a line says they are pods
+    (no PID of theirs is listed); as host processes, no such line."""
+    c = cluster.Cluster(state=tmp_path)
+    assert "kueue, kuberay" not in cluster.summary(c)
+    (tmp_path / cluster.CHART_OPERATORS_MARKER).touch()
+    assert "kueue, kuberay" in cluster.summary(c)
+    assert "of the chart in taugrid-system" in cluster.summary(c)
