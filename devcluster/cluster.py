@@ -1,5 +1,6 @@
-"""The local control plane: etcd, kube-apiserver, controller-manager, scheduler, KWOK, Kueue
-and the KubeRay operator, as host processes on 127.0.0.1 (DESIGN.md section 8).
+"""The local control plane: etcd, kube-apiserver, controller-manager, scheduler and KWOK, as
+host processes on 127.0.0.1 (DESIGN.md section 8); Kueue and the KubeRay operator too where
+the chart does not bring them as pods of the real node (`up(operators_in_chart=True)`).
 
 Everything is real except the kubelet and the silicon: KWOK plays the kubelet for fake GPU
 nodes (and serves container logs from files), so the API server, the scheduler, the Job
