@@ -8,7 +8,6 @@ needs, and an in-process controller that tells KWOK to keep pods running (`run-f
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import os
 import pathlib
 import sys
@@ -135,17 +134,20 @@ async def test_schema_and_client_are_served(env: Env) -> None:
 
 
 # ---------------------------------------------------------------------- quota
-async def after_its_workload_second(env: Env, run: str) -> None:
-    """Return once the run's Workload exists and the clock is past the second it was made in.
-    Kueue orders Workloads of one priority by their creation time, whole seconds, and then by
-    UID: two made within one second are in no set order (its visibility API, which the dev
-    cluster's Kueue serves, says so too); one made in a later second is behind."""
-    wl = await support.eventually(
-        lambda: kueue.workload_of(env.api, env.namespace, f"{run}-a1"), what=f"{run}'s Workload"
-    )
-    made = dt.datetime.fromisoformat(wl["metadata"]["creationTimestamp"])
-    wait = (made + dt.timedelta(seconds=1) - dt.datetime.now(dt.UTC)).total_seconds()
-    await asyncio.sleep(max(0.0, wait) + 0.05)
+async def in_kueue_order(env: Env, *runs: str) -> list[str]:
+    """The runs in the order Kueue queues their Workloads. Of one priority, as here, that is
+    by creation time, in whole seconds, and then by UID: runs made within one second go in
+    UID order, not in the order they were made (Kueue's `baseCompareFunc`; its visibility API,
+    which the dev cluster's Kueue serves, lists them so)."""
+
+    async def key(run: str) -> tuple[str, str, str]:
+        wl = await support.eventually(
+            lambda: kueue.workload_of(env.api, env.namespace, f"{run}-a1"),
+            what=f"{run}'s Workload",
+        )
+        return (wl["metadata"]["creationTimestamp"], wl["metadata"]["uid"], run)
+
+    return [run for *_, run in sorted([await key(run) for run in runs])]
 
 
 async def test_over_quota_stays_queued_with_position_and_reason(env: Env) -> None:
@@ -153,26 +155,26 @@ async def test_over_quota_stays_queued_with_position_and_reason(env: Env) -> Non
     assert (await env.submit(job_spec("big", gpus=8)))[0] == 201
     await env.wait_phase("big", "Admitted", "Running")
     assert (await env.submit(job_spec("second", gpus=4)))[0] == 201
-    await after_its_workload_second(env, "second")
     assert (await env.submit(job_spec("third", gpus=4)))[0] == 201
+    first, then = await in_kueue_order(env, "second", "third")
 
     async def positions() -> tuple[dict[str, Any], dict[str, Any]]:
-        second, third = await env.run("second"), await env.run("third")
-        assert (second["queuePosition"], third["queuePosition"]) == (0, 1), (second, third)
-        assert "waiting for quota" in third["message"], third["message"]
-        return second, third
+        ahead, behind = await env.run(first), await env.run(then)
+        assert (ahead["queuePosition"], behind["queuePosition"]) == (0, 1), (ahead, behind)
+        assert "waiting for quota" in behind["message"], behind["message"]
+        return ahead, behind
 
-    _, third = await support.eventually(positions, what="queue positions")
-    assert third["phase"] == "Queued"
-    assert third["queuePositionSource"] in {"visibility", "computed"}
+    _, behind = await support.eventually(positions, what="queue positions")
+    assert behind["phase"] == "Queued"
+    assert behind["queuePositionSource"] in {"visibility", "computed"}
     if cluster.Cluster().operators_in_chart:  # Kueue in a pod serves its visibility API
-        assert third["queuePositionSource"] == "visibility"
-    assert "waiting for quota" in third["message"]
-    assert "1 run is ahead of it" in third["message"]
+        assert behind["queuePositionSource"] == "visibility"
+    assert "waiting for quota" in behind["message"]
+    assert "1 run is ahead of it" in behind["message"]
     status, queues = await env.get("/v1/queues", namespace=env.namespace)
     assert status == 200
     (q,) = queues["items"]
-    assert [w["name"] for w in q["waiting"]] == ["second", "third"]
+    assert [w["name"] for w in q["waiting"]] == [first, then]
 
 
 async def test_cancel_frees_quota_for_the_run_behind(env: Env) -> None:
