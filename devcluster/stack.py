@@ -474,15 +474,8 @@ def start(
     renew = [sys.executable, "-m", "devcluster.cli", "dev", "renew-tokens", *nodes]
     if real is not None:
         c.apply(bin_dir, real_node_queues(real))
-        tokens.write_controller_addr(c, bin_dir, NAMESPACE, RELEASE, real.controller_addr)
+        start_controller_relay(c, bin_dir, real)
         renew.append(f"--controller-addr={real.controller_addr}")
-        port = controller_port()
-        c.table.start(
-            "controller-relay",
-            [sys.executable, "-m", "devcluster.relay", f"127.0.0.1:{port}=@{real.controller_addr}",
-             f"{real.host_ip}:{port}=@{real.controller_addr}"],
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )  # fmt: skip
     c.table.start("token-renewer", renew, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     lib_dir = fakenvml.build()
     if real is None:
@@ -506,6 +499,21 @@ def start(
         wait_http(c, f"agent-{node}", f"http://127.0.0.1:{agent_port(i)}/healthz")
     if real is not None:
         tokens.wait_ready_pod(c, bin_dir, NAMESPACE, RELEASE, component="agent", node=real.name)
+
+
+def start_controller_relay(c: cluster.Cluster, bin_dir: pathlib.Path, real: RealNode) -> None:
+    """The recorded process `controller-relay`: the controller pod's port on the host
+    (`controller_url()`) and on the host end of the real node's link (`real.controller_url`,
+    where the node's pods, its agent's heartbeats included, reach it: no kube-proxy runs
+    there), following the pod's address in `real.controller_addr`, written here first."""
+    tokens.write_controller_addr(c, bin_dir, NAMESPACE, RELEASE, real.controller_addr)
+    port = controller_port()
+    c.table.start(
+        "controller-relay",
+        [sys.executable, "-m", "devcluster.relay", f"127.0.0.1:{port}=@{real.controller_addr}",
+         f"{real.host_ip}:{port}=@{real.controller_addr}"],
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )  # fmt: skip
 
 
 REAL_NODE_QUEUE = "real-node"

@@ -2,7 +2,9 @@
 plane (`taugrid dev up --bare`: no Kueue, no KubeRay, none of their CRDs, webhooks or queues),
 `helm install` of the chart alone, with kueue.enabled and kuberay.enabled, brings up Kueue,
 the KubeRay operator and TauGrid as pods of the real node; a Job and a RayJob go through
-Kueue; `helm uninstall` removes the stack and leaves nothing Terminating.
+Kueue; TauGrid's agent reports the real node's GPUs healthy and a GPU Job on the real node's
+queue passes TauGrid's AdmissionCheck and runs there; `helm uninstall` removes the stack and
+leaves nothing Terminating.
 
 A tier of its own (marker `oneinstall`, left out of the main run): scripts/test runs it after
 the main pytest run, on a bare cluster it brings up in place of the main one:
@@ -21,6 +23,7 @@ from typing import Any, TypeVar
 import pytest
 import yaml
 
+from controller import marks
 from devcluster import build, chart, cluster, node, stack
 from tests import kueue
 
@@ -184,10 +187,51 @@ def test_helm_installs_and_uninstalls_queues_ray_and_taugrid_together(
     until(submitted, "KubeRay's submitter Job")
     assert k.get("-n", "default", "rayjob", "one-ray")["spec"].get("suspend", False) is False
 
-    # The user's objects go first (an admitted Workload keeps its ClusterQueue).
+    # GPU health in the same install: TauGrid's agent on the real node reports its GPUs (the
+    # fake NVML) to the controller pod, through the dev relay (the node runs no kube-proxy);
+    # the real node's ClusterQueue waits on TauGrid's AdmissionCheck, and a Job asking for a
+    # GPU there passes the check, runs for real and completes, its pod carrying the check's
+    # pod-set update.
+    stack.start_controller_relay(k.c, k.bin_dir, real)
+
+    def reported_healthy() -> None:
+        conditions = k.get("node", real.name)["status"].get("conditions") or []
+        gpu = [c for c in conditions if c["type"] == marks.NODE_CONDITION]
+        assert gpu, "no GPUHealthy condition yet"
+        assert gpu[0]["status"] == "True", gpu
+
+    # A node whose agent never reported carries no condition and does not hold admission
+    # back (docs/quarantine.md); here the agent has reported, and the gate judges that.
+    until(reported_healthy, "GPUHealthy=True on the real node, from its agent's heartbeats")
+    real_queues = stack.real_node_queues(real)
+    k.c.apply(k.bin_dir, real_queues)
+    k.create(real_gpu_job("one-gpu"))
+
+    def gpu_job_done() -> dict[str, Any]:
+        job = k.get("-n", "default", "job", "one-gpu")
+        done = [c for c in job.get("status", {}).get("conditions", [])
+                if c["type"] in {"Complete", "Failed"} and c["status"] == "True"]  # fmt: skip
+        assert done, (job.get("status"), _workload_status(k, "one-gpu"))
+        assert done[0]["type"] == "Complete", job.get("status")
+        return job
+
+    until(gpu_job_done, "the GPU Job passing TauGrid's check and completing on the real node")
+    wl = _workload_status(k, "one-gpu")
+    assert [(c["name"], c["state"]) for c in wl.get("admissionChecks", [])] == [
+        (cluster.ADMISSION_CHECK, "Ready")
+    ], wl
+    (pod,) = k.items("-n", "default", "pods", "-l", "job-name=one-gpu")
+    assert pod["spec"]["nodeName"] == real.name
+    assert pod["metadata"]["labels"].get(marks.GATE_PASSED_LABEL) == "true", pod["metadata"]
+
+    # The user's objects go first (an admitted Workload keeps its ClusterQueue), then the
+    # real node's queues, which are not the chart's.
     k("-n", "default", "delete", "rayjob", "one-ray", "--wait=true", "--timeout=120s")
-    k("-n", "default", "delete", "job", "one-job", "--wait=true", "--timeout=120s")
+    for job_name in ("one-job", "one-gpu"):
+        k("-n", "default", "delete", "job", job_name, "--wait=true", "--timeout=120s")
     until(lambda: _none(k.items("-n", "default", "workloads.kueue.x-k8s.io")), "Workloads gone")
+    k("delete", "--wait=true", "--timeout=120s", "-f", "-",
+      stdin=yaml.safe_dump_all(list(reversed(real_queues))))  # fmt: skip
 
     started = time.monotonic()
     chart.uninstall(k.c.kubeconfig, RELEASE, NAMESPACE, wait=True, timeout_s=300,
@@ -211,6 +255,27 @@ def test_helm_installs_and_uninstalls_queues_ray_and_taugrid_together(
 
 
 RAY_CRDS = ("rayclusters.ray.io", "rayjobs.ray.io", "rayservices.ray.io")
+
+
+def real_gpu_job(name: str) -> dict[str, Any]:
+    """A Job for the real node's queue: one GPU, a real container in the run image."""
+    job = kueue.gpu_job(name, stack.REAL_NODE_QUEUE, gpus=1)
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    container.update(
+        image=node.RUN_IMAGE_ALIAS, imagePullPolicy="Never",
+        command=["python3", "-c", "print('healthy GPU')"],
+        resources={"requests": {"cpu": "100m", "memory": "128Mi"},
+                   "limits": {"nvidia.com/gpu": "1"}},
+    )  # fmt: skip
+    return job
+
+
+def _workload_status(k: Kube, owner: str) -> dict[str, Any]:
+    """The status of the Workload Kueue made for a Job in `default` ({} before there is one)."""
+    for wl in k.items("-n", "default", "workloads.kueue.x-k8s.io"):
+        if any(o.get("name") == owner for o in wl["metadata"].get("ownerReferences") or []):
+            return dict(wl.get("status") or {})
+    return {}
 
 
 def _none(items: list[dict[str, Any]]) -> None:
