@@ -116,14 +116,32 @@ def ray_job(name: str) -> dict[str, Any]:
 
 def workload_of(k: Kube, owner: str) -> dict[str, Any]:
     """The Workload Kueue made for a Job or RayJob in `default`, once it is admitted."""
+    wl = _workload(k, owner)
+    assert wl is not None, f"no Workload for {owner} yet"
+    admitted = [c for c in wl.get("status", {}).get("conditions", [])
+                if c["type"] == "Admitted" and c["status"] == "True"]  # fmt: skip
+    assert admitted, wl.get("status")
+    return wl
+
+
+def _workload(k: Kube, owner: str) -> dict[str, Any] | None:
+    """The Workload Kueue made for a Job or RayJob in `default` (None before there is one)."""
     for wl in k.items("-n", "default", "workloads.kueue.x-k8s.io"):
         if any(o.get("name") == owner for o in wl["metadata"].get("ownerReferences") or []):
-            admitted = [c for c in wl.get("status", {}).get("conditions", [])
-                        if c["type"] == "Admitted" and c["status"] == "True"]  # fmt: skip
-            assert admitted, wl.get("status")
             return wl
-    msg = f"no Workload for {owner} yet"
-    raise AssertionError(msg)
+    return None
+
+
+def job_complete(k: Kube, name: str) -> None:
+    """A Job in `default` has completed (a failed one fails at once, with its Workload's
+    status, which says whether an admission check held it)."""
+    job = k.get("-n", "default", "job", name)
+    done = [c for c in job.get("status", {}).get("conditions", [])
+            if c["type"] in {"Complete", "Failed"} and c["status"] == "True"]  # fmt: skip
+    wl = _workload(k, name) or {}
+    assert done, (job.get("status"), wl.get("status"))
+    if done[0]["type"] == "Failed":
+        pytest.fail(f"Job {name} failed: {job.get('status')}")
 
 
 def test_helm_installs_and_uninstalls_queues_ray_and_taugrid_together(
@@ -156,13 +174,7 @@ def test_helm_installs_and_uninstalls_queues_ray_and_taugrid_together(
     k.create(kueue.gpu_job("one-job", QUEUE, gpus=1))
     until(lambda: workload_of(k, "one-job"), "the Job's Workload admitted")
 
-    def job_complete() -> None:
-        job = k.get("-n", "default", "job", "one-job")
-        done = [c for c in job.get("status", {}).get("conditions", []) if c["type"] == "Complete"]
-        assert done, job.get("status")
-        assert done[0]["status"] == "True", job.get("status")
-
-    until(job_complete, "the Job to complete")
+    until(lambda: job_complete(k, "one-job"), "the Job to complete")
 
     # A RayJob through Kueue: admitted, and KubeRay's operator makes its RayCluster, whose
     # head pod runs, and then its submitter Job.
@@ -207,16 +219,11 @@ def test_helm_installs_and_uninstalls_queues_ray_and_taugrid_together(
     k.c.apply(k.bin_dir, real_queues)
     k.create(real_gpu_job("one-gpu"))
 
-    def gpu_job_done() -> dict[str, Any]:
-        job = k.get("-n", "default", "job", "one-gpu")
-        done = [c for c in job.get("status", {}).get("conditions", [])
-                if c["type"] in {"Complete", "Failed"} and c["status"] == "True"]  # fmt: skip
-        assert done, (job.get("status"), _workload_status(k, "one-gpu"))
-        assert done[0]["type"] == "Complete", job.get("status")
-        return job
-
-    until(gpu_job_done, "the GPU Job passing TauGrid's check and completing on the real node")
-    wl = _workload_status(k, "one-gpu")
+    until(
+        lambda: job_complete(k, "one-gpu"),
+        "the GPU Job passing TauGrid's check and completing on the real node",
+    )
+    wl = (_workload(k, "one-gpu") or {}).get("status") or {}
     assert [(c["name"], c["state"]) for c in wl.get("admissionChecks", [])] == [
         (cluster.ADMISSION_CHECK, "Ready")
     ], wl
@@ -268,14 +275,6 @@ def real_gpu_job(name: str) -> dict[str, Any]:
                    "limits": {"nvidia.com/gpu": "1"}},
     )  # fmt: skip
     return job
-
-
-def _workload_status(k: Kube, owner: str) -> dict[str, Any]:
-    """The status of the Workload Kueue made for a Job in `default` ({} before there is one)."""
-    for wl in k.items("-n", "default", "workloads.kueue.x-k8s.io"):
-        if any(o.get("name") == owner for o in wl["metadata"].get("ownerReferences") or []):
-            return dict(wl.get("status") or {})
-    return {}
 
 
 def _none(items: list[dict[str, Any]]) -> None:
