@@ -182,7 +182,10 @@ def test_helm_installs_and_uninstalls_queues_ray_and_taugrid_together(
     until(lambda: workload_of(k, "one-ray"), "the RayJob's Workload admitted")
 
     def head_running() -> str:
-        (rc,) = k.items("-n", "default", "rayclusters.ray.io")
+        # The RayJob is admitted before KubeRay has made its RayCluster: none yet is a wait.
+        clusters = k.items("-n", "default", "rayclusters.ray.io")
+        assert len(clusters) == 1, [c["metadata"]["name"] for c in clusters]
+        (rc,) = clusters
         selector = f"ray.io/cluster={rc['metadata']['name']},ray.io/node-type=head"
         heads = k.items("-n", "default", "pods", "-l", selector)
         assert heads, "no head pod yet"
