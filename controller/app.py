@@ -221,6 +221,7 @@ def _runtime(
             writer=kube_nodes.NodeWriter(control, settings.namespace, component=elector.identity),
             metrics=m, pass_interval_s=settings.pass_interval_s, lease_name=settings.lease_name,
             full_pass_interval_s=settings.full_pass_interval_s,
+            eviction_retry_s=settings.eviction_retry_s,
             save_state=lease_store.save_state, device_cache=device_cache,
             device_writer=kube_devices.DeviceWriter(api),
             device_settings=devicepolicy.settings_from(settings.devices, settings.fleet),

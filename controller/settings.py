@@ -301,7 +301,9 @@ class FleetSettings(Section):
     degraded_drain_after_s: float = pydantic.Field(default=1800.0, ge=0)
     """Degraded nodes: running work continues this long, then is evicted."""
     eviction_retry_s: float = pydantic.Field(default=5.0, gt=0)
-    """Back-off between eviction attempts refused with 429 (a PodDisruptionBudget) or 409."""
+    """Seconds between eviction rounds on a node whose last round left pods (refused 429 by a
+    PodDisruptionBudget, 409, or an error); a round that left nothing is swept again only
+    after `full_pass_interval_s` (`controller.fleet.evictions`)."""
 
 
 class DeviceSettings(Section):

@@ -87,6 +87,7 @@ async def start_controller(
         "retry_period_s": 0.3,
         "pass_interval_s": 0.5,
         "evict_grace_s": 0.0,
+        "eviction_retry_s": 0.3,
         "release_after_s": 1.0,
         "stale_quarantine_after_s": 2.0,
         "auth_cache_ttl_s": 1.0,

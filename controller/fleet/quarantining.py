@@ -30,6 +30,7 @@ from controller.fleet import (
     conditions,
     devicepolicy,
     devices,
+    evictions,
     history,
     nodes,
     passes,
@@ -67,6 +68,7 @@ class Quarantiner:
         metrics: metrics_mod.ControllerMetrics,
         pass_interval_s: float = 1.0,
         full_pass_interval_s: float = 30.0,
+        eviction_retry_s: float = 5.0,
         lease_name: str = "taugrid-controller",
         save_state: Callable[[dict[str, str]], Awaitable[None]] | None = None,
         clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
@@ -83,6 +85,8 @@ class Quarantiner:
         self.pass_interval_s = pass_interval_s
         self.queue: workqueue.WorkQueue[str] = workqueue.WorkQueue(resync_s=full_pass_interval_s)
         """The nodes whose Node changed, and the resync (see the module docstring)."""
+        self.evictions = evictions.Rounds(retry_s=eviction_retry_s, sweep_s=full_pass_interval_s)
+        """When each quarantined node's next eviction round may run (`fleet.evictions`)."""
         self.lease_name = lease_name
         self._save_state = save_state
         self._saved: dict[str, str] | None = None
@@ -309,7 +313,12 @@ class Quarantiner:
             self.breaker = decision.breaker
             self.last = decision
             by_node: dict[str, list[actions.Action | DeviceStep]] = collections.defaultdict(list)
+            self.evictions.keep_only(self._in_quarantine)
             for step in (*decision.actions, *(device.actions if device else ())):
+                if isinstance(step, actions.EvictGpuPods) and not self.evictions.due(
+                    step.node, now
+                ):
+                    continue  # its last round was moments ago (`fleet.evictions`)
                 by_node[getattr(step, "node", "")].append(step)
             sem = asyncio.Semaphore(MAX_PARALLEL_NODES)
             events: list[tuple[actions.NodeAction, dict[str, Any]]] = []
@@ -343,7 +352,8 @@ class Quarantiner:
             self._export_devices(device)
             await self._persist()
             self.metrics.pass_seconds.observe(time.perf_counter() - started)
-            due = [d for d in (decision.next_deadline, device and device.next_deadline) if d]
+            due = [d for d in (decision.next_deadline, device and device.next_deadline,
+                               self.evictions.next_due(now)) if d]  # fmt: skip
             return min(due) if due else None
 
     def durable_state(self) -> dict[str, str]:
@@ -429,6 +439,7 @@ class Quarantiner:
         if isinstance(action, actions.EvictGpuPods):
             self.elector.ensure_leader()
             outcome = await self.writer.evict_gpu_pods(action.node)
+            self.evictions.ran(action.node, now, left_pods=bool(outcome.blocked or outcome.failed))
             pods = {"evicted": outcome.evicted, "blocked": outcome.blocked,
                     "failed": outcome.failed}  # fmt: skip
             for name, refs in pods.items():

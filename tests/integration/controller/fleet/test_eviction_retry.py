@@ -27,6 +27,42 @@ async def fleet(
         yield names
 
 
+async def _guarded_trainer(k8s: client.ApiClient, namespace: str, node: str) -> None:
+    """A GPU pod on `node` that a PodDisruptionBudget keeps (counted by the budget)."""
+    core, policy = client.CoreV1Api(k8s), client.PolicyV1Api(k8s)
+    await core.create_namespaced_pod(namespace, {
+        "metadata": {"name": "trainer", "labels": {"app": "trainer"},
+                     "annotations": {"kwok.taugrid.dev/run-for": "1h"}},
+        "spec": {"nodeName": node, "restartPolicy": "Never",
+                 "containers": [{"name": "main", "image": "train@sha256:" + "4" * 64,
+                                 "resources": {"limits": {"nvidia.com/gpu": "8"}}}]},
+    })  # fmt: skip
+    await policy.create_namespaced_pod_disruption_budget(namespace, {
+        "metadata": {"name": "keep-trainer"},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "trainer"}}},
+    })  # fmt: skip
+
+    async def protected() -> None:
+        pdb = await policy.read_namespaced_pod_disruption_budget("keep-trainer", namespace)
+        assert pdb.status is not None
+        assert (pdb.status.expected_pods, pdb.status.current_healthy) == (1, 1)
+
+    await support.eventually(protected, what="the budget to count the trainer")
+
+
+async def _healthy(k8s: client.ApiClient, node: str) -> None:
+    async def healthy() -> None:
+        cond = kit.gpu_condition(await kit.read_node(k8s, node))
+        assert cond is not None
+        assert cond["status"] == "True"
+
+    await support.eventually(healthy, what="GPUHealthy=True from heartbeats")
+
+
+def _sample(ctl: kit.RunningController, name: str, labels: dict[str, str] | None = None) -> float:
+    return ctl.serving.metrics.registry.get_sample_value(name, labels or {}) or 0.0
+
+
 async def test_an_eviction_a_disruption_budget_blocked_is_tried_again_once_it_allows(
     k8s: client.ApiClient,
     dev_cluster: cluster.Cluster,
@@ -35,44 +71,21 @@ async def test_an_eviction_a_disruption_budget_blocked_is_tried_again_once_it_al
 ) -> None:
     """Xid 79 on a node whose GPU pod a PodDisruptionBudget protects: the node is quarantined
     and the eviction refused; once the budget is deleted the pod is evicted within a few
-    retries, long before the resync (10 minutes here) would have judged the node again."""
+    retries (`eviction_retry_s`, 0.3 s here), long before the resync (10 minutes here) would
+    have judged the node again."""
     agents = [kit.Agent(n, await kit.agent_token(k8s, namespace, n)) for n in fleet]
     core = client.CoreV1Api(k8s)
     policy = client.PolicyV1Api(k8s)
     bad = fleet[0]
     overrides = {"full_pass_interval_s": 600.0}
     async with kit.running(dev_cluster, namespace, agents, **overrides) as (ctl, _http, _loops):
-        await core.create_namespaced_pod(namespace, {
-            "metadata": {"name": "trainer", "labels": {"app": "trainer"},
-                         "annotations": {"kwok.taugrid.dev/run-for": "1h"}},
-            "spec": {"nodeName": bad, "restartPolicy": "Never",
-                     "containers": [{"name": "main", "image": "train@sha256:" + "4" * 64,
-                                     "resources": {"limits": {"nvidia.com/gpu": "8"}}}]},
-        })  # fmt: skip
-        await policy.create_namespaced_pod_disruption_budget(namespace, {
-            "metadata": {"name": "keep-trainer"},
-            "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "trainer"}}},
-        })  # fmt: skip
-
-        async def protected() -> None:
-            pdb = await policy.read_namespaced_pod_disruption_budget("keep-trainer", namespace)
-            assert pdb.status is not None
-            assert (pdb.status.expected_pods, pdb.status.current_healthy) == (1, 1)
-
-        await support.eventually(protected, what="the budget to count the trainer")
-
-        async def healthy() -> None:
-            cond = kit.gpu_condition(await kit.read_node(k8s, bad))
-            assert cond is not None
-            assert cond["status"] == "True"
-
-        await support.eventually(healthy, what="GPUHealthy=True from heartbeats")
+        await _guarded_trainer(k8s, namespace, bad)
+        await _healthy(k8s, bad)
         agents[0].fail(3)
-        registry = ctl.serving.metrics.registry
 
         async def refused() -> None:
-            blocked = registry.get_sample_value("taugrid_evictions_total", {"outcome": "blocked"})
-            assert (blocked or 0) >= 2, "the eviction was not refused and retried"
+            blocked = _sample(ctl, "taugrid_evictions_total", {"outcome": "blocked"})
+            assert blocked >= 2, "the eviction was not refused and retried"
 
         await support.eventually(refused, what="the eviction refused by the budget, twice")
         assert (await core.read_namespaced_pod("trainer", namespace)).metadata.name == "trainer"
@@ -88,3 +101,35 @@ async def test_an_eviction_a_disruption_budget_blocked_is_tried_again_once_it_al
             raise AssertionError("the GPU pod is still on the quarantined node")
 
         await support.eventually(evicted, what="the GPU pod evicted once the budget is gone")
+
+
+async def test_a_refused_eviction_is_not_tried_again_on_every_pass(
+    k8s: client.ApiClient,
+    dev_cluster: cluster.Cluster,
+    namespace: str,
+    fleet: list[str],
+) -> None:
+    """The rounds are paced (`controller.fleet.evictions`): with `eviction_retry_s` an hour,
+    a round the budget refused is not run again on the passes that follow, though the node is
+    judged on each of them (before, every pass listed the node's pods and asked again)."""
+    agents = [kit.Agent(n, await kit.agent_token(k8s, namespace, n)) for n in fleet]
+    bad = fleet[0]
+    overrides = {"full_pass_interval_s": 600.0, "eviction_retry_s": 3600.0}
+    async with kit.running(dev_cluster, namespace, agents, **overrides) as (ctl, _http, _loops):
+        await _guarded_trainer(k8s, namespace, bad)
+        await _healthy(k8s, bad)
+        agents[0].fail(3)
+
+        async def refused() -> float:
+            blocked = _sample(ctl, "taugrid_evictions_total", {"outcome": "blocked"})
+            assert blocked == 1, "the eviction was not refused yet"
+            return _sample(ctl, "taugrid_quarantine_pass_seconds_count")
+
+        passes = await support.eventually(refused, what="the eviction refused by the budget")
+
+        async def passed() -> None:
+            done = _sample(ctl, "taugrid_quarantine_pass_seconds_count") - passes
+            assert done >= 6, f"{done:.0f} passes since the refusal"
+
+        await support.eventually(passed, what="six more quarantine passes")
+        assert _sample(ctl, "taugrid_evictions_total", {"outcome": "blocked"}) == 1
