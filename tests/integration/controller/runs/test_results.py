@@ -48,6 +48,7 @@ async def test_a_burst_of_reports_lands_on_the_taurun_in_few_writes(env: Env) ->
     async def kept() -> dict[str, Any]:
         status, body = await results(env, "burst", metric="loss")
         assert status == 200, body
+        assert body["metrics"], "no metric kept yet"  # an IndexError would end the wait
         assert len(body["metrics"][0]["points"]) == 50, len(body["metrics"][0]["points"])
         return body
 
