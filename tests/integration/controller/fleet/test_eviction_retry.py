@@ -1,11 +1,14 @@
 """An eviction a PodDisruptionBudget refuses (429) is tried again, on the real control plane:
 the quarantine pass judges only the nodes its queue hands out, so a node whose eviction was
-blocked must come back to the queue, not wait for the next resync."""
+blocked must come back to the queue, not wait for the next resync; and it is tried again
+after `eviction_retry_s`, not on every pass (`controller.fleet.evictions`)."""
 
 from __future__ import annotations
 
+import contextlib
 import pathlib
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -63,6 +66,24 @@ def _sample(ctl: kit.RunningController, name: str, labels: dict[str, str] | None
     return ctl.serving.metrics.registry.get_sample_value(name, labels or {}) or 0.0
 
 
+@contextlib.asynccontextmanager
+async def _guarded_node_fails(
+    k8s: client.ApiClient,
+    dev_cluster: cluster.Cluster,
+    namespace: str,
+    fleet: list[str],
+    **overrides: Any,
+) -> AsyncIterator[kit.RunningController]:
+    """A controller for `fleet` whose first node, holding a GPU pod a PodDisruptionBudget
+    protects, reports healthy and then Xid 79; yields the controller."""
+    agents = [kit.Agent(n, await kit.agent_token(k8s, namespace, n)) for n in fleet]
+    async with kit.running(dev_cluster, namespace, agents, **overrides) as (ctl, _http, _loops):
+        await _guarded_trainer(k8s, namespace, fleet[0])
+        await _healthy(k8s, fleet[0])
+        agents[0].fail(3)
+        yield ctl
+
+
 async def test_an_eviction_a_disruption_budget_blocked_is_tried_again_once_it_allows(
     k8s: client.ApiClient,
     dev_cluster: cluster.Cluster,
@@ -73,15 +94,10 @@ async def test_an_eviction_a_disruption_budget_blocked_is_tried_again_once_it_al
     and the eviction refused; once the budget is deleted the pod is evicted within a few
     retries (`eviction_retry_s`, 0.3 s here), long before the resync (10 minutes here) would
     have judged the node again."""
-    agents = [kit.Agent(n, await kit.agent_token(k8s, namespace, n)) for n in fleet]
     core = client.CoreV1Api(k8s)
     policy = client.PolicyV1Api(k8s)
-    bad = fleet[0]
     overrides = {"full_pass_interval_s": 600.0}
-    async with kit.running(dev_cluster, namespace, agents, **overrides) as (ctl, _http, _loops):
-        await _guarded_trainer(k8s, namespace, bad)
-        await _healthy(k8s, bad)
-        agents[0].fail(3)
+    async with _guarded_node_fails(k8s, dev_cluster, namespace, fleet, **overrides) as ctl:
 
         async def refused() -> None:
             blocked = _sample(ctl, "taugrid_evictions_total", {"outcome": "blocked"})
@@ -112,13 +128,8 @@ async def test_a_refused_eviction_is_not_tried_again_on_every_pass(
     """The rounds are paced (`controller.fleet.evictions`): with `eviction_retry_s` an hour,
     a round the budget refused is not run again on the passes that follow, though the node is
     judged on each of them (before, every pass listed the node's pods and asked again)."""
-    agents = [kit.Agent(n, await kit.agent_token(k8s, namespace, n)) for n in fleet]
-    bad = fleet[0]
     overrides = {"full_pass_interval_s": 600.0, "eviction_retry_s": 3600.0}
-    async with kit.running(dev_cluster, namespace, agents, **overrides) as (ctl, _http, _loops):
-        await _guarded_trainer(k8s, namespace, bad)
-        await _healthy(k8s, bad)
-        agents[0].fail(3)
+    async with _guarded_node_fails(k8s, dev_cluster, namespace, fleet, **overrides) as ctl:
 
         async def refused() -> float:
             blocked = _sample(ctl, "taugrid_evictions_total", {"outcome": "blocked"})

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import datetime as dt
 
+import pytest
+
 from controller.fleet import evictions
 
 T0 = dt.datetime(2026, 12, 5, 12, 0, tzinfo=dt.UTC)
@@ -19,22 +21,17 @@ def test_the_first_round_on_a_node_runs_at_once() -> None:
     assert rounds.next_due(T0) is None
 
 
-def test_a_round_that_left_pods_is_retried_after_retry_s() -> None:
+@pytest.mark.parametrize(("left_pods", "wait_s"), [(True, 5), (False, 30)])
+def test_the_next_round_waits_retry_s_after_pods_were_left_else_sweep_s(
+    left_pods: bool, wait_s: float
+) -> None:
     rounds = evictions.Rounds(retry_s=5, sweep_s=30)
-    rounds.ran("n1", T0, left_pods=True)
+    rounds.ran("n1", T0, left_pods=left_pods)
     assert not rounds.due("n1", at(1))
-    assert not rounds.due("n1", at(4.999))
-    assert rounds.due("n1", at(5))
-    assert rounds.next_due(at(1)) == at(5)
+    assert not rounds.due("n1", at(wait_s - 0.001))
+    assert rounds.due("n1", at(wait_s))
+    assert rounds.next_due(at(1)) == at(wait_s)
     assert rounds.due("n2", at(1)), "another node is paced on its own"
-
-
-def test_a_round_that_left_nothing_is_swept_again_after_sweep_s() -> None:
-    rounds = evictions.Rounds(retry_s=5, sweep_s=30)
-    rounds.ran("n1", T0, left_pods=False)
-    assert not rounds.due("n1", at(5))
-    assert not rounds.due("n1", at(29))
-    assert rounds.due("n1", at(30))
 
 
 def test_the_next_round_counts_from_the_last_one() -> None:
